@@ -1,0 +1,42 @@
+"""The one exception type every user-facing failure is raised as.
+
+The CLI turns a ``KvpatchError`` into a single line on stderr and the exit code
+the error carries; anything else is a bug and shows a traceback with ``--debug``.
+"""
+
+from __future__ import annotations
+
+
+class KvpatchError(Exception):
+    """A failure a user can act on: bad input, missing tool, unpatchable source."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class UsageError(KvpatchError):
+    """Invalid parameters or configuration (exit 2)."""
+
+    exit_code = 2
+
+
+class FetchError(KvpatchError):
+    """A release could not be obtained: unknown, unsupported, or no network (exit 3)."""
+
+    exit_code = 3
+
+
+class PatchError(KvpatchError):
+    """The source cannot be patched: sites not found, local edits, failed re-parse (exit 4)."""
+
+    exit_code = 4
+
+
+class BuildError(KvpatchError):
+    """Compiling or checking the kernels failed, or a tool is missing (exit 5)."""
+
+    exit_code = 5

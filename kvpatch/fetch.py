@@ -1,0 +1,528 @@
+"""Obtain a vLLM release's source tree, cached on disk.
+
+The finished tree for release ``X`` lives at ``<cache>/releases/vX/``; it is a
+git work tree whose HEAD is a single commit tagged ``vX``.  It is published
+atomically: built in a temporary directory beside it, renamed into place, and
+only then marked complete by ``<cache>/releases/vX.complete``.  A tree without
+its marker is a leftover of a crash and is rebuilt.
+
+Two sources are tried, in order:
+
+1. a shallow ``git clone`` of the release tag from the remote (GitHub by
+   default), bounded by a timeout;
+2. the source distribution ``vllm-X.tar.gz`` from the package index pip is
+   configured for (``PIP_INDEX_URL``, then ``pip config``, else PyPI), verified
+   against the sha256 the index publishes, unpacked and committed into a fresh
+   repository.
+
+Nothing here does I/O at import time.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import html.parser
+import json
+import os
+import re
+import shutil
+import ssl
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Iterator
+
+import filelock
+import git
+import platformdirs
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from kvpatch.errors import FetchError, UsageError
+
+DEFAULT_REMOTE = "https://github.com/vllm-project/vllm.git"
+HEADER = "csrc/attention/attention_kernels.cuh"
+
+DEFAULT_INDEX = "https://pypi.org/simple"
+MIN_VERSION = (0, 6, 4)
+SUPPORTED = "kvpatch supports releases 0.6.4 through 0.20.x"
+
+_JSON_TYPE = "application/vnd.pypi.simple.v1+json"
+_HTTP_TIMEOUT = 60.0
+_CHUNK = 1 << 16
+_IDENTITY = ("kvpatch", "kvpatch@localhost")
+
+_VERSION_RE = re.compile(r"v?(?P<release>\d+(?:\.\d+)+)(?:[.-]?post(?P<post>\d+))?", re.IGNORECASE)
+
+
+# --------------------------------------------------------------------------- versions
+
+
+def normalize_version(text: str) -> str:
+    """Return the canonical form of a release number: ``' v0.10.2 '`` -> ``'0.10.2'``.
+
+    Accepts digits and dots (at least ``major.minor``) with an optional ``.postN``
+    and an optional leading ``v``; leading zeros are dropped as PEP 440 does.
+    Anything else raises :class:`UsageError`.
+    """
+    match = _VERSION_RE.fullmatch(text.strip())
+    if match is None:
+        raise UsageError(f"not a vLLM release number: {text.strip()!r} (expected e.g. 0.10.2 or v0.10.1.1)")
+    release = ".".join(str(int(part)) for part in match["release"].split("."))
+    return release + (f".post{int(match['post'])}" if match["post"] is not None else "")
+
+
+def release_tag(version: str) -> str:
+    """The git tag vLLM uses for a release: ``'0.10.2'`` -> ``'v0.10.2'``."""
+    return f"v{normalize_version(version)}"
+
+
+def _release_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split(".post")[0].split("."))
+
+
+def _unsupported(version: str) -> FetchError:
+    return FetchError(f"vLLM {version} has no {HEADER}; {SUPPORTED}")
+
+
+# --------------------------------------------------------------------------- cache
+
+
+def cache_root() -> Path:
+    """``$KVPATCH_CACHE`` if set, else the platform's user cache dir. Creates nothing."""
+    env = os.environ.get("KVPATCH_CACHE")
+    return Path(env).expanduser() if env else Path(platformdirs.user_cache_dir("kvpatch"))
+
+
+def fetch_release(
+    version: str,
+    *,
+    remote: str = DEFAULT_REMOTE,
+    cache: Path | None = None,
+    console: Console | None = None,
+    git_timeout: float = 60,
+) -> Path:
+    """Return a git work tree of vLLM ``version`` whose HEAD is tagged ``release_tag(version)``.
+
+    A complete cached tree is returned without any network I/O.  Otherwise the
+    release is fetched (git first, then the sdist), published into the cache
+    atomically under a file lock, and returned.  Raises :class:`FetchError` for
+    unknown or unsupported releases and when nothing can be reached.
+    """
+    version = normalize_version(version)
+    if _release_tuple(version) < MIN_VERSION:
+        raise _unsupported(version)
+    console = console if console is not None else Console(stderr=True)
+    tag = release_tag(version)
+    releases = Path(cache if cache is not None else cache_root()) / "releases"
+    final = releases / tag
+    marker = releases / f"{tag}.complete"
+    if marker.is_file() and final.is_dir():
+        return final
+
+    releases.mkdir(parents=True, exist_ok=True)
+    with _locked(releases / f"{tag}.lock", tag, console):
+        if marker.is_file() and final.is_dir():  # another process finished it meanwhile
+            return final
+        _remove_leftovers(releases, tag)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{tag}-", dir=releases))
+        try:
+            tree = tmp / "tree"
+            origin = _obtain(version, tree, tmp, remote=remote, console=console, git_timeout=git_timeout)
+            # An unsupported release is not cached: it is refused every time, and
+            # refusing costs one index query, not a download of a useless tree
+            # that would then sit in the cache forever.
+            if not (tree / HEADER).is_file():
+                raise _unsupported(version)
+            os.replace(tree, final)
+            marker.write_text(origin + "\n", encoding="utf-8")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+@contextlib.contextmanager
+def _locked(path: Path, tag: str, console: Console) -> Iterator[None]:
+    """Hold an inter-process lock on ``path``, saying so if we have to wait for it."""
+    lock = filelock.FileLock(str(path))
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        console.print(f"waiting for another kvpatch process fetching {tag} ...")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _remove_leftovers(releases: Path, tag: str) -> None:
+    """Delete what a killed fetch of ``tag`` left behind (we hold the lock, so it is stale)."""
+    for stale in releases.glob(f".tmp-{tag}-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    if (releases / tag).exists():  # renamed into place but never marked complete
+        shutil.rmtree(releases / tag, ignore_errors=True)
+
+
+def _obtain(version: str, tree: Path, tmp: Path, *, remote: str, console: Console, git_timeout: float) -> str:
+    """Fill ``tree`` with the release via git, else the sdist; return a line describing the source."""
+    tag = release_tag(version)
+    try:
+        _clone(remote, tag, tree, timeout=git_timeout)
+        return f"git {_redact(remote)} {tag}"
+    except (git.GitError, OSError, ValueError) as exc:
+        git_reason = _git_reason(exc, git_timeout)
+        shutil.rmtree(tree, ignore_errors=True)
+    index = _index_url()
+    console.print(
+        f"git clone of {tag} from {escape(_redact(remote))} failed ({escape(git_reason)}); "
+        f"falling back to the source distribution on {escape(_redact(index))}",
+        soft_wrap=True,
+    )
+    sdist = _find_sdist(index, version, git_reason=git_reason)
+    archive = tmp / sdist.filename
+    _download(sdist, archive, console)
+    mtime = _unpack(archive, f"vllm-{version}", tree)
+    archive.unlink()
+    _make_repo(tree, version, date=mtime)
+    return f"sdist {_redact(sdist.url)} sha256={sdist.sha256}"
+
+
+# --------------------------------------------------------------------------- git
+
+
+def _clone(remote: str, tag: str, dest: Path, *, timeout: float) -> None:
+    """Shallow-clone ``tag`` of ``remote`` into ``dest`` (killed after ``timeout`` s); tag HEAD."""
+    git.Git.check_unsafe_protocols(remote)  # refuse ext:: and friends
+    runner = git.Git()
+    runner.update_environment(GIT_TERMINAL_PROMPT="0")  # never block on a credentials prompt
+    runner(c="advice.detachedHead=false").clone(
+        "--quiet", "--depth=1", "--single-branch", "--branch", tag, "--", remote, str(dest),
+        kill_after_timeout=timeout,
+    )
+    repo = git.Repo(dest)
+    head = repo.head.commit
+    if tag not in repo.tags or repo.tags[tag].commit != head:
+        repo.create_tag(tag, ref=head, force=True)
+
+
+def _git_reason(exc: BaseException, timeout: float | None = None) -> str:
+    """A short, one-line reason for a failed clone."""
+    if isinstance(exc, git.GitCommandError):
+        text = str(exc.stderr or "")
+        if "Timeout: the command" in text or "kill_after_timeout" in text:  # GitPython killed it
+            return f"timed out after {timeout:g} s" if timeout is not None else "timed out"
+        lines = [re.sub(r"^(stderr:\s*)?['\"]?", "", line.strip()).strip("'\" ") for line in text.splitlines()]
+        lines = [line for line in lines if line]
+        reason = lines[-1] if lines else f"exit status {exc.status}"
+        reason = re.sub(r"^(fatal|error):\s*", "", reason)
+        reason = re.sub(r"^unable to access '[^']*':\s*", "", reason)
+    else:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return reason if len(reason) <= 160 else reason[:157] + "..."
+
+
+def _make_repo(tree: Path, version: str, *, date: int) -> None:
+    """Turn ``tree`` into a repository with one commit of every file, tagged ``v<version>``.
+
+    Independent of the user's git configuration: identity via env vars, global
+    and system config ignored, signing and hooks off.  ``date`` (from the sdist)
+    makes the commit id the same on every machine.
+    """
+    name, email = _IDENTITY
+    stamp = f"{date} +0000"
+    runner = git.Git(str(tree))
+    runner.update_environment(
+        GIT_CONFIG_GLOBAL=os.devnull,
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_AUTHOR_NAME=name,
+        GIT_AUTHOR_EMAIL=email,
+        GIT_COMMITTER_NAME=name,
+        GIT_COMMITTER_EMAIL=email,
+        GIT_AUTHOR_DATE=stamp,
+        GIT_COMMITTER_DATE=stamp,
+    )
+    options = [
+        f"user.name={name}",
+        f"user.email={email}",
+        "commit.gpgsign=false",
+        "tag.gpgsign=false",
+        "core.autocrlf=false",
+        "core.safecrlf=false",
+        "gc.auto=0",
+        "init.defaultBranch=main",
+    ]
+    cfg = runner(c=options)
+    cfg.init("--quiet")
+    cfg.add("-A", "--force", ".")  # --force: the sdist's own .gitignore must not drop files
+    cfg.commit("--quiet", "--no-verify", "-m", f"vLLM {version} (source distribution)")
+    cfg.tag(release_tag(version))
+
+
+# --------------------------------------------------------------------------- package index
+
+
+@dataclass(frozen=True)
+class _Sdist:
+    filename: str
+    url: str
+    sha256: str | None
+    size: int | None = None
+
+
+def _index_url() -> str:
+    """The index pip would install from: ``PIP_INDEX_URL``, then ``pip config``, else PyPI."""
+    env = os.environ.get("PIP_INDEX_URL", "").strip()
+    if env:
+        return env.rstrip("/")
+    config = _pip_config()
+    for key in (":env:.index-url", "install.index-url", "global.index-url"):
+        if config.get(key):
+            return config[key].split()[0].rstrip("/")
+    return DEFAULT_INDEX
+
+
+def _pip_config() -> dict[str, str]:
+    """``pip config list`` as a dict (``{}`` when pip is missing or fails)."""
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    if result.returncode != 0:
+        return {}
+    config: dict[str, str] = {}
+    for line in result.stdout.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            config[key.strip()] = value
+    return config
+
+
+def _find_sdist(index: str, version: str, *, git_reason: str = "") -> _Sdist:
+    """Look up ``vllm-<version>.tar.gz`` on the index's vllm project page."""
+    page = f"{index.rstrip('/')}/vllm/"
+    try:
+        found = _read_project_page(page)
+    except urllib.error.HTTPError as exc:
+        raise FetchError(f"package index {_redact(index)} answered HTTP {exc.code} for {_redact(page)}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise _no_network(index, version, exc, git_reason) from exc
+    if found is None:
+        raise FetchError(f"vLLM release {version} not found on {_redact(index)} (the index has no vllm project)")
+    body, content_type, base = found
+    if "json" in content_type:
+        files = _parse_json(body, base)
+    else:
+        files = _parse_html(body, base)
+    wanted = f"vllm-{version}.tar.gz"
+    for sdist in files:
+        if sdist.filename == wanted:
+            return sdist
+    raise FetchError(f"vLLM release {version} not found on {_redact(index)} (no {wanted})")
+
+
+def _no_network(index: str, version: str, exc: BaseException, git_reason: str) -> FetchError:
+    reason = getattr(exc, "reason", None) or exc
+    git_part = f"git clone failed ({git_reason}), " if git_reason else ""
+    return FetchError(
+        f"no network: {git_part}cannot reach {_redact(index)} ({reason}), "
+        f"and nothing cached for v{version}"
+    )
+
+
+def _read_project_page(page: str) -> tuple[bytes, str, str] | None:
+    """Fetch a simple-API project page: (body, content type, base URL for links), or None if absent.
+
+    Raises ``URLError``/``OSError`` when the index itself cannot be reached.
+    """
+    parts = urllib.parse.urlsplit(page)
+    if parts.scheme == "file":
+        folder = Path(urllib.request.url2pathname(parts.path))
+        if not folder.parent.is_dir():
+            raise urllib.error.URLError(f"no index directory {folder.parent}")
+        for name, content_type in (("index.json", _JSON_TYPE), ("index.html", "text/html")):
+            if (folder / name).is_file():
+                return (folder / name).read_bytes(), content_type, folder.as_uri() + "/"
+        return None
+    try:
+        with _open(page, accept=f"{_JSON_TYPE}, text/html;q=0.1") as response:
+            return response.read(), response.headers.get("Content-Type", ""), response.geturl()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
+
+
+def _parse_json(body: bytes, base: str) -> list[_Sdist]:
+    """Files of a PEP 691 JSON project page."""
+    data = json.loads(body)
+    return [
+        _Sdist(
+            filename=entry["filename"],
+            url=urllib.parse.urljoin(base, entry["url"]),
+            sha256=(entry.get("hashes") or {}).get("sha256"),
+            size=entry.get("size"),
+        )
+        for entry in data.get("files", [])
+    ]
+
+
+class _Anchors(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[tuple[str, str]] = []
+        self._href: str | None = None
+        self._text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self._href = dict(attrs).get("href") or ""
+            self._text = []
+
+    def handle_data(self, data: str) -> None:
+        if self._href is not None:
+            self._text.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "a" and self._href is not None:
+            self.links.append((self._href, "".join(self._text).strip()))
+            self._href = None
+
+
+def _parse_html(body: bytes, base: str) -> list[_Sdist]:
+    """Files of a PEP 503 HTML project page (sha256 in the ``#sha256=`` fragment)."""
+    parser = _Anchors()
+    parser.feed(body.decode("utf-8", errors="replace"))
+    files = []
+    for href, text in parser.links:
+        url, _, fragment = urllib.parse.urljoin(base, href).partition("#")
+        name = text or urllib.parse.unquote(url.rsplit("/", 1)[-1])
+        algo, _, digest = fragment.partition("=")
+        files.append(_Sdist(filename=name, url=url, sha256=digest if algo == "sha256" else None))
+    return files
+
+
+def _open(url: str, *, accept: str | None = None) -> IO[bytes]:
+    """urlopen with a timeout, pip's CA bundle, and credentials moved from the URL to a header."""
+    parts = urllib.parse.urlsplit(url)
+    headers = {"User-Agent": "kvpatch"}
+    if accept:
+        headers["Accept"] = accept
+    if parts.username is not None:
+        creds = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(creds.encode()).decode()
+        url = urllib.parse.urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
+    context = None
+    if parts.scheme == "https":
+        cafile = os.environ.get("PIP_CERT")
+        context = ssl.create_default_context(cafile=cafile) if cafile and Path(cafile).is_file() else None
+    return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=_HTTP_TIMEOUT, context=context)
+
+
+def _redact(url: str) -> str:
+    """``url`` without a password, fit to print."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+# --------------------------------------------------------------------------- download and unpack
+
+
+def _download(sdist: _Sdist, dest: Path, console: Console) -> None:
+    """Download ``sdist`` to ``dest`` with a transient progress bar; verify its sha256."""
+    digest = hashlib.sha256()
+    try:
+        with _open(sdist.url) as response, dest.open("wb") as out:
+            length = response.headers.get("Content-Length") if hasattr(response, "headers") else None
+            total = int(length) if length and length.isdigit() else sdist.size
+            with Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                console=console,
+                transient=True,
+            ) as progress:
+                task = progress.add_task(f"downloading {sdist.filename}", total=total)
+                while chunk := response.read(_CHUNK):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    progress.advance(task, len(chunk))
+    except (urllib.error.URLError, OSError) as exc:
+        raise FetchError(f"download of {_redact(sdist.url)} failed: {getattr(exc, 'reason', None) or exc}") from exc
+    if sdist.sha256 is None:
+        console.print(f"note: the index publishes no sha256 for {sdist.filename}; not verified")
+    elif digest.hexdigest() != sdist.sha256.lower():
+        raise FetchError(
+            f"sha256 mismatch for {sdist.filename}: index says {sdist.sha256}, downloaded {digest.hexdigest()}"
+        )
+
+
+def _unpack(archive: Path, top: str, dest: Path) -> int:
+    """Extract the sdist's ``top/`` directory as ``dest``; return the newest member mtime.
+
+    Every member must lie under ``top/``; absolute paths, ``..`` and links
+    leaving the tree are refused.
+    """
+    staging = dest.parent / ".unpack"
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            members = tar.getmembers()
+            for member in members:
+                _check_member(member, top, archive)
+            staging.mkdir()
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(staging, members=members, filter="data")
+            else:  # Python without extraction filters: members were checked above
+                tar.extractall(staging, members=members)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise FetchError(f"cannot unpack {archive.name}: {exc}") from exc
+    if not (staging / top).is_dir():
+        raise FetchError(f"{archive.name} has no top directory {top}/")
+    os.replace(staging / top, dest)
+    shutil.rmtree(staging, ignore_errors=True)
+    return max((m.mtime for m in members), default=0)
+
+
+def _check_member(member: tarfile.TarInfo, top: str, archive: Path) -> None:
+    name = member.name
+    parts = Path(name).parts
+    if name.startswith(("/", "\\")) or ".." in parts or not parts or parts[0] != top:
+        raise FetchError(f"refusing to unpack {archive.name}: unsafe or unexpected member {name!r}")
+    if member.islnk() or member.issym():
+        target = Path(member.linkname)
+        base = Path(name).parent if member.issym() else Path()
+        resolved = os.path.normpath(base / target)
+        if target.is_absolute() or resolved.startswith("..") or Path(resolved).parts[:1] != (top,):
+            raise FetchError(f"refusing to unpack {archive.name}: link {name!r} leaves the tree")
+    if not (member.isfile() or member.isdir() or member.islnk() or member.issym()):
+        raise FetchError(f"refusing to unpack {archive.name}: special file {name!r}")

@@ -1,0 +1,366 @@
+"""Where the key and value sites are: a pure function from header text to :class:`Sites`.
+
+Everything is read off libclang's AST of ``paged_attention_kernel``:
+
+* a *block loop* is a ``for`` statement whose increment is ``<var> += <stride>``,
+  whose condition is ``<var> < <end>`` and whose body declares a variable
+  initialised from ``<table>[<var>]`` (the physical block number);
+* the key loop is the block loop whose body reads the ``k_cache`` parameter, the value
+  loop the one that reads ``v_cache``;
+* the tile address is the loop-invariant part of the pointer expression that starts
+  at the cache parameter: ``cache + <block number> * <block stride> + <head offset>``,
+  where the head offset is the sum of the terms that use only names declared
+  outside the loop;
+* the lane variable is the one initialised as ``... % WARP_SIZE``, and the KV-head
+  index's initialiser ``<head> / <queries per kv>`` gives the GQA names.
+
+Nothing is assumed about line numbers, formatting or comments: offsets are byte
+offsets into the text given, and every expression the templates need is the
+source text of an AST node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import clang.cindex as ci
+
+from .errors import PatchError
+from .parse import Parsed, parse_header
+
+K = ci.CursorKind
+FUNCTION = "paged_attention_kernel"
+CACHE_PARAMS = {"key": "k_cache", "value": "v_cache"}
+
+
+@dataclass(frozen=True)
+class Site:
+    """One block loop and the names and offsets the templates need."""
+
+    kind: str  # 'key' | 'value'
+    cache: str  # the cache parameter the loop reads: 'k_cache'
+    loop_var: str  # 'block_idx'
+    stride: str  # 'NUM_WARPS'
+    end: str  # 'end_block_idx'
+    block_table: str  # 'block_table'
+    block_number: str  # 'physical_block_number'
+    block_stride: str  # 'kv_block_stride'
+    head_offset: str  # 'kv_head_idx * kv_head_stride'
+    line: int  # 1-based line of the ``for`` (reporting only)
+    block_number_line: int
+    #: Offset just past the ``;`` of the block-number declaration.
+    after_block_number: int
+    #: Indentation of the statements of the loop body.
+    body_indent: str
+    #: Offset just past the end of the loop body's last statement.
+    body_last_end: int
+    #: Offset just past the ``{`` of the innermost loop that loads the tile (the paper's spot).
+    inner_open: int
+    inner_var: str  # that loop's variable: 'j' (key) / 'i' (value)
+    inner_indent: str
+
+
+@dataclass(frozen=True)
+class Sites:
+    """Both sites of one header plus the kernel-wide names."""
+
+    function_line: int
+    cache_type: str  # 'cache_t'
+    head_size: str  # 'HEAD_SIZE'
+    block_size: str  # 'BLOCK_SIZE'
+    lane: str  # 'lane'
+    head: str  # 'head_idx'
+    queries_per_kv: str  # 'num_queries_per_kv'
+    key: Site
+    value: Site
+
+    def __iter__(self):
+        return iter((self.key, self.value))
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _text(p: Parsed, node: ci.Cursor) -> str:
+    return p.data[node.extent.start.offset : node.extent.end.offset].decode()
+
+
+def _in_main_file(p: Parsed, node: ci.Cursor) -> bool:
+    return node.location.file is not None and node.location.file.name == p.path
+
+
+def _strip_wrappers(node: ci.Cursor) -> ci.Cursor:
+    """Look through implicit casts, parentheses and unexposed wrappers."""
+    while node.kind in (K.UNEXPOSED_EXPR, K.PAREN_EXPR, K.CXX_STATIC_CAST_EXPR,
+                        K.CSTYLE_CAST_EXPR, K.CXX_FUNCTIONAL_CAST_EXPR):  # fmt: skip
+        kids = [c for c in node.get_children() if c.kind != K.TYPE_REF]
+        if len(kids) != 1:
+            break
+        node = kids[0]
+    return node
+
+
+def _operator(p: Parsed, node: ci.Cursor) -> str | None:
+    """The operator spelling of a binary operator node (token between its operands)."""
+    kids = list(node.get_children())
+    if len(kids) != 2:
+        return None
+    lhs_end = kids[0].extent.end.offset
+    for tok in node.get_tokens():
+        if tok.extent.start.offset >= lhs_end:
+            return tok.spelling
+    return None
+
+
+def _ref_name(node: ci.Cursor) -> str | None:
+    node = _strip_wrappers(node)
+    if node.kind == K.DECL_REF_EXPR:
+        return node.spelling
+    return None
+
+
+def _refs(node: ci.Cursor) -> list[ci.Cursor]:
+    return [c for c in node.walk_preorder() if c.kind == K.DECL_REF_EXPR]
+
+
+def _indent_at(p: Parsed, offset: int) -> str:
+    start = p.data.rfind(b"\n", 0, offset) + 1
+    prefix = p.data[start:offset]
+    return prefix.decode() if prefix.strip() == b"" else ""
+
+
+def _flatten_sum(p: Parsed, node: ci.Cursor) -> list[ci.Cursor]:
+    node = _strip_wrappers(node)
+    if node.kind == K.BINARY_OPERATOR and _operator(p, node) == "+":
+        lhs, rhs = node.get_children()
+        return _flatten_sum(p, lhs) + _flatten_sum(p, rhs)
+    return [node]
+
+
+# --------------------------------------------------------------------------- locating
+
+
+def _function(p: Parsed) -> ci.Cursor:
+    for node in p.tu.cursor.walk_preorder():
+        if (node.kind == K.FUNCTION_TEMPLATE and node.spelling == FUNCTION
+                and node.is_definition() and _in_main_file(p, node)):  # fmt: skip
+            return node
+    raise PatchError(f"{FUNCTION} (a function template) not found in the header")
+
+
+@dataclass(frozen=True)
+class _Loop:
+    node: ci.Cursor
+    var: str
+    stride: str
+    end: str
+    body: ci.Cursor
+    decl_stmt: ci.Cursor
+    block_number: str
+    block_table: str
+
+
+def _block_loop(p: Parsed, node: ci.Cursor) -> _Loop | None:
+    kids = list(node.get_children())
+    if len(kids) != 4:
+        return None
+    init, cond, inc, body = kids
+    if init.kind != K.DECL_STMT or body.kind != K.COMPOUND_STMT:
+        return None
+    decls = [c for c in init.get_children() if c.kind == K.VAR_DECL]
+    if len(decls) != 1:
+        return None
+    var = decls[0].spelling
+    if inc.kind != K.COMPOUND_ASSIGNMENT_OPERATOR or _operator(p, inc) != "+=":
+        return None
+    inc_lhs, inc_rhs = inc.get_children()
+    if _ref_name(inc_lhs) != var:
+        return None
+    if cond.kind != K.BINARY_OPERATOR or _operator(p, cond) != "<":
+        return None
+    cond_lhs, cond_rhs = cond.get_children()
+    if _ref_name(cond_lhs) != var:
+        return None
+    for stmt in body.get_children():
+        if stmt.kind != K.DECL_STMT:
+            continue
+        for decl in stmt.get_children():
+            if decl.kind != K.VAR_DECL:
+                continue
+            for sub in decl.walk_preorder():
+                if sub.kind != K.ARRAY_SUBSCRIPT_EXPR:
+                    continue
+                base, index = sub.get_children()
+                table = _ref_name(base)
+                if table and _ref_name(index) == var:
+                    return _Loop(node, var, _text(p, inc_rhs), _text(p, cond_rhs), body,
+                                 stmt, decl.spelling, table)  # fmt: skip
+    return None
+
+
+def _tile_address(p: Parsed, loop: _Loop, cache: str) -> tuple[str, str]:
+    """(block stride, head offset) from ``cache + number * stride + head terms ...``."""
+    declared_inside = {
+        c.spelling for c in loop.body.walk_preorder() if c.kind == K.VAR_DECL
+    }
+    for node in loop.body.walk_preorder():
+        if node.kind != K.BINARY_OPERATOR or _operator(p, node) != "+":
+            continue
+        terms = _flatten_sum(p, node)
+        if _ref_name(terms[0]) != cache:
+            continue
+        block_stride, head_terms = None, []
+        for term in terms[1:]:
+            names = {r.spelling for r in _refs(term)}
+            if term.kind == K.BINARY_OPERATOR and _operator(p, term) == "*" \
+                    and loop.block_number in names:  # fmt: skip
+                a, b = term.get_children()
+                other = b if _ref_name(a) == loop.block_number else a
+                block_stride = _text(p, other)
+            elif not names & declared_inside:
+                head_terms.append(_text(p, term))
+        if block_stride and head_terms:
+            return block_stride, " + ".join(head_terms)
+    raise PatchError(
+        f"no '{cache} + {loop.block_number} * <stride> + <head offset>' address found "
+        f"in the loop at line {loop.node.extent.start.line}"
+    )
+
+
+def _inner_loop(p: Parsed, loop: _Loop, cache: str) -> ci.Cursor:
+    """The innermost ``for`` that holds the cache read, else the first one after it."""
+    ref = next(r for r in _refs(loop.body) if r.spelling == cache)
+    at = ref.extent.start.offset
+    fors = [n for n in loop.body.walk_preorder() if n.kind == K.FOR_STMT]
+    holding = [f for f in fors if f.extent.start.offset <= at < f.extent.end.offset]
+    if holding:
+        return holding[-1]
+    after = [f for f in fors if f.extent.start.offset > at]
+    if after:
+        return after[0]
+    raise PatchError(f"no inner loop over the {cache} tile in the loop at line "
+                     f"{loop.node.extent.start.line}")  # fmt: skip
+
+
+def _site(p: Parsed, kind: str, loop: _Loop) -> Site:
+    cache = CACHE_PARAMS[kind]
+    block_stride, head_offset = _tile_address(p, loop, cache)
+    inner = _inner_loop(p, loop, cache)
+    inner_kids = list(inner.get_children())
+    inner_body = inner_kids[-1]
+    inner_decls = [c for c in inner_kids[0].get_children() if c.kind == K.VAR_DECL]
+    if inner_body.kind != K.COMPOUND_STMT or not inner_decls:
+        raise PatchError(f"unexpected shape of the inner {cache} loop at line "
+                         f"{inner.extent.start.line}")  # fmt: skip
+    inner_stmts = list(inner_body.get_children())
+    body_stmts = list(loop.body.get_children())
+    decl_end = loop.decl_stmt.extent.end.offset
+    if p.data[decl_end - 1 : decl_end] != b";":
+        raise PatchError(f"the {loop.block_number} declaration does not end in ';'")
+    return Site(
+        kind=kind,
+        cache=cache,
+        loop_var=loop.var,
+        stride=loop.stride,
+        end=loop.end,
+        block_table=loop.block_table,
+        block_number=loop.block_number,
+        block_stride=block_stride,
+        head_offset=head_offset,
+        line=loop.node.extent.start.line,
+        block_number_line=loop.decl_stmt.extent.start.line,
+        after_block_number=decl_end,
+        body_indent=_indent_at(p, loop.decl_stmt.extent.start.offset),
+        body_last_end=body_stmts[-1].extent.end.offset,
+        inner_open=inner_body.extent.start.offset + 1,
+        inner_var=inner_decls[0].spelling,
+        inner_indent=_indent_at(p, inner_stmts[0].extent.start.offset) if inner_stmts else "",
+    )
+
+
+def _kernel_names(p: Parsed, fn: ci.Cursor, cache_param: ci.Cursor) -> dict[str, str]:
+    params = {c.spelling for c in fn.get_children() if c.kind == K.TEMPLATE_NON_TYPE_PARAMETER}
+    for name in ("HEAD_SIZE", "BLOCK_SIZE"):
+        if name not in params:
+            raise PatchError(f"{FUNCTION} has no template parameter {name}")
+    pointee = cache_param.type.get_pointee()
+    cache_type = pointee.spelling.replace("const ", "").replace("volatile ", "").strip()
+    lane = head = qpk = None
+    body = [c for c in fn.get_children() if c.kind == K.COMPOUND_STMT][0]
+    inits: dict[str, ci.Cursor] = {}
+    for stmt in body.get_children():
+        for decl in stmt.get_children() if stmt.kind == K.DECL_STMT else ():
+            if decl.kind != K.VAR_DECL:
+                continue
+            init = [c for c in decl.get_children() if c.kind != K.TYPE_REF]
+            if not init:
+                continue
+            inits[decl.spelling] = init[-1]
+            toks = [t.spelling for t in init[-1].get_tokens()]
+            if lane is None and toks[-2:] == ["%", "WARP_SIZE"]:
+                lane = decl.spelling
+    if lane is None:
+        raise PatchError(f"no lane variable ('... % WARP_SIZE') in {FUNCTION}")
+    return {"cache_type": cache_type, "lane": lane, **({"_inits": inits})}
+
+
+def find_sites(text: str, header_path: str) -> Sites:
+    """Locate the key and value sites of ``text`` (the header at ``header_path``)."""
+    return sites_of(parse_header(text, header_path))
+
+
+def sites_of(p: Parsed) -> Sites:
+    """Locate both sites in an already parsed header."""
+    fn = _function(p)
+    params = {c.spelling: c for c in fn.get_children() if c.kind == K.PARM_DECL}
+    for cache in CACHE_PARAMS.values():
+        if cache not in params:
+            raise PatchError(f"{FUNCTION} has no parameter {cache}")
+    loops: dict[str, list[_Loop]] = {"key": [], "value": []}
+    for node in fn.walk_preorder():
+        if node.kind != K.FOR_STMT:
+            continue
+        loop = _block_loop(p, node)
+        if loop is None:
+            continue
+        read = {r.spelling for r in _refs(loop.body)}
+        for kind, cache in CACHE_PARAMS.items():
+            if cache in read:
+                loops[kind].append(loop)
+    for kind, found in loops.items():
+        if len(found) != 1:
+            what = "no" if not found else f"{len(found)}"
+            raise PatchError(
+                f"{what} {kind} block loop ('for (... ; <var> < <end>; <var> += <stride>)' "
+                f"reading {CACHE_PARAMS[kind]} through <table>[<var>]) found in {FUNCTION}"
+            )
+    names = _kernel_names(p, fn, params["k_cache"])
+    key = _site(p, "key", loops["key"][0])
+    value = _site(p, "value", loops["value"][0])
+    if key.line >= value.line:
+        raise PatchError("the key loop does not come before the value loop")
+    head, qpk = _gqa_names(p, names["_inits"], key.head_offset)
+    return Sites(
+        function_line=fn.extent.start.line,
+        cache_type=names["cache_type"],
+        head_size="HEAD_SIZE",
+        block_size="BLOCK_SIZE",
+        lane=names["lane"],
+        head=head,
+        queries_per_kv=qpk,
+        key=key,
+        value=value,
+    )
+
+
+def _gqa_names(p: Parsed, inits: dict[str, ci.Cursor], head_offset: str) -> tuple[str, str]:
+    """(query head, queries per KV head) from the KV head index's ``a / b`` initialiser."""
+    for name, init in inits.items():
+        if name not in head_offset:
+            continue
+        node = _strip_wrappers(init)
+        if node.kind == K.BINARY_OPERATOR and _operator(p, node) == "/":
+            a, b = node.get_children()
+            if _ref_name(a) and _ref_name(b):
+                return _ref_name(a), _ref_name(b)
+    raise PatchError("no '<head> / <queries per kv>' initialiser for the KV head index")

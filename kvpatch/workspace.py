@@ -33,6 +33,10 @@ def write_atomic(path: Path, text: str) -> None:
             f.write(text)
         if path.exists():
             os.chmod(tmp, path.stat().st_mode & 0o7777)
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

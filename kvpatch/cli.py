@@ -211,13 +211,10 @@ def run() -> None:
         sys.exit(130)
     except typer.Exit as e:
         sys.exit(e.exit_code)
-    except Exception as e:  # click usage errors arrive as click exceptions
-        import click
-
-        if isinstance(e, click.exceptions.UsageError):
-            e.show()
-            sys.exit(2)
-        if isinstance(e, click.exceptions.ClickException):
+    except Exception as e:
+        # Usage errors come from the click that typer uses (vendored in newer typer):
+        # each has show() and an exit_code (2 for usage errors).
+        if callable(getattr(e, "show", None)) and isinstance(getattr(e, "exit_code", None), int):
             e.show()
             sys.exit(e.exit_code)
         raise

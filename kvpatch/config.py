@@ -22,6 +22,9 @@ PRESETS = ("default", "paper")
 PLACEMENTS = ("start", "end")
 SCOPES = ("cta", "kv-head")
 
+#: What ``--preset paper`` fixes: the paper's 4096-byte, one-ahead prefetch.
+PAPER = dict(lookahead=1, size=4096, align=16, cache_hint="none", placement="start", scope="cta")
+
 
 @dataclass(frozen=True)
 class PatchConfig:
@@ -63,7 +66,7 @@ class PatchConfig:
     def marker(self) -> str:
         """The configuration as written into the generated code's marker comments."""
         if self.preset == "paper":
-            return "preset=paper" + (" control" if self.control else "")
+            return f"preset=paper caches={self.caches}" + (" control" if self.control else "")
         size = "auto" if self.size is None else str(self.size)
         parts = [
             f"lookahead={self.lookahead}",
@@ -90,10 +93,9 @@ def _parse_size(value: Any) -> int | None:
         return None
     if isinstance(value, bool):
         raise UsageError(f"invalid size {value!r}: use 'auto' or a number of bytes")
-    try:
-        size = int(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"invalid size {value!r}: use 'auto' or a number of bytes") from None
+    if not (isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit())):
+        raise UsageError(f"invalid size {value!r}: use 'auto' or a number of bytes")
+    size = int(value)
     if size <= 0 or size % 16:
         raise UsageError(f"invalid size {size}: must be a positive multiple of 16 bytes")
     return size
@@ -106,12 +108,12 @@ def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
 
 
 def _int(name: str, value: Any) -> int:
-    if isinstance(value, bool):
-        raise UsageError(f"invalid {name} {value!r}: expected an integer")
-    try:
+    """An int, or a string of one; floats (2.5, and 2.0 too) and bools are refused."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
         return int(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"invalid {name} {value!r}: expected an integer") from None
+    raise UsageError(f"invalid {name} {value!r}: expected an integer")
 
 
 def make_config(**options: Any) -> PatchConfig:
@@ -153,13 +155,10 @@ def make_config(**options: Any) -> PatchConfig:
             raise UsageError(f"invalid control {given['control']!r}: expected true or false")
         cfg = replace(cfg, control=given["control"])
     if preset == "paper":
-        clash = sorted(
-            k for k in ("lookahead", "size", "align", "cache_hint", "placement", "scope")
-            if k in given and getattr(cfg, k) != getattr(PatchConfig(), k)
-        )  # fmt: skip
+        clash = sorted(k for k, fixed in PAPER.items() if k in given and getattr(cfg, k) != fixed)
         if clash:
             raise UsageError(f"--preset paper fixes {', '.join(clash)}; drop those options")
-        cfg = replace(cfg, preset="paper", size=4096)
+        cfg = replace(cfg, preset="paper", **PAPER)
     return cfg
 
 

@@ -87,11 +87,11 @@ def _size_expr(sites: Sites, cfg: PatchConfig) -> str:
 # --------------------------------------------------------------------------- planning
 
 
-def _insertion(offset: int, body: str, what: str) -> Edit:
+def _insertion(offset: int, body: str, what: str, newline: str = "\n") -> Edit:
     # Every injection starts with a newline right after the statement (or brace) it
     # follows and ends at the end of its last line, so deleting
     # [offset, offset + len(text)) restores the original bytes exactly.
-    return Edit(offset, 0, "\n" + body, what)
+    return Edit(offset, 0, newline + body.replace("\n", newline), what)
 
 
 def plan(sites: Sites, cfg: PatchConfig) -> list[Edit]:
@@ -105,12 +105,12 @@ def plan(sites: Sites, cfg: PatchConfig) -> list[Edit]:
         if cfg.preset == "paper":
             nxt = render("paper_next_block.cuh.j2", i=site.body_indent, **ctx)
             pre = render("paper_prefetch.cuh.j2", i=site.inner_indent, **ctx)
-            edits.append(_insertion(site.after_block_number, nxt, f"{site.kind} next block"))
-            edits.append(_insertion(site.inner_open, pre, f"{site.kind} prefetch"))
+            edits.append(_insertion(site.after_block_number, nxt, f"{site.kind} next block", sites.newline))
+            edits.append(_insertion(site.inner_open, pre, f"{site.kind} prefetch", sites.newline))
         else:
             offset = site.after_block_number if cfg.placement == "start" else site.body_last_end
             text = render("prefetch.cuh.j2", i=site.body_indent, **ctx)
-            edits.append(_insertion(offset, text, f"{site.kind} prefetch"))
+            edits.append(_insertion(offset, text, f"{site.kind} prefetch", sites.newline))
     return edits
 
 
@@ -144,7 +144,8 @@ def injections(p: Parsed) -> list[Injection]:
                 start -= 1
             if p.data[start - 1 : start] != b"\n":
                 raise PatchError(f"kvpatch marker not on a line of its own at line {tok.location.line}")
-            open_ = (start - 1, label, marker)
+            start -= 2 if p.data[start - 2 : start] == b"\r\n" else 1
+            open_ = (start, label, marker)
         elif text.startswith(END):
             if open_ is None:
                 raise PatchError(f"unmatched '{END}' at line {tok.location.line}")

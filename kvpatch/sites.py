@@ -73,6 +73,7 @@ class Sites:
     queries_per_kv: str  # 'num_queries_per_kv'
     key: Site
     value: Site
+    newline: str = "\n"  # the header's line ending: generated code follows it
 
     def __iter__(self):
         return iter((self.key, self.value))
@@ -82,7 +83,42 @@ class Sites:
 
 
 def _text(p: Parsed, node: ci.Cursor) -> str:
-    return p.data[node.extent.start.offset : node.extent.end.offset].decode()
+    """The node's source as one line: comments dropped, whitespace runs made one space."""
+    parts: list[str] = []
+    last_end = None
+    for tok in node.get_tokens():
+        if tok.kind == ci.TokenKind.COMMENT:
+            continue
+        start = tok.extent.start.offset
+        if last_end is not None and start > last_end:
+            parts.append(" ")
+        parts.append(tok.spelling)
+        last_end = tok.extent.end.offset
+    return "".join(parts)
+
+
+def _after_trailing_comment(p: Parsed, offset: int) -> int:
+    """``offset``, moved past comments that follow it on the same line.
+
+    Code inserted at ``offset`` starts with a newline; a trailing ``// note`` after
+    the statement would otherwise end up after kvpatch's last line.
+    """
+    data, i = p.data, offset
+    while True:
+        while data[i : i + 1] in (b" ", b"\t"):
+            i += 1
+        if data.startswith(b"//", i):
+            end = data.find(b"\n", i)
+            end = len(data) if end < 0 else end
+            return end - 1 if data[end - 1 : end] == b"\r" else end
+        if data.startswith(b"/*", i):
+            close = data.find(b"*/", i + 2)
+            if close < 0 or b"\n" in data[i:close]:
+                return offset  # a block comment running onto the next lines: stay put
+            i = close + 2
+            offset = i
+            continue
+        return offset
 
 
 def _in_main_file(p: Parsed, node: ci.Cursor) -> bool:
@@ -107,7 +143,7 @@ def _operator(p: Parsed, node: ci.Cursor) -> str | None:
         return None
     lhs_end = kids[0].extent.end.offset
     for tok in node.get_tokens():
-        if tok.extent.start.offset >= lhs_end:
+        if tok.kind != ci.TokenKind.COMMENT and tok.extent.start.offset >= lhs_end:
             return tok.spelling
     return None
 
@@ -198,7 +234,7 @@ def _block_loop(p: Parsed, node: ci.Cursor) -> _Loop | None:
     return None
 
 
-def _tile_address(p: Parsed, loop: _Loop, cache: str) -> tuple[str, str]:
+def _tile_address(p: Parsed, loop: _Loop, cache: str) -> tuple[str, str, frozenset[str]]:
     """(block stride, head offset) from ``cache + number * stride + head terms ...``."""
     declared_inside = {
         c.spelling for c in loop.body.walk_preorder() if c.kind == K.VAR_DECL
@@ -209,7 +245,7 @@ def _tile_address(p: Parsed, loop: _Loop, cache: str) -> tuple[str, str]:
         terms = _flatten_sum(p, node)
         if _ref_name(terms[0]) != cache:
             continue
-        block_stride, head_terms = None, []
+        block_stride, head_terms, head_names = None, [], set()
         for term in terms[1:]:
             names = {r.spelling for r in _refs(term)}
             if term.kind == K.BINARY_OPERATOR and _operator(p, term) == "*" \
@@ -219,8 +255,9 @@ def _tile_address(p: Parsed, loop: _Loop, cache: str) -> tuple[str, str]:
                 block_stride = _text(p, other)
             elif not names & declared_inside:
                 head_terms.append(_text(p, term))
+                head_names |= names
         if block_stride and head_terms:
-            return block_stride, " + ".join(head_terms)
+            return block_stride, " + ".join(head_terms), frozenset(head_names)
     raise PatchError(
         f"no '{cache} + {loop.block_number} * <stride> + <head offset>' address found "
         f"in the loop at line {loop.node.extent.start.line}"
@@ -244,7 +281,7 @@ def _inner_loop(p: Parsed, loop: _Loop, cache: str) -> ci.Cursor:
 
 def _site(p: Parsed, kind: str, loop: _Loop) -> Site:
     cache = CACHE_PARAMS[kind]
-    block_stride, head_offset = _tile_address(p, loop, cache)
+    block_stride, head_offset, _ = _tile_address(p, loop, cache)
     inner = _inner_loop(p, loop, cache)
     inner_kids = list(inner.get_children())
     inner_body = inner_kids[-1]
@@ -269,10 +306,10 @@ def _site(p: Parsed, kind: str, loop: _Loop) -> Site:
         head_offset=head_offset,
         line=loop.node.extent.start.line,
         block_number_line=loop.decl_stmt.extent.start.line,
-        after_block_number=decl_end,
+        after_block_number=_after_trailing_comment(p, decl_end),
         body_indent=_indent_at(p, loop.decl_stmt.extent.start.offset),
-        body_last_end=body_stmts[-1].extent.end.offset,
-        inner_open=inner_body.extent.start.offset + 1,
+        body_last_end=_after_trailing_comment(p, body_stmts[-1].extent.end.offset),
+        inner_open=_after_trailing_comment(p, inner_body.extent.start.offset + 1),
         inner_var=inner_decls[0].spelling,
         inner_indent=_indent_at(p, inner_stmts[0].extent.start.offset) if inner_stmts else "",
     )
@@ -296,7 +333,8 @@ def _kernel_names(p: Parsed, fn: ci.Cursor, cache_param: ci.Cursor) -> dict[str,
             if not init:
                 continue
             inits[decl.spelling] = init[-1]
-            toks = [t.spelling for t in init[-1].get_tokens()]
+            toks = [t.spelling for t in init[-1].get_tokens()
+                    if t.kind != ci.TokenKind.COMMENT and t.spelling not in "()"]  # fmt: skip
             if lane is None and toks[-2:] == ["%", "WARP_SIZE"]:
                 lane = decl.spelling
     if lane is None:
@@ -339,7 +377,8 @@ def sites_of(p: Parsed) -> Sites:
     value = _site(p, "value", loops["value"][0])
     if key.line >= value.line:
         raise PatchError("the key loop does not come before the value loop")
-    head, qpk = _gqa_names(p, names["_inits"], key.head_offset)
+    _, _, head_names = _tile_address(p, loops["key"][0], "k_cache")
+    head, qpk = _gqa_names(p, names["_inits"], head_names)
     return Sites(
         function_line=fn.extent.start.line,
         cache_type=names["cache_type"],
@@ -350,13 +389,18 @@ def sites_of(p: Parsed) -> Sites:
         queries_per_kv=qpk,
         key=key,
         value=value,
+        newline="\r\n" if b"\r\n" in p.data else "\n",
     )
 
 
-def _gqa_names(p: Parsed, inits: dict[str, ci.Cursor], head_offset: str) -> tuple[str, str]:
-    """(query head, queries per KV head) from the KV head index's ``a / b`` initialiser."""
+def _gqa_names(p: Parsed, inits: dict[str, ci.Cursor], head_names: frozenset[str]) -> tuple[str, str]:
+    """(query head, queries per KV head) from the KV head index's ``a / b`` initialiser.
+
+    The KV head index is the variable of the tile address's head term that the
+    function body declares (the other names there are parameters).
+    """
     for name, init in inits.items():
-        if name not in head_offset:
+        if name not in head_names:
             continue
         node = _strip_wrappers(init)
         if node.kind == K.BINARY_OPERATOR and _operator(p, node) == "/":

@@ -58,7 +58,7 @@ class Tree:
 
     def read_header(self) -> str:
         try:
-            return self.header.read_text(encoding="utf-8")
+            return self.header.read_bytes().decode("utf-8")  # keep CRLF as it is
         except FileNotFoundError:
             raise PatchError(f"{self.root} has no {HEADER}: not a supported vLLM tree") from None
 
@@ -69,9 +69,8 @@ class Tree:
         proc = subprocess.run(
             ["git", "-C", str(self.root), "show", f"HEAD:{HEADER}"],
             capture_output=True,
-            text=True,
         )
-        return proc.stdout if proc.returncode == 0 else None
+        return proc.stdout.decode("utf-8") if proc.returncode == 0 else None
 
 
 def check_no_local_edits(tree: Tree, stock: str) -> None:

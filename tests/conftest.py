@@ -1,0 +1,255 @@
+"""Shared fixtures: the small fixture headers, git trees made from them, the release
+cache for the network tests, and an nvcc helper for the PTX checks."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from rich.console import Console
+
+from kvpatch.errors import FetchError
+from kvpatch.fetch import HEADER, fetch_release
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GOLDEN = FIXTURES / "golden"
+
+#: The fixture headers (see tests/fixtures/): the stock shape, and the same code laid out
+#: differently (Allman braces, tabs, line breaks and comments inside statements).
+STOCK = "attention_kernels.cuh"
+REFORMATTED = "attention_kernels_reformatted.cuh"
+
+
+def fixture_text(name: str = STOCK) -> str:
+    return (FIXTURES / name).read_text(encoding="utf-8")
+
+
+def golden_text(name: str) -> str:
+    return (GOLDEN / f"{name}.cuh").read_text(encoding="utf-8")
+
+
+def git(cwd: Path, *args: str, text: bool = True) -> str | bytes:
+    """git with a fixed identity and none of the user's configuration."""
+    env = {
+        **os.environ,
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "kvpatch-tests",
+        "GIT_AUTHOR_EMAIL": "tests@kvpatch",
+        "GIT_COMMITTER_NAME": "kvpatch-tests",
+        "GIT_COMMITTER_EMAIL": "tests@kvpatch",
+    }
+    proc = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=text, check=True)
+    return proc.stdout
+
+
+def make_tree(root: Path, header_text: str, *, commit: bool = True) -> Path:
+    """A vLLM-shaped tree at ``root`` holding ``header_text`` as the attention header."""
+    header = root / HEADER
+    header.parent.mkdir(parents=True, exist_ok=True)
+    header.write_bytes(header_text.encode("utf-8"))
+    if commit:
+        git(root, "init", "-q", "-b", "main")
+        git(root, "add", "-A")
+        git(root, "commit", "-q", "-m", "stock")
+    return root
+
+
+@pytest.fixture(scope="session")
+def header_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Where the stock fixture header sits in a tmp tree (the path libclang is told about;
+    the text parsed is always the one passed in, so tests may parse other texts there)."""
+    return str(make_tree(tmp_path_factory.mktemp("fixture-tree"), fixture_text(), commit=False) / HEADER)
+
+
+@pytest.fixture
+def git_tree(tmp_path: Path) -> Path:
+    """A git work tree whose committed header is the stock fixture."""
+    return make_tree(tmp_path / "vllm", fixture_text())
+
+
+# --------------------------------------------------------------------------- releases
+
+
+@pytest.fixture(scope="session")
+def release_cache(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``$KVPATCH_CACHE`` if set, else a directory in pytest's cache (kept between runs)."""
+    env = os.environ.get("KVPATCH_CACHE")
+    if env:
+        return Path(env).expanduser()
+    cache = getattr(request.config, "cache", None)
+    if cache is not None:
+        return Path(cache.mkdir("kvpatch-cache"))
+    return tmp_path_factory.mktemp("kvpatch-cache")
+
+
+@pytest.fixture(scope="session")
+def vllm_release(release_cache: Path) -> Callable[[str], Path]:
+    """``get(version)`` -> the cached release tree; skips only when there is no network."""
+    trees: dict[str, Path] = {}
+
+    def get(version: str) -> Path:
+        if version not in trees:
+            try:
+                trees[version] = fetch_release(
+                    version, cache=release_cache, console=Console(stderr=True), git_timeout=30
+                )
+            except FetchError as e:
+                if str(e).startswith("no network"):
+                    pytest.skip(f"vLLM {version} is not cached and cannot be fetched: {e}")
+                raise
+        return trees[version]
+
+    return get
+
+
+# --------------------------------------------------------------------------- reformatting
+
+
+def clang_format_binary() -> str | None:
+    """clang-format on PATH, or the one ``pip install clang-format`` put beside python."""
+    found = shutil.which("clang-format")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / "clang-format"
+    return str(beside) if beside.is_file() else None
+
+
+CLANG_FORMAT_STYLE = (
+    "{BasedOnStyle: LLVM, ColumnLimit: 120, BreakBeforeBraces: Allman, IndentWidth: 4, SortIncludes: Never}"
+)
+
+
+def reformat_with_clang_format(text: str) -> str:
+    binary = clang_format_binary()
+    if binary is None:
+        pytest.skip("clang-format is not installed (pip install clang-format)")
+    proc = subprocess.run(
+        [binary, f"--style={CLANG_FORMAT_STYLE}", "--assume-filename=attention_kernels.cuh"],
+        input=text, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return proc.stdout
+
+
+def reformat_without_clang_format(text: str) -> str:
+    """Double the indentation and move the ``{`` of ``... ) {`` lines onto a line of its own.
+
+    Only code lines are touched: not preprocessor lines, macro continuations or lines
+    holding a ``//`` comment, so the token stream stays the same.
+    """
+    out: list[str] = []
+    previous = ""
+    for line in text.split("\n"):
+        stripped = line.lstrip(" ")
+        indent = " " * (2 * (len(line) - len(stripped)))
+        code = not stripped.startswith("#") and not previous.endswith("\\") and "//" not in line
+        if code and stripped.endswith(") {") and not stripped.startswith(("}", "/*", "*")):
+            out.append(indent + stripped[:-2])
+            out.append(indent + "{")
+        else:
+            out.append(indent + stripped if stripped else "")
+        previous = line
+    return "\n".join(out)
+
+
+_STATEMENT_STARTS = re.compile(r"^(\s*)(for \(|if \(|const int64_t physical_block_number|const cache_t\s*\*)")
+
+
+def insert_comments(text: str) -> str:
+    """Put a comment line and a blank line before loops, ifs and the lines kvpatch reads."""
+    out: list[str] = []
+    previous = ""
+    for line in text.split("\n"):
+        m = _STATEMENT_STARTS.match(line)
+        if m and not previous.rstrip().endswith("\\"):
+            out.append(f"{m.group(1)}// kvpatch-tests: a comment between statements")
+            out.append("")
+        out.append(line)
+        previous = line
+    return "\n".join(out)
+
+
+REFORMATTERS = {
+    "clang-format": reformat_with_clang_format,
+    "python": reformat_without_clang_format,
+}
+
+#: The release whose header is reformatted (and compiled by test_nvcc).
+REFORMAT_RELEASE = "0.10.2"
+
+
+@pytest.fixture(scope="session", params=sorted(REFORMATTERS))
+def reformatted_header(request: pytest.FixtureRequest, vllm_release: Callable[[str], Path]) -> tuple[Path, str, str]:
+    """(release tree, stock header text, the same header reformatted with comments and blank
+    lines added), for clang-format (skipped when not installed) and a pure-Python reformat."""
+    tree = vllm_release(REFORMAT_RELEASE)
+    stock = (tree / HEADER).read_text(encoding="utf-8")
+    return tree, stock, insert_comments(REFORMATTERS[request.param](stock))
+
+
+# --------------------------------------------------------------------------- nvcc
+
+STUB_HEADERS = ("torch/all.h", "ATen/cuda/CUDAContext.h", "c10/cuda/CUDAGuard.h")
+
+#: The translation unit: the header plus the address of one v1 and one v2 instantiation.
+TRANSLATION_UNIT = """\
+#include <cstdint>
+#include "attention_kernels.cuh"
+void* kvpatch_test_kernels[] = {
+  (void*)&vllm::paged_attention_v1_kernel<uint16_t, uint16_t, 128, 16, 128,
+                                          vllm::Fp8KVCacheDataType::kAuto, false>,
+  (void*)&vllm::paged_attention_v2_kernel<uint16_t, uint16_t, 128, 16, 128,
+                                          vllm::Fp8KVCacheDataType::kAuto, false, 512>,
+};
+"""
+
+ARCHS = {"sm_90a": "arch=compute_90a,code=sm_90a", "sm_80": "arch=compute_80,code=sm_80"}
+
+
+class CompileError(Exception):
+    pass
+
+
+@pytest.fixture(scope="session")
+def nvcc_ptx(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path, str, str], str]:
+    """``ptx(csrc, header_text, arch)``: compile the TU against ``header_text`` placed over
+    ``csrc/attention/attention_kernels.cuh``, through ptxas (a cubin), and return the PTX.
+
+    Raises :class:`CompileError` with nvcc's output when it fails.
+    """
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH: the PTX checks need the CUDA toolkit")
+    root = tmp_path_factory.mktemp("nvcc")
+    stubs = root / "stubs"
+    for name in STUB_HEADERS:
+        (stubs / name).parent.mkdir(parents=True, exist_ok=True)
+        (stubs / name).write_text("#pragma once\n")
+    count = [0]
+
+    def ptx(csrc: Path, header_text: str, arch: str) -> str:
+        count[0] += 1
+        work = root / f"tu{count[0]}"
+        (work / "keep").mkdir(parents=True)
+        # The header's siblings ("attention_dtypes.h", "../cuda_compat.h") are found
+        # through -I<csrc>/attention, so only the header itself is written here.
+        (work / "attention_kernels.cuh").write_text(header_text, encoding="utf-8")
+        (work / "tu.cu").write_text(TRANSLATION_UNIT)
+        cmd = [
+            nvcc, "-std=c++17", "-cubin", f"-gencode={ARCHS[arch]}", "--keep", "--keep-dir", str(work / "keep"),
+            f"-I{work}", f"-I{csrc / 'attention'}", f"-I{csrc}", f"-I{stubs}",
+            str(work / "tu.cu"), "-o", str(work / "tu.cubin"),
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise CompileError(proc.stdout + proc.stderr)
+        (found,) = (work / "keep").glob("*.ptx")
+        return found.read_text()
+
+    return ptx

@@ -1,0 +1,259 @@
+"""kvpatch.config: validation, the marker text, and kvpatch.toml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvpatch.config import PatchConfig, dump_config, load_config_file, make_config
+from kvpatch.errors import UsageError
+
+
+def test_defaults() -> None:
+    cfg = make_config()
+    assert cfg == PatchConfig()
+    assert (cfg.preset, cfg.lookahead, cfg.size, cfg.align) == ("default", 1, None, 16)
+    assert (cfg.caches, cfg.cache_hint, cfg.placement, cfg.scope, cfg.control) == ("kv", "none", "start", "cta", False)
+    assert (cfg.k, cfg.v) == (True, True)
+
+
+def test_none_means_not_given() -> None:
+    assert make_config(lookahead=None, size=None, align=None, caches=None, preset=None) == PatchConfig()
+
+
+# --------------------------------------------------------------------------- accepted values
+
+
+@pytest.mark.parametrize(
+    "options, field, value",
+    [
+        ({"size": "auto"}, "size", None),
+        ({"size": 16}, "size", 16),
+        ({"size": "4096"}, "size", 4096),  # as the CLI passes it
+        ({"size": 8192}, "size", 8192),
+        ({"align": 16}, "align", 16),
+        ({"align": "128"}, "align", 128),
+        ({"align": 4096}, "align", 4096),
+        ({"lookahead": 1}, "lookahead", 1),
+        ({"lookahead": "3"}, "lookahead", 3),
+        ({"caches": "k"}, "caches", "k"),
+        ({"caches": "v"}, "caches", "v"),
+        ({"cache_hint": "evict_last"}, "cache_hint", "evict_last"),
+        ({"cache_hint": "evict_first"}, "cache_hint", "evict_first"),
+        ({"cache_hint": "evict_normal"}, "cache_hint", "evict_normal"),
+        ({"placement": "end"}, "placement", "end"),
+        ({"scope": "kv-head"}, "scope", "kv-head"),
+        ({"control": True}, "control", True),
+        ({"control": False}, "control", False),
+    ],
+)
+def test_accepted(options: dict, field: str, value) -> None:
+    assert getattr(make_config(**options), field) == value
+
+
+@pytest.mark.parametrize("caches, k, v", [("k", True, False), ("v", False, True), ("kv", True, True)])
+def test_caches_select_the_loops(caches: str, k: bool, v: bool) -> None:
+    cfg = make_config(caches=caches)
+    assert (cfg.k, cfg.v) == (k, v)
+
+
+# --------------------------------------------------------------------------- refused values
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"size": 100}, "invalid size 100: must be a positive multiple of 16 bytes"),
+        ({"size": 8}, "invalid size 8: must be a positive multiple of 16 bytes"),
+        ({"size": 0}, "invalid size 0: must be a positive multiple of 16 bytes"),
+        ({"size": -16}, "invalid size -16: must be a positive multiple of 16 bytes"),
+        ({"size": "big"}, "invalid size 'big': use 'auto' or a number of bytes"),
+        ({"size": True}, "invalid size True: use 'auto' or a number of bytes"),
+        ({"align": 8}, "invalid align 8: must be a power of two >= 16"),
+        ({"align": 24}, "invalid align 24: must be a power of two >= 16"),
+        ({"align": 0}, "invalid align 0: must be a power of two >= 16"),
+        ({"align": "x"}, "invalid align 'x': expected an integer"),
+        ({"lookahead": 0}, "invalid lookahead 0: must be >= 1"),
+        ({"lookahead": -2}, "invalid lookahead -2: must be >= 1"),
+        ({"lookahead": "two"}, "invalid lookahead 'two': expected an integer"),
+        ({"lookahead": True}, "invalid lookahead True: expected an integer"),
+        ({"caches": "q"}, "invalid caches 'q': choose one of k, v, kv"),
+        ({"caches": "vk"}, "invalid caches 'vk': choose one of k, v, kv"),
+        ({"cache_hint": "evict_sometimes"}, "invalid cache-hint 'evict_sometimes': choose one of none, evict_last, evict_first, evict_normal"),
+        ({"placement": "middle"}, "invalid placement 'middle': choose one of start, end"),
+        ({"scope": "warp"}, "invalid scope 'warp': choose one of cta, kv-head"),
+        ({"preset": "fast"}, "invalid preset 'fast': choose one of default, paper"),
+        ({"control": "yes"}, "invalid control 'yes': expected true or false"),
+        ({"lookahaed": 2}, "unknown configuration key(s): lookahaed"),
+        ({"zeta": 1, "alpha": 2}, "unknown configuration key(s): alpha, zeta"),
+    ],
+)
+def test_refused(options: dict, message: str) -> None:
+    with pytest.raises(UsageError) as info:
+        make_config(**options)
+    assert str(info.value) == message
+    assert info.value.exit_code == 2
+
+
+@pytest.mark.parametrize("options", [{"lookahead": 2.5}, {"align": 32.7}])
+def test_non_integral_numbers_are_refused(options: dict) -> None:
+    with pytest.raises(UsageError, match="expected an integer"):
+        make_config(**options)
+
+
+# --------------------------------------------------------------------------- the paper preset
+
+
+def test_paper_preset_fixes_the_papers_values() -> None:
+    cfg = make_config(preset="paper")
+    assert cfg == PatchConfig(preset="paper", size=4096)
+    assert (cfg.lookahead, cfg.size, cfg.align, cfg.placement, cfg.scope) == (1, 4096, 16, "start", "cta")
+
+
+def test_paper_preset_combines_with_caches_and_control() -> None:
+    assert make_config(preset="paper", caches="k", control=True) == PatchConfig(
+        preset="paper", size=4096, caches="k", control=True
+    )
+
+
+@pytest.mark.parametrize(
+    "options, clash",
+    [
+        ({"lookahead": 2}, "lookahead"),
+        ({"size": 8192}, "size"),
+        ({"align": 32}, "align"),
+        ({"cache_hint": "evict_last"}, "cache_hint"),
+        ({"placement": "end"}, "placement"),
+        ({"scope": "kv-head"}, "scope"),
+        ({"scope": "kv-head", "lookahead": 3}, "lookahead, scope"),
+    ],
+)
+def test_paper_preset_refuses_options_it_fixes(options: dict, clash: str) -> None:
+    with pytest.raises(UsageError) as info:
+        make_config(preset="paper", **options)
+    assert str(info.value) == f"--preset paper fixes {clash}; drop those options"
+
+
+def test_paper_preset_accepts_its_own_size() -> None:
+    assert make_config(preset="paper", size=4096) == make_config(preset="paper")
+
+
+def test_paper_preset_refuses_size_auto() -> None:
+    with pytest.raises(UsageError, match="--preset paper fixes size"):
+        make_config(preset="paper", size="auto")
+
+
+# --------------------------------------------------------------------------- the marker
+
+
+@pytest.mark.parametrize(
+    "options, marker",
+    [
+        ({}, "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta"),
+        (
+            {"lookahead": 2, "size": 8192, "align": 128, "caches": "v", "cache_hint": "evict_first",
+             "placement": "end", "scope": "kv-head", "control": True},
+            "lookahead=2 size=8192 align=128 caches=v hint=evict_first placement=end scope=kv-head control",
+        ),
+        ({"preset": "paper"}, "preset=paper caches=kv"),
+        ({"preset": "paper", "control": True}, "preset=paper caches=kv control"),
+    ],
+)  # fmt: skip
+def test_marker(options: dict, marker: str) -> None:
+    assert make_config(**options).marker() == marker
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        ({}, {"caches": "k"}),
+        ({}, {"control": True}),
+        ({}, {"preset": "paper"}),
+        pytest.param(
+            {"preset": "paper"},
+            {"preset": "paper", "caches": "k"}
+        ),
+    ],
+)
+def test_different_configs_have_different_markers(a: dict, b: dict) -> None:
+    assert make_config(**a).marker() != make_config(**b).marker()
+
+
+# --------------------------------------------------------------------------- kvpatch.toml
+
+
+def test_dump_config_of_the_defaults() -> None:
+    assert dump_config(make_config()) == (
+        "[kvpatch]\n"
+        'preset = "default"\n'
+        "lookahead = 1\n"
+        'size = "auto"\n'
+        "align = 16\n"
+        'caches = "kv"\n'
+        'cache-hint = "none"\n'
+        'placement = "start"\n'
+        'scope = "cta"\n'
+        "control = false\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"lookahead": 3, "size": 8192, "align": 256, "caches": "k", "cache_hint": "evict_last",
+         "placement": "end", "scope": "kv-head", "control": True},
+        pytest.param(
+            {"preset": "paper"}
+        ),
+    ],
+    ids=["default", "everything-set", "paper"],
+)  # fmt: skip
+def test_toml_round_trip(options: dict, tmp_path: Path) -> None:
+    cfg = make_config(**options)
+    path = tmp_path / "kvpatch.toml"
+    path.write_text(dump_config(cfg), encoding="utf-8")
+    assert make_config(**load_config_file(path)) == cfg
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'lookahead = 2\ncache-hint = "evict_last"\nsize = 8192\n',
+        '[kvpatch]\nlookahead = 2\ncache_hint = "evict_last"\nsize = 8192\n',
+        '# a comment\n[kvpatch]\nlookahead = 2\ncache-hint = "evict_last"\nsize = 8192\n',
+    ],
+    ids=["top-level-dashes", "table-underscores", "table-dashes"],
+)
+def test_load_config_file(text: str, tmp_path: Path) -> None:
+    path = tmp_path / "kvpatch.toml"
+    path.write_text(text, encoding="utf-8")
+    assert load_config_file(path) == {"lookahead": 2, "cache_hint": "evict_last", "size": 8192}
+    assert make_config(**load_config_file(path)) == PatchConfig(lookahead=2, cache_hint="evict_last", size=8192)
+
+
+def test_unknown_key_in_a_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "kvpatch.toml"
+    path.write_text("[kvpatch]\nlook-ahead = 2\ncaches = 'k'\n", encoding="utf-8")
+    with pytest.raises(UsageError, match=r"^unknown configuration key\(s\): look_ahead$"):
+        make_config(**load_config_file(path))
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("lookahead = ", r"^invalid TOML in .*kvpatch\.toml: "),
+        ("kvpatch = 3\n", r"^invalid config file .*kvpatch\.toml: \[kvpatch\] must be a table$"),
+    ],
+)
+def test_bad_config_files(text: str, message: str, tmp_path: Path) -> None:
+    path = tmp_path / "kvpatch.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(UsageError, match=message):
+        load_config_file(path)
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"^config file not found: .*nope\.toml$"):
+        load_config_file(tmp_path / "nope.toml")

@@ -1,0 +1,302 @@
+"""kvpatch.edits: the emitted CUDA, shown literally (golden files), and the edit algebra.
+
+The golden files under tests/fixtures/golden/ are the fixture header patched with each
+configuration below; read them to see exactly what kvpatch injects. After a deliberate
+change to the templates, regenerate them with
+
+    KVPATCH_REGEN_GOLDEN=1 pytest tests/test_edits.py
+
+and review the diff of tests/fixtures/golden/ before committing it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from conftest import GOLDEN, STOCK, fixture_text, golden_text, make_tree
+from kvpatch import api, edits
+from kvpatch.config import make_config
+from kvpatch.edits import Edit, apply, patch, plan, unpatch
+from kvpatch.errors import PatchError
+from kvpatch.fetch import HEADER
+from kvpatch.sites import find_sites
+
+#: golden file name -> configuration options
+CONFIGS: dict[str, dict] = {
+    "default": {},
+    "paper": {"preset": "paper"},
+    "caches-k": {"caches": "k"},
+    "lookahead2-size8192-align128": {"lookahead": 2, "size": 8192, "align": 128},
+    "evict-last": {"cache_hint": "evict_last"},
+    "placement-end-scope-kv-head": {"placement": "end", "scope": "kv-head"},
+    "control": {"control": True},
+}
+
+REGEN = os.environ.get("KVPATCH_REGEN_GOLDEN") == "1"
+
+
+@pytest.fixture(scope="module")
+def stock() -> str:
+    return fixture_text(STOCK)
+
+
+# --------------------------------------------------------------------------- golden files
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_golden(name: str, stock: str, header_path: str) -> None:
+    result = patch(stock, header_path, make_config(**CONFIGS[name]))
+    golden = GOLDEN / f"{name}.cuh"
+    if REGEN:
+        golden.write_text(result.patched, encoding="utf-8")
+    assert result.patched == golden.read_text(encoding="utf-8")
+    assert result.stock == stock
+    assert result.previous == ()
+
+
+def test_golden_default_injection_reads_as_expected(stock: str) -> None:
+    """The key-loop injection of the default configuration, spelled out (before -> after)."""
+    before = (
+        "    const int64_t physical_block_number =\n"
+        "        static_cast<int64_t>(block_table[block_idx]);\n"
+        "\n"
+        "    for (int i = 0; i < BLOCK_SIZE / WARP_SIZE + 1; i++) {\n"
+    )
+    after = (
+        "    const int64_t physical_block_number =\n"
+        "        static_cast<int64_t>(block_table[block_idx]);\n"
+        "    // kvpatch:begin key lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta\n"
+        "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(USE_ROCM)\n"
+        "    {\n"
+        "      const int kvpatch_next = block_idx + 1 * NUM_WARPS;\n"
+        "      if (lane == 0 && kvpatch_next < end_block_idx) {\n"
+        "        const int64_t kvpatch_block = static_cast<int64_t>(block_table[kvpatch_next]);\n"
+        "        {\n"
+        "          const cache_t* kvpatch_tile = k_cache + kvpatch_block * kv_block_stride + kv_head_idx * kv_head_stride;\n"
+        '          asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(reinterpret_cast<unsigned long long>(kvpatch_tile) & ~0xfULL), "n"(BLOCK_SIZE * HEAD_SIZE * sizeof(cache_t)));\n'
+        "        }\n"
+        "      }\n"
+        "    }\n"
+        "#endif\n"
+        "    // kvpatch:end key\n"
+        "\n"
+        "    for (int i = 0; i < BLOCK_SIZE / WARP_SIZE + 1; i++) {\n"
+    )
+    assert stock.count(before) == 1
+    assert golden_text("default").count(after) == 1
+
+
+def test_goldens_differ_from_each_other() -> None:
+    texts = {name: golden_text(name) for name in CONFIGS}
+    assert len(set(texts.values())) == len(CONFIGS)
+
+
+# --------------------------------------------------------------------------- idempotence, replacing, stripping
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_patching_a_patched_header_changes_nothing(name: str, header_path: str) -> None:
+    cfg = make_config(**CONFIGS[name])
+    result = patch(golden_text(name), header_path, cfg)
+    assert result.patched == golden_text(name)
+    assert result.previous == (cfg.marker(),)
+
+
+@pytest.mark.parametrize(
+    "first, second",
+    [
+        ("default", "paper"),
+        ("paper", "default"),
+        ("caches-k", "placement-end-scope-kv-head"),
+        ("evict-last", "control"),
+        ("lookahead2-size8192-align128", "caches-k"),
+    ],
+)
+def test_patching_with_another_config_replaces_the_injection(first: str, second: str, header_path: str) -> None:
+    result = patch(golden_text(first), header_path, make_config(**CONFIGS[second]))
+    assert result.patched == golden_text(second)
+    assert result.previous == (make_config(**CONFIGS[first]).marker(),)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_unpatch_restores_stock_byte_for_byte(name: str, stock: str, header_path: str) -> None:
+    restored, markers = unpatch(golden_text(name), header_path)
+    assert restored.encode() == stock.encode()
+    assert markers == (make_config(**CONFIGS[name]).marker(),)
+
+
+def test_unpatch_of_stock_is_a_no_op(stock: str, header_path: str) -> None:
+    assert unpatch(stock, header_path) == (stock, ())
+
+
+def test_unterminated_marker_is_refused(header_path: str) -> None:
+    broken = golden_text("default").replace("    // kvpatch:end key\n", "", 1)
+    with pytest.raises(PatchError, match="kvpatch"):
+        unpatch(broken, header_path)
+
+
+# --------------------------------------------------------------------------- apply()
+
+
+def test_apply_edits_given_in_any_order() -> None:
+    text = "int a = 1;\nint b = 2;\nint c = 3;\n"
+    es = [
+        Edit(0, 0, "// top\n", "top"),
+        Edit(text.index("2"), 1, "20", "b"),
+        Edit(len(text), 0, "// end\n", "end"),
+        Edit(text.index("1"), 1, "10", "a"),
+    ]
+    expected = "// top\nint a = 10;\nint b = 20;\nint c = 3;\n// end\n"
+    assert apply(text, es) == expected
+    assert apply(text, list(reversed(es))) == expected
+    assert apply(text.encode(), es) == expected
+
+
+def test_apply_takes_byte_offsets() -> None:
+    text = "é = 1;"  # 'é' is two bytes in UTF-8
+    assert apply(text, [Edit(2, 0, "x")]) == "éx = 1;"
+    assert apply(text, [Edit(0, 2, "e")]) == "e = 1;"
+
+
+def test_apply_allows_an_insertion_where_a_deletion_ends() -> None:
+    assert apply("abcdef", [Edit(1, 2, ""), Edit(3, 0, "X")]) == "aXdef"
+    assert apply("abcdef", [Edit(3, 0, "X"), Edit(3, 2, "")]) == "abcXf"
+
+
+@pytest.mark.parametrize(
+    "es",
+    [
+        [Edit(1, 3, "", "first"), Edit(2, 0, "x", "second")],  # insertion inside a deletion
+        [Edit(1, 3, "", "first"), Edit(3, 2, "", "second")],  # two deletions that overlap
+        [Edit(2, 0, "x", "first"), Edit(2, 0, "y", "second")],  # two insertions at one offset
+    ],
+    ids=["insertion-inside-deletion", "deletions-overlap", "insertions-at-one-offset"],
+)
+def test_apply_refuses_overlapping_edits(es: list[Edit]) -> None:
+    with pytest.raises(PatchError, match=r"overlapping edits at byte \d+: 'first' and 'second'"):
+        apply("abcdef", es)
+
+
+@pytest.mark.parametrize("edit", [Edit(7, 0, "x"), Edit(4, 3, ""), Edit(-1, 0, "x")])
+def test_apply_refuses_edits_outside_the_text(edit: Edit) -> None:
+    with pytest.raises(PatchError, match="outside the text"):
+        apply("abcdef", [edit])
+
+
+def test_plan_is_insertions_at_the_site_offsets(stock: str, header_path: str) -> None:
+    sites = find_sites(stock, header_path)
+    es = plan(sites, make_config())
+    assert [(e.offset, e.length, e.what) for e in es] == [
+        (sites.key.after_block_number, 0, "key prefetch"),
+        (sites.value.after_block_number, 0, "value prefetch"),
+    ]
+    assert all(e.text.startswith("\n    // kvpatch:begin ") for e in es)
+    assert apply(stock, es) == golden_text("default")
+    key, value = es
+    # From the end backwards, the later edit does not move the earlier one's offset ...
+    assert apply(apply(stock, [value]), [key]) == golden_text("default")
+    # ... from the front, it does: the value insertion lands inside the key loop's injection.
+    assert apply(apply(stock, [key]), [value]) != golden_text("default")
+
+
+def test_plan_for_the_paper_preset(stock: str, header_path: str) -> None:
+    sites = find_sites(stock, header_path)
+    es = plan(sites, make_config(preset="paper"))
+    assert [(e.offset, e.what) for e in es] == [
+        (sites.key.after_block_number, "key next block"),
+        (sites.key.inner_open, "key prefetch"),
+        (sites.value.after_block_number, "value next block"),
+        (sites.value.inner_open, "value prefetch"),
+    ]
+
+
+# --------------------------------------------------------------------------- non-ASCII text
+
+
+def test_non_ascii_text_before_the_sites(header_path: str) -> None:
+    """Offsets are byte offsets: multi-byte characters before the loops must not shift the edits."""
+    anchor = "namespace vllm {\n"
+    note = "// Ünïcödé — ✓ 名前 (multi-byte characters before both loops)\n"
+    stock = fixture_text().replace(anchor, note + anchor)
+    sites = find_sites(stock, header_path)
+    data = stock.encode()
+    assert data[: sites.key.after_block_number].endswith(b"static_cast<int64_t>(block_table[block_idx]);")
+    for name in ("default", "paper"):
+        result = patch(stock, header_path, make_config(**CONFIGS[name]))
+        assert result.patched == golden_text(name).replace(anchor, note + anchor)
+        assert unpatch(result.patched, header_path)[0] == stock
+
+
+# --------------------------------------------------------------------------- trailing comments
+
+
+@pytest.mark.parametrize(
+    "name, old, new",
+    [
+        (
+            "default",
+            "static_cast<int64_t>(block_table[block_idx]);\n\n",
+            "static_cast<int64_t>(block_table[block_idx]);  // widened: no overflow\n\n",
+        ),
+        (
+            "placement-end-scope-kv-head",
+            "      }\n    }\n  }\n\n  float acc",
+            "      }\n    }  // tokens\n  }\n\n  float acc",
+        ),
+        (
+            "paper",
+            "for (int j = 0; j < HEAD_SIZE / x; j++) {\n",
+            "for (int j = 0; j < HEAD_SIZE / x; j++) {  // vectors\n",
+        ),
+    ],
+    ids=["after-block-number", "end-of-body", "paper-inner-brace"],
+)
+def test_trailing_comment_at_the_insertion_point(name: str, old: str, new: str, header_path: str) -> None:
+    stock = fixture_text()
+    assert stock.count(old) == 1
+    stock = stock.replace(old, new)
+    cfg = make_config(**CONFIGS[name])
+    patched = patch(stock, header_path, cfg).patched
+    assert patch(patched, header_path, cfg).patched == patched
+    assert unpatch(patched, header_path)[0] == stock
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _broken_render(real, pattern: str, replacement: str):
+    def render(name: str, **context) -> str:
+        text = real(name, **context)
+        broken = re.sub(pattern, replacement, text)
+        assert broken != text
+        return broken
+
+    return render
+
+
+@pytest.mark.parametrize(
+    "pattern, replacement, message",
+    [
+        # a typo in the generated code: a new diagnostic on re-parse
+        (r"\(kvpatch_tile\)", "(kvpatch_tilee)", "the patched header has new diagnostics: .*kvpatch_tilee"),
+        # valid code, but the asm statement went missing
+        (r"asm volatile\(.*\);", "(void)kvpatch_tile;", "after patching, the key loop lacks the prefetch"),
+    ],
+    ids=["new-diagnostic", "asm-missing"],
+)
+def test_validation_failure_raises_and_writes_nothing(
+    pattern: str, replacement: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree = make_tree(tmp_path / "vllm", fixture_text())
+    before = (tree / HEADER).read_bytes()
+    monkeypatch.setattr(edits, "render", _broken_render(edits.render, pattern, replacement))
+    with pytest.raises(PatchError, match=message):
+        api.apply(vllm=None, tree=tree, cfg=make_config(), cwd=tmp_path, console=Console(quiet=True))
+    assert (tree / HEADER).read_bytes() == before
+    assert sorted(p.name for p in (tree / HEADER).parent.iterdir()) == ["attention_kernels.cuh"]
+    assert not (tmp_path / ".kvpatch").exists()

@@ -1,0 +1,101 @@
+"""Real vLLM releases, one per distinct revision of the attention header (see NOTES.md):
+the sites are where they were measured to be, and the patch validates and round-trips.
+
+Fetched once into a cache that survives between runs ($KVPATCH_CACHE, else pytest's
+cache dir); deselect with ``-m "not network"``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from kvpatch.config import make_config
+from kvpatch.edits import patch, unpatch
+from kvpatch.fetch import HEADER
+from kvpatch.sites import find_sites
+
+pytestmark = pytest.mark.network
+
+#: release -> (md5 prefix of its header, key loop line, value loop line, block-number lines)
+REVISIONS = {
+    "0.6.4": ("545aebc6", 227, 380, (257, 394)),
+    "0.8.5": ("0ece6395", 227, 380, (257, 394)),
+    "0.9.2": ("d987e8ac", 227, 380, (257, 394)),
+    "0.10.0": ("29fcd90b", 222, 375, (252, 389)),
+    "0.10.2": ("815bd481", 222, 375, (252, 389)),
+    "0.11.2": ("4fe853f4", 222, 375, (252, 389)),
+}
+
+NAMES = {
+    "loop_var": "block_idx",
+    "stride": "NUM_WARPS",
+    "end": "end_block_idx",
+    "block_table": "block_table",
+    "block_number": "physical_block_number",
+    "block_stride": "kv_block_stride",
+    "head_offset": "kv_head_idx * kv_head_stride",
+}
+
+
+def _names(sites) -> dict:
+    out = {k: getattr(sites, k) for k in ("cache_type", "lane", "head", "queries_per_kv", "head_size", "block_size")}
+    for site in sites:
+        out[site.kind] = {k: getattr(site, k) for k in (*NAMES, "cache", "inner_var")}
+    return out
+
+
+@pytest.fixture(scope="module", params=sorted(REVISIONS, key=lambda v: tuple(map(int, v.split(".")))))
+def release(request: pytest.FixtureRequest, vllm_release: Callable[[str], Path]) -> tuple[str, str, str]:
+    """(version, header path, header text) of one cached release."""
+    tree = vllm_release(request.param)
+    header = tree / HEADER
+    return request.param, str(header), header.read_text(encoding="utf-8")
+
+
+def test_header_revision(release: tuple[str, str, str]) -> None:
+    version, _, text = release
+    assert hashlib.md5(text.encode()).hexdigest().startswith(REVISIONS[version][0])
+
+
+def test_sites(release: tuple[str, str, str]) -> None:
+    version, path, text = release
+    _, key_line, value_line, (key_number, value_number) = REVISIONS[version]
+    sites = find_sites(text, path)
+    assert (sites.key.line, sites.value.line) == (key_line, value_line)
+    assert (sites.key.block_number_line, sites.value.block_number_line) == (key_number, value_number)
+    assert _names(sites) == {
+        "cache_type": "cache_t", "lane": "lane", "head": "head_idx", "queries_per_kv": "num_queries_per_kv",
+        "head_size": "HEAD_SIZE", "block_size": "BLOCK_SIZE",
+        "key": {**NAMES, "cache": "k_cache", "inner_var": "j"},
+        "value": {**NAMES, "cache": "v_cache", "inner_var": "i"},
+    }  # fmt: skip
+    data = text.encode()
+    for site in sites:
+        assert data[: site.after_block_number].endswith(b"static_cast<int64_t>(block_table[block_idx]);")
+
+
+@pytest.mark.parametrize("options", [{}, {"preset": "paper"}], ids=["default", "paper"])
+def test_patch_validates_and_round_trips(options: dict, release: tuple[str, str, str]) -> None:
+    _, path, text = release
+    cfg = make_config(**options)
+    result = patch(text, path, cfg)  # raises unless the re-parse validates
+    prefetch = "cp.async.bulk.prefetch.L2.global [%0], %1;"
+    assert result.patched.count(prefetch) == 2
+    assert result.patched.count("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(USE_ROCM)\n") == 2
+    assert unpatch(result.patched, path) == (text, (cfg.marker(),))
+
+
+def test_reformatted_header_gives_the_same_names(reformatted_header: tuple[Path, str, str]) -> None:
+    tree, stock, reformatted = reformatted_header
+    path = str(tree / HEADER)
+    assert reformatted != stock
+    assert "// kvpatch-tests: a comment between statements" in reformatted
+    before, after = find_sites(stock, path), find_sites(reformatted, path)
+    assert _names(after) == _names(before)
+    assert after.key.line != before.key.line
+    patched = patch(reformatted, path, make_config()).patched
+    assert unpatch(patched, path)[0] == reformatted

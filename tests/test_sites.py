@@ -1,0 +1,226 @@
+"""kvpatch.sites on the fixture headers: the names and offsets read off the AST."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from conftest import REFORMATTED, STOCK, fixture_text
+from kvpatch.edits import patch, unpatch
+from kvpatch.config import make_config
+from kvpatch.errors import PatchError
+from kvpatch.sites import Sites, find_sites
+
+#: What every fixture header must give, whatever its layout.
+KERNEL_NAMES = {
+    "cache_type": "cache_t",
+    "head_size": "HEAD_SIZE",
+    "block_size": "BLOCK_SIZE",
+    "lane": "lane",
+    "head": "head_idx",
+    "queries_per_kv": "num_queries_per_kv",
+}
+LOOP_NAMES = {
+    "loop_var": "block_idx",
+    "stride": "NUM_WARPS",
+    "end": "end_block_idx",
+    "block_table": "block_table",
+    "block_number": "physical_block_number",
+    "block_stride": "kv_block_stride",
+    "head_offset": "kv_head_idx * kv_head_stride",
+}
+SITE_NAMES = {
+    "key": {**LOOP_NAMES, "kind": "key", "cache": "k_cache", "inner_var": "j"},
+    "value": {**LOOP_NAMES, "kind": "value", "cache": "v_cache", "inner_var": "i"},
+}
+
+
+def names(sites: Sites) -> dict:
+    """Everything in ``sites`` that does not depend on layout (no lines, offsets, indents)."""
+    layout = {"line", "block_number_line", "after_block_number", "body_indent", "body_last_end",
+              "inner_open", "inner_indent"}  # fmt: skip
+    out = {k: getattr(sites, k) for k in KERNEL_NAMES}
+    for site in sites:
+        out[site.kind] = {k: v for k, v in dataclasses.asdict(site).items() if k not in layout}
+    return out
+
+
+def line_of(text: str, needle: str, nth: int = 0) -> int:
+    """1-based line of the ``nth`` occurrence of ``needle``."""
+    at = -1
+    for _ in range(nth + 1):
+        at = text.index(needle, at + 1)
+    return text.count("\n", 0, at) + 1
+
+
+@pytest.fixture(scope="module", params=[STOCK, REFORMATTED])
+def fixture(request: pytest.FixtureRequest, header_path: str) -> tuple[str, Sites]:
+    text = fixture_text(request.param)
+    return text, find_sites(text, header_path)
+
+
+# --------------------------------------------------------------------------- names
+
+
+def test_names_of_the_stock_fixture(header_path: str) -> None:
+    text = fixture_text(STOCK)
+    sites = find_sites(text, header_path)
+    assert names(sites) == {**KERNEL_NAMES, **SITE_NAMES}
+    assert sites.function_line == line_of(text, "template <typename scalar_t")
+    assert (sites.key.line, sites.key.block_number_line) == (45, 47)
+    assert (sites.value.line, sites.value.block_number_line) == (64, 66)
+    assert (sites.key.body_indent, sites.key.inner_indent) == ("    ", "        ")
+    assert (sites.value.body_indent, sites.value.inner_indent) == ("    ", "      ")
+
+
+def test_reformatted_fixture_gives_the_same_names(header_path: str) -> None:
+    """Allman braces, tabs, line breaks and comments inside statements, blank lines."""
+    stock = find_sites(fixture_text(STOCK), header_path)
+    reformatted = find_sites(fixture_text(REFORMATTED), header_path)
+    assert names(reformatted) == names(stock)
+    assert (reformatted.key.body_indent, reformatted.value.body_indent) == ("        ", "\t")
+
+
+def test_lines_and_offsets_point_at_the_code(fixture: tuple[str, Sites]) -> None:
+    text, sites = fixture
+    data = text.encode()
+    for nth, site in enumerate(sites):
+        assert site.line == line_of(text, "for (int block_idx", nth)
+        assert site.block_number_line == line_of(text, "const int64_t physical_block_number", nth)
+        # just past the ';' of the block-number declaration
+        before = data[: site.after_block_number]
+        assert before.endswith(b";")
+        assert before.rsplit(b"const int64_t physical_block_number", 1)[1].rstrip(b";").rstrip().endswith(b"])")
+        # just past the '{' of the inner loop that reads the tile
+        inner_head = data[: site.inner_open].rsplit(b"for (", 1)[1]
+        assert inner_head.startswith(f"int {site.inner_var} = 0;".encode()) and inner_head.endswith(b"{")
+        # just past the loop body's last statement: only whitespace, then the loop's '}'
+        assert data[: site.body_last_end].endswith(b"}")
+        assert data[site.body_last_end :].lstrip().startswith(b"}")
+        assert data[site.after_block_number : site.body_last_end].count(b"{") == data[
+            site.after_block_number : site.body_last_end
+        ].count(b"}")
+
+
+def test_reformatted_fixture_patches_and_round_trips(header_path: str) -> None:
+    text = fixture_text(REFORMATTED)
+    for cfg in (make_config(), make_config(preset="paper"), make_config(placement="end", scope="kv-head")):
+        patched = patch(text, header_path, cfg).patched
+        assert patched.count("cp.async.bulk.prefetch.L2.global") == 2
+        assert patch(patched, header_path, cfg).patched == patched
+        assert unpatch(patched, header_path) == (text, (cfg.marker(),))
+
+
+# --------------------------------------------------------------------------- shapes kvpatch refuses
+
+
+def _without_value_loop(text: str) -> str:
+    start = text.index("  // Iterate over the value blocks.")
+    end = text.index("  out[")
+    return text[:start] + text[end:]
+
+
+SHAPES = {
+    "no function": (
+        lambda t: t.replace("paged_attention_kernel(", "paged_attention_kernel_v0("),
+        r"^paged_attention_kernel \(a function template\) not found in the header$",
+    ),
+    "value loop missing": (
+        _without_value_loop,
+        r"^no value block loop \(.*reading v_cache through <table>\[<var>\]\) found in paged_attention_kernel$",
+    ),
+    "increment ++": (
+        lambda t: t.replace("block_idx += NUM_WARPS) {", "block_idx++) {", 1),
+        r"^no key block loop \('for \(\.\.\. ; <var> < <end>; <var> \+= <stride>\)'",
+    ),
+    "no block-number declaration": (
+        lambda t: t.replace(
+            "    const int64_t physical_block_number =\n        static_cast<int64_t>(block_table[block_idx]);\n",
+            "", 1,
+        ).replace(
+            "k_cache + physical_block_number * kv_block_stride",
+            "k_cache + static_cast<int64_t>(block_table[block_idx]) * kv_block_stride", 1,
+        ),
+        r"^no key block loop ",
+    ),  # fmt: skip
+    "no lane variable": (
+        lambda t: t.replace("const int lane = thread_idx % WARP_SIZE;", "const int lane = thread_idx & (WARP_SIZE - 1);"),
+        r"^no lane variable \('\.\.\. % WARP_SIZE'\) in paged_attention_kernel$",
+    ),
+    "no HEAD_SIZE template parameter": (
+        lambda t: t.replace("HEAD_SIZE", "HEAD_DIM"),
+        r"^paged_attention_kernel has no template parameter HEAD_SIZE$",
+    ),
+    "no k_cache parameter": (
+        lambda t: t.replace("k_cache", "key_cache"),
+        r"^paged_attention_kernel has no parameter k_cache$",
+    ),
+    "two value loops": (
+        lambda t: t.replace("  out[", "  for (int block_idx = start_block_idx; block_idx < end_block_idx; block_idx += NUM_WARPS) {\n"
+                            "    const int64_t b = block_table[block_idx];\n"
+                            "    acc += static_cast<float>(v_cache[b * kv_block_stride + kv_head_idx * kv_head_stride]);\n"
+                            "  }\n  out["),
+        r"^2 value block loop ",
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_shapes_that_do_not_fit_raise_patch_error(shape: str, header_path: str) -> None:
+    change, message = SHAPES[shape]
+    stock = fixture_text()
+    text = change(stock)
+    assert text != stock
+    with pytest.raises(PatchError, match=message) as info:
+        find_sites(text, header_path)
+    assert info.value.exit_code == 4
+
+
+def test_key_loop_after_value_loop_is_refused(header_path: str) -> None:
+    stock = fixture_text()
+    key_start = stock.index("  // Iterate over the key blocks")
+    value_start = stock.index("  float acc = 0.f;")
+    end = stock.index("  out[")
+    swapped = stock[:key_start] + stock[value_start:end] + stock[key_start:value_start] + stock[end:]
+    with pytest.raises(PatchError, match="^the key loop does not come before the value loop$"):
+        find_sites(swapped, header_path)
+
+
+# --------------------------------------------------------------------------- known bugs
+
+
+def test_comment_before_an_operator(header_path: str) -> None:
+    text = fixture_text().replace(
+        "            k_cache + physical_block_number * kv_block_stride +\n",
+        "            k_cache  // the key cache\n            + physical_block_number * kv_block_stride +\n",
+    )
+    assert text != fixture_text()
+    sites = find_sites(text, header_path)
+    assert names(sites) == {**KERNEL_NAMES, **SITE_NAMES}
+
+
+@pytest.mark.parametrize(
+    "new",
+    [
+        "            kv_head_idx *\n                kv_head_stride + physical_block_offset * x;\n",
+        "            kv_head_idx /* kv head */ * kv_head_stride + physical_block_offset * x;\n",
+    ],
+    ids=["line-break", "comment"],
+)
+def test_line_break_or_comment_inside_the_head_offset(new: str, header_path: str) -> None:
+    text = fixture_text().replace("            kv_head_idx * kv_head_stride + physical_block_offset * x;\n", new)
+    assert text != fixture_text()
+    sites = find_sites(text, header_path)
+    assert sites.key.head_offset == "kv_head_idx * kv_head_stride"
+
+
+def test_gqa_names_when_the_head_index_is_itself_a_quotient(header_path: str) -> None:
+    text = fixture_text().replace(
+        "  const int head_idx = blockIdx.x;\n  const int num_heads = gridDim.x;\n",
+        "  const int num_heads = gridDim.x;\n  const int flat_idx = blockIdx.x;\n"
+        "  const int num_seqs = gridDim.y;\n  const int head_idx = flat_idx / num_seqs;\n",
+    )
+    assert text != fixture_text()
+    sites = find_sites(text, header_path)
+    assert (sites.head, sites.queries_per_kv) == ("head_idx", "num_queries_per_kv")

@@ -1,0 +1,489 @@
+"""Tests for kvpatch.build (and kvpatch.runtime's loading): planning is pure, nvcc at the edge.
+
+The tests that compile need nvcc (they are skipped without it) and the SASS tools
+(``nvidia-cuda-cuobjdump``, ``nvidia-cuda-nvdisasm``). They build small specs (one
+dtype, head size 128, block size 16: about 3 s a variant on 2 cores) into a cache
+shared by the session.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from kvpatch import build as B
+from kvpatch.build import (
+    Arch,
+    BuildError,
+    BuildSpec,
+    KernelConfig,
+    KernelInfo,
+    KernelSignature,
+    Param,
+    Toolchain,
+    Variant,
+    VariantResult,
+    call_arguments,
+    full_build_command,
+    kernel_signatures,
+    make_spec,
+    parse_arch_list,
+    prefetch_expected,
+    validate_archs,
+)
+from kvpatch.config import make_config
+from kvpatch.errors import UsageError
+from kvpatch.runtime import Kernels
+
+
+def _have_nvcc() -> bool:
+    try:
+        B.find_nvcc()
+    except BuildError:
+        return False
+    return True
+
+
+_skip_without_nvcc = pytest.mark.skipif(not _have_nvcc(), reason="nvcc not found on PATH (set CUDA_HOME or PATH)")
+
+
+def needs_nvcc(test):
+    """Compiles with nvcc (skipped without it) against a fetched release tree."""
+    return pytest.mark.network(pytest.mark.nvcc(_skip_without_nvcc(test)))
+
+
+def network(test):
+    return pytest.mark.network(test)
+
+
+def _quiet() -> Console:
+    return Console(file=io.StringIO(), width=200)
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def tree_0102(vllm_release) -> Path:
+    return vllm_release("0.10.2")
+
+
+@pytest.fixture(scope="session")
+def tree_064(vllm_release) -> Path:
+    return vllm_release("0.6.4")
+
+
+@pytest.fixture(scope="session")
+def build_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("kvpatch-cache")
+
+
+@pytest.fixture(scope="session")
+def variants_0102(tree_0102) -> tuple[Variant, Variant]:
+    return B.stock_and_patched(tree_0102, make_config())
+
+
+@pytest.fixture(scope="session")
+def spec_9a(tree_0102, variants_0102) -> BuildSpec:
+    return make_spec(tree_0102, variants_0102, "9.0a", dtypes=["fp16"])
+
+
+@pytest.fixture(scope="session")
+def built_9a(spec_9a, build_cache) -> B.BuildResult:
+    return B.build(spec_9a, cache=build_cache, console=_quiet())
+
+
+# --------------------------------------------------------------------------- archs
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("9.0a", [Arch(9, 0, "a")]),
+        ("9.0", [Arch(9, 0)]),
+        ("8.0;9.0a", [Arch(8, 0), Arch(9, 0, "a")]),
+        ("8.0 9.0", [Arch(8, 0), Arch(9, 0)]),
+        ("9.0+PTX", [Arch(9, 0, ptx=True)]),
+        (" 8.6 ; 8.6;10.0a ", [Arch(8, 6), Arch(10, 0, "a")]),
+    ],
+)
+def test_parse_arch_list(text, expected):
+    assert parse_arch_list(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", " ; ", "sm_90", "90a", "9", "9.0b", "8.0a", "9.0+SASS", "nine"])
+def test_parse_arch_list_rejects(text):
+    with pytest.raises(UsageError) as e:
+        parse_arch_list(text)
+    assert "\n" not in str(e.value)
+
+
+def test_gencode_flags():
+    assert Arch(9, 0, "a").gencode_flags() == ["-gencode=arch=compute_90a,code=sm_90a"]
+    assert Arch(8, 0).gencode_flags() == ["-gencode=arch=compute_80,code=sm_80"]
+    assert Arch(9, 0, ptx=True).gencode_flags() == [
+        "-gencode=arch=compute_90,code=sm_90",
+        "-gencode=arch=compute_90,code=compute_90",
+    ]
+    assert [str(a) for a in parse_arch_list("8.0;9.0a;9.0+PTX")] == ["8.0", "9.0a", "9.0+PTX"]
+
+
+def test_prefetch_expected():
+    assert prefetch_expected(Arch(9, 0, "a")) and prefetch_expected(Arch(10, 0))
+    assert not prefetch_expected(Arch(8, 9)) and not prefetch_expected(Arch(8, 0))
+
+
+def test_validate_archs_names_supported_ones():
+    tc = Toolchain(Path("nvcc"), "Cuda compilation tools, release 13.0, V13.0.88", ("compute_75", "compute_80", "compute_90"))
+    validate_archs(parse_arch_list("8.0;9.0a"), tc)
+    with pytest.raises(BuildError, match=r"nvcc 13.0 cannot compile for 7.0; it supports 7.5 8.0 9.0"):
+        validate_archs(parse_arch_list("7.0;9.0a"), tc)
+
+
+def test_missing_nvcc(monkeypatch, tmp_path):
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(BuildError, match=r"^nvcc not found on PATH \(set CUDA_HOME or PATH\)$"):
+        B.find_nvcc()
+
+
+def test_missing_sass_tools(monkeypatch):
+    monkeypatch.setattr(B, "find_cuda_tool", lambda name, nvcc=None: None)
+    with pytest.raises(BuildError, match="pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"):
+        B.find_inspector()
+
+
+@needs_nvcc
+def test_unsupported_arch_is_a_clear_error(spec_9a, build_cache):
+    spec = replace(spec_9a, archs=tuple(parse_arch_list("7.0")))
+    with pytest.raises(BuildError, match=r"cannot compile for 7.0; it supports .*7\.5"):
+        B.build(spec, cache=build_cache, console=_quiet())
+
+
+# --------------------------------------------------------------------------- kernel signatures
+
+
+@network
+def test_kernel_parameters_differ_between_releases(tree_064, tree_0102):
+    old = kernel_signatures((tree_064 / B.HEADER).read_text(), tree_064 / B.HEADER)
+    new = kernel_signatures((tree_0102 / B.HEADER).read_text(), tree_0102 / B.HEADER)
+    for sigs in (old, new):
+        assert sorted(sigs) == ["reduce", "v1", "v2"]
+        assert sigs["v2"].template_params[-1] == "PARTITION_SIZE"
+    assert old["v1"].param("k_scale") == Param("k_scale", "const float", False)
+    assert new["v1"].param("k_scale") == Param("k_scale", "const float *", True)
+    assert "a.k_scale" in call_arguments(old["v2"]) and "a.v_scale" in call_arguments(old["v2"])
+    assert "a.k_scale_ptr" in call_arguments(new["v2"]) and "a.v_scale_ptr" in call_arguments(new["v2"])
+    assert B.scale_by_value(old) and not B.scale_by_value(new)
+
+
+def test_unknown_kernel_parameter_is_refused():
+    sig = KernelSignature("paged_attention_v1_kernel", ("scalar_t",), (Param("out", "scalar_t *", True), Param("sinks", "const float *", True)))
+    with pytest.raises(BuildError, match="does not know: const float \\* sinks"):
+        call_arguments(sig)
+    with pytest.raises(BuildError, match="cannot fill: NEW_PARAM"):
+        B.template_arguments(replace(sig, template_params=("scalar_t", "NEW_PARAM")))
+
+
+@network
+def test_launcher_calls_the_kernel_as_the_release_wants(tree_0102):
+    header = (tree_0102 / B.HEADER).read_text()
+    sigs = kernel_signatures(header, tree_0102 / B.HEADER)
+    (src,) = B.launcher_sources(Variant("stock", header), sigs, [KernelConfig("fp16", "auto", 128, 16)])
+    assert "auto kernel = vllm::paged_attention_v1_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, kNumThreads, KV_DTYPE, false>;" in src
+    assert """\
+  kernel<<<grid, block, shared_mem_size, a.stream>>>(
+      reinterpret_cast<T*>(a.out),
+      reinterpret_cast<const T*>(a.query),
+      reinterpret_cast<const CACHE_T*>(a.key_cache),
+      reinterpret_cast<const CACHE_T*>(a.value_cache),
+      a.num_kv_heads,
+      a.scale,
+      a.block_tables,
+      a.seq_lens,
+      a.max_num_blocks_per_seq,
+      a.alibi_slopes,
+      a.q_stride,
+      a.kv_block_stride,
+      a.kv_head_stride,
+      a.k_scale_ptr,
+      a.v_scale_ptr,
+      /* tp_rank */ 0,
+      /* blocksparse_local_blocks */ 0,
+      /* blocksparse_vert_stride */ 0,
+      /* blocksparse_block_size */ 64,
+      /* blocksparse_head_sliding_step */ 0);
+""" in src
+    assert """\
+  if (dtype == 0 && kv_cache_dtype == 0 && a.head_size == 128 && a.block_size == 16)
+    return launch_v2<uint16_t, uint16_t, 128, 16, vllm::Fp8KVCacheDataType::kAuto>(a);
+  return kNotBuilt;
+""" in src
+    assert 'KVPATCH_API const char* kvpatch_stock_configs() {\n  return "fp16/auto/128/16";' in src
+
+
+def test_launcher_shards():
+    sigs = {
+        "v1": KernelSignature("paged_attention_v1_kernel", ("scalar_t",), (Param("out", "", True),)),
+        "v2": KernelSignature("paged_attention_v2_kernel", ("scalar_t",), (Param("out", "", True),)),
+        "reduce": KernelSignature("paged_attention_v2_reduce_kernel", ("scalar_t",), (Param("out", "", True),)),
+    }
+    configs = [KernelConfig("fp16", "auto", h, 16) for h in range(16, 16 * 20, 16)]
+    sources = B.launcher_sources(Variant("x", ""), sigs, configs)
+    assert len(sources) == 3  # 19 configurations, at most 8 a shard
+    assert "KVPATCH_API int kvpatch_x_paged_attention_v1(" in sources[0]
+    assert all("KVPATCH_API" not in s.split("#define KVPATCH_API")[1] for s in sources[1:])
+    assert sum(s.count("return launch_v1<") for s in sources) == 19
+
+
+# --------------------------------------------------------------------------- spec and plan
+
+
+@network
+def test_make_spec_defaults_and_all(tree_0102, variants_0102):
+    spec = make_spec(tree_0102, variants_0102)
+    assert spec.archs == (Arch(9, 0, "a"),)
+    assert [c.label for c in spec.configs] == ["fp16/auto/128/16", "bf16/auto/128/16"]
+    full = make_spec(tree_0102, variants_0102, "8.0;9.0a", all_kernels=True)
+    assert full.head_sizes == (32, 64, 80, 96, 112, 120, 128, 192, 256)
+    assert full.block_sizes == (8, 16, 32)
+    assert full.dtypes == ("fp16", "bf16", "fp32")
+    assert full.kv_cache_dtypes == ("auto", "fp8", "fp8_e5m2")
+    assert len(full.configs) == 243 and full.fp8
+    assert make_spec(tree_0102, variants_0102, kv_cache_dtypes=["fp8_e4m3"]).kv_cache_dtypes == ("fp8",)
+
+
+@network
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(dtypes=["fp64"]), "invalid dtype 'fp64'"),
+        (dict(kv_cache_dtypes=["int8"]), "invalid kv-cache dtype 'int8'"),
+        (dict(head_sizes=[0]), "invalid head size 0"),
+        (dict(block_sizes=["x"]), "invalid block size 'x'"),
+        (dict(archs="sm_90"), "invalid arch 'sm_90'"),
+    ],
+)
+def test_make_spec_rejects(tree_0102, variants_0102, kwargs, message):
+    with pytest.raises(UsageError, match=message):
+        make_spec(tree_0102, variants_0102, **kwargs)
+
+
+@network
+def test_make_spec_rejects_variants_and_trees(tree_0102, tmp_path):
+    with pytest.raises(UsageError, match="invalid variant name 'no-dash'"):
+        make_spec(tree_0102, [Variant("no-dash", "")])
+    with pytest.raises(UsageError, match="given twice: a"):
+        make_spec(tree_0102, [Variant("a", ""), Variant("a", "")])
+    with pytest.raises(UsageError, match="not a vLLM source tree"):
+        make_spec(tmp_path, [Variant("a", "")])
+
+
+@network
+def test_source_closure(tree_0102):
+    files = B.source_closure(tree_0102 / "csrc", "// the variant\n#include \"attention_dtypes.h\"\n#include \"../cuda_compat.h\"\n")
+    assert files["attention/attention_kernels.cuh"].startswith("// the variant")
+    assert {"attention/attention_dtypes.h", "attention/dtype_fp8.cuh", "cuda_compat.h"} <= set(files)
+    assert "attention/paged_attention_v1.cu" not in files
+    real = B.source_closure(tree_0102 / "csrc", (tree_0102 / B.HEADER).read_text())
+    assert "quantization/fp8/nvidia/quant_utils.cuh" in real
+
+
+@needs_nvcc
+def test_plan_is_content_keyed(spec_9a, build_cache):
+    a, b = B.plan(spec_9a, cache=build_cache)
+    assert a.key != b.key and a.dir.parent == build_cache / "builds"
+    assert [p.key for p in B.plan(spec_9a, cache=build_cache)] == [a.key, b.key]
+    other = B.plan(replace(spec_9a, archs=(Arch(8, 0),)), cache=build_cache)
+    assert other[0].key != a.key
+    assert "-Dvllm=kvpatch_stock" in a.compile_flags and "-Dvllm=kvpatch_patched" in b.compile_flags
+    assert "-DENABLE_FP8" not in a.compile_flags
+    assert "-DENABLE_FP8" in B.plan(replace(spec_9a, kv_cache_dtypes=("fp8",)), cache=build_cache)[0].compile_flags
+
+
+# --------------------------------------------------------------------------- output parsing
+
+
+PTXAS = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_ZN13kvpatch_stock25paged_attention_v1_kernelIttLi128ELi16ELi128ELNS_18Fp8KVCacheDataTypeE0ELb0EEEvPT_' for 'sm_90a'
+ptxas info    : Function properties for _ZN13kvpatch_stock25paged_attention_v1_kernelIttLi128ELi16ELi128ELNS_18Fp8KVCacheDataTypeE0ELb0EEEvPT_
+    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 96 registers, used 1 barriers, 288 bytes smem
+ptxas info    : Compile time = 69.034 ms
+"""
+
+
+def test_parse_ptxas_log():
+    sym = "_ZN13kvpatch_stock25paged_attention_v1_kernelIttLi128ELi16ELi128ELNS_18Fp8KVCacheDataTypeE0ELb0EEEvPT_"
+    assert B.parse_ptxas_log(PTXAS) == {
+        ("sm_90a", sym): {"registers": 96, "spill_stores": 4, "spill_loads": 12, "stack_bytes": 8}
+    }
+
+
+def test_scan_sass():
+    sass = """\
+	code for sm_90a
+		Function : _Zpatched
+        /*0450*/                   UBLKPF.L2 [UR4], UR5 ;
+		Function : _Zreduce
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+	code for sm_80
+		Function : _Zpatched
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+"""
+    assert B.scan_sass(sass.splitlines()) == {
+        ("sm_90a", "_Zpatched"): True,
+        ("sm_90a", "_Zreduce"): False,
+        ("sm_80", "_Zpatched"): False,
+    }
+
+
+def test_describe_kernel():
+    sigs = {
+        "v1": KernelSignature("paged_attention_v1_kernel", ("scalar_t", "cache_t", "HEAD_SIZE", "BLOCK_SIZE", "NUM_THREADS", "KV_DTYPE", "IS_BLOCK_SPARSE"), ()),
+        "v2": KernelSignature("paged_attention_v2_kernel", (), ()),
+        "reduce": KernelSignature("paged_attention_v2_reduce_kernel", ("scalar_t", "HEAD_SIZE", "NUM_THREADS", "PARTITION_SIZE"), ()),
+    }
+    name = "void kvpatch_x::paged_attention_v1_kernel<__nv_bfloat16, unsigned char, 128, 16, 128, (kvpatch_x::Fp8KVCacheDataType)1, false>(__nv_bfloat16*)"
+    assert B.describe_kernel(name, sigs) == {"kernel": "v1", "dtype": "bf16", "kv_cache_dtype": "fp8", "head_size": 128, "block_size": 16}
+    name = "void kvpatch_x::paged_attention_v2_reduce_kernel<unsigned short, 64, 128, 512>(unsigned short*)"
+    assert B.describe_kernel(name, sigs) == {"kernel": "reduce", "dtype": "fp16", "kv_cache_dtype": "", "head_size": 64, "block_size": 0}
+    assert B.describe_kernel("void other_kernel<int>()", sigs) is None
+
+
+def _kernel(**kw) -> KernelInfo:
+    base = dict(arch="sm_90a", kernel="v1", dtype="fp16", kv_cache_dtype="auto", head_size=128, block_size=16,
+                registers=96, spill_stores=0, spill_loads=0, stack_bytes=0, has_prefetch=True, expect_prefetch=True, symbol="_Z")  # fmt: skip
+    return KernelInfo(**{**base, **kw})
+
+
+def test_problems_report_missing_and_unexpected_prefetch():
+    kernels = (_kernel(), _kernel(kernel="v2"), _kernel(kernel="reduce", block_size=0, kv_cache_dtype="", has_prefetch=False, expect_prefetch=False))
+    result = VariantResult("patched", "kvpatch_patched", "k", Path("."), Path("lib.so"), (), Path("k.sass"), ("sm_90a",),
+                           ("fp16/auto/128/16",), kernels, (), True)  # fmt: skip
+    assert result.problems() == []
+    bad = replace(result, kernels=(_kernel(has_prefetch=False), *kernels[1:]))
+    assert bad.problems() == ["patched: v1 fp16/auto/128/16 sm_90a lacks UBLKPF in its SASS"]
+    stray = replace(result, kernels=(*kernels[:2], replace(kernels[2], has_prefetch=True)))
+    assert stray.problems() == ["patched: reduce fp16/128 sm_90a unexpectedly has UBLKPF in its SASS"]
+    assert "found 2 kernels in the SASS, expected 3" in replace(result, kernels=kernels[:2]).problems()[0]
+
+
+# --------------------------------------------------------------------------- building
+
+
+@needs_nvcc
+def test_build_sm90a_prefetch_only_in_patched(built_9a, tree_0102):
+    stock, patched = built_9a.variants
+    assert built_9a.problems() == []
+    assert [(k.kernel, k.has_prefetch) for k in patched.kernels] == [("v1", True), ("v2", True), ("reduce", False)]
+    assert not any(k.has_prefetch for k in stock.kernels)
+    assert "UBLKPF" in patched.read_sass() and "UBLKPF" not in stock.read_sass()
+    for v in (stock, patched):
+        assert v.library.is_file() and [c.name.split(".")[-2] for c in v.cubins] == ["sm_90a"]
+        assert all(k.registers > 0 and k.arch == "sm_90a" for k in v.kernels)
+        assert {k.kernel for k in v.kernels} == {"v1", "v2", "reduce"}
+        assert v.steps and not v.cached
+    # the tree itself is untouched
+    assert subprocess.run(["git", "status", "--porcelain"], cwd=tree_0102, capture_output=True, text=True).stdout == ""
+
+
+@needs_nvcc
+def test_build_sm80_has_no_prefetch(tree_0102, variants_0102, build_cache):
+    spec = make_spec(tree_0102, [variants_0102[1]], "8.0", dtypes=["fp16"])
+    (patched,) = B.build(spec, cache=build_cache, console=_quiet()).variants
+    assert [(k.arch, k.kernel, k.has_prefetch, k.expect_prefetch) for k in patched.kernels] == [
+        ("sm_80", "v1", False, False),
+        ("sm_80", "v2", False, False),
+        ("sm_80", "reduce", False, False),
+    ]
+    assert "UBLKPF" not in patched.read_sass()
+
+
+@needs_nvcc
+def test_variants_have_distinct_symbols(built_9a):
+    stock, patched = built_9a.variants
+    assert {k.symbol for k in stock.kernels}.isdisjoint(k.symbol for k in patched.kernels)
+    assert all("kvpatch_stock" in k.symbol for k in stock.kernels)
+    assert all("kvpatch_patched" in k.symbol for k in patched.kernels)
+    if shutil.which("nm"):
+        exported = {
+            v.name: subprocess.run(["nm", "-D", "--defined-only", str(v.library)], capture_output=True, text=True).stdout
+            for v in (stock, patched)
+        }
+        assert "kvpatch_stock_paged_attention_v1" in exported["stock"]
+        assert "kvpatch_patched_paged_attention_v2" in exported["patched"]
+        assert "kvpatch_stock" not in exported["patched"] and "paged_attention_v1_kernel" not in exported["stock"]
+
+
+@needs_nvcc
+def test_repeat_build_is_a_cache_hit(built_9a, spec_9a, build_cache):
+    mtimes = [v.library.stat().st_mtime_ns for v in built_9a.variants]
+    again = B.build(spec_9a, cache=build_cache, console=_quiet())
+    assert [v.cached for v in again.variants] == [True, True]
+    assert [v.library.stat().st_mtime_ns for v in again.variants] == mtimes
+    assert [v.kernels for v in again.variants] == [v.kernels for v in built_9a.variants]
+    assert again.elapsed < 5
+    json.dumps(again.to_dict())  # the CLI's --json
+
+
+@needs_nvcc
+def test_sass_check_fails_the_build(tree_0102, variants_0102, build_cache):
+    liar = Variant("liar", variants_0102[0].header, expect_prefetch=True)
+    spec = make_spec(tree_0102, [liar], "9.0a", dtypes=["fp16"])
+    with pytest.raises(BuildError, match=r"^liar: v1 fp16/auto/128/16 sm_90a lacks UBLKPF in its SASS \(and 1 more\)$"):
+        B.build(spec, cache=build_cache, console=_quiet())
+    (unchecked,) = B.build(spec, cache=build_cache, console=_quiet(), check=False).variants
+    assert unchecked.cached and len(unchecked.problems()) == 2
+
+
+@needs_nvcc
+def test_nvcc_failure_is_one_line(tree_0102, variants_0102, build_cache):
+    broken = Variant("broken", variants_0102[0].header + "\n#error kvpatch-test-breakage\n")
+    spec = make_spec(tree_0102, [broken], "9.0a", dtypes=["fp16"])
+    with pytest.raises(BuildError, match="nvcc failed for variant 'broken': .*kvpatch-test-breakage") as e:
+        B.build(spec, cache=build_cache, console=_quiet())
+    assert "\n" not in str(e.value)
+
+
+@needs_nvcc
+def test_runtime_loads_without_torch(built_9a):
+    stock, patched = built_9a.variants
+    k = Kernels(stock.library, stock.prefix)
+    p = Kernels.from_build(patched)
+    assert k.configs == ("fp16/auto/128/16",) == p.configs
+    assert not k.scale_by_value
+    assert k.error_string(-1) == "configuration not built into this library"
+    with pytest.raises(RuntimeError, match="no kvpatch_patched_abi_version"):
+        Kernels(stock.library, "kvpatch_patched")
+
+
+@needs_nvcc
+def test_build_064_takes_scales_by_value(tree_064, build_cache):
+    stock, _ = B.stock_and_patched(tree_064, make_config())
+    spec = make_spec(tree_064, [stock], "9.0a", dtypes=["bf16"])
+    (built,) = B.build(spec, cache=build_cache, console=_quiet()).variants
+    assert Kernels(built.library, built.prefix).scale_by_value
+    assert "          a.k_scale,\n          a.v_scale," in (built.dir / "launcher_0.cu").read_text()
+
+
+# --------------------------------------------------------------------------- --full
+
+
+def test_full_build_command(tmp_path):
+    argv, env = full_build_command(tmp_path, parse_arch_list("8.0;9.0a"), 16, python="/py", base_env={"PATH": "/bin"})
+    assert argv == ["/py", "-m", "pip", "install", "-v", "-e", str(tmp_path.resolve()), "--no-build-isolation"]
+    assert env == {"PATH": "/bin", "TORCH_CUDA_ARCH_LIST": "8.0;9.0a", "MAX_JOBS": "16", "VLLM_TARGET_DEVICE": "cuda"}
+    with pytest.raises(UsageError):
+        full_build_command(tmp_path, [], 16)
+    with pytest.raises(UsageError):
+        full_build_command(tmp_path, parse_arch_list("9.0a"), 0)

@@ -113,3 +113,75 @@ def revert(*, tree: Path | None, cwd: Path) -> tuple[Path, bool]:
     if stock != current:
         write_atomic(target.header, stock)
     return target.header, stock != current
+
+
+# --------------------------------------------------------------------------- build / validate / bench
+
+
+def tree_config(target: Tree, cwd: Path) -> PatchConfig:
+    """The configuration the tree was patched with: the last apply's, if it was this tree."""
+    from .config import make_config
+
+    state = State.load(cwd)
+    if state is not None and Path(state.tree) == target.root:
+        return make_config(**state.config)
+    return make_config()
+
+
+def variants_for(target: Tree, cwd: Path, *, paper: bool = False, control: bool = False,
+                 extra: dict[str, PatchConfig] | None = None) -> list:  # fmt: skip
+    """stock, the tree's patched header, and optional comparison variants.
+
+    ``stock`` is the tree's header with kvpatch's injection removed; ``patched`` is
+    the header as the tree holds it; ``paper`` / ``control`` / ``extra`` are rendered
+    from the stock text here, the tree itself is never changed.
+    """
+    from dataclasses import replace
+
+    from .build import Variant
+    from .config import make_config
+
+    path = str(target.header)
+    current = target.read_header()
+    stock, markers = unpatch(current, path)
+    if not markers:
+        raise UsageError(f"{target.header} is stock: run 'kvpatch apply' first")
+    out = [Variant("stock", stock, expect_prefetch=False), Variant("patched", current, expect_prefetch=True)]
+    if paper:
+        out.append(Variant("paper", patch(stock, path, make_config(preset="paper")).patched, expect_prefetch=True))
+    if control:
+        cfg = replace(tree_config(target, cwd), control=True)
+        out.append(Variant("control", patch(stock, path, cfg).patched, expect_prefetch=True))
+    for name, cfg in (extra or {}).items():
+        out.append(Variant(name, patch(stock, path, cfg).patched, expect_prefetch=True))
+    return out
+
+
+def build(*, tree: Path | None, cwd: Path, archs: str, variants: list | None = None, jobs: int | None = None,
+          console: Console, **kernel_options):  # fmt: skip
+    """Compile stock and patched (or the given variants) and check their SASS."""
+    from . import build as B
+
+    target = resolve_tree(tree, cwd)
+    chosen = variants if variants is not None else variants_for(target, cwd)
+    spec = B.make_spec(target.root, chosen, archs, **kernel_options)
+    return B.build(spec, jobs=jobs, console=console)
+
+
+def load_libraries(result) -> dict:
+    """name -> :class:`kvpatch.runtime.Kernels` for every variant of a build."""
+    from .runtime import Kernels
+
+    return {v.name: Kernels(v.library, v.prefix) for v in result.variants}
+
+
+def require_cuda() -> None:
+    """A GPU and a CUDA build of torch, or a one-line error."""
+    from .errors import BuildError
+
+    try:
+        import torch
+    except ImportError:
+        raise BuildError("validate and bench need torch with CUDA (pip install torch)") from None
+    if not torch.cuda.is_available():
+        raise BuildError(f"no CUDA GPU visible to torch {torch.__version__}: validate and bench run on a GPU")

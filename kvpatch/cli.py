@@ -197,6 +197,146 @@ def show_config(
     sys.stdout.write(dump_config(config_from_options(config, preset=preset)))
 
 
+# --------------------------------------------------------------------------- build / validate / bench
+
+ArchOpt = Annotated[str, typer.Option("--arch", help="TORCH_CUDA_ARCH_LIST syntax: 9.0a, 9.0, '8.0;9.0a', 9.0+PTX.")]
+
+
+def _csv(text: Optional[str], kind=str) -> Optional[list]:
+    if text is None:
+        return None
+    try:
+        return [kind(x) for x in text.replace(";", ",").split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"invalid list {text!r}") from None
+
+
+def _variant_options(variant: list[str]) -> dict[str, PatchConfig]:
+    extra: dict[str, PatchConfig] = {}
+    for item in variant:
+        name, sep, path = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise UsageError(f"invalid --variant {item!r}: use NAME=config.toml")
+        extra[name] = make_config(**load_config_file(Path(path)))
+    return extra
+
+
+@app.command()
+def build(
+    tree: TreeOpt = None,
+    arch: ArchOpt = "9.0a",
+    dtypes: Annotated[Optional[str], typer.Option(help="fp16,bf16,fp32 (default fp16,bf16).")] = None,
+    head_sizes: Annotated[Optional[str], typer.Option(help="e.g. 64,128,256 (default 128).")] = None,
+    block_sizes: Annotated[Optional[str], typer.Option(help="e.g. 16,32 (default 16).")] = None,
+    kv_cache_dtypes: Annotated[Optional[str], typer.Option(help="auto,fp8 (default auto).")] = None,
+    all_kernels: Annotated[bool, typer.Option("--all", help="vLLM's full set of configurations.")] = False,
+    jobs: Annotated[Optional[int], typer.Option(help="Parallel nvcc processes (default: CPU count).")] = None,
+    full: Annotated[bool, typer.Option("--full", help="Run vLLM's own build of the patched tree instead.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compile stock and patched kernels for an arch; report registers/spills; check the SASS."""
+    import os
+
+    from . import api
+    from . import build as B
+
+    if full:
+        target = api.resolve_tree(tree, _cwd())
+        archs = B.parse_arch_list(arch)
+        B.run_full_build(target.root, archs, jobs or os.cpu_count() or 1, console=err)
+        return
+    result = api.build(
+        tree=tree, cwd=_cwd(), archs=arch, jobs=jobs, console=err,
+        dtypes=_csv(dtypes), head_sizes=_csv(head_sizes, int), block_sizes=_csv(block_sizes, int),
+        kv_cache_dtypes=_csv(kv_cache_dtypes), all_kernels=all_kernels,
+    )  # fmt: skip
+    if as_json:
+        out.print_json(json.dumps(result.to_dict()))
+    else:
+        out.print(result.table())
+        for v in result.variants:
+            out.print(f"{v.name}: {v.library}")
+        out.print("Load with kvpatch.runtime.Kernels(path, prefix); running them needs a CUDA GPU "
+                  "and a CUDA build of torch ('kvpatch validate', 'kvpatch bench').")  # fmt: skip
+    problems = result.problems()
+    if problems:
+        raise KvpatchError(f"SASS check failed: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""), exit_code=5)
+
+
+@app.command()
+def validate(
+    tree: TreeOpt = None,
+    arch: ArchOpt = "9.0a",
+    quick: Annotated[bool, typer.Option(help="fp16/bf16, head 128, block 16 only (32 cases).")] = False,
+    paper: Annotated[bool, typer.Option(help="Also check the paper preset against stock.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed of the random inputs.")] = 0,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the full report here.")] = None,
+) -> None:
+    """GPU: patched == stock bit for bit over a configuration matrix (and stock ~= a float reference)."""
+    from . import api
+    from .gpu import validate as V
+
+    api.require_cuda()
+    matrix = V.quick_matrix() if quick else V.validate_matrix()
+    dtypes = sorted({c.dtype for c in matrix})
+    result = api.build(
+        tree=tree, cwd=_cwd(), archs=arch, console=err,
+        variants=api.variants_for(api.resolve_tree(tree, _cwd()), _cwd(), paper=paper),
+        dtypes=dtypes, head_sizes=sorted({c.head_size for c in matrix}),
+        block_sizes=sorted({c.block_size for c in matrix}), kv_cache_dtypes=sorted({c.kv_cache_dtype for c in matrix}),
+    )  # fmt: skip
+    report = V.run_validate(api.load_libraries(result), matrix, seed)
+    if json_out:
+        from .workspace import write_atomic
+
+        write_atomic(json_out, report.to_json())
+    out.print(f"{len(report.cases) if hasattr(report, 'cases') else ''} cases; max error vs reference {report.max_ref_error():.2e}")
+    if report.failures:
+        for line in report.failures[:20]:
+            err.print(f"[red]mismatch[/] {line}", highlight=False)
+        raise KvpatchError(f"{len(report.failures)} mismatches; first: {report.failures[0]}", exit_code=6)
+    out.print("[green]bit-identical to stock everywhere checked[/]")
+
+
+@app.command()
+def bench(
+    tree: TreeOpt = None,
+    arch: ArchOpt = "9.0a",
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write results + environment here.")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of the speedups here.")] = None,
+    variant: Annotated[list[str], typer.Option("--variant", help="More variants: NAME=config.toml (repeatable).")] = [],  # noqa: B006
+    paper: Annotated[bool, typer.Option("--paper/--no-paper", help="Include the paper preset.")] = True,
+    control: Annotated[bool, typer.Option("--control/--no-control", help="Include the prefetch-never-runs control.")] = False,
+    quick: Annotated[bool, typer.Option(help="8 points instead of 24.")] = False,
+    reps: Annotated[int, typer.Option(help="Timed launches per point, variant and round.")] = 50,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds (medians over all).")] = 3,
+) -> None:
+    """GPU: time stock, the paper preset and the patched kernels side by side (warm and cold)."""
+    from . import api
+    from .gpu import bench as Bn
+
+    api.require_cuda()
+    points = Bn.quick_points() if quick else Bn.default_points()
+    target = api.resolve_tree(tree, _cwd())
+    chosen = api.variants_for(target, _cwd(), paper=paper, control=control, extra=_variant_options(variant))
+    result = api.build(
+        tree=tree, cwd=_cwd(), archs=arch, console=err, variants=chosen,
+        dtypes=sorted({p.dtype for p in points}), head_sizes=sorted({p.head_size for p in points}),
+        block_sizes=sorted({p.block_size for p in points}),
+    )  # fmt: skip
+    info = {v.name: v.header.split("// kvpatch:begin ", 1)[1].split("\n", 1)[0] if "// kvpatch:begin" in v.header else "stock" for v in chosen}
+    report = Bn.run_bench(api.load_libraries(result), points, reps=reps, rounds=rounds, variant_info=info)
+    report.print(out)
+    if json_out:
+        report.write_json(json_out)
+    if plot:
+        from .gpu.plot import plot_bench
+
+        plot_bench(report, plot)
+    if not report.ok:
+        raise KvpatchError("bench found outputs that differ from stock", exit_code=6)
+
+
 def run() -> None:
     """Console-script entry point: one-line errors, exit codes from the error type."""
     try:

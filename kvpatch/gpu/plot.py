@@ -1,0 +1,113 @@
+"""Draw a bench report: speedup over stock of the kernel vLLM dispatches, per point.
+
+One panel per dtype x mode (warm / cold), one series per variant, error bars from
+the per-round speedups (min..max), a 1.0 line. Works from a :class:`BenchReport`
+or from its JSON (``to_dict()`` or a file written by ``--json``), so an old run can
+be redrawn. matplotlib (Agg) is imported inside :func:`plot_bench` only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+#: Speedup ticks on the log axis (matplotlib shows those inside the data's range).
+Y_TICKS = (0.25, 0.33, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
+
+
+def _as_dict(report: Any) -> dict[str, Any]:
+    if isinstance(report, dict):
+        return report
+    if isinstance(report, (str, os.PathLike)):
+        with open(report) as f:
+            return json.load(f)
+    return report.to_dict()
+
+
+def speedup_series(report: Any, *, dispatched_only: bool = True) -> dict[tuple[str, str], dict[str, Any]]:
+    """Per (dtype, mode): ``labels`` (one per point, kernel included), and per
+    variant (baseline excluded) ``speedup``, ``lo`` and ``hi`` lists aligned with them."""
+    d = _as_dict(report)
+    base = d["baseline"]
+    others = [v for v in d["variants"] if v != base]
+    panels: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in d["results"]:
+        if dispatched_only and not r["dispatched"]:
+            continue
+        pt = r["point"]
+        key = (pt["dtype"], r["mode"])
+        panel = panels.setdefault(key, {"labels": [], "series": {v: {"speedup": [], "lo": [], "hi": []} for v in others}})
+        ctx = pt["context"]
+        ctx_s = f"{ctx // 1024}k" if ctx % 1024 == 0 else str(ctx)
+        panel["labels"].append(f"B{pt['batch']}\n{ctx_s}\n{r['kernel']}")
+        for v in others:
+            t = r["variants"].get(v)
+            s = panel["series"][v]
+            if t is None:
+                s["speedup"].append(float("nan"))
+                s["lo"].append(float("nan"))
+                s["hi"].append(float("nan"))
+                continue
+            sp = float(t["speedup"])
+            rounds = [float(x) for x in t.get("speedup_rounds") or [sp]]
+            s["speedup"].append(sp)
+            s["lo"].append(min(rounds))
+            s["hi"].append(max(rounds))
+    return panels
+
+
+def plot_bench(report: Any, path: str | os.PathLike[str], *, title: str | None = None) -> str:
+    """Write the PNG to ``path``; returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    d = _as_dict(report)
+    panels = speedup_series(d)
+    dtypes = list(dict.fromkeys(k[0] for k in panels)) or ["-"]
+    modes = list(dict.fromkeys(k[1] for k in panels)) or ["-"]
+    fig, axes = plt.subplots(
+        len(dtypes), len(modes), figsize=(5.5 * len(modes), 3.6 * len(dtypes)), squeeze=False, sharey="row"
+    )
+    others = [v for v in d["variants"] if v != d["baseline"]]
+    n = max(1, len(others))
+    width = 0.8 / n
+    for i, dt in enumerate(dtypes):
+        for j, mode in enumerate(modes):
+            ax = axes[i][j]
+            panel = panels.get((dt, mode))
+            ax.axhline(1.0, color="black", lw=0.8)
+            ax.set_title(f"{dt} {mode}", fontsize=10)
+            if panel is None:
+                continue
+            xs = list(range(len(panel["labels"])))
+            for k, v in enumerate(others):
+                s = panel["series"][v]
+                pos = [x - 0.4 + width * (k + 0.5) for x in xs]
+                err = [
+                    [max(0.0, sp - lo) for sp, lo in zip(s["speedup"], s["lo"])],
+                    [max(0.0, hi - sp) for sp, hi in zip(s["speedup"], s["hi"])],
+                ]
+                ax.errorbar(pos, s["speedup"], yerr=err, fmt="o", ms=4, capsize=2, lw=0.8, label=v)
+            ax.set_xticks(xs)
+            ax.set_xticklabels(panel["labels"], fontsize=7)
+            ax.set_yscale("log")
+            ax.yaxis.set_major_locator(FixedLocator(Y_TICKS))
+            ax.yaxis.set_minor_locator(NullLocator())
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}x"))
+            ax.grid(axis="y", alpha=0.3)
+            if j == 0:
+                ax.set_ylabel(f"speedup over {d['baseline']}")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="upper right", fontsize=8)
+    gpu = (d.get("env") or {}).get("gpu", {}).get("name", "")
+    fig.suptitle(title or f"kvpatch bench: kernel vLLM dispatches {('(' + gpu + ')') if gpu else ''}", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 0.92, 0.95))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path)

@@ -1,0 +1,114 @@
+"""On a CUDA GPU: a trimmed validate and a tiny bench of built kernel libraries.
+
+Libraries come from ``KVPATCH_TEST_LIBS=name=path.so:prefix,...`` (stock first or
+named ``stock``), e.g. built with ``kvpatch build`` (fp16/bf16, head 128, block 16).
+Skipped without CUDA torch or without that variable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+ENV = "KVPATCH_TEST_LIBS"
+
+
+def _skip_reason() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False)"
+    if not os.environ.get(ENV):
+        return f"{ENV} is not set (name=path.so:prefix,...: libraries built by kvpatch build)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def libs():
+    why = _skip_reason()
+    if why:
+        pytest.skip(why)
+    from kvpatch.gpu import harness as H
+
+    specs = H.parse_lib_specs([os.environ[ENV]])
+    return H.load_libs(specs)
+
+
+def _trimmed_matrix(libs):
+    """fp16/bf16, head 128, block 16 (the default build), both kernels, GQA and MHA,
+    ALiBi on/off, contexts ending mid-block and spanning v2 partitions; plus fp8 if built."""
+    from kvpatch.gpu import validate as V
+
+    stock = next(iter(libs.values()))
+    kvs = ["auto"] + (["fp8"] if any("/fp8/" in c for c in getattr(stock, "configs", ())) else [])
+    return V.validate_matrix(dtypes=("fp16", "bf16"), kv_cache_dtypes=kvs, head_sizes=(128,), block_sizes=(16,),
+                             heads=((8, 2), (4, 4)), contexts=(1, 17, 1500))
+
+
+def test_validate_trimmed(libs, tmp_path):
+    from kvpatch.gpu import harness as H
+    from kvpatch.gpu import validate as V
+
+    rep = V.run_validate(libs, _trimmed_matrix(libs), seed=1234)
+    (tmp_path / "validate.json").write_text(rep.to_json())
+    assert rep.n_passed > 0, "nothing validated: " + "; ".join(rep.skipped[:5])
+    assert rep.failures == [], "\n".join(rep.failures[:20])
+    worst = rep.max_ref_error()
+    assert all(e < H.REF_TOLERANCE[k] for k, e in worst.items()), worst
+
+
+def test_validate_detects_a_corrupted_output(libs):
+    """The harness itself: a wrapper that flips one output bit must be caught."""
+    import torch
+
+    from kvpatch.gpu import validate as V
+
+    stock_name = "stock" if "stock" in libs else next(iter(libs))
+    stock = libs[stock_name]
+
+    class Flip:
+        configs = getattr(stock, "configs", None)
+
+        def v1(self, out, *a):
+            stock.v1(out, *a)
+            out.view(torch.int16).view(-1)[7] ^= 1
+
+        def v2(self, out, *a):
+            stock.v2(out, *a)
+            out.view(torch.int16).view(-1)[7] ^= 1
+
+    cases = [c for c in _trimmed_matrix(libs) if c.context == 17][:2]
+    rep = V.run_validate({stock_name: stock, "flip": Flip()}, cases, seed=7)
+    assert rep.n_failed == len(cases)
+    assert all(f.startswith("flip: ") and "differs" in f for f in rep.failures)
+
+
+def test_bench_smoke(libs, tmp_path):
+    from kvpatch.gpu import bench as B
+
+    pts = B.make_points(dtypes=("fp16",), batches=(1, 64), contexts=(1024,))
+    rep = B.run_bench(libs, pts, reps=3, warmup=1, rounds=1, pool_l2_multiple=4.0, copy_bytes=256 << 20)
+    assert rep.ok, rep.mismatches
+    assert len(rep.results) == 2 * 2 * 2
+    for r in rep.results:
+        for t in r.variants.values():
+            assert 1.0 < t.median_us < 100_000
+            assert t.copy_fraction < 2.0  # unique-KV throughput cannot exceed ~2x the copy rate
+    assert 1e12 < rep.copy_bandwidth["bytes_per_s"] < 2e13
+    d = json.loads(rep.to_json())
+    assert d["env"]["gpu"]["name"]
+    assert {s["scope"] for s in d["summary"]} >= {"dispatched"} or len(rep.variants) == 1
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    from kvpatch.gpu.plot import plot_bench
+
+    plot_bench(d, tmp_path / "bench.png")
+    assert (tmp_path / "bench.png").stat().st_size > 10_000

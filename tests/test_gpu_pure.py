@@ -1,0 +1,712 @@
+"""The pure parts of kvpatch.gpu, on the CPU: dispatch rule, matrices, reference
+attention (against a naive loop), fp8 decoding, block tables, poisoning, statistics,
+and the whole validate/bench pipelines driven by fake CPU "kernels"."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from kvpatch.gpu import bench as B
+from kvpatch.gpu import harness as H
+from kvpatch.gpu import validate as V
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - the CI venv may have no torch
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed (pip install torch: CPU wheel is enough)")
+
+
+# --------------------------------------------------------------------------- import hygiene
+
+
+def test_package_imports_without_torch_numpy_matplotlib():
+    code = (
+        "import sys\n"
+        "for m in ('torch', 'numpy', 'matplotlib'): sys.modules[m] = None\n"
+        "import kvpatch.gpu, kvpatch.gpu.harness, kvpatch.gpu.validate, kvpatch.gpu.bench, kvpatch.gpu.plot\n"
+        "from kvpatch.gpu.harness import uses_v1\n"
+        "assert uses_v1(64, 32, 1024)\n"
+        "print('ok')\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "ok"
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+@pytest.mark.parametrize(
+    "seqs,heads,max_len,kernel",
+    [
+        (1, 32, 512, "v1"),  # one partition
+        (1, 32, 513, "v2"),  # two partitions, 32 <= 512
+        (16, 32, 1024, "v2"),  # 512 is not > 512
+        (17, 32, 1024, "v1"),  # 544 > 512
+        (64, 32, 1024, "v1"),
+        (64, 32, 4096, "v1"),
+        (64, 32, 8192, "v1"),  # 8192 is still <= 8192
+        (64, 32, 8193, "v2"),
+        (1000, 32, 16384, "v2"),
+        (1, 1, 1, "v1"),
+    ],
+)
+def test_dispatch_rule(seqs, heads, max_len, kernel):
+    assert H.dispatched_kernel(seqs, heads, max_len) == kernel
+    assert H.uses_v1(seqs, heads, max_len) == (kernel == "v1")
+
+
+def test_default_bench_points_dispatch_v2_at_10_of_12():
+    pts = B.default_points()
+    assert len(pts) == 24
+    fp16 = [p for p in pts if p.dtype == "fp16"]
+    assert [(p.batch, p.context) for p in fp16 if p.dispatched == "v1"] == [(64, 1024), (64, 4096)]
+    assert sum(p.dispatched == "v2" for p in fp16) == 10
+
+
+def test_bench_point_bytes():
+    p = B.BenchPoint("fp16", 64, 16384)
+    assert p.block_bytes == 2 * 8 * 128 * 16 * 2
+    assert p.num_blocks == 64 * 1024
+    assert p.kv_bytes == 64 * 16384 * 4096  # 4.3 GB
+    q = B.BenchPoint("fp16", 3, 17, kv_cache_dtype="fp8")
+    assert q.blocks_per_seq == 2 and q.kv_bytes == 3 * 2 * (2 * 8 * 128 * 16)
+    assert "kv=fp8" in q.name and "kv=" not in p.name
+
+
+def test_pool_blocks_sizing():
+    pts = B.default_points()
+    l2 = 60 * 2**20
+    n = B.pool_blocks(pts, l2)
+    assert n >= 1.2 * 65536
+    assert n * pts[0].block_bytes >= 64 * l2
+    assert 4.5e9 < n * pts[0].block_bytes < 6e9  # ~5 GB, like NOTES.md
+
+
+def test_make_points_and_quick():
+    assert len(B.quick_points()) == 8
+    with pytest.raises(ValueError):
+        B.make_points(dtypes=("fp8",))
+    with pytest.raises(ValueError):
+        B.make_points(num_heads=30, num_kv_heads=8)
+
+
+# --------------------------------------------------------------------------- validate matrix
+
+
+def test_default_validate_matrix():
+    m = V.validate_matrix()
+    assert len(m) == 3 * 2 * 3 * 2 * 2 * 2 * 2 * 5
+    assert len(set(m)) == len(m)
+    assert {c.kv_cache_dtype for c in m if c.dtype == "fp32"} == {"auto", "fp8"}
+    names = {c.name for c in m}
+    assert "v2 q=bf16 kv=fp8 head=256 block=32 heads=8/2 alibi=on ctx=2100" in names
+    # contexts end mid-block and span several v2 partitions
+    assert any(c % 16 and H.num_partitions(c) >= 3 for c in V.DEFAULT_CONTEXTS)
+
+
+def test_validate_matrix_trims_and_rejects():
+    assert len(V.quick_matrix()) == 32
+    m = V.validate_matrix(dtypes=("fp16",), kv_cache_dtypes=("auto",), head_sizes=(128,), block_sizes=(16,),
+                          kernels=("v2",), heads=((8, 2),), alibi=(False,), contexts=(1, 17))
+    assert [c.context for c in m] == [1, 17]
+    for bad in ({"dtypes": ("fp64",)}, {"kernels": ("v3",)}, {"heads": ((8, 3),)}, {"contexts": (0,)}):
+        with pytest.raises(ValueError):
+            V.validate_matrix(**bad)
+
+
+def test_case_seq_lens():
+    c = V.ValidateCase("fp16", "auto", 128, 16, "v2", 8, 2, False, 1500)
+    lens = c.seq_lens(7)
+    assert len(lens) == 3 and max(lens) == 1500 and min(lens) >= 1
+    assert lens == c.seq_lens(7)
+    assert V.ValidateCase("fp16", "auto", 128, 16, "v2", 8, 2, False, 1).seq_lens(3) == [1, 1, 1]
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def test_alibi_slopes():
+    s8 = H.alibi_slopes_list(8)
+    assert s8 == pytest.approx([2 ** -(i + 1) for i in range(8)])
+    s12 = H.alibi_slopes_list(12)
+    assert len(s12) == 12 and all(0 < x < 1 for x in s12)
+
+
+def test_e4m3_decoding():
+    assert H.e4m3_value(0x00) == 0.0
+    assert H.e4m3_value(0x80) == 0.0 and math.copysign(1, H.e4m3_value(0x80)) == -1
+    assert H.e4m3_value(0x38) == 1.0  # exp 7, man 0
+    assert H.e4m3_value(0x7E) == 448.0
+    assert H.e4m3_value(0xFE) == -448.0
+    assert H.e4m3_value(0x01) == 2.0**-9
+    assert math.isnan(H.e4m3_value(0x7F)) and math.isnan(H.e4m3_value(0xFF))
+    assert H.e4m3_value(H.FP8_MAX_MAGNITUDE_BYTE - 1) == 7.5
+
+
+@needs_torch
+def test_e4m3_table_matches_torch_float8():
+    if not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("torch has no float8_e4m3fn")
+    b = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    t = b.view(torch.float8_e4m3fn).to(torch.float64)
+    ours = torch.tensor(H.e4m3_table(), dtype=torch.float64)
+    assert torch.equal(torch.isnan(t), torch.isnan(ours))
+    ok = ~torch.isnan(t)
+    assert torch.equal(t[ok], ours[ok])
+
+
+def test_statistics():
+    xs = [0.5, 1.0, 2.0, 4.0]
+    assert H.geomean(xs) == pytest.approx(math.sqrt(2))
+    assert H.median(xs) == 1.5
+    assert H.quantile([1, 2, 3, 4, 5], 0.1) == pytest.approx(1.4)
+    assert H.quantile([3.0], 0.9) == 3.0
+    s = H.summarize([1.1, 0.9, 1.21])
+    assert s["n"] == 3 and s["min"] == 0.9 and s["median"] == 1.1 and s["max"] == 1.21
+    assert s["geomean"] == pytest.approx((1.1 * 0.9 * 1.21) ** (1 / 3))
+    with pytest.raises(ValueError):
+        H.geomean([])
+    with pytest.raises(ValueError):
+        H.geomean([1.0, 0.0])
+
+
+def test_parse_lib_specs():
+    assert H.parse_lib_spec("stock=/a/b:c/s.so:stock_") == ("stock", "/a/b:c/s.so", "stock_")
+    assert H.parse_lib_specs(["a=x.so:p,b=y.so:q", "c=z.so:r"]) == [
+        ("a", "x.so", "p"), ("b", "y.so", "q"), ("c", "z.so", "r")]
+    for bad in ("x.so:p", "a=x.so", "a=:p", "=x.so:p"):
+        with pytest.raises(ValueError):
+            H.parse_lib_spec(bad)
+    with pytest.raises(ValueError):
+        H.parse_lib_specs(["a=x.so:p", "a=y.so:q"])
+    assert H.order_variants(["paper", "stock", "patched"]) == ["stock", "paper", "patched"]
+    assert H.order_variants(["x", "y"]) == ["x", "y"]
+
+
+def test_lib_info(tmp_path):
+    f = tmp_path / "k.so"
+    f.write_bytes(b"abc")
+    i = H.lib_info(f, "pre")
+    assert i["bytes"] == 3 and i["prefix"] == "pre"
+    assert i["sha256"].startswith("ba7816bf")
+    assert "error" in H.lib_info(tmp_path / "missing.so", "p")
+
+
+def test_json_safe():
+    assert H.json_safe({"a": float("nan"), "b": (1, float("inf")), 3: [1.5]}) == {
+        "a": "nan", "b": [1, "inf"], "3": [1.5]}
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+@needs_torch
+def test_block_tables_scattered_distinct_with_block_zero():
+    lens = [40, 5, 33]
+    for seed in range(20):
+        t = H.make_block_tables(lens, 16, 20, seed=seed, extra_cols=1)
+        assert t.dtype == torch.int32 and t.shape == (3, 4)
+        used = torch.cat([t[0, :3], t[1, :1], t[2, :3]])
+        assert len(set(used.tolist())) == 7
+        assert int((t == 0).sum()) >= 1
+        assert 0 in t[0, 1:3].tolist()  # block 0 in the longest sequence, as a "next" block
+        assert int(t.min()) >= 0 and int(t.max()) < 20
+    with pytest.raises(ValueError):
+        H.make_block_tables([100], 16, 3, seed=0)
+
+
+@needs_torch
+def test_block_tables_are_scattered():
+    t = H.make_block_tables([16 * 200], 16, 1000, seed=1)
+    d = torch.diff(t[0].long())
+    assert int((d == 1).sum()) < 10  # not contiguous
+
+
+@needs_torch
+def test_random_fp8_bytes_never_nan():
+    g = H.make_generator("cpu", 0)
+    b = H.random_e4m3_bytes((100_000,), device="cpu", generator=g)
+    assert b.dtype == torch.uint8
+    assert not bool(((b == 0x7F) | (b == 0xFF)).any())
+    assert int((b & 0x7F).max()) < H.FP8_MAX_MAGNITUDE_BYTE
+    assert 0.4 < float((b >> 7).float().mean()) < 0.6
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype,kv", [("fp16", "auto"), ("bf16", "auto"), ("fp32", "auto"), ("fp16", "fp8"), ("fp32", "fp8")])
+def test_make_inputs_shapes(dtype, kv):
+    inp = H.make_inputs(dtype=dtype, kv_cache_dtype=kv, head_size=64, block_size=16, num_heads=8,
+                        num_kv_heads=2, seq_lens=[17, 3, 40], alibi=True, seed=1, device="cpu")
+    x = H.cache_x(dtype, kv)
+    assert inp.key_cache.shape[1:] == (2, 64 // x, 16, x)
+    assert inp.value_cache.shape[1:] == (2, 64, 16)
+    assert inp.key_cache.dtype == (torch.uint8 if kv == "fp8" else H.torch_dtype(dtype))
+    assert inp.query.shape == (3, 8, 64) and inp.query.dtype == H.torch_dtype(dtype)
+    assert inp.block_tables.shape == (3, 4) and inp.max_seq_len == 40 and inp.max_num_partitions == 1
+    assert inp.seq_lens.dtype == torch.int32 and inp.seq_lens.tolist() == [17, 3, 40]
+    assert inp.alibi_slopes.shape == (8,) and inp.k_scale.shape == (1,)
+    assert not bool((inp.query == 0).all())
+    if kv == "auto":
+        assert inp.k_scale_value == 1.0
+    # reproducible
+    again = H.make_inputs(dtype=dtype, kv_cache_dtype=kv, head_size=64, block_size=16, num_heads=8,
+                          num_kv_heads=2, seq_lens=[17, 3, 40], alibi=True, seed=1, device="cpu")
+    assert torch.equal(inp.key_cache, again.key_cache) and torch.equal(inp.block_tables, again.block_tables)
+
+
+@needs_torch
+def test_buffers_poisoned_and_written_check():
+    inp = H.make_inputs(dtype="fp16", kv_cache_dtype="auto", head_size=64, block_size=16, num_heads=4,
+                        num_kv_heads=4, seq_lens=[1100, 5], alibi=False, seed=0, device="cpu")
+    b1 = H.make_buffers(inp, "v1")
+    assert b1.exp_sums is None and H.count_unwritten(b1.out) == b1.out.numel()
+    b2 = H.make_buffers(inp, "v2")
+    assert b2.exp_sums.shape == (2, 4, 3) and b2.tmp_out.shape == (2, 4, 3, 64)
+    assert b2.tmp_out.dtype == torch.float16 and b2.max_logits.dtype == torch.float32
+    assert all(H.count_unwritten(t) == t.numel() for t in b2.tensors())
+    b2.out.fill_(1.0)
+    assert H.all_written(b2.out)
+    b2.out[1, 2, 3] = float("nan")
+    assert H.count_unwritten(b2.out) == 1 and not H.all_written(b2.out)
+    m = H.written_partitions_mask([1100, 5], 4, 3, "cpu")
+    assert m.shape == (2, 4, 3) and m[0].all() and m[1, :, 0].all() and not m[1, :, 1:].any()
+    with pytest.raises(ValueError):
+        H.make_buffers(inp, "v3")
+
+
+# --------------------------------------------------------------------------- reference vs a naive loop
+
+
+def naive_attention(inp) -> list:
+    """Plain Python loops over tokens, straight from vLLM's layouts."""
+    q = inp.query.double().tolist()
+    kc, vc = inp.key_cache, inp.value_cache
+    fp8 = inp.kv_cache_dtype == "fp8"
+    table = inp.block_tables.tolist()
+    bs = inp.block_size
+    d = inp.head_size
+    x = kc.shape[-1]
+    qpk = inp.num_heads // inp.num_kv_heads
+    slopes = inp.alibi_slopes.tolist() if inp.alibi_slopes is not None else None
+
+    def val(t, idx, scale):
+        v = t[idx].item()
+        return H.e4m3_value(int(v)) * scale if fp8 else float(v)
+
+    out = []
+    for i, L in enumerate(inp.seq_lens_list):
+        rows = []
+        for h in range(inp.num_heads):
+            g = h // qpk
+            logits = []
+            for tok in range(L):
+                blk, off = table[i][tok // bs], tok % bs
+                dot = sum(q[i][h][e] * val(kc, (blk, g, e // x, off, e % x), inp.k_scale_value) for e in range(d))
+                lg = inp.scale * dot
+                if slopes is not None:
+                    lg += slopes[h] * (tok - L + 1)
+                logits.append(lg)
+            m = max(logits)
+            w = [math.exp(lg - m) for lg in logits]
+            z = sum(w)
+            row = []
+            for e in range(d):
+                acc = 0.0
+                for tok in range(L):
+                    blk, off = table[i][tok // bs], tok % bs
+                    acc += w[tok] / z * val(vc, (blk, g, e, off), inp.v_scale_value)
+                row.append(acc)
+            rows.append(row)
+        out.append(rows)
+    return out
+
+
+@needs_torch
+@pytest.mark.parametrize(
+    "dtype,kv,heads,alibi,lens,bs",
+    [
+        ("fp32", "auto", (4, 2), False, [1, 17, 9], 8),  # GQA, partial last block, one-token sequence
+        ("fp16", "auto", (4, 4), True, [23, 5], 16),  # MHA + ALiBi
+        ("bf16", "fp8", (4, 1), True, [19, 33], 16),  # fp8 dequant with scales, MQA
+        ("fp32", "fp8", (2, 2), False, [40], 32),
+    ],
+)
+def test_reference_matches_naive_loop(dtype, kv, heads, alibi, lens, bs):
+    inp = H.make_inputs(dtype=dtype, kv_cache_dtype=kv, head_size=16, block_size=bs, num_heads=heads[0],
+                        num_kv_heads=heads[1], seq_lens=lens, alibi=alibi, seed=11, device="cpu")
+    if kv == "fp8":
+        assert inp.k_scale_value != 1.0 and inp.v_scale_value != 1.0
+    ref = H.reference_attention(inp)
+    assert ref.dtype == torch.float64 and ref.shape == inp.query.shape
+    naive = torch.tensor(naive_attention(inp), dtype=torch.float64)
+    assert torch.allclose(ref, naive, rtol=1e-10, atol=1e-12)
+    ref32 = H.reference_attention(inp, compute_dtype=torch.float32)
+    assert H.max_rel_l2_per_seq(ref32, naive) < 1e-5
+
+
+@needs_torch
+def test_reference_single_token_is_its_value():
+    inp = H.make_inputs(dtype="fp32", kv_cache_dtype="auto", head_size=16, block_size=16, num_heads=2,
+                        num_kv_heads=1, seq_lens=[1], alibi=True, seed=3, device="cpu")
+    blk = int(inp.block_tables[0, 0])
+    v = inp.value_cache[blk, 0, :, 0].double()
+    ref = H.reference_attention(inp)
+    assert torch.allclose(ref[0, 0], v) and torch.allclose(ref[0, 1], v)
+
+
+@needs_torch
+def test_rel_l2():
+    a = torch.tensor([3.0, 4.0])
+    assert H.rel_l2(a, a) == 0.0
+    assert H.rel_l2(torch.tensor([3.0, 4.5]), a) == pytest.approx(0.1)
+    assert H.rel_l2(torch.zeros(2), torch.zeros(2)) == 0.0
+    assert math.isnan(H.rel_l2(torch.tensor([float("nan"), 1.0]), a))
+    ref = torch.ones(2, 3)
+    out = ref.clone()
+    out[1] *= 1.5
+    assert H.max_rel_l2_per_seq(out, ref) == pytest.approx(0.5)
+
+
+# --------------------------------------------------------------------------- fake kernels: whole pipelines on CPU
+
+
+class FakeKernels:
+    """Computes attention with the reference (rounded to the query dtype) and writes
+    vLLM's output buffers; ``fault`` breaks it on purpose."""
+
+    def __init__(self, fault: str | None = None, configs=None, says_configs: bool = True):
+        self.fault = fault
+        if says_configs:
+            self.configs = configs if configs is not None else tuple(
+                H.config_label(d, kv, h, b) for d in H.DTYPES for kv in H.KV_CACHE_DTYPES
+                for h in (16, 32, 64, 128) for b in (8, 16, 32))
+        self.says_configs = says_configs
+        self.calls = 0
+
+    def _compute(self, out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens,
+                 block_size, max_seq_len, alibi_slopes, kv_cache_dtype, k_scale, v_scale):
+        self.calls += 1
+        if not self.says_configs and query.dtype == torch.float32:
+            raise RuntimeError("failed for fp32/...: not built")
+        inp = H.AttentionInputs(
+            query=query, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables,
+            seq_lens=seq_lens, seq_lens_list=seq_lens.tolist(), num_kv_heads=num_kv_heads, scale=scale,
+            block_size=block_size, max_seq_len=max_seq_len, alibi_slopes=alibi_slopes,
+            kv_cache_dtype=kv_cache_dtype, k_scale=k_scale, v_scale=v_scale,
+            k_scale_value=float(k_scale[0]), v_scale_value=float(v_scale[0]))
+        res = H.reference_attention(inp).to(out.dtype)
+        if self.fault == "unwritten":
+            res[-1, -1, -1] = float("nan")
+        elif self.fault == "offbyone":
+            res.view(-1)[0] = torch.nextafter(res.view(-1)[0], torch.tensor(math.inf, dtype=res.dtype))
+        elif self.fault == "crash":
+            raise RuntimeError("illegal memory access")
+        out.copy_(res)
+        return res
+
+    def v1(self, out, *args):
+        self._compute(out, *args)
+
+    def v2(self, out, exp_sums, max_logits, tmp_out, *args):
+        res = self._compute(out, *args)
+        seq_lens = args[6]
+        for i, L in enumerate(seq_lens.tolist()):
+            p = H.num_partitions(L)
+            exp_sums[i, :, :p] = 1.0 + (self.fault == "scratch")
+            max_logits[i, :, :p] = 0.5
+            tmp_out[i, :, :p] = res[i][:, None, :]
+
+
+def _tiny_matrix():
+    return V.validate_matrix(dtypes=("fp16", "fp32"), kv_cache_dtypes=("auto", "fp8"), head_sizes=(32,),
+                             block_sizes=(16,), kernels=("v1", "v2"), heads=((4, 2),), alibi=(True,),
+                             contexts=(17, 530))
+
+
+@needs_torch
+def test_run_validate_all_pass_on_cpu():
+    libs = {"patched": FakeKernels(), "stock": FakeKernels()}
+    rep = V.run_validate(libs, _tiny_matrix(), seed=5, device="cpu")
+    assert rep.variants == ["stock", "patched"] and rep.baseline == "stock"
+    assert rep.ok and rep.failures == [] and rep.n_passed == 16
+    assert all(r.ref_error is not None and r.ref_error < r.tolerance for r in rep.results)
+    assert rep.max_ref_error()["fp32/auto"] < 1e-6 and rep.max_ref_error()["fp32/fp8"] < 1e-6
+    d = json.loads(rep.to_json())
+    assert d["ok"] and d["counts"] == {"cases": 16, "passed": 16, "failed": 0, "skipped": 0}
+    assert d["results"][0]["name"].startswith("v1 q=fp16 kv=auto")
+    assert libs["stock"].calls == 32  # twice per case
+    assert "16 passed, 0 failed, 0 skipped" in rep.summary_line()
+
+
+@needs_torch
+@pytest.mark.parametrize("fault,why", [
+    ("unwritten", "not written"),
+    ("offbyone", "differs from stock: 1 elements"),
+    ("crash", "raised RuntimeError"),
+])
+def test_run_validate_names_failures(fault, why):
+    libs = {"stock": FakeKernels(), "good": FakeKernels(), "bad": FakeKernels(fault)}
+    rep = V.run_validate(libs, _tiny_matrix()[:3], seed=1, device="cpu")
+    assert not rep.ok and rep.n_failed == 3
+    assert len(rep.failures) == 3
+    for line in rep.failures:
+        assert line.startswith(("bad: v1 q=fp16 kv=", "bad: v2 q=fp16 kv=")) and why in line and "seed" in line
+    assert all(r.variants["good"].status == "pass" for r in rep.results)
+
+
+@needs_torch
+def test_run_validate_v2_scratch_compared():
+    libs = {"stock": FakeKernels(), "bad": FakeKernels("scratch")}
+    cases = [c for c in _tiny_matrix() if c.kernel == "v2"][:1]
+    rep = V.run_validate(libs, cases, seed=1, device="cpu")
+    assert rep.n_failed == 1 and "exp_sums differ" in rep.failures[0]
+
+
+@needs_torch
+def test_run_validate_stock_checked_against_reference():
+    libs = {"stock": FakeKernels("unwritten"), "v": FakeKernels("unwritten")}
+    rep = V.run_validate(libs, _tiny_matrix()[:1], seed=1, device="cpu")
+    assert rep.n_failed == 1
+    assert any(f.startswith("stock: ") and "not written" in f for f in rep.failures)
+
+
+@needs_torch
+def test_run_validate_skips_unbuilt_configs():
+    fp16 = tuple(c for c in FakeKernels().configs if c.startswith("fp16/"))
+    libs = {"stock": FakeKernels(configs=fp16), "v": FakeKernels(configs=fp16)}
+    rep = V.run_validate(libs, _tiny_matrix(), seed=1, device="cpu")
+    assert rep.ok and rep.n_passed == 8 and len(rep.skipped) == 8
+    assert all("q=fp32" in s and "fp32/" in s and "not built in stock" in s for s in rep.skipped)
+    assert libs["stock"].calls == 16  # skipped cases launch nothing
+    none = V.run_validate(libs, [c for c in _tiny_matrix() if c.dtype == "fp32"], seed=1, device="cpu")
+    assert not none.ok and none.failures == []  # nothing validated is not ok
+    # a library that cannot list its configurations: a RuntimeError from stock means "not built"
+    mute = {"stock": FakeKernels(says_configs=False), "v": FakeKernels(says_configs=False)}
+    rep = V.run_validate(mute, _tiny_matrix(), seed=1, device="cpu")
+    assert rep.ok and len(rep.skipped) == 8 and "raised RuntimeError" in rep.skipped[0]
+
+
+@needs_torch
+def test_run_validate_variant_missing_config_or_stock_crash_fails():
+    full = FakeKernels().configs
+    libs = {"stock": FakeKernels(), "v": FakeKernels(configs=tuple(c for c in full if not c.startswith("fp32/")))}
+    rep = V.run_validate(libs, _tiny_matrix(), seed=1, device="cpu")
+    assert rep.n_failed == 8 and all("not built in this library" in f and f.startswith("v: ") for f in rep.failures)
+    crash = {"stock": FakeKernels("crash"), "v": FakeKernels()}
+    rep = V.run_validate(crash, _tiny_matrix()[:2], seed=1, device="cpu")
+    assert rep.n_failed == 2 and all(f.startswith("stock: ") and "illegal memory" in f for f in rep.failures)
+
+
+@needs_torch
+def test_validate_main_exit_codes(monkeypatch, tmp_path, capsys):
+    made = {}
+
+    def fake_load(specs):
+        made.update({n: FakeKernels("offbyone" if n == "bad" else None) for n, _, _ in specs})
+        return dict(made)
+
+    monkeypatch.setattr(H, "load_libs", fake_load)
+    common = ["--dtypes", "fp32", "--kv", "auto", "--head-sizes", "32", "--block-sizes", "16", "--kernels", "v1",
+              "--heads", "4/2", "--alibi", "off", "--contexts", "17", "--device", "cpu", "-q"]
+    out = tmp_path / "v.json"
+    rc = V.main(["--lib", "stock=s.so:s", "--lib", "good=g.so:g", "--json", str(out), *common])
+    assert rc == 0 and json.loads(out.read_text())["ok"]
+    rc = V.main(["--lib", "stock=s.so:s,bad=b.so:b", *common])
+    assert rc == V.EXIT_MISMATCH
+    assert "MISMATCH bad: v1 q=fp32 kv=auto head=32 block=16 heads=4/2 alibi=off ctx=17" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- bench pipeline and stats
+
+
+def _synthetic_report():
+    names = ["stock", "fast", "slow"]
+    pts = [B.BenchPoint("fp16", 1, 1024), B.BenchPoint("fp16", 64, 1024), B.BenchPoint("bf16", 1, 1024)]
+    raw = {}
+    for p in pts:
+        for k in ("v1", "v2"):
+            for m in ("warm", "cold"):
+                base = 100.0 if k == "v1" else 50.0
+                raw[(p, k, m)] = {
+                    "stock": [[base, base * 1.1, base * 0.9], [base] * 3],
+                    "fast": [[base / 2] * 3, [base / 2] * 3],
+                    "slow": [[base * 1.25] * 3, [base * 1.25] * 3],
+                }
+    results = B.finish_results(raw, names, copy_bytes_per_s=4e12)
+    return B.BenchReport(baseline="stock", variants=names, results=results,
+                         copy_bandwidth={"bytes_per_s": 4e12}, settings={"reps": 3}, env={"gpu": {"name": "fake"}})
+
+
+def test_finish_results_stats():
+    rep = _synthetic_report()
+    r = next(x for x in rep.results if x.point.batch == 64 and x.kernel == "v1" and x.mode == "warm")
+    assert r.dispatched
+    st = r.variants["stock"]
+    assert st.round_medians_us == [100.0, 100.0] and st.median_us == 100.0
+    assert st.p10_us == pytest.approx(95.0) and st.p90_us == pytest.approx(105.0)
+    assert r.variants["fast"].speedup == 2.0 and r.variants["slow"].speedup == 0.8
+    assert r.variants["fast"].speedup_rounds == [2.0, 2.0]
+    kvb = r.point.kv_bytes
+    assert r.variants["fast"].kv_bytes_per_s == pytest.approx(kvb / 50e-6)
+    assert r.variants["fast"].copy_fraction == pytest.approx(kvb / 50e-6 / 4e12)
+
+
+def test_summary_over_dispatched_points():
+    rep = _synthetic_report()
+    rows = {(s["variant"], s["dtype"], s["mode"], s["scope"]): s for s in rep.summary}
+    fast = rows[("fast", "fp16", "warm", "dispatched")]
+    assert fast["n"] == 2 and fast["min"] == 2.0 and fast["geomean"] == pytest.approx(2.0)
+    assert rows[("slow", "bf16", "cold", "dispatched")]["n"] == 1
+    assert rows[("slow", "fp16", "warm", "v1")]["n"] == 2
+    assert ("stock", "fp16", "warm", "dispatched") not in rows
+    mixed = B.summarize_results(rep.results, ["stock", "fast"])
+    assert {r["variant"] for r in mixed} == {"fast"}
+
+
+def test_bench_report_json_and_tables(tmp_path):
+    rep = _synthetic_report()
+    path = tmp_path / "r.json"
+    rep.write_json(path)
+    d = json.loads(path.read_text())
+    assert d["kind"] == "kvpatch-bench" and d["variants"] == ["stock", "fast", "slow"]
+    assert len(d["results"]) == 12 and d["results"][0]["variants"]["stock"]["samples_us"][0] == pytest.approx([100.0, 110.0, 90.0])
+    assert {s["scope"] for s in d["summary"]} == {"dispatched", "v1", "v2"}
+    from rich.console import Console
+
+    c = Console(record=True, width=250)
+    rep.print(c)
+    text = c.export_text()
+    assert "v1*" in text and "2.00" in text and "0.80" in text and "geomean" in text
+
+
+def test_plot_bench_writes_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from kvpatch.gpu import plot as P
+
+    rep = _synthetic_report()
+    series = P.speedup_series(rep)
+    assert set(series) == {("fp16", "warm"), ("fp16", "cold"), ("bf16", "warm"), ("bf16", "cold")}
+    assert series[("fp16", "warm")]["series"]["fast"]["speedup"] == [2.0, 2.0]
+    out = P.plot_bench(json.loads(rep.to_json()), tmp_path / "r.png")
+    data = open(out, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+@needs_torch
+def test_run_bench_on_cpu_with_fakes(tmp_path):
+    libs = {"stock": FakeKernels(), "paper": FakeKernels(), "broken": FakeKernels("offbyone")}
+    pts = B.make_points(dtypes=("fp16",), batches=(1, 2), contexts=(16, 600), num_heads=4, num_kv_heads=2,
+                        head_size=32, block_size=16)
+    msgs = []
+    rep = B.run_bench(libs, pts, reps=2, warmup=1, rounds=2, device="cpu", l2_bytes=1 << 16,
+                      copy_bytes=1 << 20, variant_info={"paper": {"preset": "paper"}}, progress=msgs.append)
+    assert rep.variants == ["stock", "paper", "broken"]
+    assert len(rep.results) == 4 * 2 * 2
+    for r in rep.results:
+        for n, t in r.variants.items():
+            assert len(t.samples_us) == 2 and all(len(s) == 2 for s in t.samples_us)
+            assert t.median_us > 0 and t.kv_bytes_per_s > 0
+        assert r.variants["paper"].outputs_match is True and r.variants["broken"].outputs_match is False
+    assert len(rep.mismatches) == 8 and all(m.startswith("broken: ") for m in rep.mismatches)
+    assert rep.copy_bandwidth["bytes_per_s"] > 0 and rep.copy_bandwidth["bytes_moved"] == 2 << 20
+    assert rep.settings["pools"][0]["blocks"] >= 1.2 * 2 * 38
+    assert rep.env["variants"]["paper"] == {"preset": "paper"}
+    assert any(m.startswith("pool 1/1") for m in msgs)
+    d = json.loads(rep.to_json())
+    assert d["settings"]["modes"] == ["warm", "cold"] and d["env"]["torch"] == torch.__version__
+    assert {r["dispatched"] for r in d["results"]} == {True, False}
+    assert not rep.ok
+
+
+@needs_torch
+def test_bench_main_on_cpu(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(H, "load_libs", lambda specs: {n: FakeKernels() for n, _, _ in specs})
+    real = B.run_bench
+
+    def small(libs, points, **kw):
+        kw.update(l2_bytes=1 << 16, copy_bytes=1 << 20)
+        return real(libs, points, **kw)
+
+    monkeypatch.setattr(B, "run_bench", small)
+    info = tmp_path / "info.json"
+    info.write_text(json.dumps({"patched": {"lookahead": 2}}))
+    rc = B.main(["--lib", "stock=s.so:s", "--lib", "patched=p.so:p", "--device", "cpu", "--dtypes", "bf16",
+                 "--batches", "1", "--contexts", "40", "--heads", "4/2", "--head-size", "32", "--reps", "2",
+                 "--rounds", "1", "--no-cold", "--json", str(tmp_path / "r.json"), "--variant-info", str(info), "-q"]
+                + (["--plot", str(tmp_path / "r.png")] if _has_mpl() else []))
+    assert rc == 0
+    d = json.loads((tmp_path / "r.json").read_text())
+    assert d["env"]["variants"]["patched"]["lookahead"] == 2
+    assert d["env"]["variants"]["stock"]["so"] == "s.so"
+    assert "speedup over stock" in capsys.readouterr().out
+
+
+def _has_mpl() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_time_interleaved_rotates_and_counts():
+    if torch is None:
+        pytest.skip("torch is not installed")
+    order = []
+    fns = [lambda i=i: order.append(i) for i in range(3)]
+    flushes = []
+    us = B.time_interleaved(fns, reps=3, warmup=1, timer=B._Timer("cpu"), flush=lambda: flushes.append(1))
+    assert [len(u) for u in us] == [3, 3, 3]
+    assert order[:3] == [0, 1, 2]  # warm-up
+    assert order[3:] == [0, 1, 2, 1, 2, 0, 2, 0, 1]  # rotated per repeat
+    assert len(flushes) == 12
+
+
+@needs_torch
+def test_run_bench_refuses_unbuilt_points():
+    libs = {"stock": FakeKernels(), "v": FakeKernels(configs=("fp16/auto/32/16",))}
+    pts = B.make_points(dtypes=("fp16", "bf16"), batches=(1,), contexts=(16,), num_heads=4, num_kv_heads=2,
+                        head_size=32, block_size=16)
+    with pytest.raises(ValueError, match="bf16/auto/32/16 not built in v"):
+        B.run_bench(libs, pts, reps=1, rounds=1, device="cpu", l2_bytes=1 << 16, copy_bytes=1 << 16)
+
+
+def test_launch_argument_order_matches_runtime():
+    """harness.launch passes vLLM's op arguments in kvpatch.runtime.Kernels' order."""
+    import inspect
+
+    runtime = pytest.importorskip("kvpatch.runtime")
+    v1 = list(inspect.signature(runtime.Kernels.v1).parameters)[1:]
+    v2 = list(inspect.signature(runtime.Kernels.v2).parameters)[1:]
+    common = ["query", "key_cache", "value_cache", "num_kv_heads", "scale", "block_tables", "seq_lens",
+              "block_size", "max_seq_len", "alibi_slopes", "kv_cache_dtype", "k_scale", "v_scale"]
+    assert v1 == ["out", *common]
+    assert v2 == ["out", "exp_sums", "max_logits", "tmp_out", *common]
+
+    class Rec:
+        def v1(self, *a):
+            self.args = a
+
+        def v2(self, *a):
+            self.args = a
+
+    if torch is None:
+        return
+    inp = H.make_inputs(dtype="fp16", kv_cache_dtype="fp8", head_size=32, block_size=16, num_heads=4,
+                        num_kv_heads=2, seq_lens=[600], alibi=True, seed=0, device="cpu")
+    r = Rec()
+    b = H.make_buffers(inp, "v2")
+    H.launch(r, "v2", inp, b)
+    got = dict(zip(v2, r.args))
+    assert got["out"] is b.out and got["tmp_out"] is b.tmp_out and got["exp_sums"] is b.exp_sums
+    assert got["key_cache"] is inp.key_cache and got["kv_cache_dtype"] == "fp8"
+    assert got["max_seq_len"] == 600 and got["block_size"] == 16 and got["num_kv_heads"] == 2
+    assert got["alibi_slopes"] is inp.alibi_slopes and got["v_scale"] is inp.v_scale

@@ -21,9 +21,10 @@ CACHE_HINTS = ("none", "evict_last", "evict_first", "evict_normal")
 PRESETS = ("default", "paper")
 PLACEMENTS = ("start", "end")
 SCOPES = ("cta", "kv-head")
+ISSUES = ("inline", "call")
 
 #: What ``--preset paper`` fixes: the paper's 4096-byte, one-ahead prefetch.
-PAPER = dict(lookahead=1, size=4096, align=16, cache_hint="none", placement="start", scope="cta")
+PAPER = dict(lookahead=1, size=4096, align=16, cache_hint="none", placement="start", scope="cta", issue="inline")
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,11 @@ class PatchConfig:
     #: Which CTAs prefetch: every CTA (``cta``) or, under GQA, only the first of the
     #: query heads sharing a KV head (``kv-head``), so each tile is requested once.
     scope: str = "cta"
+    #: How the instruction is emitted: ``inline`` asm in the loop body, or a ``call`` to
+    #: an out-of-line (``__noinline__``) device function holding the asm. Inline asm in
+    #: a loop stops nvcc from unswitching that loop, which changes code generation
+    #: (and the rounding of the ALiBi term in bf16/fp32); a call leaves it as stock.
+    issue: str = "inline"
     #: Compile the prefetch in but never execute it (its guard reads a block number
     #: < 0): separates the prefetch's own effect from the code-generation change.
     control: bool = False
@@ -76,6 +82,7 @@ class PatchConfig:
             f"hint={self.cache_hint}",
             f"placement={self.placement}",
             f"scope={self.scope}",
+            f"issue={self.issue}",
         ]
         if self.control:
             parts.append("control")
@@ -150,6 +157,8 @@ def make_config(**options: Any) -> PatchConfig:
         cfg = replace(cfg, placement=_choice("placement", given["placement"], PLACEMENTS))
     if "scope" in given:
         cfg = replace(cfg, scope=_choice("scope", given["scope"], SCOPES))
+    if "issue" in given:
+        cfg = replace(cfg, issue=_choice("issue", given["issue"], ISSUES))
     if "control" in given:
         if not isinstance(given["control"], bool):
             raise UsageError(f"invalid control {given['control']!r}: expected true or false")

@@ -23,6 +23,8 @@ from .parse import Parsed, parse_header
 from .sites import Site, Sites, sites_of
 
 BEGIN = "// kvpatch:begin"
+#: The out-of-line prefetch function of ``issue=call`` (templates/prefetch_helper.cuh.j2).
+HELPER = "kvpatch_prefetch_l2"
 END = "// kvpatch:end"
 
 
@@ -100,6 +102,9 @@ def plan(sites: Sites, cfg: PatchConfig) -> list[Edit]:
     size = _size_expr(sites, cfg)
     chosen: list[Site] = [s for s in sites if (s.kind == "key" and cfg.k) or
                           (s.kind == "value" and cfg.v)]  # fmt: skip
+    if cfg.issue == "call" and chosen:
+        helper = render("prefetch_helper.cuh.j2", sites=sites, cfg=cfg, i="  ", size="KVPATCH_BYTES")
+        edits.append(_insertion(sites.before_function, helper, "prefetch helper", sites.newline))
     for site in chosen:
         ctx = dict(site=site, sites=sites, cfg=cfg, size=size)
         if cfg.preset == "paper":
@@ -218,7 +223,11 @@ def validate(stock: Parsed, patched_text: str, cfg: PatchConfig) -> None:
     for site in sites:
         wanted = cfg.k if site.kind == "key" else cfg.v
         loop = _loop_node(patched, site)
-        has_asm = any(n.kind == ci.CursorKind.ASM_STMT for n in loop.walk_preorder())
+        if cfg.issue == "call":
+            # a call in a template is an unresolved (overloaded) reference until instantiated
+            has_asm = any(n.spelling == HELPER for n in loop.walk_preorder())
+        else:
+            has_asm = any(n.kind == ci.CursorKind.ASM_STMT for n in loop.walk_preorder())
         if has_asm != wanted:
             state = "lacks" if wanted else "unexpectedly has"
             raise PatchError(f"after patching, the {site.kind} loop {state} the prefetch")

@@ -65,6 +65,9 @@ class Sites:
     """Both sites of one header plus the kernel-wide names."""
 
     function_line: int
+    #: Offset of the line break before the line where ``template <...>`` of the kernel
+    #: starts: where a helper function is inserted.
+    before_function: int
     cache_type: str  # 'cache_t'
     head_size: str  # 'HEAD_SIZE'
     block_size: str  # 'BLOCK_SIZE'
@@ -95,6 +98,14 @@ def _text(p: Parsed, node: ci.Cursor) -> str:
         parts.append(tok.spelling)
         last_end = tok.extent.end.offset
     return "".join(parts)
+
+
+def _line_break_before(p: Parsed, offset: int) -> int:
+    """The offset of the line break ending the line before the one holding ``offset``."""
+    start = p.data.rfind(b"\n", 0, offset)
+    if start < 0:
+        raise PatchError(f"{FUNCTION} starts on the first line of the file")
+    return start - 1 if p.data[start - 1 : start] == b"\r" else start
 
 
 def _after_trailing_comment(p: Parsed, offset: int) -> int:
@@ -381,6 +392,7 @@ def sites_of(p: Parsed) -> Sites:
     head, qpk = _gqa_names(p, names["_inits"], head_names)
     return Sites(
         function_line=fn.extent.start.line,
+        before_function=_line_break_before(p, fn.extent.start.offset),
         cache_type=names["cache_type"],
         head_size="HEAD_SIZE",
         block_size="BLOCK_SIZE",

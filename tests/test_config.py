@@ -150,11 +150,11 @@ def test_paper_preset_refuses_size_auto() -> None:
 @pytest.mark.parametrize(
     "options, marker",
     [
-        ({}, "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta"),
+        ({}, "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=inline"),
         (
             {"lookahead": 2, "size": 8192, "align": 128, "caches": "v", "cache_hint": "evict_first",
              "placement": "end", "scope": "kv-head", "control": True},
-            "lookahead=2 size=8192 align=128 caches=v hint=evict_first placement=end scope=kv-head control",
+            "lookahead=2 size=8192 align=128 caches=v hint=evict_first placement=end scope=kv-head issue=inline control",
         ),
         ({"preset": "paper"}, "preset=paper caches=kv"),
         ({"preset": "paper", "control": True}, "preset=paper caches=kv control"),
@@ -169,6 +169,7 @@ def test_marker(options: dict, marker: str) -> None:
     [
         ({}, {"caches": "k"}),
         ({}, {"control": True}),
+        ({}, {"issue": "call"}),
         ({}, {"preset": "paper"}),
         pytest.param(
             {"preset": "paper"},
@@ -194,6 +195,7 @@ def test_dump_config_of_the_defaults() -> None:
         'cache-hint = "none"\n'
         'placement = "start"\n'
         'scope = "cta"\n'
+        'issue = "inline"\n'
         "control = false\n"
     )
 

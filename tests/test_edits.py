@@ -35,6 +35,7 @@ CONFIGS: dict[str, dict] = {
     "evict-last": {"cache_hint": "evict_last"},
     "placement-end-scope-kv-head": {"placement": "end", "scope": "kv-head"},
     "control": {"control": True},
+    "issue-call-evict-first": {"issue": "call", "cache_hint": "evict_first"},
 }
 
 REGEN = os.environ.get("KVPATCH_REGEN_GOLDEN") == "1"
@@ -70,7 +71,7 @@ def test_golden_default_injection_reads_as_expected(stock: str) -> None:
     after = (
         "    const int64_t physical_block_number =\n"
         "        static_cast<int64_t>(block_table[block_idx]);\n"
-        "    // kvpatch:begin key lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta\n"
+        "    // kvpatch:begin key lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=inline\n"
         "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(USE_ROCM)\n"
         "    {\n"
         "      const int kvpatch_next = block_idx + 1 * NUM_WARPS;\n"

@@ -463,3 +463,9 @@ def test_http_release_not_found(env: Path, tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("PIP_INDEX_URL", http_index + "nested/simple")  # 404 for the vllm page
     with pytest.raises(FetchError, match="not found on http://127.0.0.1"):
         fetch_release("0.10.2", remote=_no_remote(tmp_path), console=_console()[0])
+
+
+def test_conftest_header_path_matches_fetch() -> None:
+    from conftest import HEADER as CONFTEST_HEADER
+
+    assert CONFTEST_HEADER == fetch.HEADER

@@ -89,6 +89,10 @@ def apply(
     placement: Annotated[Optional[str], typer.Option(help="start (after the block number is read) | end (after the block's work).")] = None,
     scope: Annotated[Optional[str], typer.Option(help="cta (every CTA prefetches) | kv-head (one CTA per KV head under GQA).")] = None,
     control: Annotated[Optional[bool], typer.Option("--control/--no-control", help="Compile the prefetch but never run it (for measurements).")] = None,
+    issue: Annotated[Optional[str], typer.Option(help="call (an out-of-line helper; keeps stock's code generation) | inline (asm in the loop).")] = None,
+    fp16: Annotated[Optional[str], typer.Option("--fp16", help="Settings for fp16 kernels only: 'scope=kv-head,issue=inline' (the default), or 'none'.")] = None,
+    bf16: Annotated[Optional[str], typer.Option("--bf16", help="Settings for bf16 kernels only (key=value,...), or 'none'.")] = None,
+    fp32: Annotated[Optional[str], typer.Option("--fp32", help="Settings for fp32 kernels only (key=value,...), or 'none'.")] = None,
     remote: Annotated[str, typer.Option(help="git remote to fetch releases from.")] = "",
     force: Annotated[bool, typer.Option(help="Patch even if the header has local edits.")] = False,
     as_json: JsonOpt = False,
@@ -98,7 +102,8 @@ def apply(
 
     cfg = config_from_options(
         config, preset=preset, lookahead=lookahead, size=size, align=align, caches=caches,
-        cache_hint=cache_hint, placement=placement, scope=scope, control=control,
+        cache_hint=cache_hint, placement=placement, scope=scope, control=control, issue=issue,
+        fp16=fp16, bf16=bf16, fp32=fp32,
     )  # fmt: skip
     report = api.apply(vllm=vllm, tree=tree, cfg=cfg, cwd=_cwd(), remote=remote or None,
                        force=force, console=err)  # fmt: skip

@@ -26,6 +26,19 @@ ISSUES = ("inline", "call")
 #: What ``--preset paper`` fixes: the paper's 4096-byte, one-ahead prefetch.
 PAPER = dict(lookahead=1, size=4096, align=16, cache_hint="none", placement="start", scope="cta", issue="inline")
 
+#: Query dtypes a configuration can override settings for, with vLLM's scalar type
+#: of each (the ``scalar_t`` its launchers instantiate the kernels with).
+DTYPES = {"fp16": "uint16_t", "bf16": "__nv_bfloat16", "fp32": "float"}
+#: Settings a per-dtype table may change (the others fix where the code goes).
+OVERRIDABLE = ("lookahead", "size", "align", "cache_hint", "scope", "issue", "control")
+
+#: The default per-dtype settings, measured on an H200 (docs/tuning.md): fp16 gains most
+#: when only one CTA per KV head prefetches, with inline asm (fp16 outputs stay
+#: bit-identical with it); bf16 and fp32 take the base settings (issue=call).
+DEFAULT_OVERRIDES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
+    ("fp16", (("scope", "kv-head"), ("issue", "inline"))),
+)
+
 
 @dataclass(frozen=True)
 class PatchConfig:
@@ -56,10 +69,14 @@ class PatchConfig:
     #: an out-of-line (``__noinline__``) device function holding the asm. Inline asm in
     #: a loop stops nvcc from unswitching that loop, which changes code generation
     #: (and the rounding of the ALiBi term in bf16/fp32); a call leaves it as stock.
-    issue: str = "inline"
+    issue: str = "call"
     #: Compile the prefetch in but never execute it (its guard reads a block number
     #: < 0): separates the prefetch's own effect from the code-generation change.
     control: bool = False
+    #: Per-dtype settings, ``((dtype, ((key, value), ...)), ...)``: the kernels of that
+    #: query dtype use them instead of the base ones (chosen at compile time with
+    #: ``if constexpr`` on the kernel's scalar type).
+    overrides: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = DEFAULT_OVERRIDES
 
     @property
     def k(self) -> bool:
@@ -69,10 +86,28 @@ class PatchConfig:
     def v(self) -> bool:
         return "v" in self.caches
 
+    def for_dtype(self, dtype: str) -> PatchConfig:
+        """The settings the kernels of one query dtype get (no overrides left)."""
+        return replace(self, **dict(dict(self.overrides).get(dtype, ())), overrides=())
+
+    def variants(self) -> list[tuple[str | None, PatchConfig]]:
+        """``[(dtype, settings), ..., (None, base settings)]``: what the template branches on."""
+        return [(d, self.for_dtype(d)) for d, _ in self.overrides] + [(None, replace(self, overrides=()))]
+
+    @property
+    def uses_call(self) -> bool:
+        return any(c.issue == "call" for _, c in self.variants())
+
     def marker(self) -> str:
         """The configuration as written into the generated code's marker comments."""
         if self.preset == "paper":
             return f"preset=paper caches={self.caches}" + (" control" if self.control else "")
+        text = self._marker_base()
+        for dtype, items in self.overrides:
+            text += f" {dtype}:" + ",".join(f"{k}={_text(v)}" for k, v in items)
+        return text
+
+    def _marker_base(self) -> str:
         size = "auto" if self.size is None else str(self.size)
         parts = [
             f"lookahead={self.lookahead}",
@@ -89,10 +124,28 @@ class PatchConfig:
         return " ".join(parts)
 
     def to_toml_dict(self) -> dict[str, Any]:
-        """The configuration as a ``kvpatch.toml`` table (``size`` 'auto' for None)."""
+        """The configuration as a ``kvpatch.toml`` table (``size`` 'auto' for None).
+
+        Every dtype appears: a table of its settings, or ``"none"`` for no overrides.
+        """
         d = asdict(self)
         d["size"] = "auto" if self.size is None else self.size
+        del d["overrides"]
+        if self.preset == "paper":
+            return d
+        given = dict(self.overrides)
+        for dtype in DTYPES:
+            items = given.get(dtype)
+            d[dtype] = {k: ("auto" if k == "size" and v is None else v) for k, v in items} if items else "none"
         return d
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "auto"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def _parse_size(value: Any) -> int | None:
@@ -130,7 +183,7 @@ def make_config(**options: Any) -> PatchConfig:
     values; giving any of those explicitly alongside it is an error rather than a
     silent override.
     """
-    known = {f.name for f in fields(PatchConfig)}
+    known = ({f.name for f in fields(PatchConfig)} - {"overrides"}) | set(DTYPES)
     unknown = sorted(set(options) - known)
     if unknown:
         raise UsageError(f"unknown configuration key(s): {', '.join(unknown)}")
@@ -167,8 +220,52 @@ def make_config(**options: Any) -> PatchConfig:
         clash = sorted(k for k, fixed in PAPER.items() if k in given and getattr(cfg, k) != fixed)
         if clash:
             raise UsageError(f"--preset paper fixes {', '.join(clash)}; drop those options")
-        cfg = replace(cfg, preset="paper", **PAPER)
-    return cfg
+        if any(d in given for d in DTYPES):
+            raise UsageError("--preset paper takes no per-dtype settings")
+        return replace(cfg, preset="paper", overrides=(), **PAPER)
+    return replace(cfg, overrides=_overrides(cfg, given))
+
+
+def parse_override(text: str) -> dict[str, Any]:
+    """``'scope=kv-head,issue=inline'`` (the CLI form) -> a dict; ``'none'`` -> {}."""
+    if text.strip() in ("", "none"):
+        return {}
+    out: dict[str, Any] = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UsageError(f"invalid per-dtype setting {item!r}: use key=value[,key=value...]")
+        value = value.strip()
+        out[key.strip().replace("-", "_")] = {"true": True, "false": False}.get(value, value)
+    return out
+
+
+def _overrides(base: PatchConfig, given: dict[str, Any]) -> tuple:
+    """Validated per-dtype settings: the defaults for dtypes not mentioned."""
+    result = dict(DEFAULT_OVERRIDES)
+    for dtype in DTYPES:
+        if dtype not in given:
+            continue
+        value = given[dtype]
+        if isinstance(value, str):
+            value = parse_override(value)
+        if not isinstance(value, dict):
+            raise UsageError(f"invalid {dtype} settings {value!r}: a table of {', '.join(OVERRIDABLE)}")
+        value = {str(k).replace("-", "_"): v for k, v in value.items()}
+        bad = sorted(set(value) - set(OVERRIDABLE))
+        if bad:
+            raise UsageError(f"{dtype} cannot override {', '.join(bad)} (only {', '.join(OVERRIDABLE)})")
+        if not value:
+            result.pop(dtype, None)
+            continue
+        # validate the values the way the base ones are, then keep the normalised values
+        effective = make_config(**{**base.to_toml_dict(), **{d: "none" for d in DTYPES}, **value})
+        result[dtype] = tuple((k, getattr(effective, k)) for k in OVERRIDABLE if k in value)
+    overrides = tuple(sorted(result.items()))
+    callers = {(c.align, c.cache_hint) for _, c in replace(base, overrides=overrides).variants() if c.issue == "call"}
+    if len(callers) > 1:
+        raise UsageError("the dtypes that use issue=call share one helper: give them the same align and cache-hint")
+    return overrides
 
 
 def load_config_file(path: Path) -> dict[str, Any]:
@@ -182,18 +279,31 @@ def load_config_file(path: Path) -> dict[str, Any]:
     table = data.get("kvpatch", data)
     if not isinstance(table, dict):
         raise UsageError(f"invalid config file {path}: [kvpatch] must be a table")
-    return {str(k).replace("-", "_"): v for k, v in table.items()}
+    return {
+        str(k).replace("-", "_"): ({str(a).replace("-", "_"): b for a, b in v.items()} if isinstance(v, dict) else v)
+        for k, v in table.items()
+    }
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    return f'"{value}"'
 
 
 def dump_config(cfg: PatchConfig) -> str:
     """``kvpatch.toml`` text that :func:`load_config_file` reads back to ``cfg``."""
     lines = ["[kvpatch]"]
+    tables = []
     for key, value in cfg.to_toml_dict().items():
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, int):
-            text = str(value)
-        else:
-            text = f'"{value}"'
-        lines.append(f"{key.replace('_', '-')} = {text}")
+        if isinstance(value, dict):
+            tables.append((key, value))
+            continue
+        lines.append(f"{key.replace('_', '-')} = {_toml_value(value)}")
+    for name, table in tables:
+        lines.append("")
+        lines.append(f"[kvpatch.{name}]")
+        lines += [f"{k.replace('_', '-')} = {_toml_value(v)}" for k, v in table.items()]
     return "\n".join(lines) + "\n"

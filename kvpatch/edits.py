@@ -17,7 +17,7 @@ from pathlib import Path
 import clang.cindex as ci
 import jinja2
 
-from .config import PatchConfig
+from .config import DTYPES, PatchConfig
 from .errors import PatchError
 from .parse import Parsed, parse_header
 from .sites import Site, Sites, sites_of
@@ -76,13 +76,18 @@ def environment() -> jinja2.Environment:
 
 
 def render(name: str, **context) -> str:
-    """Render one template; the text has no trailing newline."""
-    return environment().get_template(name).render(**context).rstrip("\n")
+    """Render one template; the text has no leading or trailing line breaks."""
+    return environment().get_template(name).render(**context).strip("\n")
 
 
 def _size_expr(sites: Sites, cfg: PatchConfig) -> str:
     if cfg.size is not None:
         return str(cfg.size)
+    return _auto_size(sites)
+
+
+def _auto_size(sites: Sites) -> str:
+    """One block's K (or V) tile of one head, a constant of each instantiation."""
     return f"{sites.block_size} * {sites.head_size} * sizeof({sites.cache_type})"
 
 
@@ -102,11 +107,12 @@ def plan(sites: Sites, cfg: PatchConfig) -> list[Edit]:
     size = _size_expr(sites, cfg)
     chosen: list[Site] = [s for s in sites if (s.kind == "key" and cfg.k) or
                           (s.kind == "value" and cfg.v)]  # fmt: skip
-    if cfg.issue == "call" and chosen:
-        helper = render("prefetch_helper.cuh.j2", sites=sites, cfg=cfg, i="  ", size="KVPATCH_BYTES")
-        edits.append(_insertion(sites.before_function, helper, "prefetch helper", sites.newline))
+    if (cfg.uses_call or cfg.overrides) and chosen:
+        caller = next((c for _, c in cfg.variants() if c.issue == "call"), None)
+        helper = render("prefetch_helper.cuh.j2", cfg=cfg, c=caller)
+        edits.append(_insertion(sites.before_function, helper, "helpers", sites.newline))
     for site in chosen:
-        ctx = dict(site=site, sites=sites, cfg=cfg, size=size)
+        ctx = dict(site=site, sites=sites, cfg=cfg, size=size, auto_size=_auto_size(sites), scalar_types=DTYPES)
         if cfg.preset == "paper":
             nxt = render("paper_next_block.cuh.j2", i=site.body_indent, **ctx)
             pre = render("paper_prefetch.cuh.j2", i=site.inner_indent, **ctx)
@@ -223,11 +229,8 @@ def validate(stock: Parsed, patched_text: str, cfg: PatchConfig) -> None:
     for site in sites:
         wanted = cfg.k if site.kind == "key" else cfg.v
         loop = _loop_node(patched, site)
-        if cfg.issue == "call":
-            # a call in a template is an unresolved (overloaded) reference until instantiated
-            has_asm = any(n.spelling == HELPER for n in loop.walk_preorder())
-        else:
-            has_asm = any(n.kind == ci.CursorKind.ASM_STMT for n in loop.walk_preorder())
+        # inline asm, or a call of the helper (in a template an unresolved reference)
+        has_asm = any(n.kind == ci.CursorKind.ASM_STMT or n.spelling == HELPER for n in loop.walk_preorder())
         if has_asm != wanted:
             state = "lacks" if wanted else "unexpectedly has"
             raise PatchError(f"after patching, the {site.kind} loop {state} the prefetch")

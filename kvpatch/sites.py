@@ -69,6 +69,7 @@ class Sites:
     #: starts: where a helper function is inserted.
     before_function: int
     cache_type: str  # 'cache_t'
+    scalar_type: str  # 'scalar_t': the query/output type the kernels are instantiated with
     head_size: str  # 'HEAD_SIZE'
     block_size: str  # 'BLOCK_SIZE'
     lane: str  # 'lane'
@@ -350,7 +351,11 @@ def _kernel_names(p: Parsed, fn: ci.Cursor, cache_param: ci.Cursor) -> dict[str,
                 lane = decl.spelling
     if lane is None:
         raise PatchError(f"no lane variable ('... % WARP_SIZE') in {FUNCTION}")
-    return {"cache_type": cache_type, "lane": lane, **({"_inits": inits})}
+    others = [c.spelling for c in fn.get_children()
+              if c.kind == K.TEMPLATE_TYPE_PARAMETER and c.spelling != cache_type]  # fmt: skip
+    if not others:
+        raise PatchError(f"{FUNCTION} has no template type parameter besides {cache_type}")
+    return {"cache_type": cache_type, "scalar_type": others[0], "lane": lane, "_inits": inits}
 
 
 def find_sites(text: str, header_path: str) -> Sites:
@@ -394,6 +399,7 @@ def sites_of(p: Parsed) -> Sites:
         function_line=fn.extent.start.line,
         before_function=_line_break_before(p, fn.extent.start.offset),
         cache_type=names["cache_type"],
+        scalar_type=names["scalar_type"],
         head_size="HEAD_SIZE",
         block_size="BLOCK_SIZE",
         lane=names["lane"],

@@ -107,13 +107,13 @@ def test_non_integral_numbers_are_refused(options: dict) -> None:
 
 def test_paper_preset_fixes_the_papers_values() -> None:
     cfg = make_config(preset="paper")
-    assert cfg == PatchConfig(preset="paper", size=4096)
+    assert cfg == PatchConfig(preset="paper", size=4096, issue="inline", overrides=())
     assert (cfg.lookahead, cfg.size, cfg.align, cfg.placement, cfg.scope) == (1, 4096, 16, "start", "cta")
 
 
 def test_paper_preset_combines_with_caches_and_control() -> None:
     assert make_config(preset="paper", caches="k", control=True) == PatchConfig(
-        preset="paper", size=4096, caches="k", control=True
+        preset="paper", size=4096, caches="k", control=True, issue="inline", overrides=()
     )
 
 
@@ -150,11 +150,11 @@ def test_paper_preset_refuses_size_auto() -> None:
 @pytest.mark.parametrize(
     "options, marker",
     [
-        ({}, "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=inline"),
+        ({}, "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call fp16:scope=kv-head,issue=inline"),
         (
             {"lookahead": 2, "size": 8192, "align": 128, "caches": "v", "cache_hint": "evict_first",
              "placement": "end", "scope": "kv-head", "control": True},
-            "lookahead=2 size=8192 align=128 caches=v hint=evict_first placement=end scope=kv-head issue=inline control",
+            "lookahead=2 size=8192 align=128 caches=v hint=evict_first placement=end scope=kv-head issue=call control fp16:scope=kv-head,issue=inline",
         ),
         ({"preset": "paper"}, "preset=paper caches=kv"),
         ({"preset": "paper", "control": True}, "preset=paper caches=kv control"),
@@ -169,7 +169,7 @@ def test_marker(options: dict, marker: str) -> None:
     [
         ({}, {"caches": "k"}),
         ({}, {"control": True}),
-        ({}, {"issue": "call"}),
+        ({}, {"issue": "inline"}),
         ({}, {"preset": "paper"}),
         pytest.param(
             {"preset": "paper"},
@@ -195,8 +195,14 @@ def test_dump_config_of_the_defaults() -> None:
         'cache-hint = "none"\n'
         'placement = "start"\n'
         'scope = "cta"\n'
-        'issue = "inline"\n'
+        'issue = "call"\n'
         "control = false\n"
+        'bf16 = "none"\n'
+        'fp32 = "none"\n'
+        "\n"
+        "[kvpatch.fp16]\n"
+        'scope = "kv-head"\n'
+        'issue = "inline"\n'
     )
 
 
@@ -259,3 +265,46 @@ def test_bad_config_files(text: str, message: str, tmp_path: Path) -> None:
 def test_missing_config_file(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"^config file not found: .*nope\.toml$"):
         load_config_file(tmp_path / "nope.toml")
+
+
+# --------------------------------------------------------------------------- per-dtype settings
+
+
+def test_per_dtype_settings_apply_to_their_dtype_only() -> None:
+    cfg = make_config(bf16="lookahead=2,issue=inline,cache-hint=evict_last")
+    assert cfg.for_dtype("bf16").lookahead == 2 and cfg.for_dtype("bf16").cache_hint == "evict_last"
+    assert cfg.for_dtype("fp32").lookahead == 1 and cfg.for_dtype("fp32").cache_hint == "none"
+    assert cfg.for_dtype("fp16").scope == "kv-head"  # the default fp16 settings stay
+
+
+def test_none_clears_a_dtypes_settings() -> None:
+    cfg = make_config(fp16="none", issue="inline")
+    assert cfg.overrides == ()
+    assert cfg.marker() == "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=inline"
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"fp16": "placement=end"}, "fp16 cannot override placement"),
+        ({"bf16": "lookahead=0"}, "invalid lookahead 0"),
+        ({"bf16": "lookahead"}, "use key=value"),
+        ({"preset": "paper", "fp16": "none"}, "takes no per-dtype settings"),
+        ({"fp32": 3}, "invalid fp32 settings"),
+        ({"bf16": "issue=call,align=32"}, "share one helper"),
+    ],
+)
+def test_bad_per_dtype_settings(options: dict, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        make_config(**options)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"fp16": "none"}, {"bf16": "lookahead=2,control=true", "fp32": "issue=inline"}, {"preset": "paper"}],
+)
+def test_per_dtype_settings_round_trip_through_toml(options: dict, tmp_path: Path) -> None:
+    cfg = make_config(**options)
+    path = tmp_path / "kvpatch.toml"
+    path.write_text(dump_config(cfg))
+    assert make_config(**load_config_file(path)) == cfg

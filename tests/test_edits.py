@@ -61,7 +61,8 @@ def test_golden(name: str, stock: str, header_path: str) -> None:
 
 
 def test_golden_default_injection_reads_as_expected(stock: str) -> None:
-    """The key-loop injection of the default configuration, spelled out (before -> after)."""
+    """The key-loop injection of the default configuration, spelled out (before -> after):
+    fp16 kernels get the inline, one-CTA-per-KV-head prefetch; the others call the helper."""
     before = (
         "    const int64_t physical_block_number =\n"
         "        static_cast<int64_t>(block_table[block_idx]);\n"
@@ -71,15 +72,28 @@ def test_golden_default_injection_reads_as_expected(stock: str) -> None:
     after = (
         "    const int64_t physical_block_number =\n"
         "        static_cast<int64_t>(block_table[block_idx]);\n"
-        "    // kvpatch:begin key lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=inline\n"
+        "    // kvpatch:begin key lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call fp16:scope=kv-head,issue=inline\n"
         "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(USE_ROCM)\n"
-        "    {\n"
-        "      const int kvpatch_next = block_idx + 1 * NUM_WARPS;\n"
-        "      if (lane == 0 && kvpatch_next < end_block_idx) {\n"
-        "        const int64_t kvpatch_block = static_cast<int64_t>(block_table[kvpatch_next]);\n"
-        "        {\n"
-        "          const cache_t* kvpatch_tile = k_cache + kvpatch_block * kv_block_stride + kv_head_idx * kv_head_stride;\n"
-        '          asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(reinterpret_cast<unsigned long long>(kvpatch_tile) & ~0xfULL), "n"(BLOCK_SIZE * HEAD_SIZE * sizeof(cache_t)));\n'
+        "    if constexpr (kvpatch_is_same<scalar_t, uint16_t>::value) {\n"
+        "      {\n"
+        "        const int kvpatch_next = block_idx + 1 * NUM_WARPS;\n"
+        "        if (lane == 0 && kvpatch_next < end_block_idx && head_idx % num_queries_per_kv == 0) {\n"
+        "          const int64_t kvpatch_block = static_cast<int64_t>(block_table[kvpatch_next]);\n"
+        "          {\n"
+        "            const cache_t* kvpatch_tile = k_cache + kvpatch_block * kv_block_stride + kv_head_idx * kv_head_stride;\n"
+        '            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(reinterpret_cast<unsigned long long>(kvpatch_tile) & ~0xfULL), "n"(BLOCK_SIZE * HEAD_SIZE * sizeof(cache_t)));\n'
+        "          }\n"
+        "        }\n"
+        "      }\n"
+        "    } else {\n"
+        "      {\n"
+        "        const int kvpatch_next = block_idx + 1 * NUM_WARPS;\n"
+        "        if (lane == 0 && kvpatch_next < end_block_idx) {\n"
+        "          const int64_t kvpatch_block = static_cast<int64_t>(block_table[kvpatch_next]);\n"
+        "          {\n"
+        "            const cache_t* kvpatch_tile = k_cache + kvpatch_block * kv_block_stride + kv_head_idx * kv_head_stride;\n"
+        "            kvpatch_prefetch_l2<BLOCK_SIZE * HEAD_SIZE * sizeof(cache_t)>(kvpatch_tile);\n"
+        "          }\n"
         "        }\n"
         "      }\n"
         "    }\n"
@@ -191,18 +205,20 @@ def test_apply_refuses_edits_outside_the_text(edit: Edit) -> None:
 
 def test_plan_is_insertions_at_the_site_offsets(stock: str, header_path: str) -> None:
     sites = find_sites(stock, header_path)
-    es = plan(sites, make_config())
+    helpers, *es = plan(sites, make_config())
+    assert (helpers.offset, helpers.length, helpers.what) == (sites.before_function, 0, "helpers")
+    assert helpers.text.startswith("\n// kvpatch:begin helper ")
     assert [(e.offset, e.length, e.what) for e in es] == [
         (sites.key.after_block_number, 0, "key prefetch"),
         (sites.value.after_block_number, 0, "value prefetch"),
     ]
     assert all(e.text.startswith("\n    // kvpatch:begin ") for e in es)
-    assert apply(stock, es) == golden_text("default")
+    assert apply(stock, [helpers, *es]) == golden_text("default")
     key, value = es
-    # From the end backwards, the later edit does not move the earlier one's offset ...
-    assert apply(apply(stock, [value]), [key]) == golden_text("default")
+    # From the end backwards, a later edit does not move an earlier one's offset ...
+    assert apply(apply(apply(stock, [value]), [key]), [helpers]) == golden_text("default")
     # ... from the front, it does: the value insertion lands inside the key loop's injection.
-    assert apply(apply(stock, [key]), [value]) != golden_text("default")
+    assert apply(apply(apply(stock, [helpers]), [key]), [value]) != golden_text("default")
 
 
 def test_plan_for_the_paper_preset(stock: str, header_path: str) -> None:
@@ -297,7 +313,8 @@ def test_validation_failure_raises_and_writes_nothing(
     before = (tree / HEADER).read_bytes()
     monkeypatch.setattr(edits, "render", _broken_render(edits.render, pattern, replacement))
     with pytest.raises(PatchError, match=message):
-        api.apply(vllm=None, tree=tree, cfg=make_config(), cwd=tmp_path, console=Console(quiet=True))
+        cfg = make_config(issue="inline", fp16="none")  # one asm per loop, no helper call
+        api.apply(vllm=None, tree=tree, cfg=cfg, cwd=tmp_path, console=Console(quiet=True))
     assert (tree / HEADER).read_bytes() == before
     assert sorted(p.name for p in (tree / HEADER).parent.iterdir()) == ["attention_kernels.cuh"]
     assert not (tmp_path / ".kvpatch").exists()

@@ -84,9 +84,11 @@ def test_patch_validates_and_round_trips(options: dict, release: tuple[str, str,
     cfg = make_config(**options)
     result = patch(text, path, cfg)  # raises unless the re-parse validates
     prefetch = "cp.async.bulk.prefetch.L2.global [%0], %1;"
-    assert result.patched.count(prefetch) == 2
-    # One guarded region per site; the paper preset adds a guarded next-block declaration.
-    guards = 4 if cfg.preset == "paper" else 2
+    # the paper: one asm per site; the default: fp16's inline asm per site + the helper's
+    assert result.patched.count(prefetch) == (2 if cfg.preset == "paper" else 3)
+    # One guarded region per site; the paper preset adds a guarded next-block
+    # declaration per site, the default a guarded helper region.
+    guards = 4 if cfg.preset == "paper" else 3
     assert result.patched.count("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(USE_ROCM)\n") == guards
     assert unpatch(result.patched, path) == (text, (cfg.marker(),))
 

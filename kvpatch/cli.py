@@ -295,7 +295,9 @@ def validate(
         from .workspace import write_atomic
 
         write_atomic(json_out, report.to_json())
-    out.print(f"{len(report.cases) if hasattr(report, 'cases') else ''} cases; max error vs reference {report.max_ref_error():.2e}")
+    worst = ", ".join(f"{k} {v:.1e}" for k, v in report.max_ref_error().items())
+    out.print(f"{len(matrix)} configurations x {len(report.variants) - 1} variant(s): {report.n_passed} passed, "
+              f"{report.n_failed} failed, {len(report.skipped)} skipped; stock vs float64 reference (rel-L2): {worst}")
     if report.failures:
         for line in report.failures[:20]:
             err.print(f"[red]mismatch[/] {line}", highlight=False)
@@ -340,6 +342,51 @@ def bench(
         plot_bench(report, plot)
     if not report.ok:
         raise KvpatchError("bench found outputs that differ from stock", exit_code=6)
+
+
+@app.command()
+def tune(
+    tree: TreeOpt = None,
+    arch: ArchOpt = "9.0a",
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the best configuration.")] = Path("kvpatch.toml"),
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the ranking and the bench data here.")] = None,
+    quick: Annotated[bool, typer.Option(help="Bench 8 points instead of 24.")] = False,
+    reps: Annotated[int, typer.Option(help="Timed launches per point, candidate and round.")] = 20,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 2,
+    jobs: Annotated[Optional[int], typer.Option(help="Parallel nvcc processes (default: CPU count).")] = None,
+) -> None:
+    """GPU: sweep issue x scope x lookahead x cache-hint, validate and bench each, write the best as kvpatch.toml."""
+    from . import api
+    from . import tune as T
+    from .build import Variant
+    from .config import dump_config
+    from .edits import patch, unpatch
+    from .workspace import write_atomic
+
+    api.require_cuda()
+    target = api.resolve_tree(tree, _cwd())
+    path = str(target.header)
+    stock, _ = unpatch(target.read_header(), path)
+    configs = T.candidates(api.tree_config(target, _cwd()))
+    variants = [Variant("stock", stock, expect_prefetch=False)]
+    variants += [Variant(name, patch(stock, path, cfg).patched, expect_prefetch=True) for name, cfg in configs.items()]
+    result = api.build(tree=tree, cwd=_cwd(), archs=arch, jobs=jobs, console=err, variants=variants,
+                       dtypes=list(T.TUNED_DTYPES), head_sizes=[128], block_sizes=[16],
+                       kv_cache_dtypes=["auto", "fp8"])  # fmt: skip
+    report = T.run_tune(api.load_libraries(result), configs, quick=quick, reps=reps, rounds=rounds)
+    table = Table(title="kvpatch tune: best candidates per dtype (dispatched kernel, warm + cold)")
+    for col in ("dtype", "rank", "candidate", "bit-identical", "worst", "geomean"):
+        table.add_column(col)
+    for dtype, ranked in report.ranked.items():
+        for i, s in enumerate(ranked[:4], 1):
+            table.add_row(dtype, str(i), s.name, "yes" if s.bit_identical else "NO", f"{s.worst:.3f}", f"{s.geomean:.3f}")
+    out.print(table)
+    write_atomic(output, dump_config(report.config))
+    if json_out:
+        write_atomic(json_out, json.dumps(report.to_json(), indent=1) + "\n")
+    out.print(f"picked: {report.picked}")
+    out.print(f"wrote {output}: {report.config.marker()}")
+    out.print(f"next: [bold]kvpatch apply --tree {target.root} --config {output}[/]")
 
 
 def run() -> None:

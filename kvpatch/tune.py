@@ -1,0 +1,177 @@
+"""``kvpatch tune``: sweep the template's settings on a GPU and keep the best per dtype.
+
+The pieces, pure except :func:`run_tune`:
+
+* :func:`candidates` is the grid: every combination of ``issue``, ``scope``,
+  ``lookahead`` and ``cache_hint`` (the settings a dtype can take on its own), each a
+  uniform configuration (the same for every dtype).
+* :func:`score` reduces a bench report to, per candidate and dtype, the speedups over
+  stock on the kernel vLLM dispatches at each point, warm and cold.
+* :func:`choose` picks, per dtype, the bit-identical candidate that is never slower
+  than stock if one is, else the one with the best worst point, then the best
+  geometric mean; and :func:`combine` turns the winners into one configuration:
+  base settings = the bf16 winner (they serve bf16 and fp32), ``[kvpatch.fp16]`` = the
+  fp16 winner, keeping the rule that the dtypes calling the helper share align and
+  cache-hint.
+
+:func:`run_tune` builds every candidate in one parallel build, validates each on the
+quick matrix (bit-identical to stock, ALiBi included), benches the survivors side by
+side, and returns a :class:`TuneReport` whose ``config`` ``kvpatch apply --config``
+takes once written with :func:`kvpatch.config.dump_config`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable
+
+from .config import PatchConfig, make_config
+
+#: The grid: (setting, values). 16 candidates.
+GRID: tuple[tuple[str, tuple[Any, ...]], ...] = (
+    ("issue", ("inline", "call")),
+    ("scope", ("cta", "kv-head")),
+    ("lookahead", (1, 2)),
+    ("cache_hint", ("none", "evict_last")),
+)
+TUNED_DTYPES = ("fp16", "bf16")
+
+
+def candidates(base: PatchConfig | None = None, grid=GRID) -> dict[str, PatchConfig]:
+    """``name -> uniform configuration`` for every combination of the grid."""
+    base = base if base is not None else make_config()
+    out: dict[str, PatchConfig] = {}
+    keys = [k for k, _ in grid]
+    for values in itertools.product(*(v for _, v in grid)):
+        settings = dict(zip(keys, values))
+        cfg = replace(base, overrides=(), **settings)
+        name = "_".join(
+            [settings["issue"], settings["scope"].replace("-", ""), f"la{settings['lookahead']}",
+             "el" if settings["cache_hint"] == "evict_last" else "nh"]
+        )  # fmt: skip
+        out[name] = cfg
+    return out
+
+
+@dataclass(frozen=True)
+class Score:
+    """One candidate on one dtype: its speedups at the dispatched points, warm + cold."""
+
+    name: str
+    dtype: str
+    speedups: tuple[float, ...]
+    bit_identical: bool
+
+    @property
+    def worst(self) -> float:
+        return min(self.speedups) if self.speedups else math.nan
+
+    @property
+    def geomean(self) -> float:
+        if not self.speedups:
+            return math.nan
+        return math.exp(sum(math.log(s) for s in self.speedups) / len(self.speedups))
+
+    def key(self) -> tuple:
+        """Sort key, best first: bit-identical, never slower than stock, geomean, worst."""
+        return (not self.bit_identical, self.worst < 1.0, -self.geomean, -self.worst)
+
+
+def score(bench: dict, failures: dict[str, set[str]]) -> list[Score]:
+    """Scores from a bench report's JSON dict and, per candidate, the dtypes that failed validation."""
+    speedups: dict[tuple[str, str], list[float]] = {}
+    for r in bench["results"]:
+        if not r["dispatched"]:
+            continue
+        dtype = r["point"]["dtype"]
+        for name, timing in r["variants"].items():
+            if name != bench["baseline"]:
+                speedups.setdefault((name, dtype), []).append(timing["speedup"])
+    return [
+        Score(name, dtype, tuple(sp), dtype not in failures.get(name, set()))
+        for (name, dtype), sp in sorted(speedups.items())
+    ]
+
+
+def choose(scores: Iterable[Score]) -> dict[str, list[Score]]:
+    """Per dtype, the candidates ranked best first."""
+    ranked: dict[str, list[Score]] = {}
+    for s in scores:
+        ranked.setdefault(s.dtype, []).append(s)
+    return {d: sorted(v, key=Score.key) for d, v in ranked.items()}
+
+
+def combine(ranked: dict[str, list[Score]], configs: dict[str, PatchConfig]) -> tuple[PatchConfig, dict[str, str]]:
+    """One configuration from the per-dtype winners, and which candidate each dtype got.
+
+    Base settings come from the bf16 winner; fp16 gets its own table unless it won
+    with the same settings. If the fp16 winner would clash with the base on the
+    helper's align/hint, the next fp16 candidate that does not is taken.
+    """
+    from .config import OVERRIDABLE
+    from .errors import UsageError
+
+    picked: dict[str, str] = {}
+    base_name = ranked["bf16"][0].name if "bf16" in ranked else next(iter(configs))
+    picked["bf16"] = base_name
+    base = configs[base_name]
+    overrides: dict[str, Any] = {"fp32": "none", "bf16": "none", "fp16": "none"}
+    for s in ranked.get("fp16", []):
+        cand = configs[s.name]
+        settings = {k: getattr(cand, k) for k in OVERRIDABLE if getattr(cand, k) != getattr(base, k)}
+        options = {**base.to_toml_dict(), **overrides}
+        options["fp16"] = ",".join(f"{k}={'auto' if v is None else v}" for k, v in settings.items()) or "none"
+        try:
+            cfg = make_config(**options)
+        except UsageError:
+            continue
+        picked["fp16"] = s.name
+        return cfg, picked
+    return make_config(**{**base.to_toml_dict(), **overrides}), picked
+
+
+@dataclass
+class TuneReport:
+    config: PatchConfig
+    picked: dict[str, str]
+    ranked: dict[str, list[Score]]
+    failures: dict[str, set[str]]
+    bench: dict = field(repr=False, default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "config": self.config.to_toml_dict(),
+            "marker": self.config.marker(),
+            "picked": self.picked,
+            "validation_failures": {k: sorted(v) for k, v in self.failures.items()},
+            "ranking": {
+                d: [
+                    {"name": s.name, "bit_identical": s.bit_identical, "worst": s.worst, "geomean": s.geomean}
+                    for s in v
+                ]
+                for d, v in self.ranked.items()
+            },
+            "bench": self.bench,
+        }
+
+
+def run_tune(libs: dict, configs: dict[str, PatchConfig], *, quick: bool, reps: int, rounds: int,
+             progress=None) -> TuneReport:  # fmt: skip
+    """Validate, bench and choose on a GPU; ``libs`` holds 'stock' and one library per candidate."""
+    from .gpu import bench as Bn
+    from .gpu import validate as V
+
+    report = V.run_validate(libs, V.quick_matrix(), seed=0, progress=progress)
+    failures: dict[str, set[str]] = {}
+    for line in report.failures:
+        name, _, rest = line.partition(":")
+        dtype = rest.split("q=", 1)[1].split()[0] if "q=" in rest else "?"
+        failures.setdefault(name.strip(), set()).add(dtype)
+    points = Bn.quick_points() if quick else Bn.default_points()
+    bench = Bn.run_bench(libs, points, reps=reps, rounds=rounds)
+    data = bench.to_dict()
+    ranked = choose(score(data, failures))
+    config, picked = combine(ranked, configs)
+    return TuneReport(config, picked, ranked, failures, data)

@@ -146,15 +146,24 @@ def variants_for(target: Tree, cwd: Path, *, paper: bool = False, control: bool 
     stock, markers = unpatch(current, path)
     if not markers:
         raise UsageError(f"{target.header} is stock: run 'kvpatch apply' first")
-    out = [Variant("stock", stock, expect_prefetch=False), Variant("patched", current, expect_prefetch=True)]
+    own = tree_config(target, cwd)
+    out = [Variant("stock", stock, expect_prefetch=False), variant_of("patched", current, own)]
     if paper:
-        out.append(Variant("paper", patch(stock, path, make_config(preset="paper")).patched, expect_prefetch=True))
+        cfg = make_config(preset="paper")
+        out.append(variant_of("paper", patch(stock, path, cfg).patched, cfg))
     if control:
-        cfg = replace(tree_config(target, cwd), control=True)
-        out.append(Variant("control", patch(stock, path, cfg).patched, expect_prefetch=True))
+        cfg = replace(own, control=True)
+        out.append(variant_of("control", patch(stock, path, cfg).patched, cfg))
     for name, cfg in (extra or {}).items():
-        out.append(Variant(name, patch(stock, path, cfg).patched, expect_prefetch=True))
+        out.append(variant_of(name, patch(stock, path, cfg).patched, cfg))
     return out
+
+
+def variant_of(name: str, header: str, cfg: PatchConfig):
+    """A build variant of a header patched with ``cfg``, with the SASS it should show."""
+    from .build import Variant
+
+    return Variant(name, header, expect_prefetch=True, quantized_prefetch=cfg.quantized == "prefetch")
 
 
 def build(*, tree: Path | None, cwd: Path, archs: str, variants: list | None = None, jobs: int | None = None,

@@ -425,6 +425,9 @@ class Variant:
     #: Whether its v1/v2 kernels must hold the prefetch on sm_90+; None = whether the
     #: header contains the prefetch instruction.
     expect_prefetch: bool | None = None
+    #: Whether kernels with a quantized (fp8) cache are expected to prefetch too
+    #: (False under the default ``quantized=skip``).
+    quantized_prefetch: bool = True
 
     @property
     def prefix(self) -> str:
@@ -1254,7 +1257,8 @@ def _inspect(p: VariantPlan, tools: Inspector, step: Callable[[str, Callable[[],
         desc = describe_kernel(names[sym], sigs)
         if desc is None:
             continue
-        expect = p.variant.has_prefetch and desc["kernel"] != "reduce" and _arch_major(arch) >= 9
+        expect = (p.variant.has_prefetch and desc["kernel"] != "reduce" and _arch_major(arch) >= 9
+                  and (desc["kv_cache_dtype"] == "auto" or p.variant.quantized_prefetch))  # fmt: skip
         res = usage.get((arch, sym), {"registers": 0, "spill_stores": 0, "spill_loads": 0, "stack_bytes": 0})
         kernels.append(KernelInfo(arch=arch, **desc, **res, has_prefetch=has, expect_prefetch=expect, symbol=sym))
     kernels.sort(key=_kernel_order)

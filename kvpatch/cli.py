@@ -90,6 +90,7 @@ def apply(
     scope: Annotated[Optional[str], typer.Option(help="cta (every CTA prefetches) | kv-head (one CTA per KV head under GQA).")] = None,
     control: Annotated[Optional[bool], typer.Option("--control/--no-control", help="Compile the prefetch but never run it (for measurements).")] = None,
     issue: Annotated[Optional[str], typer.Option(help="call (an out-of-line helper; keeps stock's code generation) | inline (asm in the loop).")] = None,
+    quantized: Annotated[Optional[str], typer.Option(help="skip (fp8-cache kernels stay stock, the default) | prefetch.")] = None,
     fp16: Annotated[Optional[str], typer.Option("--fp16", help="Settings for fp16 kernels only: 'scope=kv-head,issue=inline' (the default), or 'none'.")] = None,
     bf16: Annotated[Optional[str], typer.Option("--bf16", help="Settings for bf16 kernels only (key=value,...), or 'none'.")] = None,
     fp32: Annotated[Optional[str], typer.Option("--fp32", help="Settings for fp32 kernels only (key=value,...), or 'none'.")] = None,
@@ -102,7 +103,7 @@ def apply(
 
     cfg = config_from_options(
         config, preset=preset, lookahead=lookahead, size=size, align=align, caches=caches,
-        cache_hint=cache_hint, placement=placement, scope=scope, control=control, issue=issue,
+        cache_hint=cache_hint, placement=placement, scope=scope, control=control, issue=issue, quantized=quantized,
         fp16=fp16, bf16=bf16, fp32=fp32,
     )  # fmt: skip
     report = api.apply(vllm=vllm, tree=tree, cfg=cfg, cwd=_cwd(), remote=remote or None,
@@ -369,7 +370,7 @@ def tune(
     stock, _ = unpatch(target.read_header(), path)
     configs = T.candidates(api.tree_config(target, _cwd()))
     variants = [Variant("stock", stock, expect_prefetch=False)]
-    variants += [Variant(name, patch(stock, path, cfg).patched, expect_prefetch=True) for name, cfg in configs.items()]
+    variants += [api.variant_of(name, patch(stock, path, cfg).patched, cfg) for name, cfg in configs.items()]
     result = api.build(tree=tree, cwd=_cwd(), archs=arch, jobs=jobs, console=err, variants=variants,
                        dtypes=list(T.TUNED_DTYPES), head_sizes=[128], block_sizes=[16],
                        kv_cache_dtypes=["auto", "fp8"])  # fmt: skip

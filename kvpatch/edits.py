@@ -107,7 +107,7 @@ def plan(sites: Sites, cfg: PatchConfig) -> list[Edit]:
     size = _size_expr(sites, cfg)
     chosen: list[Site] = [s for s in sites if (s.kind == "key" and cfg.k) or
                           (s.kind == "value" and cfg.v)]  # fmt: skip
-    if (cfg.uses_call or cfg.overrides) and chosen:
+    if (cfg.uses_call or cfg.overrides or cfg.quantized == "skip") and chosen:
         caller = next((c for _, c in cfg.variants() if c.issue == "call"), None)
         helper = render("prefetch_helper.cuh.j2", cfg=cfg, c=caller)
         edits.append(_insertion(sites.before_function, helper, "helpers", sites.newline))

@@ -107,13 +107,13 @@ def test_non_integral_numbers_are_refused(options: dict) -> None:
 
 def test_paper_preset_fixes_the_papers_values() -> None:
     cfg = make_config(preset="paper")
-    assert cfg == PatchConfig(preset="paper", size=4096, issue="inline", overrides=())
+    assert cfg == PatchConfig(preset="paper", size=4096, issue="inline", quantized="prefetch", overrides=())
     assert (cfg.lookahead, cfg.size, cfg.align, cfg.placement, cfg.scope) == (1, 4096, 16, "start", "cta")
 
 
 def test_paper_preset_combines_with_caches_and_control() -> None:
     assert make_config(preset="paper", caches="k", control=True) == PatchConfig(
-        preset="paper", size=4096, caches="k", control=True, issue="inline", overrides=()
+        preset="paper", size=4096, caches="k", control=True, issue="inline", quantized="prefetch", overrides=()
     )
 
 
@@ -150,11 +150,11 @@ def test_paper_preset_refuses_size_auto() -> None:
 @pytest.mark.parametrize(
     "options, marker",
     [
-        ({}, "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call fp16:scope=kv-head,issue=inline"),
+        ({}, "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call quantized=skip fp16:scope=kv-head,issue=inline"),
         (
             {"lookahead": 2, "size": 8192, "align": 128, "caches": "v", "cache_hint": "evict_first",
              "placement": "end", "scope": "kv-head", "control": True},
-            "lookahead=2 size=8192 align=128 caches=v hint=evict_first placement=end scope=kv-head issue=call control fp16:scope=kv-head,issue=inline",
+            "lookahead=2 size=8192 align=128 caches=v hint=evict_first placement=end scope=kv-head issue=call quantized=skip control fp16:scope=kv-head,issue=inline",
         ),
         ({"preset": "paper"}, "preset=paper caches=kv"),
         ({"preset": "paper", "control": True}, "preset=paper caches=kv control"),
@@ -197,6 +197,7 @@ def test_dump_config_of_the_defaults() -> None:
         'scope = "cta"\n'
         'issue = "call"\n'
         "control = false\n"
+        'quantized = "skip"\n'
         'bf16 = "none"\n'
         'fp32 = "none"\n'
         "\n"
@@ -280,7 +281,7 @@ def test_per_dtype_settings_apply_to_their_dtype_only() -> None:
 def test_none_clears_a_dtypes_settings() -> None:
     cfg = make_config(fp16="none", issue="inline")
     assert cfg.overrides == ()
-    assert cfg.marker() == "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=inline"
+    assert cfg.marker() == "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=inline quantized=skip"
 
 
 @pytest.mark.parametrize(

@@ -62,7 +62,8 @@ def test_golden(name: str, stock: str, header_path: str) -> None:
 
 def test_golden_default_injection_reads_as_expected(stock: str) -> None:
     """The key-loop injection of the default configuration, spelled out (before -> after):
-    fp16 kernels get the inline, one-CTA-per-KV-head prefetch; the others call the helper."""
+    kernels with a quantized cache get none; fp16 kernels get the inline,
+    one-CTA-per-KV-head prefetch; the others call the helper."""
     before = (
         "    const int64_t physical_block_number =\n"
         "        static_cast<int64_t>(block_table[block_idx]);\n"
@@ -72,27 +73,29 @@ def test_golden_default_injection_reads_as_expected(stock: str) -> None:
     after = (
         "    const int64_t physical_block_number =\n"
         "        static_cast<int64_t>(block_table[block_idx]);\n"
-        "    // kvpatch:begin key lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call fp16:scope=kv-head,issue=inline\n"
+        "    // kvpatch:begin key lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call quantized=skip fp16:scope=kv-head,issue=inline\n"
         "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(USE_ROCM)\n"
-        "    if constexpr (kvpatch_is_same<scalar_t, uint16_t>::value) {\n"
-        "      {\n"
-        "        const int kvpatch_next = block_idx + 1 * NUM_WARPS;\n"
-        "        if (lane == 0 && kvpatch_next < end_block_idx && head_idx % num_queries_per_kv == 0) {\n"
-        "          const int64_t kvpatch_block = static_cast<int64_t>(block_table[kvpatch_next]);\n"
-        "          {\n"
-        "            const cache_t* kvpatch_tile = k_cache + kvpatch_block * kv_block_stride + kv_head_idx * kv_head_stride;\n"
-        '            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(reinterpret_cast<unsigned long long>(kvpatch_tile) & ~0xfULL), "n"(BLOCK_SIZE * HEAD_SIZE * sizeof(cache_t)));\n'
+        "    if constexpr (kvpatch_is_same<cache_t, scalar_t>::value) {\n"
+        "      if constexpr (kvpatch_is_same<scalar_t, uint16_t>::value) {\n"
+        "        {\n"
+        "          const int kvpatch_next = block_idx + 1 * NUM_WARPS;\n"
+        "          if (lane == 0 && kvpatch_next < end_block_idx && head_idx % num_queries_per_kv == 0) {\n"
+        "            const int64_t kvpatch_block = static_cast<int64_t>(block_table[kvpatch_next]);\n"
+        "            {\n"
+        "              const cache_t* kvpatch_tile = k_cache + kvpatch_block * kv_block_stride + kv_head_idx * kv_head_stride;\n"
+        '              asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(reinterpret_cast<unsigned long long>(kvpatch_tile) & ~0xfULL), "n"(BLOCK_SIZE * HEAD_SIZE * sizeof(cache_t)));\n'
+        "            }\n"
         "          }\n"
         "        }\n"
-        "      }\n"
-        "    } else {\n"
-        "      {\n"
-        "        const int kvpatch_next = block_idx + 1 * NUM_WARPS;\n"
-        "        if (lane == 0 && kvpatch_next < end_block_idx) {\n"
-        "          const int64_t kvpatch_block = static_cast<int64_t>(block_table[kvpatch_next]);\n"
-        "          {\n"
-        "            const cache_t* kvpatch_tile = k_cache + kvpatch_block * kv_block_stride + kv_head_idx * kv_head_stride;\n"
-        "            kvpatch_prefetch_l2<BLOCK_SIZE * HEAD_SIZE * sizeof(cache_t)>(kvpatch_tile);\n"
+        "      } else {\n"
+        "        {\n"
+        "          const int kvpatch_next = block_idx + 1 * NUM_WARPS;\n"
+        "          if (lane == 0 && kvpatch_next < end_block_idx) {\n"
+        "            const int64_t kvpatch_block = static_cast<int64_t>(block_table[kvpatch_next]);\n"
+        "            {\n"
+        "              const cache_t* kvpatch_tile = k_cache + kvpatch_block * kv_block_stride + kv_head_idx * kv_head_stride;\n"
+        "              kvpatch_prefetch_l2<BLOCK_SIZE * HEAD_SIZE * sizeof(cache_t)>(kvpatch_tile);\n"
+        "            }\n"
         "          }\n"
         "        }\n"
         "      }\n"
@@ -289,6 +292,8 @@ def test_trailing_comment_at_the_insertion_point(name: str, old: str, new: str, 
 def _broken_render(real, pattern: str, replacement: str):
     def render(name: str, **context) -> str:
         text = real(name, **context)
+        if name == "prefetch_helper.cuh.j2":  # the trait region has no prefetch to break
+            return text
         broken = re.sub(pattern, replacement, text)
         assert broken != text
         return broken

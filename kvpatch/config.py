@@ -23,6 +23,9 @@ PLACEMENTS = ("start", "end")
 SCOPES = ("cta", "kv-head")
 ISSUES = ("inline", "call")
 QUANTIZED = ("skip", "prefetch")
+#: The settings that take one of a fixed set of words.
+CHOICES = {"caches": CACHES, "cache_hint": CACHE_HINTS, "placement": PLACEMENTS, "scope": SCOPES,
+           "issue": ISSUES, "quantized": QUANTIZED}  # fmt: skip
 
 #: What ``--preset paper`` fixes: the paper's 4096-byte, one-ahead prefetch.
 PAPER = dict(lookahead=1, size=4096, align=16, cache_hint="none", placement="start", scope="cta", issue="inline",
@@ -210,18 +213,9 @@ def make_config(**options: Any) -> PatchConfig:
         if al < 16 or al & (al - 1):
             raise UsageError(f"invalid align {al}: must be a power of two >= 16")
         cfg = replace(cfg, align=al)
-    if "caches" in given:
-        cfg = replace(cfg, caches=_choice("caches", given["caches"], CACHES))
-    if "cache_hint" in given:
-        cfg = replace(cfg, cache_hint=_choice("cache-hint", given["cache_hint"], CACHE_HINTS))
-    if "placement" in given:
-        cfg = replace(cfg, placement=_choice("placement", given["placement"], PLACEMENTS))
-    if "scope" in given:
-        cfg = replace(cfg, scope=_choice("scope", given["scope"], SCOPES))
-    if "issue" in given:
-        cfg = replace(cfg, issue=_choice("issue", given["issue"], ISSUES))
-    if "quantized" in given:
-        cfg = replace(cfg, quantized=_choice("quantized", given["quantized"], QUANTIZED))
+    for key, allowed in CHOICES.items():
+        if key in given:
+            cfg = replace(cfg, **{key: _choice(key.replace("_", "-"), given[key], allowed)})
     if "control" in given:
         if not isinstance(given["control"], bool):
             raise UsageError(f"invalid control {given['control']!r}: expected true or false")

@@ -27,6 +27,19 @@ GOLDEN = FIXTURES / "golden"
 #: The fixture headers (see tests/fixtures/): the stock shape, and the same code laid out
 #: differently (Allman braces, tabs, line breaks and comments inside statements).
 STOCK = "attention_kernels.cuh"
+
+#: The names kvpatch.sites must find in each loop, in the fixtures and in every vLLM
+#: release alike.
+LOOP_NAMES = {
+    "loop_var": "block_idx",
+    "stride": "NUM_WARPS",
+    "end": "end_block_idx",
+    "block_table": "block_table",
+    "block_number": "physical_block_number",
+    "block_stride": "kv_block_stride",
+    "head_offset": "kv_head_idx * kv_head_stride",
+}
+
 REFORMATTED = "attention_kernels_reformatted.cuh"
 
 

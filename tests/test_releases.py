@@ -13,6 +13,8 @@ from typing import Callable
 
 import pytest
 
+from conftest import LOOP_NAMES
+
 from kvpatch.config import make_config
 from kvpatch.edits import patch, unpatch
 from kvpatch.fetch import HEADER
@@ -30,21 +32,12 @@ REVISIONS = {
     "0.11.2": ("4fe853f4", 222, 375, (252, 389)),
 }
 
-NAMES = {
-    "loop_var": "block_idx",
-    "stride": "NUM_WARPS",
-    "end": "end_block_idx",
-    "block_table": "block_table",
-    "block_number": "physical_block_number",
-    "block_stride": "kv_block_stride",
-    "head_offset": "kv_head_idx * kv_head_stride",
-}
 
 
 def _names(sites) -> dict:
     out = {k: getattr(sites, k) for k in ("cache_type", "lane", "head", "queries_per_kv", "head_size", "block_size")}
     for site in sites:
-        out[site.kind] = {k: getattr(site, k) for k in (*NAMES, "cache", "inner_var")}
+        out[site.kind] = {k: getattr(site, k) for k in (*LOOP_NAMES, "cache", "inner_var")}
     return out
 
 
@@ -70,8 +63,8 @@ def test_sites(release: tuple[str, str, str]) -> None:
     assert _names(sites) == {
         "cache_type": "cache_t", "lane": "lane", "head": "head_idx", "queries_per_kv": "num_queries_per_kv",
         "head_size": "HEAD_SIZE", "block_size": "BLOCK_SIZE",
-        "key": {**NAMES, "cache": "k_cache", "inner_var": "j"},
-        "value": {**NAMES, "cache": "v_cache", "inner_var": "i"},
+        "key": {**LOOP_NAMES, "cache": "k_cache", "inner_var": "j"},
+        "value": {**LOOP_NAMES, "cache": "v_cache", "inner_var": "i"},
     }  # fmt: skip
     data = text.encode()
     for site in sites:

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from conftest import REFORMATTED, STOCK, fixture_text
+from conftest import LOOP_NAMES, REFORMATTED, STOCK, fixture_text
 from kvpatch.edits import patch, unpatch
 from kvpatch.config import make_config
 from kvpatch.errors import PatchError
@@ -20,15 +20,6 @@ KERNEL_NAMES = {
     "lane": "lane",
     "head": "head_idx",
     "queries_per_kv": "num_queries_per_kv",
-}
-LOOP_NAMES = {
-    "loop_var": "block_idx",
-    "stride": "NUM_WARPS",
-    "end": "end_block_idx",
-    "block_table": "block_table",
-    "block_number": "physical_block_number",
-    "block_stride": "kv_block_stride",
-    "head_offset": "kv_head_idx * kv_head_stride",
 }
 SITE_NAMES = {
     "key": {**LOOP_NAMES, "kind": "key", "cache": "k_cache", "inner_var": "j"},

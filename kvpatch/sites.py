@@ -334,7 +334,7 @@ def _kernel_names(p: Parsed, fn: ci.Cursor, cache_param: ci.Cursor) -> dict[str,
             raise PatchError(f"{FUNCTION} has no template parameter {name}")
     pointee = cache_param.type.get_pointee()
     cache_type = pointee.spelling.replace("const ", "").replace("volatile ", "").strip()
-    lane = head = qpk = None
+    lane = None
     body = [c for c in fn.get_children() if c.kind == K.COMPOUND_STMT][0]
     inits: dict[str, ci.Cursor] = {}
     for stmt in body.get_children():

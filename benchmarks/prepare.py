@@ -22,10 +22,7 @@ from pathlib import Path
 from rich.console import Console
 
 from kvpatch import build as B
-from kvpatch.api import variant_of
-from kvpatch.build import Variant
 from kvpatch.config import make_config
-from kvpatch.edits import patch
 from kvpatch.fetch import HEADER, fetch_release
 
 SETS = {
@@ -65,13 +62,8 @@ def main() -> None:
     tree = fetch_release(args.vllm, console=console)
     path = tree / HEADER
     stock = path.read_text(encoding="utf-8")
-    variants = [Variant("stock", stock, expect_prefetch=False)]
-    configs = {"stock": "stock"}
-    for text in args.variant:
-        name, options = parse_variant(text)
-        cfg = make_config(**options)
-        variants.append(variant_of(name, patch(stock, str(path), cfg).patched, cfg))
-        configs[name] = cfg.marker()
+    configs = {name: make_config(**options) for name, options in map(parse_variant, args.variant)}
+    variants = B.patched_variants(stock, str(path), configs)
     spec = B.make_spec(tree, variants, args.arch, **SETS[args.set])
     result = B.build(spec, console=console)
     if result.problems():
@@ -83,7 +75,8 @@ def main() -> None:
         shutil.copy2(v.library, dest)
         lines.append(f"{v.name}={dest}:{v.prefix}")
     (args.out / "libs.txt").write_text("\n".join(lines) + "\n")
-    (args.out / "variants.json").write_text(json.dumps(configs, indent=1) + "\n")
+    markers = {"stock": "stock", **{name: cfg.marker() for name, cfg in configs.items()}}
+    (args.out / "variants.json").write_text(json.dumps(markers, indent=1) + "\n")
     (args.out / "build.json").write_text(json.dumps(result.to_dict(), indent=1) + "\n")
     console.print(result.table())
     print("\n".join(lines))

@@ -138,7 +138,7 @@ def variants_for(target: Tree, cwd: Path, *, paper: bool = False, control: bool 
     """
     from dataclasses import replace
 
-    from .build import Variant
+    from .build import Variant, patched_variants
     from .config import make_config
 
     path = str(target.header)
@@ -147,23 +147,14 @@ def variants_for(target: Tree, cwd: Path, *, paper: bool = False, control: bool 
     if not markers:
         raise UsageError(f"{target.header} is stock: run 'kvpatch apply' first")
     own = tree_config(target, cwd)
-    out = [Variant("stock", stock, expect_prefetch=False), variant_of("patched", current, own)]
+    configs: dict[str, PatchConfig] = {}
     if paper:
-        cfg = make_config(preset="paper")
-        out.append(variant_of("paper", patch(stock, path, cfg).patched, cfg))
+        configs["paper"] = make_config(preset="paper")
     if control:
-        cfg = replace(own, control=True)
-        out.append(variant_of("control", patch(stock, path, cfg).patched, cfg))
-    for name, cfg in (extra or {}).items():
-        out.append(variant_of(name, patch(stock, path, cfg).patched, cfg))
-    return out
-
-
-def variant_of(name: str, header: str, cfg: PatchConfig):
-    """A build variant of a header patched with ``cfg``, with the SASS it should show."""
-    from .build import Variant
-
-    return Variant(name, header, expect_prefetch=True, quantized_prefetch=cfg.quantized == "prefetch")
+        configs["control"] = replace(own, control=True)
+    configs.update(extra or {})
+    first, *others = patched_variants(stock, path, configs)
+    return [first, Variant.patched("patched", current, own), *others]
 
 
 def build(*, tree: Path | None, cwd: Path, archs: str, variants: list | None = None, jobs: int | None = None,

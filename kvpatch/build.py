@@ -429,6 +429,11 @@ class Variant:
     #: (False under the default ``quantized=skip``).
     quantized_prefetch: bool = True
 
+    @classmethod
+    def patched(cls, name: str, header: str, cfg: PatchConfig) -> Variant:
+        """A header patched with ``cfg``, expecting the SASS that configuration gives."""
+        return cls(name, header, expect_prefetch=True, quantized_prefetch=cfg.quantized == "prefetch")
+
     @property
     def prefix(self) -> str:
         """Namespace of its kernels and prefix of its launchers: ``'kvpatch_stock'``."""
@@ -611,15 +616,25 @@ def vllm_kernel_set(tree: Path) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return heads or VLLM_HEAD_SIZES, blocks or VLLM_BLOCK_SIZES
 
 
+def patched_variants(stock: str, header_path: str, configs: Mapping[str, PatchConfig]) -> list[Variant]:
+    """``stock`` as the variant 'stock', then ``stock`` patched with each named configuration."""
+    from .edits import patch  # parsing work only when asked for
+
+    out = [Variant("stock", stock, expect_prefetch=False)]
+    out += [Variant.patched(name, patch(stock, header_path, cfg).patched, cfg) for name, cfg in configs.items()]
+    return out
+
+
 def stock_and_patched(
     tree: str | Path, cfg: PatchConfig, names: tuple[str, str] = ("stock", "patched")
 ) -> tuple[Variant, Variant]:
     """The tree's header without and with ``cfg`` (a :class:`kvpatch.config.PatchConfig`)."""
-    from .edits import patch  # parsing work only when asked for
+    from .edits import unpatch
 
-    path = Path(tree) / HEADER
-    result = patch(path.read_text(encoding="utf-8"), str(path), cfg)
-    return Variant(names[0], result.stock), Variant(names[1], result.patched)
+    path = str(Path(tree) / HEADER)
+    stock, _ = unpatch(Path(path).read_text(encoding="utf-8"), path)
+    first, second = patched_variants(stock, path, {names[1]: cfg})
+    return replace(first, name=names[0]), second
 
 
 # --------------------------------------------------------------------------- planning

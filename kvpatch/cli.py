@@ -359,9 +359,9 @@ def tune(
     """GPU: sweep issue x scope x lookahead x cache-hint, validate and bench each, write the best as kvpatch.toml."""
     from . import api
     from . import tune as T
-    from .build import Variant
+    from .build import patched_variants
     from .config import dump_config
-    from .edits import patch, unpatch
+    from .edits import unpatch
     from .workspace import write_atomic
 
     api.require_cuda()
@@ -369,8 +369,7 @@ def tune(
     path = str(target.header)
     stock, _ = unpatch(target.read_header(), path)
     configs = T.candidates(api.tree_config(target, _cwd()))
-    variants = [Variant("stock", stock, expect_prefetch=False)]
-    variants += [api.variant_of(name, patch(stock, path, cfg).patched, cfg) for name, cfg in configs.items()]
+    variants = patched_variants(stock, path, configs)
     result = api.build(tree=tree, cwd=_cwd(), archs=arch, jobs=jobs, console=err, variants=variants,
                        dtypes=list(T.TUNED_DTYPES), head_sizes=[128], block_sizes=[16],
                        kv_cache_dtypes=["auto", "fp8"])  # fmt: skip

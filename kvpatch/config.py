@@ -108,6 +108,11 @@ class PatchConfig:
     def uses_call(self) -> bool:
         return any(c.issue == "call" for _, c in self.variants())
 
+    @property
+    def branches_on_types(self) -> bool:
+        """Whether the generated code picks by the kernel's types (needs ``kvpatch_is_same``)."""
+        return bool(self.overrides) or self.quantized == "skip"
+
     def marker(self) -> str:
         """The configuration as written into the generated code's marker comments."""
         if self.preset == "paper":

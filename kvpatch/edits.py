@@ -80,12 +80,6 @@ def render(name: str, **context) -> str:
     return environment().get_template(name).render(**context).strip("\n")
 
 
-def _size_expr(sites: Sites, cfg: PatchConfig) -> str:
-    if cfg.size is not None:
-        return str(cfg.size)
-    return _auto_size(sites)
-
-
 def _auto_size(sites: Sites) -> str:
     """One block's K (or V) tile of one head, a constant of each instantiation."""
     return f"{sites.block_size} * {sites.head_size} * sizeof({sites.cache_type})"
@@ -104,15 +98,14 @@ def _insertion(offset: int, body: str, what: str, newline: str = "\n") -> Edit:
 def plan(sites: Sites, cfg: PatchConfig) -> list[Edit]:
     """The insertions that inject ``cfg`` into a stock header with these sites."""
     edits: list[Edit] = []
-    size = _size_expr(sites, cfg)
     chosen: list[Site] = [s for s in sites if (s.kind == "key" and cfg.k) or
                           (s.kind == "value" and cfg.v)]  # fmt: skip
-    if (cfg.uses_call or cfg.overrides or cfg.quantized == "skip") and chosen:
+    if (cfg.uses_call or cfg.branches_on_types) and chosen:
         caller = next((c for _, c in cfg.variants() if c.issue == "call"), None)
         helper = render("prefetch_helper.cuh.j2", cfg=cfg, c=caller)
         edits.append(_insertion(sites.before_function, helper, "helpers", sites.newline))
     for site in chosen:
-        ctx = dict(site=site, sites=sites, cfg=cfg, size=size, auto_size=_auto_size(sites), scalar_types=DTYPES)
+        ctx = dict(site=site, sites=sites, cfg=cfg, auto_size=_auto_size(sites), scalar_types=DTYPES)
         if cfg.preset == "paper":
             nxt = render("paper_next_block.cuh.j2", i=site.body_indent, **ctx)
             pre = render("paper_prefetch.cuh.j2", i=site.inner_indent, **ctx)

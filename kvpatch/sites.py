@@ -291,9 +291,9 @@ def _inner_loop(p: Parsed, loop: _Loop, cache: str) -> ci.Cursor:
                      f"{loop.node.extent.start.line}")  # fmt: skip
 
 
-def _site(p: Parsed, kind: str, loop: _Loop) -> Site:
+def _site(p: Parsed, kind: str, loop: _Loop, address: tuple[str, str, frozenset[str]]) -> Site:
     cache = CACHE_PARAMS[kind]
-    block_stride, head_offset, _ = _tile_address(p, loop, cache)
+    block_stride, head_offset, _ = address
     inner = _inner_loop(p, loop, cache)
     inner_kids = list(inner.get_children())
     inner_body = inner_kids[-1]
@@ -389,12 +389,12 @@ def sites_of(p: Parsed) -> Sites:
                 f"reading {CACHE_PARAMS[kind]} through <table>[<var>]) found in {FUNCTION}"
             )
     names = _kernel_names(p, fn, params["k_cache"])
-    key = _site(p, "key", loops["key"][0])
-    value = _site(p, "value", loops["value"][0])
+    key_address = _tile_address(p, loops["key"][0], CACHE_PARAMS["key"])
+    key = _site(p, "key", loops["key"][0], key_address)
+    value = _site(p, "value", loops["value"][0], _tile_address(p, loops["value"][0], CACHE_PARAMS["value"]))
     if key.line >= value.line:
         raise PatchError("the key loop does not come before the value loop")
-    _, _, head_names = _tile_address(p, loops["key"][0], "k_cache")
-    head, qpk = _gqa_names(p, names["_inits"], head_names)
+    head, qpk = _gqa_names(p, names["_inits"], key_address[2])
     return Sites(
         function_line=fn.extent.start.line,
         before_function=_line_break_before(p, fn.extent.start.offset),

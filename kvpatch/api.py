@@ -11,12 +11,12 @@ from pathlib import Path
 from rich.console import Console
 
 from .config import PatchConfig
-from .edits import Result, patch, unpatch
+from .patch.plan import Result, patch, unpatch
 from .errors import UsageError
-from .fetch import fetch_release, normalize_version, release_tag
-from .sites import Sites, find_sites
-from .workspace import State, Tree, check_no_local_edits, checkout, resolve_tree, unified_diff, write_atomic
-from .workspace import STATE_DIR
+from .source.fetch import fetch_release, normalize_version, release_tag
+from .patch.sites import Sites, find_sites
+from .source.workspace import State, Tree, check_no_local_edits, checkout, resolve_tree, unified_diff, write_atomic
+from .source.workspace import STATE_DIR
 
 
 @dataclass(frozen=True)
@@ -169,8 +169,8 @@ def build(*, tree: Path | None, cwd: Path, archs: str, variants: list | None = N
 
 
 def load_libraries(result) -> dict:
-    """name -> :class:`kvpatch.runtime.Kernels` for every variant of a build."""
-    from .runtime import Kernels
+    """name -> :class:`kvpatch.gpu.launch.Kernels` for every variant of a build."""
+    from .gpu.launch import Kernels
 
     return {v.name: Kernels(v.library, v.prefix) for v in result.variants}
 

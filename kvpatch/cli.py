@@ -169,7 +169,7 @@ def diff(
 ) -> None:
     """Print what apply changed as a unified diff (a patch git apply / patch -p1 accept)."""
     from . import api
-    from .workspace import write_atomic
+    from .source.workspace import write_atomic
 
     text = api.diff(tree=tree, cwd=_cwd())
     if output is not None:
@@ -262,7 +262,7 @@ def build(
         out.print(result.table())
         for v in result.variants:
             out.print(f"{v.name}: {v.library}")
-        out.print("Load with kvpatch.runtime.Kernels(path, prefix); running them needs a CUDA GPU "
+        out.print("Load with kvpatch.gpu.launch.Kernels(path, prefix); running them needs a CUDA GPU "
                   "and a CUDA build of torch ('kvpatch validate', 'kvpatch bench').")  # fmt: skip
     problems = result.problems()
     if problems:
@@ -293,7 +293,7 @@ def validate(
     )  # fmt: skip
     report = V.run_validate(api.load_libraries(result), matrix, seed)
     if json_out:
-        from .workspace import write_atomic
+        from .source.workspace import write_atomic
 
         write_atomic(json_out, report.to_json())
     worst = ", ".join(f"{k} {v:.1e}" for k, v in report.max_ref_error().items())
@@ -361,8 +361,8 @@ def tune(
     from . import tune as T
     from .build import patched_variants
     from .config import dump_config
-    from .edits import unpatch
-    from .workspace import write_atomic
+    from .patch.plan import unpatch
+    from .source.workspace import write_atomic
 
     api.require_cuda()
     target = api.resolve_tree(tree, _cwd())

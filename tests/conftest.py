@@ -16,7 +16,7 @@ from rich.console import Console
 
 from kvpatch.errors import FetchError
 
-#: kvpatch.fetch.HEADER, spelled out so that this file imports where GitPython is
+#: kvpatch.source.fetch.HEADER, spelled out so that this file imports where GitPython is
 #: missing (the GPU machine runs tests/test_gpu.py with only torch and kvpatch's tree);
 #: tests/test_fetch.py checks the two agree.
 HEADER = "csrc/attention/attention_kernels.cuh"
@@ -28,7 +28,7 @@ GOLDEN = FIXTURES / "golden"
 #: differently (Allman braces, tabs, line breaks and comments inside statements).
 STOCK = "attention_kernels.cuh"
 
-#: The names kvpatch.sites must find in each loop, in the fixtures and in every vLLM
+#: The names kvpatch.patch.sites must find in each loop, in the fixtures and in every vLLM
 #: release alike.
 LOOP_NAMES = {
     "loop_var": "block_idx",
@@ -114,7 +114,7 @@ def vllm_release(release_cache: Path) -> Callable[[str], Path]:
     def get(version: str) -> Path:
         if version not in trees:
             try:
-                from kvpatch.fetch import fetch_release
+                from kvpatch.source.fetch import fetch_release
 
                 trees[version] = fetch_release(
                     version, cache=release_cache, console=Console(stderr=True), git_timeout=30

@@ -1,4 +1,4 @@
-"""Tests for kvpatch.build (and kvpatch.runtime's loading): planning is pure, nvcc at the edge.
+"""Tests for kvpatch.build (and kvpatch.gpu.launch's loading): planning is pure, nvcc at the edge.
 
 The tests that compile need nvcc (they are skipped without it) and the SASS tools
 (``nvidia-cuda-cuobjdump``, ``nvidia-cuda-nvdisasm``). They build small specs (one
@@ -40,7 +40,7 @@ from kvpatch.build import (
 )
 from kvpatch.config import make_config
 from kvpatch.errors import UsageError
-from kvpatch.runtime import Kernels
+from kvpatch.gpu.launch import Kernels
 
 
 def _have_nvcc() -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import STOCK, fixture_text, git, golden_text, make_tree
-from kvpatch.fetch import HEADER
+from kvpatch.source.fetch import HEADER
 
 KVPATCH = str(Path(sys.executable).parent / "kvpatch")
 DEFAULT_MARKER = "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call quantized=skip fp16:scope=kv-head,issue=inline"

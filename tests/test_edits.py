@@ -1,4 +1,4 @@
-"""kvpatch.edits: the emitted CUDA, shown literally (golden files), and the edit algebra.
+"""kvpatch.patch.plan: the emitted CUDA, shown literally (golden files), and the edit algebra.
 
 The golden files under tests/fixtures/golden/ are the fixture header patched with each
 configuration below; read them to see exactly what kvpatch injects. After a deliberate
@@ -19,12 +19,13 @@ import pytest
 from rich.console import Console
 
 from conftest import GOLDEN, STOCK, fixture_text, golden_text, make_tree
-from kvpatch import api, edits
+from kvpatch import api
+from kvpatch.patch import plan as edits
 from kvpatch.config import make_config
-from kvpatch.edits import Edit, apply, patch, plan, unpatch
+from kvpatch.patch.plan import Edit, apply, patch, plan, unpatch
 from kvpatch.errors import PatchError
-from kvpatch.fetch import HEADER
-from kvpatch.sites import find_sites
+from kvpatch.source.fetch import HEADER
+from kvpatch.patch.sites import find_sites
 
 #: golden file name -> configuration options
 CONFIGS: dict[str, dict] = {
@@ -292,7 +293,7 @@ def test_trailing_comment_at_the_insertion_point(name: str, old: str, new: str, 
 def _broken_render(real, pattern: str, replacement: str):
     def render(name: str, **context) -> str:
         text = real(name, **context)
-        if name == "prefetch_helper.cuh.j2":  # the trait region has no prefetch to break
+        if name == "inject/prefetch_helper.cuh.j2":  # the trait region has no prefetch to break
             return text
         broken = re.sub(pattern, replacement, text)
         assert broken != text

@@ -1,4 +1,4 @@
-"""Offline tests for kvpatch.fetch: local git remotes, file:// and 127.0.0.1 package indexes."""
+"""Offline tests for kvpatch.source.fetch: local git remotes, file:// and 127.0.0.1 package indexes."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ import git
 import pytest
 from rich.console import Console
 
-from kvpatch import fetch
+from kvpatch.source import fetch
 from kvpatch.errors import FetchError, UsageError
-from kvpatch.fetch import HEADER, cache_root, fetch_release, normalize_version, release_tag
+from kvpatch.source.fetch import HEADER, cache_root, fetch_release, normalize_version, release_tag
 
 HEADER_TEXT = "// fake attention kernels for {version}\n"
 
@@ -290,11 +290,11 @@ def test_project_not_on_index(env: Path, tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_release_without_header(env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PIP_INDEX_URL", make_index(tmp_path / "index", "0.21.0", header=False).as_uri())
+    monkeypatch.setenv("PIP_INDEX_URL", make_index(tmp_path / "index", "0.23.0", header=False).as_uri())
     for _ in range(2):  # not cached: refused every time
-        with pytest.raises(FetchError, match=r"0\.21\.0 has no csrc/attention/attention_kernels\.cuh.*0\.6\.4 through 0\.20\.x"):
-            fetch_release("0.21.0", remote=_no_remote(tmp_path), console=_console()[0])
-    _assert_nothing_cached(env, "v0.21.0")
+        with pytest.raises(FetchError, match=r"0\.23\.0 has no csrc/attention/attention_kernels\.cuh.*0\.6\.4 through 0\.22\.1"):
+            fetch_release("0.23.0", remote=_no_remote(tmp_path), console=_console()[0])
+    _assert_nothing_cached(env, "v0.23.0")
 
 
 def test_git_release_without_header(env: Path, tmp_path: Path) -> None:
@@ -304,10 +304,10 @@ def test_git_release_without_header(env: Path, tmp_path: Path) -> None:
     _git(work, "init", "-q")
     _git(work, "add", "-A")
     _git(work, "commit", "-q", "-m", "x")
-    _git(work, "tag", "v0.21.0")
-    with pytest.raises(FetchError, match="0.6.4 through 0.20.x"):
-        fetch_release("0.21.0", remote=str(work), console=_console()[0])
-    _assert_nothing_cached(env, "v0.21.0")
+    _git(work, "tag", "v0.23.0")
+    with pytest.raises(FetchError, match="0.6.4 through 0.22.1"):
+        fetch_release("0.23.0", remote=str(work), console=_console()[0])
+    _assert_nothing_cached(env, "v0.23.0")
 
 
 def test_too_old_rejected_before_io(env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -317,7 +317,7 @@ def test_too_old_rejected_before_io(env: Path, tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(fetch, "_clone", boom)
     monkeypatch.setattr(fetch, "_index_url", boom)
     monkeypatch.setattr(fetch.filelock, "FileLock", boom)
-    with pytest.raises(FetchError, match=r"vLLM 0\.6\.3 has no .*0\.6\.4 through 0\.20\.x"):
+    with pytest.raises(FetchError, match=r"vLLM 0\.6\.3 has no .*0\.6\.4 through 0\.22\.1"):
         fetch_release("0.6.3", console=_console()[0])
     assert not env.exists()
 

@@ -680,10 +680,10 @@ def test_run_bench_refuses_unbuilt_points():
 
 
 def test_launch_argument_order_matches_runtime():
-    """harness.launch passes vLLM's op arguments in kvpatch.runtime.Kernels' order."""
+    """harness.launch passes vLLM's op arguments in kvpatch.gpu.launch.Kernels' order."""
     import inspect
 
-    runtime = pytest.importorskip("kvpatch.runtime")
+    runtime = pytest.importorskip("kvpatch.gpu.launch")
     v1 = list(inspect.signature(runtime.Kernels.v1).parameters)[1:]
     v2 = list(inspect.signature(runtime.Kernels.v2).parameters)[1:]
     common = ["query", "key_cache", "value_cache", "num_kv_heads", "scale", "block_tables", "seq_lens",

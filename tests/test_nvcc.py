@@ -17,8 +17,8 @@ import pytest
 
 from conftest import CompileError, REFORMAT_RELEASE
 from kvpatch.config import make_config
-from kvpatch.edits import patch
-from kvpatch.fetch import HEADER
+from kvpatch.patch.plan import patch
+from kvpatch.source.fetch import HEADER
 
 pytestmark = [
     pytest.mark.nvcc,

@@ -16,20 +16,23 @@ import pytest
 from conftest import LOOP_NAMES
 
 from kvpatch.config import make_config
-from kvpatch.edits import patch, unpatch
-from kvpatch.fetch import HEADER
-from kvpatch.sites import find_sites
+from kvpatch.patch.plan import patch, unpatch
+from kvpatch.source import releases
+from kvpatch.source.releases import HEADER
+from kvpatch.patch.sites import find_sites
 
 pytestmark = pytest.mark.network
 
-#: release -> (md5 prefix of its header, key loop line, value loop line, block-number lines)
+#: md5 prefix of each representative release's header (kvpatch's own table).
+MD5 = {release: md5 for release, _, md5 in releases.REVISIONS}
+#: release -> (key loop line, value loop line, block-number lines), as NOTES.md measured.
 REVISIONS = {
-    "0.6.4": ("545aebc6", 227, 380, (257, 394)),
-    "0.8.5": ("0ece6395", 227, 380, (257, 394)),
-    "0.9.2": ("d987e8ac", 227, 380, (257, 394)),
-    "0.10.0": ("29fcd90b", 222, 375, (252, 389)),
-    "0.10.2": ("815bd481", 222, 375, (252, 389)),
-    "0.11.2": ("4fe853f4", 222, 375, (252, 389)),
+    "0.6.4": (227, 380, (257, 394)),
+    "0.8.5": (227, 380, (257, 394)),
+    "0.9.2": (227, 380, (257, 394)),
+    "0.10.0": (222, 375, (252, 389)),
+    "0.10.2": (222, 375, (252, 389)),
+    "0.11.2": (222, 375, (252, 389)),
 }
 
 
@@ -51,12 +54,12 @@ def release(request: pytest.FixtureRequest, vllm_release: Callable[[str], Path])
 
 def test_header_revision(release: tuple[str, str, str]) -> None:
     version, _, text = release
-    assert hashlib.md5(text.encode()).hexdigest().startswith(REVISIONS[version][0])
+    assert hashlib.md5(text.encode()).hexdigest().startswith(MD5[version])
 
 
 def test_sites(release: tuple[str, str, str]) -> None:
     version, path, text = release
-    _, key_line, value_line, (key_number, value_number) = REVISIONS[version]
+    key_line, value_line, (key_number, value_number) = REVISIONS[version]
     sites = find_sites(text, path)
     assert (sites.key.line, sites.value.line) == (key_line, value_line)
     assert (sites.key.block_number_line, sites.value.block_number_line) == (key_number, value_number)

@@ -1,4 +1,4 @@
-"""kvpatch.sites on the fixture headers: the names and offsets read off the AST."""
+"""kvpatch.patch.sites on the fixture headers: the names and offsets read off the AST."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 
 from conftest import LOOP_NAMES, REFORMATTED, STOCK, fixture_text
-from kvpatch.edits import patch, unpatch
+from kvpatch.patch.plan import patch, unpatch
 from kvpatch.config import make_config
 from kvpatch.errors import PatchError
-from kvpatch.sites import Sites, find_sites
+from kvpatch.patch.sites import Sites, find_sites
 
 #: What every fixture header must give, whatever its layout.
 KERNEL_NAMES = {

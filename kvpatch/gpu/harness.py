@@ -204,8 +204,8 @@ def lib_info(path: str | os.PathLike[str], prefix: str) -> dict[str, Any]:
 
 
 def load_libs(specs: Iterable[tuple[str, str, str]]) -> dict[str, Any]:
-    """Load ``(name, path, prefix)`` triples as :class:`kvpatch.runtime.Kernels`, in order."""
-    from kvpatch.runtime import Kernels
+    """Load ``(name, path, prefix)`` triples as :class:`kvpatch.gpu.launch.Kernels`, in order."""
+    from kvpatch.gpu.launch import Kernels
 
     return {name: Kernels(path, prefix) for name, path, prefix in specs}
 
@@ -517,7 +517,7 @@ def written_partitions_mask(seq_lens: Sequence[int], num_heads: int, max_partiti
 
 
 def launch(lib: Any, kernel: str, inp: AttentionInputs, bufs: OutputBuffers) -> None:
-    """One v1 or v2 call through a :class:`kvpatch.runtime.Kernels`, as vLLM's op would."""
+    """One v1 or v2 call through a :class:`kvpatch.gpu.launch.Kernels`, as vLLM's op would."""
     make_launcher(lib, kernel, inp, bufs)()
 
 

@@ -54,17 +54,18 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .edits import render
-from .errors import BuildError, UsageError
-from .parse import parse_header
+from ..templating import render
+from ..abi import ABI_VERSION
+from ..errors import BuildError, UsageError
+from ..source.releases import HEADER
+from ..patch.parse import parse_header
 
 if TYPE_CHECKING:
-    from .config import PatchConfig
+    from ..config import PatchConfig
 
-HEADER = "csrc/attention/attention_kernels.cuh"
 #: Bump when the generated code or the cache layout changes: every cache key changes.
 BUILD_FORMAT = 2
-#: The launcher ABI :mod:`kvpatch.runtime` codes against (``<prefix>_abi_version()``).
+#: The launcher ABI :mod:`kvpatch.gpu.launch` codes against (``<prefix>_abi_version()``).
 ABI_VERSION = 1
 #: The prefetch instruction in SASS and in PTX source.
 PREFETCH_SASS = "UBLKPF"
@@ -618,7 +619,7 @@ def vllm_kernel_set(tree: Path) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 def patched_variants(stock: str, header_path: str, configs: Mapping[str, PatchConfig]) -> list[Variant]:
     """``stock`` as the variant 'stock', then ``stock`` patched with each named configuration."""
-    from .edits import patch  # parsing work only when asked for
+    from ..patch.plan import patch  # parsing work only when asked for
 
     out = [Variant("stock", stock, expect_prefetch=False)]
     out += [Variant.patched(name, patch(stock, header_path, cfg).patched, cfg) for name, cfg in configs.items()]
@@ -629,7 +630,7 @@ def stock_and_patched(
     tree: str | Path, cfg: PatchConfig, names: tuple[str, str] = ("stock", "patched")
 ) -> tuple[Variant, Variant]:
     """The tree's header without and with ``cfg`` (a :class:`kvpatch.config.PatchConfig`)."""
-    from .edits import unpatch
+    from ..patch.plan import unpatch
 
     path = str(Path(tree) / HEADER)
     stock, _ = unpatch(Path(path).read_text(encoding="utf-8"), path)
@@ -782,7 +783,7 @@ def launcher_sources(
         reduce_args=call_arguments(sigs["reduce"]),
     )
     return [
-        render("launcher.cu.j2", shard=i, configs=[c.template_context() for c in configs[i::shards]], **common) + "\n"
+        render("build/launcher.cu.j2", shard=i, configs=[c.template_context() for c in configs[i::shards]], **common) + "\n"
         for i in range(shards)
     ]
 
@@ -790,13 +791,13 @@ def launcher_sources(
 def stub_headers(fp8: bool) -> dict[str, str]:
     """Stand-ins for the torch headers the kernel header includes (paths under ``stubs/``)."""
     stubs = {name: "#pragma once\n" for name in _TORCH_STUBS}
-    stubs["torch/all.h"] = render("launcher_torch_all.h.j2", fp8=fp8) + "\n"
+    stubs["torch/all.h"] = render("build/launcher_torch_all.h.j2", fp8=fp8) + "\n"
     return stubs
 
 
 def plan(spec: BuildSpec, *, cache: Path | None = None, tc: Toolchain | None = None) -> list[VariantPlan]:
     """Plan every variant of ``spec``: reads the tree and runs ``nvcc --version`` (once)."""
-    from .fetch import cache_root
+    from ..source.fetch import cache_root
 
     tc = tc or toolchain()
     root = Path(cache) if cache is not None else cache_root()

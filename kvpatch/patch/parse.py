@@ -151,14 +151,6 @@ class Parsed:
     path: str
     data: bytes
 
-    def errors(self) -> list[str]:
-        """Error diagnostics as 'file:line: message' strings, in order."""
-        out = []
-        for d in self.tu.diagnostics:
-            if d.severity >= ci.Diagnostic.Error:
-                out.append(f"{d.location.file}:{d.location.line}: {d.spelling}")
-        return out
-
     def error_messages(self) -> list[str]:
         """Error diagnostics without positions: comparable across an edit that moves lines."""
         out = []

@@ -23,7 +23,7 @@ from rich.console import Console
 
 from kvpatch import build as B
 from kvpatch.config import make_config
-from kvpatch.fetch import HEADER, fetch_release
+from kvpatch.source.fetch import HEADER, fetch_release
 
 SETS = {
     # the bench's default matrix: GQA 32/8, head 128, block 16, fp16 + bf16, auto cache

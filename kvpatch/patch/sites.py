@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import clang.cindex as ci
 
-from .errors import PatchError
+from ..errors import PatchError
 from .parse import Parsed, parse_header
 
 K = ci.CursorKind

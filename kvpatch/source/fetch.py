@@ -54,14 +54,13 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from kvpatch.errors import FetchError, UsageError
+from ..errors import FetchError, UsageError
+from .releases import FIRST as MIN_VERSION
+from .releases import HEADER, SUPPORTED, release_tuple
 
 DEFAULT_REMOTE = "https://github.com/vllm-project/vllm.git"
-HEADER = "csrc/attention/attention_kernels.cuh"
 
 DEFAULT_INDEX = "https://pypi.org/simple"
-MIN_VERSION = (0, 6, 4)
-SUPPORTED = "kvpatch supports releases 0.6.4 through 0.20.x"
 
 _JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 _HTTP_TIMEOUT = 60.0
@@ -93,10 +92,6 @@ def release_tag(version: str) -> str:
     return f"v{normalize_version(version)}"
 
 
-def _release_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split(".post")[0].split("."))
-
-
 def _unsupported(version: str) -> FetchError:
     return FetchError(f"vLLM {version} has no {HEADER}; {SUPPORTED}")
 
@@ -126,7 +121,7 @@ def fetch_release(
     unknown or unsupported releases and when nothing can be reached.
     """
     version = normalize_version(version)
-    if _release_tuple(version) < MIN_VERSION:
+    if release_tuple(version) < MIN_VERSION:
         raise _unsupported(version)
     console = console if console is not None else Console(stderr=True)
     tag = release_tag(version)

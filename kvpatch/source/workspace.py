@@ -1,7 +1,7 @@
 """The files kvpatch touches: the target tree, its header, and the record of the last apply.
 
-This is the I/O edge around :mod:`kvpatch.edits`. ``apply`` reads the header, asks
-:func:`kvpatch.edits.patch` for new text, refuses when the header carries edits
+This is the I/O edge around :mod:`kvpatch.patch.plan`. ``apply`` reads the header, asks
+:func:`kvpatch.patch.plan.patch` for new text, refuses when the header carries edits
 kvpatch did not make, and writes atomically. The last apply in a directory is
 remembered in ``.kvpatch/state.json`` so that ``diff``, ``build`` and ``revert``
 need no arguments.
@@ -13,34 +13,15 @@ import difflib
 import json
 import os
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import KvpatchError, PatchError, UsageError
-from .fetch import HEADER
+from ..errors import KvpatchError, PatchError, UsageError
+from ..fsutil import write_atomic
+from .releases import HEADER
 
 STATE_DIR = ".kvpatch"
 STATE_FILE = "state.json"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` in one rename; the old file survives any failure."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        if path.exists():
-            os.chmod(tmp, path.stat().st_mode & 0o7777)
-        else:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # --------------------------------------------------------------------------- the tree

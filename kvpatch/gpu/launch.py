@@ -13,8 +13,7 @@ import ctypes
 from pathlib import Path
 from typing import Any
 
-#: Must match kvpatch.build.ABI_VERSION of the library loaded.
-ABI_VERSION = 1
+from ..abi import ABI_VERSION
 
 #: torch dtype name -> (kvpatch.build's name, launcher code)
 DTYPE_CODES = {"float16": ("fp16", 0), "bfloat16": ("bf16", 1), "float32": ("fp32", 2)}

@@ -1,0 +1,62 @@
+"""The one way kvpatch writes files: atomically, through symlinks, never half-written.
+
+``write_atomic`` writes a temporary file beside the *resolved* target and renames it
+over the target, so a symlinked file is updated where it really lives (the link stays
+a link) and a reader never sees a partial file; on any failure the old file is left as
+it was and the temporary file is removed. ``write_if_different`` skips the write when
+the content is already there (build inputs keep their mtimes).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def resolve_target(path: Path) -> Path:
+    """Where a write to ``path`` lands: symlinks (also dangling ones) followed."""
+    return Path(os.path.realpath(path))
+
+
+def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, mode: int | None = None) -> Path:
+    """Replace the file at ``path`` with ``data`` in one rename; returns the file written.
+
+    ``str`` is written as UTF-8 with newlines untouched. A new file gets ``mode`` or the
+    umask's default permissions; an existing one keeps its permissions. Raises
+    ``OSError`` (the old file intact) and ``IsADirectoryError`` for a directory.
+    """
+    target = resolve_target(Path(path))
+    if target.is_dir():
+        raise IsADirectoryError(f"{path} is a directory")
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        if target.exists():
+            os.chmod(tmp, target.stat().st_mode & 0o7777)
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, (0o666 if mode is None else mode) & ~umask)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def write_if_different(path: str | os.PathLike[str], data: str | bytes) -> bool:
+    """:func:`write_atomic` unless the file already holds ``data``; True when written."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        if Path(path).read_bytes() == raw:
+            return False
+    except OSError:
+        pass
+    write_atomic(path, raw)
+    return True

@@ -1,0 +1,77 @@
+"""kvpatch's own earlier injections, found by their marker comments and stripped.
+
+Every region kvpatch injects starts with a ``// kvpatch:begin <label> <configuration>``
+line and ends with ``// kvpatch:end <label>``; libclang returns both as comment tokens,
+so :func:`injections` finds them from the AST's token stream, and :func:`strip`
+turns them into deletions that restore the stock bytes exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import clang.cindex as ci
+
+from ..errors import PatchError
+from .edits import Edit, apply
+from .parse import Parsed, parse_header
+
+BEGIN = "// kvpatch:begin"
+END = "// kvpatch:end"
+
+
+@dataclass(frozen=True)
+class Injection:
+    """One region kvpatch injected earlier, found by its marker comments."""
+
+    start: int  # the newline before the begin marker's line
+    end: int  # just past the end marker
+    label: str  # 'key', 'value-next', ...
+    marker: str  # the configuration text after the label
+
+
+def injections(p: Parsed) -> list[Injection]:
+    """kvpatch's marker pairs in the parsed header, from its comment tokens."""
+    found: list[Injection] = []
+    open_: tuple[int, str, str] | None = None
+    for tok in p.tu.get_tokens(extent=p.tu.cursor.extent):
+        if tok.kind != ci.TokenKind.COMMENT or tok.location.file.name != p.path:
+            continue
+        text = tok.spelling
+        if text.startswith(BEGIN):
+            if open_ is not None:
+                raise PatchError(f"nested kvpatch markers at line {tok.location.line}")
+            label, _, marker = text[len(BEGIN) :].strip().partition(" ")
+            start = tok.extent.start.offset
+            while start > 0 and p.data[start - 1 : start] in (b" ", b"\t"):
+                start -= 1
+            if p.data[start - 1 : start] != b"\n":
+                raise PatchError(f"kvpatch marker not on a line of its own at line {tok.location.line}")
+            start -= 2 if p.data[start - 2 : start] == b"\r\n" else 1
+            open_ = (start, label, marker)
+        elif text.startswith(END):
+            if open_ is None:
+                raise PatchError(f"unmatched '{END}' at line {tok.location.line}")
+            label = text[len(END) :].strip()
+            if label != open_[1]:
+                raise PatchError(f"kvpatch markers do not match at line {tok.location.line}")
+            found.append(Injection(open_[0], tok.extent.end.offset, open_[1], open_[2]))
+            open_ = None
+    if open_ is not None:
+        raise PatchError(f"unterminated '{BEGIN} {open_[1]}' marker")
+    return found
+
+
+def strip(p: Parsed) -> list[Edit]:
+    """Deletions that remove every earlier injection from the parsed header."""
+    return [Edit(j.start, j.end - j.start, "", f"strip {j.label}") for j in injections(p)]
+
+
+def unpatch(text: str, header_path: str) -> tuple[str, tuple[str, ...]]:
+    """``text`` without kvpatch's injections, and the markers that were removed."""
+    parsed = parse_header(text, header_path)
+    found = injections(parsed)
+    if not found:
+        return text, ()
+    stock = apply(parsed.data, strip(parsed))
+    return stock, tuple(sorted({j.marker for j in found}))

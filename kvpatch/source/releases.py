@@ -1,0 +1,31 @@
+"""Facts about vLLM releases, in one place: which carry the header, and its revisions."""
+
+from __future__ import annotations
+
+#: The header kvpatch patches, relative to a vLLM source tree's root.
+HEADER = "csrc/attention/attention_kernels.cuh"
+#: The oldest and newest releases that carry it (absent before 0.6.4, gone from 0.23.0).
+FIRST = (0, 6, 4)
+LAST = (0, 22, 1)
+SUPPORTED = "kvpatch supports vLLM releases 0.6.4 through 0.22.1 (the releases that carry the header)"
+
+#: The six distinct contents of the header: (representative release, releases measured
+#: to share it, md5 prefix of the stock header).
+REVISIONS: tuple[tuple[str, str, str], ...] = (
+    ("0.6.4", "0.6.4", "545aebc6"),
+    ("0.8.5", "0.7.3, 0.8.5", "0ece6395"),
+    ("0.9.2", "0.9.2", "d987e8ac"),
+    ("0.10.0", "0.10.0", "29fcd90b"),
+    ("0.10.2", "0.10.1.1, 0.10.2, 0.11.0", "815bd481"),
+    ("0.11.2", "0.11.2 ... 0.22.1", "4fe853f4"),
+)
+
+
+def release_tuple(version: str) -> tuple[int, ...]:
+    """``'0.10.1.post1'`` -> ``(0, 10, 1)``: the numeric release, for range checks."""
+    return tuple(int(part) for part in version.split(".post")[0].split("."))
+
+
+def carries_header(version: str) -> bool:
+    """Whether a release is in the range that ships the header."""
+    return FIRST <= release_tuple(version)[:3] <= LAST

@@ -20,7 +20,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from . import __version__
-from .config import PatchConfig, dump_config, load_config_file, make_config
+from .config import PatchConfig, dump_config, load_config_file, make_config, parse_rules
 from .errors import KvpatchError, UsageError
 
 app = typer.Typer(
@@ -64,7 +64,10 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 def config_from_options(config_file: Optional[Path], **options) -> PatchConfig:
     """A config file's values, overridden by options given on the command line."""
     values = load_config_file(config_file) if config_file else {}
-    values.update({k: v for k, v in options.items() if v is not None})
+    given = {k: v for k, v in options.items() if v is not None}
+    if isinstance(values.get("rules"), dict) and isinstance(given.get("rules"), dict):
+        given["rules"] = {**values["rules"], **given["rules"]}  # --rule adds to the file's rules
+    values.update(given)
     return make_config(**values)
 
 
@@ -94,6 +97,7 @@ def apply(
     fp16: Annotated[Optional[str], typer.Option("--fp16", help="Settings for fp16 kernels only: 'scope=kv-head,issue=inline' (the default), or 'none'.")] = None,
     bf16: Annotated[Optional[str], typer.Option("--bf16", help="Settings for bf16 kernels only (key=value,...), or 'none'.")] = None,
     fp32: Annotated[Optional[str], typer.Option("--fp32", help="Settings for fp32 kernels only (key=value,...), or 'none'.")] = None,
+    rule: Annotated[Optional[list[str]], typer.Option("--rule", help="Settings for the instantiations a selector picks: 'bf16/80/32=off', 'fp16/64=issue=call' (dtype[/head[/block[/kv]]], * for any; repeatable; SEL=none drops a default rule).")] = None,
     remote: Annotated[str, typer.Option(help="git remote to fetch releases from.")] = "",
     force: Annotated[bool, typer.Option(help="Patch even if the header has local edits.")] = False,
     as_json: JsonOpt = False,
@@ -104,7 +108,7 @@ def apply(
     cfg = config_from_options(
         config, preset=preset, lookahead=lookahead, size=size, align=align, caches=caches,
         cache_hint=cache_hint, placement=placement, scope=scope, control=control, issue=issue, quantized=quantized,
-        fp16=fp16, bf16=bf16, fp32=fp32,
+        fp16=fp16, bf16=bf16, fp32=fp32, rules=parse_rules(rule) if rule else None,
     )  # fmt: skip
     report = api.apply(vllm=vllm, tree=tree, cfg=cfg, cwd=_cwd(), remote=remote or None,
                        force=force, console=err)  # fmt: skip

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from .dtypes import QUERY_DTYPES
 from .errors import UsageError
 
 CACHES = ("k", "v", "kv")
@@ -31,18 +32,78 @@ CHOICES = {"caches": CACHES, "cache_hint": CACHE_HINTS, "placement": PLACEMENTS,
 PAPER = dict(lookahead=1, size=4096, align=16, cache_hint="none", placement="start", scope="cta", issue="inline",
              quantized="prefetch")
 
-#: Query dtypes a configuration can override settings for, with vLLM's scalar type
-#: of each (the ``scalar_t`` its launchers instantiate the kernels with).
-DTYPES = {"fp16": "uint16_t", "bf16": "__nv_bfloat16", "fp32": "float"}
-#: Settings a per-dtype table may change (the others fix where the code goes).
-OVERRIDABLE = ("lookahead", "size", "align", "cache_hint", "scope", "issue", "control")
+#: Query dtypes a configuration can give settings of their own (kvpatch.dtypes' names).
+DTYPES = tuple(QUERY_DTYPES)
+#: KV-cache kinds a rule can select: the query dtype's own (``auto``) or quantized (``fp8``).
+RULE_KV = ("auto", "fp8")
+#: Settings a rule may change (the others fix where the code goes), and ``off``: the
+#: selected instantiations get no prefetch at all and compile exactly as stock.
+OVERRIDABLE = ("lookahead", "size", "align", "cache_hint", "scope", "issue", "control", "off")
 
-#: The default per-dtype settings, measured on an H200 (docs/tuning.md): fp16 gains most
-#: when only one CTA per KV head prefetches, with inline asm (fp16 outputs stay
-#: bit-identical with it); bf16 and fp32 take the base settings (issue=call).
-DEFAULT_OVERRIDES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
+#: The default rules, from the H200 + nvcc 13.0 measurements in docs/tuning.md:
+#: * fp16 gains most when only one CTA per KV head prefetches, with inline asm (fp16
+#:   outputs stay bit-identical with it); bf16 and fp32 take the base settings (call).
+#: * ``off`` where any issue form changes stock's floating-point code generation (the
+#:   SASS check of ``kvpatch build`` reports it; vLLM's own kernel test saw those bf16
+#:   instantiations differ from stock with ALiBi): they compile as stock.
+DEFAULT_OVERRIDES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = tuple(sorted((
     ("fp16", (("scope", "kv-head"), ("issue", "inline"))),
-)
+    ("bf16/32/32", (("off", True),)),
+    ("bf16/80/32", (("off", True),)),
+)))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Selector:
+    """Which kernel instantiations a rule applies to: ``dtype[/head[/block[/kv]]]``.
+
+    Each part is a value or ``*``; ``bf16/80/32`` is bf16 queries, head size 80, block
+    size 32, any KV cache; ``*/*/32/fp8`` every fp8-cache kernel of block size 32. The
+    generated code tests the parts with ``if constexpr`` on the kernel's own template
+    parameters, so each instantiation compiles only the settings that select it.
+    """
+
+    dtype: str | None = None
+    head_size: int | None = None
+    block_size: int | None = None
+    kv_cache: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Selector:
+        parts = [p.strip() for p in str(text).strip().split("/")]
+        if not 1 <= len(parts) <= 4 or any(not p for p in parts):
+            raise UsageError(f"invalid selector {text!r}: use dtype[/head[/block[/kv]]], e.g. bf16/80/32 or */*/32")
+        parts += ["*"] * (4 - len(parts))
+        dtype, head, block, kv = (None if p == "*" else p for p in parts)
+        if dtype is not None and dtype not in DTYPES:
+            raise UsageError(f"invalid selector {text!r}: dtype {dtype!r} is not one of {', '.join(DTYPES)}, *")
+        sizes = []
+        for what, value in (("head size", head), ("block size", block)):
+            if value is not None and not (value.isdigit() and 0 < int(value) <= 1024):
+                raise UsageError(f"invalid selector {text!r}: {what} {value!r} is not a number (or *)")
+            sizes.append(None if value is None else int(value))
+        if kv is not None and kv not in RULE_KV:
+            raise UsageError(f"invalid selector {text!r}: kv-cache {kv!r} is not one of {', '.join(RULE_KV)}, *")
+        sel = cls(dtype, sizes[0], sizes[1], kv)
+        if sel == cls():
+            raise UsageError(f"invalid selector {text!r}: it selects everything; set the option itself instead")
+        return sel
+
+    def __str__(self) -> str:
+        parts = [self.dtype or "*", *(str(x) if x is not None else "*" for x in (self.head_size, self.block_size)),
+                 self.kv_cache or "*"]  # fmt: skip
+        while parts and parts[-1] == "*":
+            parts.pop()
+        return "/".join(parts)
+
+    @property
+    def specificity(self) -> int:
+        return sum(x is not None for x in (self.dtype, self.head_size, self.block_size, self.kv_cache))
+
+    def matches(self, dtype: str, head_size: int, block_size: int, kv_cache: str = "auto") -> bool:
+        kv = "auto" if kv_cache == "auto" else "fp8"
+        return all(want is None or want == have for want, have in
+                   ((self.dtype, dtype), (self.head_size, head_size), (self.block_size, block_size), (self.kv_cache, kv)))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -83,9 +144,12 @@ class PatchConfig:
     #: same prefetch as the others (``prefetch``). Measured on an H200, fp8 caches ran
     #: 0.89-0.97x with the prefetch (docs/tuning.md).
     quantized: str = "skip"
-    #: Per-dtype settings, ``((dtype, ((key, value), ...)), ...)``: the kernels of that
-    #: query dtype use them instead of the base ones (chosen at compile time with
-    #: ``if constexpr`` on the kernel's scalar type).
+    #: No prefetch at all (only meaningful in a rule: those instantiations compile as stock).
+    off: bool = False
+    #: Rules, ``((selector, ((key, value), ...)), ...)``: the kernels a selector (a
+    #: query dtype ``fp16``, or ``dtype/head/block[/kv]`` such as ``bf16/80/32``) picks use
+    #: these settings instead of the base ones; the most specific matching rule wins.
+    #: Chosen at compile time with ``if constexpr`` on the kernel's template parameters.
     overrides: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = DEFAULT_OVERRIDES
 
     @property
@@ -97,16 +161,29 @@ class PatchConfig:
         return "v" in self.caches
 
     def for_dtype(self, dtype: str) -> PatchConfig:
-        """The settings the kernels of one query dtype get (no overrides left)."""
-        return replace(self, **dict(dict(self.overrides).get(dtype, ())), overrides=())
+        """The settings of the rule whose selector is exactly ``dtype`` (else the base ones)."""
+        return self.for_selector(dtype)
+
+    def for_selector(self, selector: str) -> PatchConfig:
+        """The settings of the rule with this selector text (else the base ones); no rules left."""
+        return replace(self, **dict(dict(self.overrides).get(str(Selector.parse(selector)), ())), overrides=())
+
+    def resolve(self, dtype: str, head_size: int, block_size: int, kv_cache: str = "auto") -> PatchConfig:
+        """What one instantiation gets: the first matching rule of :meth:`variants`, else the base."""
+        for selector, cfg in self.variants():
+            if selector is None or Selector.parse(selector).matches(dtype, head_size, block_size, kv_cache):
+                return cfg
+        raise AssertionError("unreachable: the base settings match everything")
 
     def variants(self) -> list[tuple[str | None, PatchConfig]]:
-        """``[(dtype, settings), ..., (None, base settings)]``: what the template branches on."""
-        return [(d, self.for_dtype(d)) for d, _ in self.overrides] + [(None, replace(self, overrides=()))]
+        """``[(selector, settings), ..., (None, base settings)]``: what the template branches
+        on, the most specific selectors first (an instantiation takes the first that matches)."""
+        ordered = sorted(self.overrides, key=lambda item: -Selector.parse(item[0]).specificity)
+        return [(sel, self.for_selector(sel)) for sel, _ in ordered] + [(None, replace(self, overrides=()))]
 
     @property
     def uses_call(self) -> bool:
-        return any(c.issue == "call" for _, c in self.variants())
+        return any(c.issue == "call" and not c.off for _, c in self.variants())
 
     @property
     def branches_on_types(self) -> bool:
@@ -118,8 +195,8 @@ class PatchConfig:
         if self.preset == "paper":
             return f"preset=paper caches={self.caches}" + (" control" if self.control else "")
         text = self._marker_base()
-        for dtype, items in self.overrides:
-            text += f" {dtype}:" + ",".join(f"{k}={_text(v)}" for k, v in items)
+        for selector, items in self.overrides:
+            text += f" {selector}:" + ",".join("off" if k == "off" else f"{k}={_text(v)}" for k, v in items)
         return text
 
     def _marker_base(self) -> str:
@@ -146,13 +223,16 @@ class PatchConfig:
         """
         d = asdict(self)
         d["size"] = "auto" if self.size is None else self.size
-        del d["overrides"]
+        del d["overrides"], d["off"]
         if self.preset == "paper":
             return d
         given = dict(self.overrides)
         for dtype in DTYPES:
             items = given.get(dtype)
             d[dtype] = {k: ("auto" if k == "size" and v is None else v) for k, v in items} if items else "none"
+        rules = {sel: {k: ("auto" if k == "size" and v is None else v) for k, v in items}
+                 for sel, items in self.overrides if sel not in DTYPES}  # fmt: skip
+        d["rules"] = rules if rules else "none"
         return d
 
 
@@ -199,7 +279,7 @@ def make_config(**options: Any) -> PatchConfig:
     values; giving any of those explicitly alongside it is an error rather than a
     silent override.
     """
-    known = ({f.name for f in fields(PatchConfig)} - {"overrides"}) | set(DTYPES)
+    known = ({f.name for f in fields(PatchConfig)} - {"overrides", "off"}) | set(DTYPES) | {"rules"}
     unknown = sorted(set(options) - known)
     if unknown:
         raise UsageError(f"unknown configuration key(s): {', '.join(unknown)}")
@@ -229,51 +309,95 @@ def make_config(**options: Any) -> PatchConfig:
         clash = sorted(k for k, fixed in PAPER.items() if k in given and getattr(cfg, k) != fixed)
         if clash:
             raise UsageError(f"--preset paper fixes {', '.join(clash)}; drop those options")
-        if any(d in given for d in DTYPES):
-            raise UsageError("--preset paper takes no per-dtype settings")
+        if any(d in given for d in (*DTYPES, "rules")):
+            raise UsageError("--preset paper takes no per-dtype settings or rules")
         return replace(cfg, preset="paper", overrides=(), **PAPER)
     return replace(cfg, overrides=_overrides(cfg, given))
 
 
 def parse_override(text: str) -> dict[str, Any]:
-    """``'scope=kv-head,issue=inline'`` (the CLI form) -> a dict; ``'none'`` -> {}."""
+    """``'scope=kv-head,issue=inline'`` (the CLI form) -> a dict; ``'none'`` -> {}; ``'off'`` -> {'off': True}."""
     if text.strip() in ("", "none"):
         return {}
     out: dict[str, Any] = {}
     for item in text.split(","):
+        if item.strip() == "off":
+            out["off"] = True
+            continue
         key, sep, value = item.partition("=")
         if not sep:
-            raise UsageError(f"invalid per-dtype setting {item!r}: use key=value[,key=value...]")
+            raise UsageError(f"invalid per-dtype setting {item!r}: use key=value[,key=value...] or off")
         value = value.strip()
         out[key.strip().replace("-", "_")] = {"true": True, "false": False}.get(value, value)
     return out
 
 
+def parse_rules(items: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """``['bf16/80/32=off', 'fp16/64=issue=call']`` (repeated ``--rule``) -> {selector: settings}."""
+    out: dict[str, str] = {}
+    for item in items:
+        selector, sep, settings = item.partition("=")
+        if not sep or not selector.strip():
+            raise UsageError(f"invalid --rule {item!r}: use SELECTOR=SETTINGS, e.g. bf16/80/32=off or fp16/64=issue=call")
+        key = str(Selector.parse(selector))
+        if key in out:
+            raise UsageError(f"--rule {key} given twice")
+        out[key] = settings
+    return out
+
+
+def _rule_settings(name: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        value = parse_override(value)
+    if not isinstance(value, dict):
+        raise UsageError(f"invalid {name} settings {value!r}: a table of {', '.join(OVERRIDABLE)}, 'off' or 'none'")
+    value = {str(k).replace("-", "_"): v for k, v in value.items()}
+    bad = sorted(set(value) - set(OVERRIDABLE))
+    if bad:
+        raise UsageError(f"{name} cannot override {', '.join(bad)} (only {', '.join(OVERRIDABLE)})")
+    if "off" in value and value["off"] is not True:
+        if value["off"] is False:
+            del value["off"]
+        else:
+            raise UsageError(f"invalid {name} off {value['off']!r}: expected true")
+    if value.get("off") and len(value) > 1:
+        raise UsageError(f"{name}: 'off' takes no other settings")
+    return value
+
+
 def _overrides(base: PatchConfig, given: dict[str, Any]) -> tuple:
-    """Validated per-dtype settings: the defaults for dtypes not mentioned."""
+    """Validated rules: the defaults, changed by the per-dtype tables and ``rules`` given."""
     result = dict(DEFAULT_OVERRIDES)
-    for dtype in DTYPES:
-        if dtype not in given:
+    requested: dict[str, Any] = {d: given[d] for d in DTYPES if d in given}
+    rules = given.get("rules")
+    if rules is not None:
+        if rules == "none":  # drop every default rule that is not a dtype's own table
+            result = {k: v for k, v in result.items() if k in DTYPES}
+        elif isinstance(rules, dict):
+            for selector, value in rules.items():
+                key = str(Selector.parse(selector))
+                if key in requested:
+                    raise UsageError(f"rule {key} given twice")
+                requested[key] = value
+        else:
+            raise UsageError(f"invalid rules {rules!r}: a table of selector = settings, or 'none'")
+    plain = {**base.to_toml_dict(), **{d: "none" for d in DTYPES}, "rules": "none"}
+    for key, value in requested.items():
+        settings = _rule_settings(key, value)
+        if not settings:
+            result.pop(key, None)
             continue
-        value = given[dtype]
-        if isinstance(value, str):
-            value = parse_override(value)
-        if not isinstance(value, dict):
-            raise UsageError(f"invalid {dtype} settings {value!r}: a table of {', '.join(OVERRIDABLE)}")
-        value = {str(k).replace("-", "_"): v for k, v in value.items()}
-        bad = sorted(set(value) - set(OVERRIDABLE))
-        if bad:
-            raise UsageError(f"{dtype} cannot override {', '.join(bad)} (only {', '.join(OVERRIDABLE)})")
-        if not value:
-            result.pop(dtype, None)
+        if settings.get("off"):
+            result[key] = (("off", True),)
             continue
         # validate the values the way the base ones are, then keep the normalised values
-        effective = make_config(**{**base.to_toml_dict(), **{d: "none" for d in DTYPES}, **value})
-        result[dtype] = tuple((k, getattr(effective, k)) for k in OVERRIDABLE if k in value)
+        effective = make_config(**{**plain, **settings})
+        result[key] = tuple((k, getattr(effective, k)) for k in OVERRIDABLE if k in settings)
     overrides = tuple(sorted(result.items()))
-    callers = {(c.align, c.cache_hint) for _, c in replace(base, overrides=overrides).variants() if c.issue == "call"}
+    callers = {(c.align, c.cache_hint) for _, c in replace(base, overrides=overrides).variants()
+               if c.issue == "call" and not c.off}  # fmt: skip
     if len(callers) > 1:
-        raise UsageError("the dtypes that use issue=call share one helper: give them the same align and cache-hint")
+        raise UsageError("the kernels that use issue=call share one helper: give them the same align and cache-hint")
     return overrides
 
 
@@ -289,9 +413,16 @@ def load_config_file(path: Path) -> dict[str, Any]:
     if not isinstance(table, dict):
         raise UsageError(f"invalid config file {path}: [kvpatch] must be a table")
     return {
-        str(k).replace("-", "_"): ({str(a).replace("-", "_"): b for a, b in v.items()} if isinstance(v, dict) else v)
+        str(k).replace("-", "_"): (_table_keys(k, v) if isinstance(v, dict) else v)
         for k, v in table.items()
     }
+
+
+def _table_keys(name: Any, table: dict) -> dict:
+    """A nested table's keys with '-' read as '_' (rule selectors are kept as written)."""
+    if str(name) == "rules":
+        return {str(a): (_table_keys("", b) if isinstance(b, dict) else b) for a, b in table.items()}
+    return {str(a).replace("-", "_"): b for a, b in table.items()}
 
 
 def _toml_value(value: Any) -> str:
@@ -314,5 +445,9 @@ def dump_config(cfg: PatchConfig) -> str:
     for name, table in tables:
         lines.append("")
         lines.append(f"[kvpatch.{name}]")
+        if name == "rules":
+            lines += [f'"{sel}" = {{ ' + ", ".join(f"{k.replace('_', '-')} = {_toml_value(v)}" for k, v in items.items()) + " }"
+                      for sel, items in table.items()]  # fmt: skip
+            continue
         lines += [f"{k.replace('_', '-')} = {_toml_value(v)}" for k, v in table.items()]
     return "\n".join(lines) + "\n"

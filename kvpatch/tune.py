@@ -117,11 +117,13 @@ def combine(ranked: dict[str, list[Score]], configs: dict[str, PatchConfig]) -> 
     base_name = ranked["bf16"][0].name if "bf16" in ranked else next(iter(configs))
     picked["bf16"] = base_name
     base = configs[base_name]
+    # The candidates carry no rules; leaving "rules" out keeps the default per-instantiation
+    # rules (the "off" ones that keep stock's code generation), which tune does not measure.
     overrides: dict[str, Any] = {"fp32": "none", "bf16": "none", "fp16": "none"}
     for s in ranked.get("fp16", []):
         cand = configs[s.name]
         settings = {k: getattr(cand, k) for k in OVERRIDABLE if getattr(cand, k) != getattr(base, k)}
-        options = {**base.to_toml_dict(), **overrides}
+        options = {k: v for k, v in base.to_toml_dict().items() if k != "rules"} | overrides
         options["fp16"] = ",".join(f"{k}={'auto' if v is None else v}" for k, v in settings.items()) or "none"
         try:
             cfg = make_config(**options)
@@ -129,7 +131,7 @@ def combine(ranked: dict[str, list[Score]], configs: dict[str, PatchConfig]) -> 
             continue
         picked["fp16"] = s.name
         return cfg, picked
-    return make_config(**{**base.to_toml_dict(), **overrides}), picked
+    return make_config(**({k: v for k, v in base.to_toml_dict().items() if k != "rules"} | overrides)), picked
 
 
 @dataclass

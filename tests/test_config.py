@@ -150,11 +150,11 @@ def test_paper_preset_refuses_size_auto() -> None:
 @pytest.mark.parametrize(
     "options, marker",
     [
-        ({}, "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call quantized=skip fp16:scope=kv-head,issue=inline"),
+        ({}, "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call quantized=skip bf16/32/32:off bf16/80/32:off fp16:scope=kv-head,issue=inline"),
         (
             {"lookahead": 2, "size": 8192, "align": 128, "caches": "v", "cache_hint": "evict_first",
              "placement": "end", "scope": "kv-head", "control": True},
-            "lookahead=2 size=8192 align=128 caches=v hint=evict_first placement=end scope=kv-head issue=call quantized=skip control fp16:scope=kv-head,issue=inline",
+            "lookahead=2 size=8192 align=128 caches=v hint=evict_first placement=end scope=kv-head issue=call quantized=skip control bf16/32/32:off bf16/80/32:off fp16:scope=kv-head,issue=inline",
         ),
         ({"preset": "paper"}, "preset=paper caches=kv"),
         ({"preset": "paper", "control": True}, "preset=paper caches=kv control"),
@@ -204,6 +204,10 @@ def test_dump_config_of_the_defaults() -> None:
         "[kvpatch.fp16]\n"
         'scope = "kv-head"\n'
         'issue = "inline"\n'
+        "\n"
+        "[kvpatch.rules]\n"
+        '"bf16/32/32" = { off = true }\n'
+        '"bf16/80/32" = { off = true }\n'
     )
 
 
@@ -279,7 +283,7 @@ def test_per_dtype_settings_apply_to_their_dtype_only() -> None:
 
 
 def test_none_clears_a_dtypes_settings() -> None:
-    cfg = make_config(fp16="none", issue="inline")
+    cfg = make_config(fp16="none", rules="none", issue="inline")
     assert cfg.overrides == ()
     assert cfg.marker() == "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=inline quantized=skip"
 

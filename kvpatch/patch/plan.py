@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import clang.cindex as ci
 
-from ..config import PatchConfig
+from ..config import PatchConfig, Selector
 from ..dtypes import QUERY_DTYPES
 from ..errors import PatchError
 from ..templating import render
@@ -33,6 +33,24 @@ def _auto_size(sites: Sites) -> str:
 # --------------------------------------------------------------------------- planning
 
 
+def branch_condition(selector: str, sites: Sites) -> str:
+    """The ``if constexpr`` condition that picks a rule's instantiations, in the kernel's own
+    template parameters: ``bf16/80/32`` -> ``kvpatch_is_same<scalar_t, __nv_bfloat16>::value
+    && HEAD_SIZE == 80 && BLOCK_SIZE == 32``."""
+    sel = Selector.parse(selector)
+    terms = []
+    if sel.dtype is not None:
+        terms.append(f"kvpatch_is_same<{sites.scalar_type}, {QUERY_DTYPES[sel.dtype].c_type}>::value")
+    if sel.head_size is not None:
+        terms.append(f"{sites.head_size} == {sel.head_size}")
+    if sel.block_size is not None:
+        terms.append(f"{sites.block_size} == {sel.block_size}")
+    if sel.kv_cache is not None:
+        same = f"kvpatch_is_same<{sites.cache_type}, {sites.scalar_type}>::value"
+        terms.append(same if sel.kv_cache == "auto" else f"!{same}")
+    return " && ".join(terms)
+
+
 def _insertion(offset: int, body: str, what: str, newline: str = "\n") -> Edit:
     # Every injection starts with a newline right after the statement (or brace) it
     # follows and ends at the end of its last line, so deleting
@@ -46,11 +64,12 @@ def plan(sites: Sites, cfg: PatchConfig) -> list[Edit]:
     chosen: list[Site] = [s for s in sites if (s.kind == "key" and cfg.k) or
                           (s.kind == "value" and cfg.v)]  # fmt: skip
     if (cfg.uses_call or cfg.branches_on_types) and chosen:
-        caller = next((c for _, c in cfg.variants() if c.issue == "call"), None)
+        caller = next((c for _, c in cfg.variants() if c.issue == "call" and not c.off), None)
         helper = render("inject/prefetch_helper.cuh.j2", cfg=cfg, c=caller)
         edits.append(_insertion(sites.before_function, helper, "helpers", sites.newline))
     for site in chosen:
-        ctx = dict(site=site, sites=sites, cfg=cfg, auto_size=_auto_size(sites), scalar_types={d.name: d.c_type for d in QUERY_DTYPES.values()})
+        branches = [(None if sel is None else branch_condition(sel, sites), c) for sel, c in cfg.variants()]
+        ctx = dict(site=site, sites=sites, cfg=cfg, auto_size=_auto_size(sites), branches=branches)
         if cfg.preset == "paper":
             nxt = render("inject/paper_next_block.cuh.j2", i=site.body_indent, **ctx)
             pre = render("inject/paper_prefetch.cuh.j2", i=site.inner_indent, **ctx)

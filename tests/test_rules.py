@@ -1,0 +1,196 @@
+"""Per-instantiation rules: selectors, which rule an instantiation gets, the TOML and
+CLI forms, and (with nvcc) that an ``off`` instantiation compiles to stock's exact PTX."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from conftest import STUB_HEADERS
+from kvpatch.config import Selector, dump_config, load_config_file, make_config, parse_rules
+from kvpatch.errors import UsageError
+from kvpatch.patch.plan import branch_condition, patch
+from kvpatch.source.releases import HEADER
+
+# --------------------------------------------------------------------------- selectors
+
+
+@pytest.mark.parametrize(
+    "text, canonical, specificity",
+    [
+        ("bf16", "bf16", 1),
+        ("bf16/80/32", "bf16/80/32", 3),
+        ("*/*/32", "*/*/32", 1),
+        ("fp16/64/*/*", "fp16/64", 2),
+        ("*/128/16/fp8", "*/128/16/fp8", 3),
+        (" fp32 / 256 ", "fp32/256", 2),
+    ],
+)
+def test_selector_canonical_form(text: str, canonical: str, specificity: int) -> None:
+    sel = Selector.parse(text)
+    assert str(sel) == canonical
+    assert sel.specificity == specificity
+    assert Selector.parse(str(sel)) == sel
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("fp8", "dtype 'fp8' is not one of"),
+        ("bf16/eighty", "head size 'eighty' is not a number"),
+        ("bf16/80/0", "block size '0' is not a number"),
+        ("bf16/80/32/fp4", "kv-cache 'fp4' is not one of"),
+        ("bf16/80/32/auto/x", "use dtype"),
+        ("bf16//32", "use dtype"),
+        ("*", "selects everything"),
+    ],
+)
+def test_bad_selectors(text: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        Selector.parse(text)
+
+
+def test_matches() -> None:
+    sel = Selector.parse("bf16/*/32")
+    assert sel.matches("bf16", 80, 32)
+    assert not sel.matches("bf16", 80, 16)
+    assert not sel.matches("fp16", 80, 32)
+    assert Selector.parse("*/*/*/fp8").matches("fp16", 128, 16, "fp8_e5m2")
+    assert not Selector.parse("*/*/*/fp8").matches("fp16", 128, 16, "auto")
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def test_default_rules_turn_off_the_bf16_instantiations_that_change_code_generation() -> None:
+    cfg = make_config()
+    assert cfg.resolve("bf16", 80, 32).off and cfg.resolve("bf16", 32, 32).off
+    assert not cfg.resolve("bf16", 80, 16).off and cfg.resolve("bf16", 80, 16).issue == "call"
+    assert cfg.resolve("fp16", 80, 32).issue == "inline"  # the fp16 rule, not an off one
+    assert cfg.resolve("fp32", 128, 16) == cfg.for_dtype("fp32")
+
+
+def test_the_most_specific_rule_wins_whatever_the_order() -> None:
+    cfg = make_config(rules={"fp16/64": "issue=call", "*/64/16": "off", "fp16/64/16": "lookahead=3"})
+    assert cfg.resolve("fp16", 64, 16).lookahead == 3  # three parts beat two
+    assert cfg.resolve("fp16", 64, 32).issue == "call"
+    assert cfg.resolve("bf16", 64, 16).off
+    selectors = [sel for sel, _ in cfg.variants()]
+    assert selectors.index("fp16/64/16") < selectors.index("fp16/64") < selectors.index("fp16")
+    assert selectors[-1] is None  # the base settings come last
+
+
+def test_rules_none_drops_the_default_rules_but_not_the_dtype_tables() -> None:
+    cfg = make_config(rules="none")
+    assert [sel for sel, _ in cfg.overrides] == ["fp16"]
+    assert not cfg.resolve("bf16", 80, 32).off
+
+
+def test_a_rule_set_to_none_removes_that_rule() -> None:
+    cfg = make_config(rules={"bf16/80/32": "none"})
+    assert not cfg.resolve("bf16", 80, 32).off and cfg.resolve("bf16", 32, 32).off
+
+
+@pytest.mark.parametrize(
+    "rules, message",
+    [
+        ({"bf16/80/32": "off,lookahead=2"}, "'off' takes no other settings"),
+        ({"bf16/80/32": "placement=end"}, "cannot override placement"),
+        ({"bf16/80/32": {"off": "yes"}}, "expected true"),
+        ({"bf16/80/32": "lookahead=0"}, "invalid lookahead 0"),
+        ({"bf16/80": "issue=call,align=64"}, "share one helper"),
+        ("everything", "invalid rules"),
+    ],
+)
+def test_bad_rules(rules, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        make_config(rules=rules)
+
+
+def test_cli_rule_form() -> None:
+    assert parse_rules(["bf16/80/32=off", "fp16/64/*=issue=call,lookahead=2"]) == {
+        "bf16/80/32": "off", "fp16/64": "issue=call,lookahead=2"}  # fmt: skip
+    with pytest.raises(UsageError, match="use SELECTOR=SETTINGS"):
+        parse_rules(["bf16/80/32"])
+    with pytest.raises(UsageError, match="given twice"):
+        parse_rules(["bf16/80/32=off", "bf16/80/32/*=off"])
+
+
+def test_rules_round_trip_through_toml(tmp_path: Path) -> None:
+    cfg = make_config(rules={"fp16/64": "issue=call,lookahead=2", "*/*/8": "off"}, bf16="lookahead=2")
+    path = tmp_path / "kvpatch.toml"
+    path.write_text(dump_config(cfg))
+    assert '"fp16/64" = { lookahead = 2, issue = "call" }' in path.read_text()
+    assert make_config(**load_config_file(path)) == cfg
+
+
+def test_marker_names_every_rule() -> None:
+    cfg = make_config(rules={"*/*/8": "off"})
+    assert cfg.marker().endswith("*/*/8:off bf16/32/32:off bf16/80/32:off fp16:scope=kv-head,issue=inline")
+
+
+def test_branch_conditions_use_the_kernels_template_parameters(stock_sites) -> None:
+    assert branch_condition("bf16/80/32", stock_sites) == (
+        "kvpatch_is_same<scalar_t, __nv_bfloat16>::value && HEAD_SIZE == 80 && BLOCK_SIZE == 32")
+    assert branch_condition("*/*/16/fp8", stock_sites) == "BLOCK_SIZE == 16 && !kvpatch_is_same<cache_t, scalar_t>::value"
+    assert branch_condition("fp32/*/*/auto", stock_sites) == (
+        "kvpatch_is_same<scalar_t, float>::value && kvpatch_is_same<cache_t, scalar_t>::value")
+
+
+@pytest.fixture(scope="module")
+def stock_sites():
+    from conftest import fixture_text
+    from kvpatch.patch.sites import find_sites
+
+    return find_sites(fixture_text(), "/tmp/vllm/" + HEADER)
+
+
+# --------------------------------------------------------------------------- nvcc: off means stock
+
+
+TU = """\
+#include <cstdint>
+#include "attention_kernels.cuh"
+void* kvpatch_test_kernels[] = {
+  (void*)&vllm::paged_attention_v1_kernel<__nv_bfloat16, __nv_bfloat16, HEAD, BLOCK, 128,
+                                          vllm::Fp8KVCacheDataType::kAuto, false>,
+  (void*)&vllm::paged_attention_v2_kernel<__nv_bfloat16, __nv_bfloat16, HEAD, BLOCK, 128,
+                                          vllm::Fp8KVCacheDataType::kAuto, false, 512>,
+};
+"""
+
+
+def _ptx(tmp: Path, csrc: Path, header: str, head: int, block: int) -> str:
+    tmp.mkdir(parents=True)
+    for name in STUB_HEADERS:
+        (tmp / "stubs" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / "stubs" / name).write_text("#pragma once\n")
+    (tmp / "attention_kernels.cuh").write_text(header, encoding="utf-8")
+    (tmp / "tu.cu").write_text(TU.replace("HEAD", str(head)).replace("BLOCK", str(block)))
+    cmd = [shutil.which("nvcc"), "-std=c++17", "-ptx", "-gencode=arch=compute_90a,code=sm_90a",
+           f"-I{tmp}", f"-I{csrc / 'attention'}", f"-I{csrc}", f"-I{tmp / 'stubs'}", str(tmp / "tu.cu"),
+           "-o", str(tmp / "tu.ptx")]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return (tmp / "tu.ptx").read_text()
+
+
+@pytest.mark.nvcc
+@pytest.mark.network
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_an_off_instantiation_compiles_to_stocks_exact_ptx(vllm_release: Callable[[str], Path], tmp_path: Path) -> None:
+    tree = vllm_release("0.10.2")
+    stock = (tree / HEADER).read_text(encoding="utf-8")
+    patched = patch(stock, str(tree / HEADER), make_config()).patched
+    csrc = tree / "csrc"
+    off_stock = _ptx(tmp_path / "s80", csrc, stock, 80, 32)
+    off_patched = _ptx(tmp_path / "p80", csrc, patched, 80, 32)
+    assert "cp.async.bulk.prefetch" not in off_patched
+    assert off_patched == off_stock  # bf16/80/32 is off by default: not one instruction differs
+    on_patched = _ptx(tmp_path / "p16", csrc, patched, 80, 16)  # the same dtype and head, block 16: prefetches
+    assert re.search(r"call\.uni[^;]*kvpatch_prefetch_l2", on_patched.replace("\n", " ")) or "cp.async.bulk.prefetch" in on_patched

@@ -429,11 +429,19 @@ class Variant:
     #: Whether kernels with a quantized (fp8) cache are expected to prefetch too
     #: (False under the default ``quantized=skip``).
     quantized_prefetch: bool = True
+    #: The configuration it was patched with: which instantiations a rule turns off.
+    config: PatchConfig | None = None
 
     @classmethod
     def patched(cls, name: str, header: str, cfg: PatchConfig) -> Variant:
         """A header patched with ``cfg``, expecting the SASS that configuration gives."""
-        return cls(name, header, expect_prefetch=True, quantized_prefetch=cfg.quantized == "prefetch")
+        return cls(name, header, expect_prefetch=True, quantized_prefetch=cfg.quantized == "prefetch", config=cfg)
+
+    def expects_prefetch(self, dtype: str, kv_cache_dtype: str, head_size: int, block_size: int) -> bool:
+        """Whether this instantiation's v1/v2 kernels must hold the prefetch (on sm_90+)."""
+        if not self.has_prefetch or (kv_cache_dtype != "auto" and not self.quantized_prefetch):
+            return False
+        return self.config is None or not self.config.resolve(dtype, head_size, block_size, kv_cache_dtype).off
 
     @property
     def prefix(self) -> str:
@@ -1273,8 +1281,8 @@ def _inspect(p: VariantPlan, tools: Inspector, step: Callable[[str, Callable[[],
         desc = describe_kernel(names[sym], sigs)
         if desc is None:
             continue
-        expect = (p.variant.has_prefetch and desc["kernel"] != "reduce" and _arch_major(arch) >= 9
-                  and (desc["kv_cache_dtype"] == "auto" or p.variant.quantized_prefetch))  # fmt: skip
+        expect = (desc["kernel"] != "reduce" and _arch_major(arch) >= 9
+                  and p.variant.expects_prefetch(desc["dtype"], desc["kv_cache_dtype"], desc["head_size"], desc["block_size"]))  # fmt: skip
         res = usage.get((arch, sym), {"registers": 0, "spill_stores": 0, "spill_loads": 0, "stack_bytes": 0})
         kernels.append(KernelInfo(arch=arch, **desc, **res, has_prefetch=has, expect_prefetch=expect, symbol=sym))
     kernels.sort(key=_kernel_order)

@@ -150,3 +150,108 @@ def test_range_table_layout():
         range_table([(a.data_ptr() + 8, 16)])
     with pytest.raises(ValueError, match="multiples of 16"):
         range_table([(a.data_ptr(), 0)])
+
+
+# --------------------------------------------------------------------------- the kernel
+
+import json  # noqa: E402
+import shutil  # noqa: E402
+
+from kvpatch.errors import BuildError, UsageError  # noqa: E402
+from kvpatch.prefetch import kernel as K  # noqa: E402
+
+needs_nvcc = [pytest.mark.nvcc, pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")]
+
+
+def test_source_shows_each_form_literally():
+    src = K.PrefetchKernelSpec().source()
+    assert 'asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));' in src
+    assert 'asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(address), "r"(bytes), "l"(policy) : "memory");' in src
+    assert 'asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(address) : "memory");' in src
+    assert "constexpr long long kUnit = 4096;" in src and "constexpr long long kUnit = 128;" in src
+    assert "__launch_bounds__(32)" in src
+    plain = K.PrefetchKernelSpec(hint="none", chunk=8192).source()
+    assert "createpolicy" not in plain and "cache_hint" not in plain
+    assert 'asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(address), "r"(bytes) : "memory");' in plain
+    assert 'asm volatile("prefetch.global.L2 [%0];" ::"l"(address) : "memory");' in plain
+    assert "constexpr long long kUnit = 8192;" in plain
+
+
+def test_spec_and_arch_errors():
+    with pytest.raises(UsageError, match="hint"):
+        K.PrefetchKernelSpec(hint="evict_sometimes")
+    for chunk in (0, 24, K.MAX_CHUNK + 16):
+        with pytest.raises(UsageError, match="multiple of 16"):
+            K.PrefetchKernelSpec(chunk=chunk)
+    with pytest.raises(UsageError, match="sm_80 or newer"):
+        K.build_prefetch_library("7.5;9.0a")
+    with pytest.raises(UsageError, match="8.0 or newer"):
+        K.archs_for_capability(7, 5)
+    assert K.archs_for_capability(9, 0) == "9.0a" and K.archs_for_capability(8, 9) == "8.9"
+
+
+SASS_SAMPLE = """
+\tcode for sm_90a
+\t\tFunction : kern
+        /*0860*/                   UBLKPF.L2 [UR12], UR10, desc[UR8] ;                  /* 0x000008000c0073bc */
+\tcode for sm_80
+\t\tFunction : kern
+        /*06b0*/                   CCTL.E.PML2 [R12] ;                                   /* 0x000000000c00798f */
+"""
+
+
+def test_check_sass_counts_and_refuses_wrong_forms():
+    from kvpatch import build as B
+
+    archs = B.parse_arch_list("9.0a;8.0")
+    assert K.check_sass(SASS_SAMPLE, archs) == {"sm_90a": {"bulk": 1, "line": 0}, "sm_80": {"bulk": 0, "line": 1}}
+    with pytest.raises(BuildError, match="sm_90a.*expected UBLKPF"):
+        K.check_sass(SASS_SAMPLE.replace("UBLKPF.L2", "NOP"), archs)
+    with pytest.raises(BuildError, match="sm_80.*per-line"):
+        K.check_sass(SASS_SAMPLE.replace("CCTL.E.PML2", "NOP"), archs)
+    with pytest.raises(BuildError, match="no SASS for sm_89"):
+        K.check_sass(SASS_SAMPLE, B.parse_arch_list("8.9"))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    cache = tmp_path_factory.mktemp("prefetch-cache")
+    return cache, K.build_prefetch_library("9.0a;8.0", cache=cache)
+
+
+@pytest.mark.nvcc
+def test_build_sm90a_has_ublkpf_and_sm80_the_per_line_prefetch(built):
+    cache, library = built
+    assert library.is_file() and library.parent.parent == cache / "builds"
+    result = json.loads((library.parent / "result.json").read_text())
+    assert result["sass"]["sm_90a"]["bulk"] >= 1 and result["sass"]["sm_90a"]["line"] == 0
+    assert result["sass"]["sm_80"]["line"] >= 1 and result["sass"]["sm_80"]["bulk"] == 0
+    sass = K.sass_by_arch((library.parent / "kernel.sass").read_text().splitlines())
+    # The hinted bulk form carries the policy descriptor; evict_last per line is PML2.
+    assert any(i.startswith("UBLKPF.L2 [UR") and "desc[UR" in i for i in sass["sm_90a"])
+    assert any(i.startswith("CCTL.E.PML2 [R") for i in sass["sm_80"])
+    assert "CCTL" not in " ".join(sass["sm_90a"])
+
+
+@pytest.mark.nvcc
+def test_build_is_cached_by_content(built):
+    cache, library = built
+    mtime = library.stat().st_mtime_ns
+    assert K.build_prefetch_library("9.0a;8.0", cache=cache) == library
+    assert library.stat().st_mtime_ns == mtime
+    other = K.build_prefetch_library("8.0", K.PrefetchKernelSpec(hint="none"), cache=cache)
+    assert other != library
+    sass = K.sass_by_arch((other.parent / "kernel.sass").read_text().splitlines())
+    assert any(i.startswith("CCTL.E.PF2 [R") for i in sass["sm_80"])
+
+
+@pytest.mark.nvcc
+def test_library_loads_and_reports_launch_errors(built):
+    _, library = built
+    lib = K.PrefetchLibrary(library)
+    assert lib.config == "chunk=4096,line=128,hint=evict_last,threads=32"
+    with pytest.raises(RuntimeError, match="kvpatch_l2_prefetch failed: .*error 1\\)"):
+        lib.launch(0x1000, 1, 0, 0)  # grid 0: cudaErrorInvalidValue, before any CUDA call
+    lib.launch(0, 0, 8, 0)  # no rows: nothing to do, no CUDA call

@@ -155,6 +155,7 @@ def test_range_table_layout():
 # --------------------------------------------------------------------------- the kernel
 
 import json  # noqa: E402
+from pathlib import Path  # noqa: E402
 import shutil  # noqa: E402
 
 from kvpatch.errors import BuildError, UsageError  # noqa: E402
@@ -175,6 +176,15 @@ def test_source_shows_each_form_literally():
     assert 'asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(address), "r"(bytes) : "memory");' in plain
     assert 'asm volatile("prefetch.global.L2 [%0];" ::"l"(address) : "memory");' in plain
     assert "constexpr long long kUnit = 8192;" in plain
+
+
+GOLDEN_KERNEL = Path(__file__).parent / "fixtures" / "golden" / "prefetch" / "l2_prefetch.cu"
+
+
+def test_default_source_matches_golden():
+    """The whole generated file, pinned (regenerate: python -c "from kvpatch.prefetch.kernel
+    import PrefetchKernelSpec; print(PrefetchKernelSpec().source(), end='')" > this file)."""
+    assert K.PrefetchKernelSpec().source() == GOLDEN_KERNEL.read_text(encoding="utf-8")
 
 
 def test_spec_and_arch_errors():

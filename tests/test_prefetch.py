@@ -265,3 +265,212 @@ def test_library_loads_and_reports_launch_errors(built):
     with pytest.raises(RuntimeError, match="kvpatch_l2_prefetch failed: .*error 1\\)"):
         lib.launch(0x1000, 1, 0, 0)  # grid 0: cudaErrorInvalidValue, before any CUDA call
     lib.launch(0, 0, 8, 0)  # no rows: nothing to do, no CUDA call
+
+
+# --------------------------------------------------------------------------- the controller
+
+import gc  # noqa: E402
+import weakref  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+
+from kvpatch.prefetch import PrefetchController  # noqa: E402
+
+
+class FakeTensor:
+    """Enough of a tensor for weight_ranges: a device, an address, a contiguous shape."""
+
+    def __init__(self, address: int, nbytes: int, device: str = "cuda:0"):
+        self.device, self._address, self.shape = device, address, (nbytes // 2,)
+
+    def data_ptr(self):
+        return self._address
+
+    def stride(self):
+        return (1,)
+
+    def element_size(self):
+        return 2
+
+
+class FakeAPI:
+    """Logs every stream/event call as a tuple in ``self.log``."""
+
+    def __init__(self, capability=(9, 0)):
+        self.log: list[tuple] = []
+        self.cap = capability
+        self.main = FakeStream(self, "main")
+        self.tables: list[list[tuple[int, int]]] = []
+        self.events = 0
+
+    def normalize(self, device):
+        return "cuda:0" if str(device) in ("cuda", "cuda:0") else str(device)
+
+    def capability(self, device):
+        return self.cap
+
+    def new_stream(self, device, priority):
+        self.log.append(("new_stream", device, priority))
+        return FakeStream(self, "side")
+
+    def new_event(self):
+        self.events += 1
+        return FakeEvent(self, f"event{self.events - 1}")
+
+    def current_stream(self, device):
+        return self.main
+
+    def handle(self, stream):
+        return {"main": 0x1111, "side": 0x2222}[stream.name]
+
+    def make_table(self, ranges, device):
+        self.tables.append(list(ranges))
+        return FakeTable(0x7000 + 0x100 * len(self.tables))
+
+    @contextmanager
+    def device_guard(self, device):
+        self.log.append(("device", device))
+        yield
+
+
+class FakeStream:
+    def __init__(self, api, name):
+        self.api, self.name = api, name
+
+    def wait_event(self, event):
+        self.api.log.append(("wait_event", self.name, event.name))
+
+    def wait_stream(self, other):
+        self.api.log.append(("wait_stream", self.name, other.name))
+
+
+class FakeEvent:
+    def __init__(self, api, name):
+        self.api, self.name = api, name
+
+    def record(self, stream):
+        self.api.log.append(("record", self.name, stream.name))
+
+
+class FakeTable:
+    def __init__(self, address):
+        self.address = address
+
+    def data_ptr(self):
+        return self.address
+
+
+class FakeLibrary:
+    def __init__(self, api):
+        self.api = api
+
+    def launch(self, table_ptr, rows, grid, stream_ptr):
+        self.api.log.append(("launch", table_ptr, rows, grid, stream_ptr))
+
+
+def controller(**kw):
+    api = FakeAPI(kw.pop("capability", (9, 0)))
+    ctl = PrefetchController("cuda:0", library=FakeLibrary(api), api=api, **kw)
+    api.log.clear()
+    return ctl, api
+
+
+MiB = 1 << 20
+
+
+def test_fork_records_on_current_then_side_waits_then_launches_on_side():
+    ctl, api = controller()
+    w1, w2 = FakeTensor(0x10000000, 4 * MiB), FakeTensor(0x20000000, 2 * MiB)
+    ctl.add("attn", 0, [w1, w2], cap_bytes=5 * MiB)
+    assert api.tables == [[(0x10000000, 4 * MiB), (0x20000000, MiB)]]
+    assert ctl.fork("attn", 0) is True
+    assert api.log == [
+        ("record", "event0", "main"),
+        ("wait_event", "side", "event0"),
+        ("device", "cuda:0"),
+        ("launch", 0x7100, 2, 5, 0x2222),  # table, rows, grid (5 MiB -> 5 CTAs), the side stream
+    ]
+    assert ctl.pending
+    api.log.clear()
+    ctl.join()
+    assert api.log == [("wait_stream", "main", "side")] and not ctl.pending
+    ctl.join()  # nothing forked since: no call
+    assert api.log == [("wait_stream", "main", "side")]
+
+
+def test_unknown_window_does_not_launch_and_tables_are_immutable():
+    ctl, api = controller()
+    assert ctl.fork("attn", 3) is False and api.log == []
+    ctl.add("attn", 0, [FakeTensor(0x1000, 4096)])
+    with pytest.raises(ValueError, match="already added"):
+        ctl.add("attn", 0, [FakeTensor(0x1000, 4096)])
+    ctl.join()
+    assert api.log == []
+
+
+def test_per_batch_caps_buckets_and_off():
+    ctl, api = controller()
+    w = FakeTensor(0x10000000, 64 * MiB)
+    ctl.add("attn", 1, [w], batches={1: 32 * MiB, 2: 32 * MiB, 4: 8 * MiB, 8: 0})
+    assert api.tables == [[(0x10000000, 32 * MiB)], [(0x10000000, 8 * MiB)]]  # one table per distinct cap
+    assert ctl.table("attn", 1, 1) is ctl.table("attn", 1, 2)
+    assert ctl.table("attn", 1, 3).bytes == 8 * MiB  # bucket: the smallest key >= 3
+    for batch, launched in ((1, True), (3, True), (4, True), (5, False), (8, False), (16, False)):
+        api.log.clear()
+        assert ctl.fork("attn", 1, batch) is launched, batch
+        assert any(e[0] == "launch" for e in api.log) is launched
+    with pytest.raises(ValueError, match="pass batch="):
+        ctl.fork("attn", 1)
+    # an iterable of batches: the one cap for those, nothing above
+    ctl.add("mlp", 1, [w], cap_bytes=MiB, batches=range(1, 5))
+    assert ctl.table("mlp", 1, 4).bytes == MiB and ctl.table("mlp", 1, 5) is None
+    # cap 0 without batches: never launches
+    ctl.add("off", 1, [w], batches={1: 0})
+    assert ctl.fork("off", 1, 1) is False
+
+
+def test_add_refuses_tensors_on_another_device():
+    ctl, _ = controller()
+    with pytest.raises(ValueError, match="cuda:1.*prefetches on cuda:0"):
+        ctl.add("attn", 0, [FakeTensor(0x1000, 4096), FakeTensor(0x2000, 4096, "cuda:1")])
+    with pytest.raises(ValueError, match="cpu"):
+        ctl.add("attn", 0, [torch.empty(64)])
+    with pytest.raises(ValueError, match="positive"):
+        ctl.add("attn", 0, [FakeTensor(0x1000, 4096)], cap_bytes=-1)
+
+
+def test_tables_keep_their_tensors_alive():
+    ctl, _ = controller()
+    w = FakeTensor(0x1000, 4096)
+    alive = weakref.ref(w)
+    ctl.add("attn", 0, [w])
+    del w
+    gc.collect()
+    assert alive() is not None and ctl.table("attn", 0).tensors[0] is alive()
+
+
+def test_disabled_is_a_no_op_everywhere():
+    api = FakeAPI()
+    ctl = PrefetchController("cuda:0", enabled=False, library=FakeLibrary(api), api=api)
+    ctl.add("attn", 0, [FakeTensor(0x1000, 4096, "cuda:7")])
+    assert ctl.fork("attn", 0) is False and ctl.fork("attn", 0, 1) is False
+    ctl.join()
+    assert ctl.table("attn", 0) is None
+    assert api.log == [] and api.tables == [] and ctl.stream is None
+
+
+def test_priority_capability_and_one_event_per_window():
+    api = FakeAPI()
+    PrefetchController("cuda", library=FakeLibrary(api), api=api, priority="high")
+    PrefetchController("cuda", library=FakeLibrary(api), api=api, priority="normal")
+    PrefetchController("cuda", library=FakeLibrary(api), api=api, priority=-2)
+    assert [e[2] for e in api.log if e[0] == "new_stream"] == [-(1 << 16), 0, -2]
+    with pytest.raises(UsageError, match="priority"):
+        PrefetchController("cuda", library=FakeLibrary(api), api=api, priority="urgent")
+    with pytest.raises(UsageError, match="8.0 or newer.*7.5"):
+        PrefetchController("cuda", library=FakeLibrary(api), api=FakeAPI((7, 5)))
+    ctl, api = controller(capability=(8, 0))
+    ctl.add("a", 0, [FakeTensor(0x1000, 4096)])
+    ctl.add("a", 1, [FakeTensor(0x1000, 4096)])
+    ctl.fork("a", 0), ctl.fork("a", 1), ctl.fork("a", 0)
+    assert [e[1] for e in api.log if e[0] == "record"] == ["event0", "event1", "event0"]
+    assert ctl.launches == 3

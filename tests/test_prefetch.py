@@ -423,6 +423,9 @@ def test_per_batch_caps_buckets_and_off():
     # an iterable of batches: the one cap for those, nothing above
     ctl.add("mlp", 1, [w], cap_bytes=MiB, batches=range(1, 5))
     assert ctl.table("mlp", 1, 4).bytes == MiB and ctl.table("mlp", 1, 5) is None
+    # an "off" bucket between two others stays off (batch 3 does not fall through to 8)
+    ctl.add("gap", 1, [w], batches={1: MiB, 4: 0, 8: 2 * MiB})
+    assert [ctl.fork("gap", 1, b) for b in (1, 2, 3, 4, 5, 8, 9)] == [True, False, False, False, True, True, False]
     # cap 0 without batches: never launches
     ctl.add("off", 1, [w], batches={1: 0})
     assert ctl.fork("off", 1, 1) is False

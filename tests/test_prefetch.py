@@ -274,6 +274,7 @@ import weakref  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 
 from kvpatch.prefetch import PrefetchController  # noqa: E402
+from kvpatch.prefetch.controller import default_grid  # noqa: E402
 
 
 class FakeTensor:
@@ -477,3 +478,187 @@ def test_priority_capability_and_one_event_per_window():
     ctl.fork("a", 0), ctl.fork("a", 1), ctl.fork("a", 0)
     assert [e[1] for e in api.log if e[0] == "record"] == ["event0", "event1", "event0"]
     assert ctl.launches == 3
+
+
+# --------------------------------------------------------------------------- the decode step (CPU)
+
+from kvpatch.prefetch import decode as D  # noqa: E402
+from kvpatch.prefetch.models import MODELS, ModelShape  # noqa: E402
+from kvpatch.prefetch.report import DecodeReport, render_decode  # noqa: E402
+
+TINY = ModelShape("tiny", hidden=64, heads=4, kv_heads=2, head_size=16, intermediate=96)
+
+
+class ReferenceKernels:
+    """PagedAttention in torch, reading vLLM's cache layouts (written from the layout
+    description, not from kvpatch's writer): key [blocks, kv, head/x, block, x],
+    value [blocks, kv, head, block]."""
+
+    configs = ("bf16/auto/16/16",)
+
+    def __init__(self):
+        self.calls = []
+
+    def _attend(self, out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens, block_size):
+        nb, kv, hx, bs, x = key_cache.shape
+        for s in range(query.shape[0]):
+            n = int(seq_lens[s])
+            blocks = block_tables[s, : -(-n // bs)].long()
+            k = key_cache[blocks].permute(0, 3, 1, 2, 4).reshape(-1, kv, hx * x)[:n].float()
+            v = value_cache[blocks].permute(0, 3, 1, 2).reshape(-1, kv, hx * x)[:n].float()
+            for h in range(query.shape[1]):
+                g = h // (query.shape[1] // num_kv_heads)
+                p = torch.softmax((k[:, g] @ query[s, h].float()) * scale, dim=0)
+                out[s, h] = (p @ v[:, g]).to(out.dtype)
+
+    def v1(self, out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len, alibi, kv_dtype, k_scale, v_scale):
+        self.calls.append("v1")
+        self._attend(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens, block_size)
+
+    def v2(self, out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens, block_size, max_seq_len, alibi, kv_dtype, k_scale, v_scale):
+        self.calls.append("v2")
+        self._attend(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, seq_lens, block_size)
+
+
+def test_dispatch_rule_caps_and_names():
+    assert D.dispatched_kernel(1, 32, 512) == "v1"  # one partition
+    assert D.dispatched_kernel(1, 32, 1024) == "v2" and D.dispatched_kernel(17, 32, 4096) == "v1"  # 17*32 > 512
+    assert D.dispatched_kernel(16, 32, 1024) == "v2"  # 16*32 = 512, not > 512
+    assert D.dispatched_kernel(64, 32, 16384) == "v2"  # > 8192
+    assert D.parse_caps("1:32,4:32,8:16") == {1: 32 << 20, 4: 32 << 20, 8: 16 << 20}
+    assert D.parse_caps("24") == 24 << 20 and D.parse_caps("off") == 0 and D.parse_caps("0.5") == 1 << 19
+    assert D.parse_caps("default") == {b: c << 20 for b, c in D.DEFAULT_CAPS_MIB.items()}
+    for bad in ("x:3", "0:3", "4:-1", "abc"):
+        with pytest.raises(ValueError):
+            D.parse_caps(bad)
+    caps = {1: 32, 4: 16, 8: 0}
+    assert [D.cap_for_batch(caps, b) for b in (1, 2, 4, 5, 8, 16)] == [32, 16, 16, 0, 0, 0]
+    assert D.cap_for_batch(7, 64) == 7
+    assert D.variant_names(["patched", "stock"]) == ["stock", "patched", "stock+wpf", "patched+wpf"]
+    with pytest.raises(ValueError, match="stock"):
+        D.variant_names(["patched"])
+    assert D.parse_lib_arg("patched=/a:b/lib.so:kvpatch_patched") == ("patched", "/a:b/lib.so", "kvpatch_patched")
+    m = MODELS["llama-3.1-8b"]
+    assert (m.hidden, m.heads, m.kv_heads, m.head_size, m.intermediate) == (4096, 32, 8, 128, 14336)
+    assert m.layer_weight_bytes(2) == 2 * (6144 * 4096 + 4096 * 4096 + 2 * 14336 * 4096 + 4096 * 14336 + 2 * 4096)
+    assert MODELS["llama-3.2-1b"].head_size == 64
+
+
+@pytest.fixture
+def tiny_step():
+    weights = D.DecodeWeights(TINY, "bf16", layers=2, device="cpu", seed=3)
+    return D.DecodeStep(weights, batch=3, context=37, seed=5)  # 37 tokens: 3 blocks, the last partly filled
+
+
+def test_step_writes_the_new_token_where_vllm_reads_it(tiny_step):
+    st, s = tiny_step, TINY
+    F = torch.nn.functional
+    w = st.w.per_layer[0]
+    h = F.rms_norm(st.x0, (s.hidden,), w["norm1"], s.rms_eps)
+    qkv = F.linear(h, w["qkv"])
+    k_new = qkv[:, s.q_size : s.q_size + s.kv_size].reshape(3, s.kv_heads, s.head_size)
+    v_new = qkv[:, s.q_size + s.kv_size :].reshape(3, s.kv_heads, s.head_size)
+    st.step(ReferenceKernels())
+    pos = 36
+    for seq in range(3):
+        block = int(st.block_tables[0][seq, pos // 16])
+        # key_cache[block, kv, d // x, pos % 16, d % x] holds k[kv, d]
+        k = st.key_caches[0][block, :, :, pos % 16, :].reshape(s.kv_heads, s.head_size)
+        v = st.value_caches[0][block, :, :, pos % 16]
+        assert torch.equal(k, k_new[seq]) and torch.equal(v, v_new[seq])
+
+
+def test_step_matches_a_contiguous_reference_model(tiny_step):
+    """The whole step against a plain model with contiguous K/V (gathered before the step,
+    the new token appended), so block tables, slots and layouts must all agree."""
+    st, s = tiny_step, TINY
+    F = torch.nn.functional
+    kv = []
+    for layer in range(2):
+        per_seq = []
+        for seq in range(3):
+            blocks = st.block_tables[layer][seq].long()
+            k = st.key_caches[layer][blocks].permute(0, 3, 1, 2, 4).reshape(-1, s.kv_heads, s.head_size)[:36].clone()
+            v = st.value_caches[layer][blocks].permute(0, 3, 1, 2).reshape(-1, s.kv_heads, s.head_size)[:36].clone()
+            per_seq.append((k, v))
+        kv.append(per_seq)
+    lib = ReferenceKernels()
+    st.step(lib)
+    assert lib.calls == ["v1", "v1"]  # 37 tokens: one partition
+    x = st.x0
+    for layer, w in enumerate(st.w.per_layer):
+        qkv = F.linear(F.rms_norm(x, (s.hidden,), w["norm1"], s.rms_eps), w["qkv"])
+        attn = torch.empty(3, s.heads, s.head_size, dtype=x.dtype)
+        for seq in range(3):
+            q = qkv[seq, : s.q_size].view(s.heads, s.head_size).float()
+            k_new = qkv[seq, s.q_size : s.q_size + s.kv_size].view(s.kv_heads, s.head_size)
+            v_new = qkv[seq, s.q_size + s.kv_size :].view(s.kv_heads, s.head_size)
+            k = torch.cat([kv[layer][seq][0], k_new[None]]).float()
+            v = torch.cat([kv[layer][seq][1], v_new[None]]).float()
+            for h in range(s.heads):
+                p = torch.softmax((k[:, h // 2] @ q[h]) * s.head_size**-0.5, dim=0)
+                attn[seq, h] = (p @ v[:, h // 2]).to(x.dtype)
+        x = x + F.linear(attn.view(3, -1), w["o_proj"])
+        gu = F.linear(F.rms_norm(x, (s.hidden,), w["norm2"], s.rms_eps), w["gate_up"])
+        x = x + F.linear(F.silu(gu[:, :96]) * gu[:, 96:], w["down"])
+    assert torch.isfinite(st.out).all()
+    assert torch.equal(st.out, x)
+
+
+def test_step_forks_each_layer_before_attention_and_joins_once(tiny_step):
+    st = tiny_step
+    api = FakeAPI()
+    api.normalize = lambda device: "cpu"
+    ctl = PrefetchController("cpu", library=FakeLibrary(api), api=api)
+    st.add_prefetch(ctl, {1: 1 << 20, 4: 4096, 8: 0})
+    assert [len(t) for t in api.tables] == [3, 1, 3, 1]  # per layer: uncapped-ish 1 MiB holds all three, 4 KiB one
+    w0 = st.w.per_layer[0]
+    assert api.tables[0][0][0] == w0["o_proj"].data_ptr()  # o_proj first: it runs right after attention
+    api.log.clear()
+
+    class Spy(ReferenceKernels):
+        def _attend(self, *a, **k):
+            api.log.append(("attention",))
+            super()._attend(*a, **k)
+
+    st.step(Spy(), ctl)
+    kinds = [e[0] for e in api.log if e[0] in ("record", "launch", "attention", "wait_stream")]
+    assert kinds == ["record", "launch", "attention", "record", "launch", "attention", "wait_stream"]
+    assert [e[3] for e in api.log if e[0] == "launch"] == [default_grid(1 << 20)] * 2 and not ctl.pending
+    # batch 3 uses the B<=4 bucket (4 KiB); at batch 9 nothing would launch
+    assert ctl.table("attn", 0, 3).bytes == 4096 and ctl.table("attn", 0, 9) is None
+
+
+def _fake_point(batch, speed):
+    def var(us, ratio):
+        return {"step_us": {"median": us, "min": us * 0.99, "max": us * 1.01}, "tokens_per_s": batch / us * 1e6,
+                "speedup": {"median": ratio, "min": ratio - 0.01, "max": ratio + 0.01}, "attention_share": 0.4}
+    return {"model": "llama-3.1-8b", "dtype": "bf16", "batch": batch, "context": 1024, "kernel": "v2", "layers": 8,
+            "cap_bytes": 32 << 20, "all_identical": True, "power_capped_rounds": 0,
+            "variants": {"stock": var(1000.0, 1.0), "patched": var(1000 / speed, speed),
+                         "stock+wpf": var(950.0, 1000 / 950), "patched+wpf": var(900.0, 1000 / 900)}}
+
+
+def test_report_text_json_rich_and_plot(tmp_path):
+    rep = DecodeReport(variants=["stock", "patched", "stock+wpf", "patched+wpf"], layers=8, rounds=5, mode="warm",
+                       caps_bytes={"1": 32 << 20, "8": 16 << 20}, env={"gpu": "NVIDIA H200", "l2_bytes": 60 << 20},
+                       points=[_fake_point(1, 1.2), _fake_point(4, 0.95)],
+                       skipped=[{"model": "llama-3.1-8b", "dtype": "bf16", "batch": 64, "context": 16384, "reason": "too big"}])
+    text = rep.text_table()
+    assert "1.200 [1.190..1.210]" in text and "0.950 [0.940..0.960]" in text
+    assert "patched: geomean 1.068x, worst 0.950x; faster at 1, slower at 1, within noise at 0 of 2 points" in text
+    assert "B<=1: 32 MiB, B<=8: 16 MiB, off above B=8" in text
+    assert "skipped llama-3.1-8b bf16 B=64 ctx=16384: too big" in text
+    assert rep.summary()["best_variant_counts"] == {"patched+wpf": 1, "patched": 1} or rep.summary()["best_variant_counts"] == {"patched": 1, "patched+wpf": 1}
+    rep.save_json(tmp_path / "r.json")
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["summary"]["all_identical"] and DecodeReport.from_dict(data).points == rep.points
+    from rich.console import Console
+
+    console = Console(record=True, width=250)
+    console.print(render_decode(data))
+    assert "1.200 [1.190..1.210]" in console.export_text()
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "r.png").exists() is False
+    rep.plot(tmp_path / "r.png")
+    assert (tmp_path / "r.png").stat().st_size > 1000

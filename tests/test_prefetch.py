@@ -662,3 +662,11 @@ def test_report_text_json_rich_and_plot(tmp_path):
     assert (tmp_path / "r.png").exists() is False
     rep.plot(tmp_path / "r.png")
     assert (tmp_path / "r.png").stat().st_size > 1000
+
+
+def test_a_point_is_faster_or_slower_only_when_its_whole_interval_is():
+    rep = DecodeReport(variants=["stock", "patched", "stock+wpf", "patched+wpf"], layers=8, rounds=5, mode="warm",
+                       caps_bytes=0, env={}, points=[_fake_point(1, 1.005), _fake_point(4, 0.995), _fake_point(16, 1.02)])
+    s = rep.summary()["patched"]
+    assert (s["faster"], s["slower"], s["noise"]) == (1, 0, 2)
+    assert "off" in rep.text_table()

@@ -536,6 +536,8 @@ def run_bench_decode(
                     point["seconds"] = round(time.perf_counter() - t0, 2)
                     report.points.append(point)
                     say(report.point_line(point))
+                    if json_path:  # after every point: a run cut short keeps what it measured
+                        report.save_json(json_path)
                     torch.cuda.empty_cache()
             del weights
             torch.cuda.empty_cache()
@@ -547,7 +549,10 @@ def run_bench_decode(
 
         write_atomic(text_path, report.text_table() + "\n")
     if plot_path:
-        report.plot(plot_path)
+        try:
+            report.plot(plot_path)
+        except ImportError as e:
+            say(f"no plot: {e}")
     return report
 
 
@@ -732,3 +737,74 @@ def micro_table(micro: Mapping[str, Any]) -> str:
             f"{r['cold_us']:>8.1f} {r['prefetched_us']:>10.1f} {r['warm_us']:>8.1f} {r['speedup']:>6.2f}x"
         )
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- python -m kvpatch.prefetch.decode
+
+
+EXIT_MISMATCH = 6
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The same as ``kvpatch bench-decode``, for machines without the CLI's dependencies."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="python -m kvpatch.prefetch.decode", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lib", action="append", default=[], help="NAME=PATH.so:PREFIX (repeatable; 'stock' required)")
+    ap.add_argument("--libs-file", help="a libs.txt of NAME=PATH:PREFIX lines (paths relative to the current directory)")
+    ap.add_argument("--models", type=_names, default=list(DEFAULT_MODELS))
+    ap.add_argument("--dtypes", type=_names, default=list(DEFAULT_DTYPES))
+    ap.add_argument("--batches", type=_ints, default=list(DEFAULT_BATCHES))
+    ap.add_argument("--contexts", type=_ints, default=list(DEFAULT_CONTEXTS))
+    ap.add_argument("--layers", type=int, default=DEFAULT_LAYERS)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--cap", type=parse_caps, default=None, help="per-batch MiB '1:32,4:32,8:16', one MiB value, 'off' or 'default'")
+    ap.add_argument("--cold", action="store_true", help="flush L2 (read+write 3x L2) before every step")
+    ap.add_argument("--prefetch-lib", default=None)
+    ap.add_argument("--micro", action="store_true", help="also run the GEMM micro-benchmark (into the JSON)")
+    ap.add_argument("--json", dest="json_path")
+    ap.add_argument("--plot", dest="plot_path")
+    ap.add_argument("--text", dest="text_path")
+    a = ap.parse_args(argv)
+
+    from ..gpu.launch import Kernels
+
+    specs = [parse_lib_arg(x) for x in a.lib]
+    if a.libs_file:
+        with open(a.libs_file, encoding="utf-8") as f:
+            specs += [parse_lib_arg(line.strip()) for line in f if line.strip() and not line.startswith("#")]
+    libs = {name: Kernels(path, prefix) for name, path, prefix in specs}
+    report = run_bench_decode(
+        libs, models=a.models, dtypes=a.dtypes, batches=a.batches, contexts=a.contexts, layers=a.layers,
+        rounds=a.rounds, reps=a.reps, cold=a.cold, weight_prefetch_cap=a.cap, prefetch_library=a.prefetch_lib,
+    )  # fmt: skip
+    if a.micro:
+        report.micro = run_micro_gemm(a.prefetch_lib)
+    if a.json_path:
+        report.save_json(a.json_path)
+    text = report.text_table() + ("\n\n" + micro_table(report.micro) if report.micro else "")
+    if a.text_path:
+        from ..fsutil import write_atomic
+
+        write_atomic(a.text_path, text + "\n")
+    if a.plot_path:
+        try:
+            report.plot(a.plot_path)
+        except ImportError as e:
+            print(f"no plot: {e}", file=sys.stderr)
+    print(text)
+    return 0 if report.summary()["all_identical"] else EXIT_MISMATCH
+
+
+if __name__ == "__main__":
+    sys.exit(main())

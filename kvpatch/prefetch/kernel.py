@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from ..errors import BuildError, UsageError
-from ..templating import render
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..build import Arch
@@ -83,6 +82,8 @@ class PrefetchKernelSpec:
         return f"chunk={self.chunk},line={self.line},hint={self.hint},threads={self.threads}"
 
     def source(self) -> str:
+        from ..templating import render  # jinja2: only where the source is generated
+
         return render(
             "prefetch/l2_prefetch.cu.j2",
             marker=self.marker,

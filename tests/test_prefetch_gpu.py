@@ -109,7 +109,9 @@ def test_graph_captured_fork_and_join(library):
     graph.replay()
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, x @ w.t()) and ctl.launches == 2  # replays do not go through Python
+    # cuBLAS may pick another algorithm under capture: close, not bitwise, is the point here
+    assert torch.allclose(out.float(), (x @ w.t()).float(), rtol=1e-2, atol=1e-2)
+    assert ctl.launches == 2  # replays do not go through Python
 
 
 def test_tables_keep_tensors_alive_after_the_caller_drops_them(library):

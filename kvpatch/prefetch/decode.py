@@ -31,7 +31,6 @@ torch is imported inside functions only.
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import os
 import platform
 import shutil
@@ -39,10 +38,9 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .models import MODELS, ModelShape, model_shape
+from .models import ModelShape, model_shape
 from .report import DecodeReport
 
 BLOCK_SIZE = 16
@@ -460,7 +458,6 @@ def run_bench_decode(
     """
     import torch
 
-    from .controller import PrefetchController
     from .kernel import PrefetchLibrary, archs_for_capability, build_prefetch_library
 
     say = say or (lambda m: print(m, file=sys.stderr, flush=True))
@@ -642,7 +639,6 @@ def _run_point(libs, names, weights, batch, context, caps, pf_lib, priority, dev
         "clocks": clocks,
         "power_capped_rounds": sum(1 for c in clocks if c.get("power_capped")),
     }
-    del graphs, attn_graphs, step, ctl
     return point
 
 
@@ -756,7 +752,6 @@ def _names(text: str) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """The same as ``kvpatch bench-decode``, for machines without the CLI's dependencies."""
     import argparse
-    import json
 
     ap = argparse.ArgumentParser(prog="python -m kvpatch.prefetch.decode", description=__doc__.split("\n\n")[0])
     ap.add_argument("--lib", action="append", default=[], help="NAME=PATH.so:PREFIX (repeatable; 'stock' required)")

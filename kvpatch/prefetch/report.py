@@ -122,8 +122,14 @@ class DecodeReport:
         widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
         lines = head + ["", "  ".join(c.rjust(w) for c, w in zip(cols, widths))]
         lines += ["  ".join(x.rjust(w) for x, w in zip(r, widths)) for r in rows]
-        summ = self.summary()
         lines.append("")
+        lines += self.summary_lines()
+        return "\n".join(lines)
+
+    def summary_lines(self) -> list[str]:
+        """Per variant geomean / worst / faster-slower-noise counts, identity, capped rounds, skips."""
+        summ = self.summary()
+        lines = []
         for name in self.variants[1:]:
             s = summ.get(name)
             if s:
@@ -136,7 +142,7 @@ class DecodeReport:
             lines.append(f"{capped} rounds ran power- or thermally capped (clocks in the JSON)")
         for s in self.skipped:
             lines.append(f"skipped {s['model']} {s['dtype']} B={s['batch']} ctx={s['context']}: {s['reason']}")
-        return "\n".join(lines)
+        return lines
 
     def _caps_text(self) -> str:
         caps = self.caps_bytes

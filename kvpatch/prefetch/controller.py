@@ -1,0 +1,293 @@
+"""``PrefetchController``: L2 weight prefetches per (point, layer[, batch bucket]) on one
+side stream.
+
+Usage in a decode step (eager or inside ``torch.cuda.graph`` capture alike)::
+
+    ctl = PrefetchController(device, priority="high")
+    ctl.add("attn->mlp", layer, [o_proj.weight, gate_up.weight], batches={1: 32 << 20, 4: 16 << 20})
+    ...
+    ctl.fork("attn->mlp", layer, batch)  # on the current stream, after the work it overlaps
+    attention(...)                        # the side stream prefetches meanwhile
+    ...
+    ctl.join()                            # end of the step: the current stream waits
+
+* ``add`` builds an immutable device-resident int64 table ``[rows, 2]`` per key from
+  :func:`~kvpatch.prefetch.ranges.weight_ranges`; the table object keeps the tensors
+  alive, so their memory cannot be freed and reused under a captured graph's feet.
+* ``fork`` records an event on the current stream, makes the side stream wait on it
+  (so the prefetch starts only after the work issued so far) and launches the
+  prefetch kernel on the side stream.
+* ``join`` makes the current stream wait on the side stream, so a captured graph
+  always rejoins it; call it once per step (or after the kernel that uses the data).
+* ``enabled=False``: every method is a no-op (nothing is created, no GPU needed), so
+  call sites stay the same with prefetch off.
+
+The stream/event calls go through a small adapter (:class:`TorchCudaAPI` by default)
+so tests can pass a fake and check the wiring without a GPU. torch is imported only
+by that adapter.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Iterable, Mapping, Sequence
+
+from ..errors import UsageError
+from .ranges import total_bytes, weight_ranges
+
+#: ``priority="high"``: torch maps a priority below the device's range to its greatest.
+HIGH_PRIORITY = -(1 << 16)
+#: Default grid: one CTA per this many bytes, between MIN_GRID and MAX_GRID CTAs.
+BYTES_PER_CTA = 1 << 20
+MIN_GRID, MAX_GRID = 4, 32
+
+
+class TorchCudaAPI:
+    """The stream/event/table operations the controller needs, over ``torch.cuda``."""
+
+    def normalize(self, device: Any) -> str:
+        import torch
+
+        d = torch.device(device)
+        if d.type != "cuda":
+            raise UsageError(f"PrefetchController needs a CUDA device, not {d}")
+        return f"cuda:{d.index if d.index is not None else torch.cuda.current_device()}"
+
+    def capability(self, device: str) -> tuple[int, int]:
+        import torch
+
+        return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
+
+    def new_stream(self, device: str, priority: int) -> Any:
+        import torch
+
+        return torch.cuda.Stream(device=device, priority=priority)
+
+    def new_event(self) -> Any:
+        import torch
+
+        return torch.cuda.Event()
+
+    def current_stream(self, device: str) -> Any:
+        import torch
+
+        return torch.cuda.current_stream(device)
+
+    def handle(self, stream: Any) -> int:
+        """The ``cudaStream_t`` to pass to the C launcher."""
+        return int(stream.cuda_stream)
+
+    def make_table(self, ranges: Sequence[tuple[int, int]], device: str) -> Any:
+        from .ranges import range_table
+
+        return range_table(ranges, device)
+
+    def device_guard(self, device: str) -> Any:
+        import torch
+
+        return torch.cuda.device(device)
+
+
+def _device_name(t: Any) -> str:
+    return str(getattr(t, "device", "?"))
+
+
+@dataclass(frozen=True, eq=False)
+class RangeTable:
+    """One immutable prefetch window: the tensors (kept alive), their ranges, the device
+    table the kernel reads and the grid it launches with."""
+
+    tensors: tuple[Any, ...] = field(repr=False)
+    ranges: tuple[tuple[int, int], ...] = field(repr=False)
+    table: Any = field(repr=False)
+    grid: int
+    cap_bytes: int | None
+
+    @property
+    def rows(self) -> int:
+        return len(self.ranges)
+
+    @property
+    def bytes(self) -> int:
+        return total_bytes(self.ranges)
+
+    @property
+    def table_ptr(self) -> int:
+        return int(self.table.data_ptr()) if self.rows else 0
+
+
+def default_grid(nbytes: int) -> int:
+    """CTAs for a window of ``nbytes``: one per MiB, 4 to 32."""
+    return max(MIN_GRID, min(MAX_GRID, math.ceil(nbytes / BYTES_PER_CTA)))
+
+
+class PrefetchController:
+    """L2 prefetch launches per (point, layer[, batch bucket]) on one side stream.
+
+    ``device``: the CUDA device (``'cuda'``, ``'cuda:1'``, a ``torch.device``).
+    ``priority``: ``'high'`` (the device's greatest stream priority, so prefetch CTAs
+    are scheduled ahead of the main stream's queued ones), ``'normal'`` (0) or an int
+    (torch's convention: lower is higher). ``library``: a
+    :class:`~kvpatch.prefetch.kernel.PrefetchLibrary`, a path to one, or ``None``
+    (``$KVPATCH_PREFETCH_LIB`` or a build for this GPU). ``api``: the stream/event
+    adapter (tests pass a fake). Raises :class:`UsageError` on a GPU older than sm_80.
+    """
+
+    def __init__(
+        self,
+        device: Any = "cuda",
+        priority: str | int = "high",
+        enabled: bool = True,
+        library: Any = None,
+        *,
+        api: Any = None,
+    ) -> None:
+        self.enabled = bool(enabled)
+        self._tables: dict[tuple[Hashable, Hashable], dict[int | None, RangeTable]] = {}
+        self._events: dict[tuple[Hashable, Hashable], Any] = {}
+        self.pending = False
+        self.launches = 0  # forks that launched (eager calls and captures alike)
+        if not self.enabled:
+            self.device = str(device)
+            self.api = self.stream = self.library = None
+            self.priority = None
+            return
+        self.api = api or TorchCudaAPI()
+        self.device = self.api.normalize(device)
+        major, minor = self.api.capability(self.device)
+        if (major, minor) < (8, 0):
+            raise UsageError(
+                f"L2 weight prefetch needs compute capability 8.0 or newer (prefetch.global.L2 on sm_80/89, "
+                f"cp.async.bulk.prefetch on sm_90+); {self.device} has {major}.{minor}: pass enabled=False"
+            )
+        self.priority = self._priority(priority)
+        self.stream = self.api.new_stream(self.device, self.priority)
+        if library is None or isinstance(library, (str, bytes)) or hasattr(library, "__fspath__"):
+            from .kernel import load_prefetch_library
+
+            library = load_prefetch_library(library, capability=(major, minor))
+        self.library = library
+
+    @staticmethod
+    def _priority(priority: str | int) -> int:
+        if priority == "high":
+            return HIGH_PRIORITY
+        if priority == "normal":
+            return 0
+        if isinstance(priority, int) and not isinstance(priority, bool):
+            return priority
+        raise UsageError(f"priority must be 'high', 'normal' or an int, not {priority!r}")
+
+    # ----------------------------------------------------------------------- tables
+
+    def add(
+        self,
+        point: Hashable,
+        layer: Hashable,
+        tensors: Iterable[Any],
+        cap_bytes: int | None = None,
+        batches: Iterable[int] | Mapping[int, int | None] | None = None,
+        *,
+        merge: bool = False,
+        grid: int | None = None,
+    ) -> None:
+        """Register the window ``(point, layer)``: prefetch ``tensors`` (in the order the
+        next kernels read them) when it is forked.
+
+        ``batches``: ``None``: one table for every batch size, capped at ``cap_bytes``.
+        An iterable of batch sizes: a table (capped at ``cap_bytes``) for those only.
+        A mapping ``{batch: cap}``: a cap per batch (``None``: uncapped; ``0``: no
+        prefetch at that batch). Batch keys are bucket bounds: ``fork(..., batch=b)``
+        uses the smallest key >= b and launches nothing above the largest key. Batches
+        with the same cap share one table.
+
+        Raises ``ValueError`` for a tensor not on the controller's device or a window
+        added twice, and what :func:`weight_ranges` raises (non-positive cap ...).
+        """
+        if not self.enabled:
+            return
+        key = (point, layer)
+        if key in self._tables:
+            raise ValueError(f"prefetch window {key} was already added; tables are immutable")
+        tensors = tuple(tensors)
+        wrong = sorted({_device_name(t) for t in tensors if _device_name(t) != self.device})
+        if wrong:
+            raise ValueError(f"prefetch window {key}: tensors on {', '.join(wrong)}, this controller prefetches on {self.device}")
+        if batches is None:
+            caps: dict[int | None, int | None] = {None: cap_bytes}
+        elif isinstance(batches, Mapping):
+            caps = {int(b): (None if c is None else int(c)) for b, c in batches.items()}
+        else:
+            caps = {int(b): cap_bytes for b in batches}
+        if any(b is not None and b < 1 for b in caps):
+            raise ValueError(f"prefetch window {key}: batch sizes must be >= 1, not {sorted(b for b in caps if b is not None)}")
+        shared: dict[int | None, RangeTable | None] = {}
+        tables: dict[int | None, RangeTable] = {}
+        for batch, cap in sorted(caps.items(), key=lambda kv: (kv[0] is not None, kv[0] or 0)):
+            if cap == 0:
+                continue
+            if cap not in shared:
+                ranges = tuple(weight_ranges(tensors, cap, merge=merge))
+                if ranges:
+                    nbytes = total_bytes(ranges)
+                    table = self.api.make_table(ranges, self.device)
+                    shared[cap] = RangeTable(tensors, ranges, table, grid or default_grid(nbytes), cap)
+                else:
+                    shared[cap] = None
+            if shared[cap] is not None:
+                tables[batch] = shared[cap]  # type: ignore[assignment]
+        # Buckets with no table stay as bounds, so a batch between them does not fall
+        # through to a larger bucket.
+        self._tables[key] = {b: tables.get(b) for b in caps}  # type: ignore[misc]
+        if key not in self._events:
+            self._events[key] = self.api.new_event()
+
+    def table(self, point: Hashable, layer: Hashable, batch: int | None = None) -> RangeTable | None:
+        """The table ``fork(point, layer, batch)`` would launch, or ``None``."""
+        if not self.enabled:
+            return None
+        buckets = self._tables.get((point, layer))
+        if not buckets:
+            return None
+        if None in buckets:
+            return buckets[None]
+        if batch is None:
+            raise ValueError(f"prefetch window {(point, layer)} has per-batch tables: pass batch=")
+        bounds = sorted(b for b in buckets if b is not None and b >= batch)
+        return buckets[bounds[0]] if bounds else None
+
+    def windows(self) -> list[tuple[Hashable, Hashable]]:
+        return list(self._tables)
+
+    # ----------------------------------------------------------------------- launches
+
+    def fork(self, point: Hashable, layer: Hashable, batch: int | None = None) -> bool:
+        """Launch the window's prefetch on the side stream after the current stream's
+        work so far. Returns whether it launched (no table for this batch: False)."""
+        if not self.enabled:
+            return False
+        table = self.table(point, layer, batch)
+        if table is None:
+            return False
+        api = self.api
+        current = api.current_stream(self.device)
+        event = self._events[point, layer]
+        event.record(current)
+        self.stream.wait_event(event)
+        self.pending = True
+        with api.device_guard(self.device):
+            self.library.launch(table.table_ptr, table.rows, table.grid, api.handle(self.stream))
+        self.launches += 1
+        return True
+
+    def join(self) -> None:
+        """The current stream waits for every prefetch forked so far (no-op if none)."""
+        if not self.enabled or not self.pending:
+            return
+        self.api.current_stream(self.device).wait_stream(self.stream)
+        self.pending = False
+
+    def __repr__(self) -> str:
+        state = "disabled" if not self.enabled else f"{self.device}, priority {self.priority}, {len(self._tables)} windows"
+        return f"PrefetchController({state})"

@@ -1,0 +1,255 @@
+"""The L2 prefetch kernel: generated, built into a cached shared library, SASS checked,
+loaded with ctypes.
+
+The source is ``templates/prefetch/l2_prefetch.cu.j2`` rendered from a
+:class:`PrefetchKernelSpec`; :func:`build_prefetch_library` is the one function that
+touches the build machinery (nvcc and arch parsing from :mod:`kvpatch.build`, the
+content-keyed cache under ``cache_root()/builds/<hash>``, a file lock around
+build-and-check, ``cuobjdump --dump-sass``). The library exports::
+
+    int kvpatch_l2_prefetch(const void* table, int rows, int grid, void* stream);
+    int kvpatch_l2_prefetch_abi_version(void);
+    const char* kvpatch_l2_prefetch_config(void);
+    const char* kvpatch_l2_prefetch_error_string(int code);
+
+What nvcc 13.0 emits (checked after every build, see :func:`check_sass`):
+
+* sm_90 and newer: ``cp.async.bulk.prefetch.L2.global[.L2::cache_hint]`` ->
+  ``UBLKPF.L2 [URa], URb[, desc[URc]]``.
+* sm_80 / sm_86 / sm_89: ``prefetch.global.L2::evict_last`` -> ``CCTL.E.PML2 [R]``;
+  ``prefetch.global.L2`` (and ``::evict_normal``) -> ``CCTL.E.PF2 [R]``.
+
+Nothing here imports torch or does I/O at import time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from ..errors import BuildError, UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..build import Arch
+
+#: ``kvpatch_l2_prefetch_abi_version()``: bump when the exported functions change.
+PREFETCH_ABI_VERSION = 1
+#: Bump when the generated code or the cache layout changes.
+PREFETCH_BUILD_FORMAT = 1
+#: Library file name inside its cache directory.
+LIBRARY_NAME = "libkvpatch_l2_prefetch.so"
+#: Eviction priorities: the createpolicy hint on sm_90+, the prefetch qualifier below.
+HINTS = ("evict_last", "evict_normal", "evict_first", "none")
+_LINE_QUALIFIER = {"evict_last": "::evict_last", "evict_normal": "::evict_normal", "evict_first": "", "none": ""}
+#: The largest chunk one bulk prefetch is given here (the PTX size operand is a u32
+#: multiple of 16; 4 KiB is what the seed and the KV patch use).
+MAX_CHUNK = 1 << 20
+#: SASS per arch family: the bulk prefetch, and the per-line prefetches.
+SASS_BULK = "UBLKPF"
+SASS_LINE = re.compile(r"\bCCTL\.E\.(PF2|PML2)\b")
+#: Environment variable naming a prebuilt library (used when the controller builds none).
+LIBRARY_ENV = "KVPATCH_PREFETCH_LIB"
+
+
+@dataclass(frozen=True)
+class PrefetchKernelSpec:
+    """What the prefetch library is built from."""
+
+    chunk: int = 4096  # bytes per bulk prefetch (sm_90+)
+    line: int = 128  # bytes per per-line prefetch (sm_80/89): the L2 line
+    hint: str = "evict_last"
+    threads: int = 32  # per CTA
+
+    def __post_init__(self) -> None:
+        if self.hint not in HINTS:
+            raise UsageError(f"unknown prefetch hint {self.hint!r}: choose one of {', '.join(HINTS)}")
+        if not (16 <= self.chunk <= MAX_CHUNK and self.chunk % 16 == 0):
+            raise UsageError(f"prefetch chunk {self.chunk}: must be a multiple of 16 between 16 and {MAX_CHUNK}")
+        if self.line not in (32, 64, 128):
+            raise UsageError(f"prefetch line {self.line}: use 32, 64 or 128")
+        if self.threads not in (32, 64, 128, 256):
+            raise UsageError(f"prefetch threads {self.threads}: use 32, 64, 128 or 256")
+
+    @property
+    def marker(self) -> str:
+        return f"chunk={self.chunk},line={self.line},hint={self.hint},threads={self.threads}"
+
+    def source(self) -> str:
+        from ..templating import render  # jinja2: only where the source is generated
+
+        return render(
+            "prefetch/l2_prefetch.cu.j2",
+            marker=self.marker,
+            chunk=self.chunk,
+            line=self.line,
+            hint=self.hint,
+            line_qualifier=_LINE_QUALIFIER[self.hint],
+            threads=self.threads,
+            abi_version=PREFETCH_ABI_VERSION,
+        ) + "\n"
+
+
+def _archs(archs: str | Sequence[Arch]) -> list[Arch]:
+    from .. import build as B
+
+    parsed = B.parse_arch_list(archs) if isinstance(archs, str) else list(archs)
+    old = [str(a) for a in parsed if a.major < 8]
+    if old:
+        raise UsageError(f"the L2 prefetch needs sm_80 or newer; cannot build for {', '.join(old)}")
+    return parsed
+
+
+def compile_flags(archs: Sequence[Arch]) -> list[str]:
+    """nvcc flags (compile and link in one call), vLLM-like: no fast math."""
+    flags = ["-std=c++17", "-O3", "-DNDEBUG", "-shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden"]
+    for arch in archs:
+        flags += arch.gencode_flags()
+    return [*flags, "-Xptxas", "-v"]
+
+
+def sass_by_arch(lines: Iterable[str]) -> dict[str, list[str]]:
+    """``cuobjdump --dump-sass`` lines -> ``{'sm_90a': [instruction text, ...]}``."""
+    out: dict[str, list[str]] = {}
+    arch = ""
+    for line in lines:
+        if m := re.match(r"^\s*code for (sm_\w+)", line):
+            arch = m.group(1)
+            out.setdefault(arch, [])
+        elif arch and (m := re.match(r"^\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)):
+            out[arch].append(m.group(1))
+    return out
+
+
+def check_sass(text: str, archs: Sequence[Arch]) -> dict[str, dict[str, int]]:
+    """Count the prefetch instructions per arch; :class:`BuildError` unless every sm_90+
+    arch has ``UBLKPF`` (and no per-line prefetch) and every older one the per-line
+    ``CCTL.E.PF2``/``PML2`` (and no ``UBLKPF``)."""
+    found = sass_by_arch(text.splitlines())
+    report: dict[str, dict[str, int]] = {}
+    for arch in archs:
+        instrs = found.get(arch.code)
+        if instrs is None:
+            raise BuildError(f"prefetch library: no SASS for {arch.code} (found {', '.join(found) or 'none'})")
+        bulk = sum(SASS_BULK in i for i in instrs)
+        line = sum(bool(SASS_LINE.search(i)) for i in instrs)
+        report[arch.code] = {"bulk": bulk, "line": line}
+        if arch.major >= 9 and (bulk == 0 or line):
+            raise BuildError(f"prefetch library: {arch.code} SASS has {bulk} {SASS_BULK} and {line} CCTL prefetches; expected {SASS_BULK} only")
+        if arch.major < 9 and (line == 0 or bulk):
+            raise BuildError(f"prefetch library: {arch.code} SASS has {line} CCTL.E.PF2/PML2 and {bulk} {SASS_BULK}; expected the per-line prefetch only")
+    return report
+
+
+def build_prefetch_library(
+    archs: str | Sequence[Arch] = "9.0a",
+    spec: PrefetchKernelSpec | None = None,
+    *,
+    cache: Path | None = None,
+) -> Path:
+    """Build (or find in the cache) the prefetch library for ``archs``; return its path.
+
+    The cache directory is ``<cache>/builds/<sha256 of source, flags, nvcc --version>``
+    (``cache`` defaults to :func:`kvpatch.source.fetch.cache_root`); a file lock
+    guards build and check, so concurrent callers build once. The directory holds the
+    source, ``ptxas.log``, ``kernel.sass`` and ``result.json`` (archs, SASS counts).
+    Raises :class:`BuildError` when nvcc or cuobjdump fails or the SASS check fails.
+    """
+    import filelock
+
+    from .. import build as B
+    from ..fsutil import write_atomic, write_if_different
+    from ..source.fetch import cache_root
+
+    spec = spec or PrefetchKernelSpec()
+    arch_list = _archs(archs)
+    tc = B.toolchain()
+    B.validate_archs(arch_list, tc)
+    source = spec.source()
+    flags = compile_flags(arch_list)
+    blob = json.dumps({"format": PREFETCH_BUILD_FORMAT, "source": source, "flags": flags, "nvcc": tc.version}, sort_keys=True)
+    key = "l2prefetch-" + hashlib.sha256(blob.encode()).hexdigest()[:20]
+    builds = (Path(cache) if cache is not None else cache_root()) / "builds"
+    out = builds / key
+    library = out / LIBRARY_NAME
+    builds.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(str(builds / f"{key}.lock")):
+        if library.is_file() and (out / "result.json").is_file():
+            return library
+        write_if_different(out / "l2_prefetch.cu", source)
+        tmp = out / (LIBRARY_NAME + ".tmp")
+        argv = [str(tc.nvcc), "l2_prefetch.cu", "-o", tmp.name, *flags]
+        done = subprocess.run(argv, cwd=out, capture_output=True, text=True, check=False)
+        write_atomic(out / "ptxas.log", done.stdout + done.stderr)
+        if done.returncode != 0:
+            lines = [ln for ln in (done.stdout + done.stderr).splitlines() if "error" in ln.lower()] or ["(no output)"]
+            raise BuildError(f"nvcc failed building the L2 prefetch library: {lines[0].strip()}")
+        tools = B.find_inspector(tc.nvcc)
+        dump = subprocess.run([str(tools.cuobjdump), "--dump-sass", tmp.name], cwd=out, capture_output=True, text=True, env=tools.env(), check=False)
+        if dump.returncode != 0:
+            raise BuildError(f"cuobjdump --dump-sass {LIBRARY_NAME} failed: {dump.stderr.strip()[:200]}")
+        write_atomic(out / "kernel.sass", dump.stdout)
+        counts = check_sass(dump.stdout, arch_list)
+        os.replace(tmp, library)
+        result = {"archs": [str(a) for a in arch_list], "spec": spec.marker, "nvcc": tc.release, "sass": counts, "library": str(library)}
+        write_atomic(out / "result.json", json.dumps(result, indent=1) + "\n")
+    return library
+
+
+def archs_for_capability(major: int, minor: int) -> str:
+    """The arch to build for a GPU of compute capability ``major.minor``."""
+    if major < 8:
+        raise UsageError(f"the L2 prefetch needs compute capability 8.0 or newer; this GPU has {major}.{minor}")
+    return f"{major}.{minor}a" if major in (9, 10) else f"{major}.{minor}"
+
+
+class PrefetchLibrary:
+    """The built library, loaded with ctypes: ``launch(table_ptr, rows, grid, stream_ptr)``."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        try:
+            self._lib = ctypes.CDLL(str(self.path))
+        except OSError as e:
+            raise BuildError(f"cannot load the L2 prefetch library {self.path}: {e}") from None
+        version = self._fn("kvpatch_l2_prefetch_abi_version", [], ctypes.c_int)()
+        if version != PREFETCH_ABI_VERSION:
+            raise BuildError(f"{self.path} has prefetch ABI {version}, this kvpatch expects {PREFETCH_ABI_VERSION}: rebuild it")
+        self.config: str = self._fn("kvpatch_l2_prefetch_config", [], ctypes.c_char_p)().decode()
+        self._error_string = self._fn("kvpatch_l2_prefetch_error_string", [ctypes.c_int], ctypes.c_char_p)
+        self._launch = self._fn(
+            "kvpatch_l2_prefetch", [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p], ctypes.c_int
+        )
+
+    def _fn(self, name: str, argtypes: list, restype: Any) -> Any:
+        try:
+            fn = getattr(self._lib, name)
+        except AttributeError:
+            raise BuildError(f"{self.path} has no {name}: not an L2 prefetch library") from None
+        fn.argtypes, fn.restype = argtypes, restype
+        return fn
+
+    def __repr__(self) -> str:
+        return f"PrefetchLibrary({str(self.path)!r}, {self.config!r})"
+
+    def launch(self, table_ptr: int, rows: int, grid: int, stream_ptr: int) -> None:
+        """Launch on the stream whose ``cudaStream_t`` is ``stream_ptr``; raise on error."""
+        rc = self._launch(table_ptr, int(rows), int(grid), stream_ptr)
+        if rc != 0:
+            raise RuntimeError(f"kvpatch_l2_prefetch failed: {self._error_string(rc).decode()} (error {rc})")
+
+
+def load_prefetch_library(path: str | os.PathLike[str] | None = None, *, capability: tuple[int, int] | None = None) -> PrefetchLibrary:
+    """``path``, else ``$KVPATCH_PREFETCH_LIB``, else a build for ``capability``."""
+    path = path or os.environ.get(LIBRARY_ENV)
+    if not path:
+        if capability is None:
+            raise UsageError("load_prefetch_library: give a path, set $KVPATCH_PREFETCH_LIB or pass the GPU's capability")
+        path = build_prefetch_library(archs_for_capability(*capability))
+    return PrefetchLibrary(path)

@@ -245,15 +245,14 @@ def build(
     as_json: JsonOpt = False,
 ) -> None:
     """Compile stock and patched kernels for an arch; report registers/spills; check the SASS."""
-    import os
-
     from . import api
     from . import build as B
+    from .render_build import build_table
 
     if full:
         target = api.resolve_tree(tree, _cwd())
         archs = B.parse_arch_list(arch)
-        B.run_full_build(target.root, archs, jobs or os.cpu_count() or 1, console=err)
+        B.run_full_build(target.root, archs, jobs, console=err)
         return
     result = api.build(
         tree=tree, cwd=_cwd(), archs=arch, jobs=jobs, console=err,
@@ -263,7 +262,7 @@ def build(
     if as_json:
         out.print_json(json.dumps(result.to_dict()))
     else:
-        out.print(result.table())
+        out.print(build_table(result))
         for v in result.variants:
             out.print(f"{v.name}: {v.library}")
         out.print("Load with kvpatch.gpu.launch.Kernels(path, prefix); running them needs a CUDA GPU "

@@ -23,6 +23,7 @@ from rich.console import Console
 
 from kvpatch import build as B
 from kvpatch.config import make_config
+from kvpatch.render_build import build_table
 from kvpatch.source.fetch import HEADER, fetch_release
 
 SETS = {
@@ -78,7 +79,7 @@ def main() -> None:
     markers = {"stock": "stock", **{name: cfg.marker() for name, cfg in configs.items()}}
     (args.out / "variants.json").write_text(json.dumps(markers, indent=1) + "\n")
     (args.out / "build.json").write_text(json.dumps(result.to_dict(), indent=1) + "\n")
-    console.print(result.table())
+    console.print(build_table(result))
     print("\n".join(lines))
 
 

@@ -214,17 +214,21 @@ def reformatted_header(request: pytest.FixtureRequest, vllm_release: Callable[[s
 
 # --------------------------------------------------------------------------- nvcc
 
-STUB_HEADERS = ("torch/all.h", "ATen/cuda/CUDAContext.h", "c10/cuda/CUDAGuard.h")
-
-#: The translation unit: the header plus the address of one v1 and one v2 instantiation.
+#: The translation unit: the header plus the address of one v1 and one v2 instantiation
+#: per query dtype (head 128, block 16, auto cache), so a prefetch missing from any
+#: dtype's kernels (fp16's inline asm, bf16's and fp32's helper call) shows in the PTX.
 TRANSLATION_UNIT = """\
 #include <cstdint>
 #include "attention_kernels.cuh"
+#define KVPATCH_TEST_KERNELS(T)                                                        \\
+  (void*)&vllm::paged_attention_v1_kernel<T, T, 128, 16, 128,                          \\
+                                          vllm::Fp8KVCacheDataType::kAuto, false>,     \\
+  (void*)&vllm::paged_attention_v2_kernel<T, T, 128, 16, 128,                          \\
+                                          vllm::Fp8KVCacheDataType::kAuto, false, 512>
 void* kvpatch_test_kernels[] = {
-  (void*)&vllm::paged_attention_v1_kernel<uint16_t, uint16_t, 128, 16, 128,
-                                          vllm::Fp8KVCacheDataType::kAuto, false>,
-  (void*)&vllm::paged_attention_v2_kernel<uint16_t, uint16_t, 128, 16, 128,
-                                          vllm::Fp8KVCacheDataType::kAuto, false, 512>,
+  KVPATCH_TEST_KERNELS(uint16_t),
+  KVPATCH_TEST_KERNELS(__nv_bfloat16),
+  KVPATCH_TEST_KERNELS(float),
 };
 """
 
@@ -240,16 +244,20 @@ def nvcc_ptx(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path, str, s
     """``ptx(csrc, header_text, arch)``: compile the TU against ``header_text`` placed over
     ``csrc/attention/attention_kernels.cuh``, through ptxas (a cubin), and return the PTX.
 
+    It compiles as ``kvpatch build`` does: vLLM's flags and kvpatch's torch stub headers.
     Raises :class:`CompileError` with nvcc's output when it fails.
     """
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not on PATH: the PTX checks need the CUDA toolkit")
+    from kvpatch.build.flags import vllm_nvcc_flags  # not at import time: see HEADER above
+    from kvpatch.build.plan import stub_headers
+
     root = tmp_path_factory.mktemp("nvcc")
     stubs = root / "stubs"
-    for name in STUB_HEADERS:
+    for name, text in stub_headers().items():
         (stubs / name).parent.mkdir(parents=True, exist_ok=True)
-        (stubs / name).write_text("#pragma once\n")
+        (stubs / name).write_text(text)
     count = [0]
 
     def ptx(csrc: Path, header_text: str, arch: str) -> str:
@@ -261,7 +269,7 @@ def nvcc_ptx(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path, str, s
         (work / "attention_kernels.cuh").write_text(header_text, encoding="utf-8")
         (work / "tu.cu").write_text(TRANSLATION_UNIT)
         cmd = [
-            nvcc, "-std=c++17", "-cubin", f"-gencode={ARCHS[arch]}", "--keep", "--keep-dir", str(work / "keep"),
+            nvcc, *vllm_nvcc_flags(), "-cubin", f"-gencode={ARCHS[arch]}", "--keep", "--keep-dir", str(work / "keep"),
             f"-I{work}", f"-I{csrc / 'attention'}", f"-I{csrc}", f"-I{stubs}",
             str(work / "tu.cu"), "-o", str(work / "tu.cubin"),
         ]  # fmt: skip

@@ -8,6 +8,7 @@ shared by the session.
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import shutil
@@ -21,7 +22,6 @@ from rich.console import Console
 from kvpatch import build as B
 from kvpatch.build import (
     Arch,
-    BuildError,
     BuildSpec,
     KernelConfig,
     KernelInfo,
@@ -35,12 +35,19 @@ from kvpatch.build import (
     kernel_signatures,
     make_spec,
     parse_arch_list,
-    prefetch_expected,
+    patched_variants,
     validate_archs,
+    vllm_kernel_set,
 )
 from kvpatch.config import make_config
-from kvpatch.errors import UsageError
+from kvpatch.errors import BuildError, UsageError
 from kvpatch.gpu.launch import Kernels
+from kvpatch.patch.markers import unpatch
+from kvpatch.render_build import build_table
+
+# kvpatch.build re-exports functions named like two of its modules (toolchain, plan)
+TOOLCHAIN = importlib.import_module("kvpatch.build.toolchain")
+COMPILE = importlib.import_module("kvpatch.build.compile")
 
 
 def _have_nvcc() -> bool:
@@ -67,6 +74,19 @@ def _quiet() -> Console:
     return Console(file=io.StringIO(), width=200)
 
 
+def stock_and_patched(tree: Path) -> tuple[Variant, Variant]:
+    """The tree's header without and with the default configuration."""
+    path = str(tree / B.HEADER)
+    stock, _ = unpatch(Path(path).read_text(encoding="utf-8"), path)
+    first, second = patched_variants(stock, path, {"patched": make_config()})
+    return first, second
+
+
+#: Every query dtype: the SASS check must see the prefetch in each (fp16 is inline asm
+#: by default, bf16 and fp32 call the kvpatch_prefetch_l2 helper).
+ALL_DTYPES = ["fp16", "bf16", "fp32"]
+
+
 # --------------------------------------------------------------------------- fixtures
 
 
@@ -87,12 +107,12 @@ def build_cache(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def variants_0102(tree_0102) -> tuple[Variant, Variant]:
-    return B.stock_and_patched(tree_0102, make_config())
+    return stock_and_patched(tree_0102)
 
 
 @pytest.fixture(scope="session")
 def spec_9a(tree_0102, variants_0102) -> BuildSpec:
-    return make_spec(tree_0102, variants_0102, "9.0a", dtypes=["fp16"])
+    return make_spec(tree_0102, variants_0102, "9.0a", dtypes=ALL_DTYPES)
 
 
 @pytest.fixture(scope="session")
@@ -135,11 +155,6 @@ def test_gencode_flags():
     assert [str(a) for a in parse_arch_list("8.0;9.0a;9.0+PTX")] == ["8.0", "9.0a", "9.0+PTX"]
 
 
-def test_prefetch_expected():
-    assert prefetch_expected(Arch(9, 0, "a")) and prefetch_expected(Arch(10, 0))
-    assert not prefetch_expected(Arch(8, 9)) and not prefetch_expected(Arch(8, 0))
-
-
 def test_validate_archs_names_supported_ones():
     tc = Toolchain(Path("nvcc"), "Cuda compilation tools, release 13.0, V13.0.88", ("compute_75", "compute_80", "compute_90"))
     validate_archs(parse_arch_list("8.0;9.0a"), tc)
@@ -156,7 +171,7 @@ def test_missing_nvcc(monkeypatch, tmp_path):
 
 
 def test_missing_sass_tools(monkeypatch):
-    monkeypatch.setattr(B, "find_cuda_tool", lambda name, nvcc=None: None)
+    monkeypatch.setattr(TOOLCHAIN, "find_cuda_tool", lambda name, nvcc=None: None)
     with pytest.raises(BuildError, match="pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"):
         B.find_inspector()
 
@@ -257,8 +272,82 @@ def test_make_spec_defaults_and_all(tree_0102, variants_0102):
     assert full.block_sizes == (8, 16, 32)
     assert full.dtypes == ("fp16", "bf16", "fp32")
     assert full.kv_cache_dtypes == ("auto", "fp8", "fp8_e5m2")
-    assert len(full.configs) == 243 and full.fp8
+    assert len(full.configs) == 243
     assert make_spec(tree_0102, variants_0102, kv_cache_dtypes=["fp8_e4m3"]).kv_cache_dtypes == ("fp8",)
+    assert vllm_kernel_set(tree_0102) == ((32, 64, 80, 96, 112, 120, 128, 192, 256), (8, 16, 32))
+
+
+#: A launcher in vLLM's shape that instantiates another set than any release does.
+OTHER_LAUNCHER = """\
+#define LAUNCH_PAGED_ATTENTION_V1(HEAD_SIZE) \\
+  paged_attention_v1_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, IS_BLOCK_SPARSE>
+  switch (head_size) {
+    case 48:
+      LAUNCH_PAGED_ATTENTION_V1(48);
+      break;
+    case 160:
+      LAUNCH_PAGED_ATTENTION_V1( 160 );
+      break;
+  }
+#define CALL_V1_LAUNCHER_SPARSITY(T, CACHE_T, BLOCK_SIZE, IS_FP8_KV_CACHE) \\
+  switch (block_size) {
+    case 64:
+      CALL_V1_LAUNCHER_SPARSITY(T, CACHE_T, 64, KV_DTYPE);
+      break;
+    case 24:
+      CALL_V1_LAUNCHER_SPARSITY( T,CACHE_T,  24, KV_DTYPE);
+      break;
+  }
+"""
+
+
+def _fake_tree(root: Path, launcher: str | None) -> Path:
+    (root / B.HEADER).parent.mkdir(parents=True)
+    (root / B.HEADER).write_text("// not parsed by make_spec\n")
+    if launcher is not None:
+        (root / "csrc/attention/paged_attention_v1.cu").write_text(launcher)
+    return root
+
+
+def test_vllm_kernel_set_reads_the_trees_launcher(tmp_path):
+    tree = _fake_tree(tmp_path / "other", OTHER_LAUNCHER)
+    assert vllm_kernel_set(tree) == ((48, 160), (64, 24))
+    full = make_spec(tree, [Variant("stock", "")], all_kernels=True)
+    assert (full.head_sizes, full.block_sizes) == ((48, 160), (64, 24))
+    assert make_spec(tree, [Variant("stock", "")], head_sizes=[160], block_sizes=[24]).configs[0].label == "fp16/auto/160/24"
+    with pytest.raises(UsageError, match=r"^invalid head size 128: vLLM's kernels are instantiated for 48, 160$"):
+        make_spec(tree, [Variant("stock", "")], head_sizes=[128])
+    # no launcher file (or none of its dispatch found): the set vLLM 0.6.4-0.22 instantiate
+    bare = _fake_tree(tmp_path / "bare", None)
+    assert vllm_kernel_set(bare) == ((32, 64, 80, 96, 112, 120, 128, 192, 256), (8, 16, 32))
+    assert vllm_kernel_set(_fake_tree(tmp_path / "empty", "// nothing\n")) == vllm_kernel_set(bare)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(head_sizes=[7]), r"^invalid head size 7: vLLM's kernels are instantiated for 32, 64, 80, 96, 112, 120, 128, 192, 256$"),
+        (dict(head_sizes=[128, 100]), "invalid head size 100"),
+        (dict(block_sizes=[12]), r"^invalid block size 12: vLLM's kernels are instantiated for 8, 16, 32$"),
+        (dict(block_sizes=[-16]), "invalid block size -16: expected a positive integer"),
+    ],
+)
+def test_make_spec_refuses_sizes_the_kernels_lack(tmp_path, kwargs, message):
+    with pytest.raises(UsageError, match=message):
+        make_spec(_fake_tree(tmp_path, None), [Variant("stock", "")], **kwargs)
+
+
+@pytest.mark.parametrize("jobs", [0, -1, True, 2.5])
+def test_build_refuses_jobs_below_one_before_anything_runs(jobs, monkeypatch):
+    def no_nvcc():
+        raise AssertionError("nvcc must not be looked for")
+
+    monkeypatch.setattr(COMPILE, "toolchain", no_nvcc)
+    spec = BuildSpec(Path("/nonexistent"), (Variant("stock", ""),), (Arch(9, 0, "a"),))
+    with pytest.raises(UsageError, match=r"^invalid jobs .*: must be >= 1$"):
+        B.build(spec, jobs=jobs, console=_quiet())
+    with pytest.raises(UsageError, match=r"must be >= 1"):
+        full_build_command("/nonexistent", [Arch(9, 0, "a")], jobs)
 
 
 @network
@@ -305,8 +394,18 @@ def test_plan_is_content_keyed(spec_9a, build_cache):
     other = B.plan(replace(spec_9a, archs=(Arch(8, 0),)), cache=build_cache)
     assert other[0].key != a.key
     assert "-Dvllm=kvpatch_stock" in a.compile_flags and "-Dvllm=kvpatch_patched" in b.compile_flags
-    assert "-DENABLE_FP8" not in a.compile_flags
-    assert "-DENABLE_FP8" in B.plan(replace(spec_9a, kv_cache_dtypes=("fp8",)), cache=build_cache)[0].compile_flags
+    # one flag set whatever the configurations: vLLM's own, -DENABLE_FP8 included
+    fp8 = B.plan(replace(spec_9a, kv_cache_dtypes=("fp8",)), cache=build_cache)[0]
+    assert a.compile_flags == fp8.compile_flags
+    assert a.compile_flags[: len(B.vllm_nvcc_flags())] == B.vllm_nvcc_flags()
+    assert dict(a.files)["stubs/torch/all.h"] == dict(fp8.files)["stubs/torch/all.h"]
+
+
+def test_vllm_nvcc_flags_are_vllms():
+    flags = B.vllm_nvcc_flags()
+    assert flags == ("-std=c++17", "-O2", "-g", "-DNDEBUG", "--expt-relaxed-constexpr", "-DENABLE_FP8")
+    assert not any(f.startswith("-D__CUDA_NO_") for f in flags) and "--use_fast_math" not in flags
+    assert "Float8_e4m3fn" in B.stub_headers()["torch/all.h"]
 
 
 # --------------------------------------------------------------------------- output parsing
@@ -385,7 +484,9 @@ def test_problems_report_missing_and_unexpected_prefetch():
 def test_build_sm90a_prefetch_only_in_patched(built_9a, tree_0102):
     stock, patched = built_9a.variants
     assert built_9a.problems() == []
-    assert [(k.kernel, k.has_prefetch) for k in patched.kernels] == [("v1", True), ("v2", True), ("reduce", False)]
+    assert [(k.kernel, k.dtype, k.has_prefetch) for k in patched.kernels] == [
+        (kernel, dtype, kernel != "reduce") for kernel in ("v1", "v2", "reduce") for dtype in ALL_DTYPES
+    ]
     assert not any(k.has_prefetch for k in stock.kernels)
     assert "UBLKPF" in patched.read_sass() and "UBLKPF" not in stock.read_sass()
     for v in (stock, patched):
@@ -432,8 +533,42 @@ def test_repeat_build_is_a_cache_hit(built_9a, spec_9a, build_cache):
     assert [v.cached for v in again.variants] == [True, True]
     assert [v.library.stat().st_mtime_ns for v in again.variants] == mtimes
     assert [v.kernels for v in again.variants] == [v.kernels for v in built_9a.variants]
-    assert again.elapsed < 5
-    json.dumps(again.to_dict())  # the CLI's --json
+    data = json.loads(json.dumps(again.to_dict()))  # the CLI's --json
+    assert data["vllm_flags"] == list(B.vllm_nvcc_flags())
+    for v in data["variants"]:
+        assert v["compile_flags"][: len(B.vllm_nvcc_flags())] == list(B.vllm_nvcc_flags())
+        assert "release" in v["nvcc"] and v["library_bytes"] > 0 and len(v["library_sha256"]) == 64
+
+
+@needs_nvcc
+@pytest.mark.parametrize("damage", ["empty", "truncated", "changed"])
+def test_damaged_cached_library_is_rebuilt(damage, tree_0102, variants_0102, tmp_path):
+    spec = make_spec(tree_0102, variants_0102[:1], "9.0a", dtypes=["fp16"])
+    (first,) = B.build(spec, cache=tmp_path, console=_quiet()).variants
+    good = first.library.read_bytes()
+    recorded = json.loads((first.dir / "result.json").read_text())
+    assert recorded["library_bytes"] == len(good)
+    if damage == "empty":
+        first.library.write_bytes(b"")
+    elif damage == "truncated":
+        first.library.write_bytes(good[: len(good) // 2])
+    else:
+        first.library.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    log = io.StringIO()
+    (again,) = B.build(spec, cache=tmp_path, console=Console(file=log, width=300)).variants
+    assert not again.cached and "damaged" in log.getvalue() and "rebuilding" in log.getvalue()
+    assert again.library.read_bytes() == good
+    (third,) = B.build(spec, cache=tmp_path, console=_quiet()).variants
+    assert third.cached
+
+
+@needs_nvcc
+def test_build_table(built_9a):
+    out = io.StringIO()
+    Console(file=out, width=200).print(build_table(built_9a))
+    text = out.getvalue()
+    assert "kvpatch build (" in text and "bf16/auto/128/16" in text and "fp32/128" in text
+    assert "vLLM's nvcc flags: -std=c++17 -O2 -g -DNDEBUG --expt-relaxed-constexpr -DENABLE_FP8" in text
 
 
 @needs_nvcc
@@ -460,7 +595,7 @@ def test_runtime_loads_without_torch(built_9a):
     stock, patched = built_9a.variants
     k = Kernels(stock.library, stock.prefix)
     p = Kernels.from_build(patched)
-    assert k.configs == ("fp16/auto/128/16",) == p.configs
+    assert k.configs == ("fp16/auto/128/16", "bf16/auto/128/16", "fp32/auto/128/16") == p.configs
     assert not k.scale_by_value
     assert k.error_string(-1) == "configuration not built into this library"
     with pytest.raises(RuntimeError, match="no kvpatch_patched_abi_version"):
@@ -469,7 +604,7 @@ def test_runtime_loads_without_torch(built_9a):
 
 @needs_nvcc
 def test_build_064_takes_scales_by_value(tree_064, build_cache):
-    stock, _ = B.stock_and_patched(tree_064, make_config())
+    stock, _ = stock_and_patched(tree_064)
     spec = make_spec(tree_064, [stock], "9.0a", dtypes=["bf16"])
     (built,) = B.build(spec, cache=build_cache, console=_quiet()).variants
     assert Kernels(built.library, built.prefix).scale_by_value

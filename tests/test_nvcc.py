@@ -1,9 +1,11 @@
 """The patched vLLM 0.10.2 header compiled with nvcc: the prefetch reaches Hopper's PTX,
 and nothing of it reaches sm_80's (the guard), which therefore still builds.
 
-Each compile is a small TU taking the address of one v1 and one v2 instantiation
-(fp16 storage as uint16_t, head 128, block 16, 128 threads), built to a cubin so ptxas
-checks the PTX too; about a second each.
+Each compile is a small TU taking the address of one v1 and one v2 instantiation per
+query dtype (fp16 as uint16_t, bf16, fp32; head 128, block 16, 128 threads), compiled
+with vLLM's flags to a cubin so ptxas checks the PTX too; a few seconds each. A kernel
+counts a prefetch whether it sits in its own body (inline asm) or in a function it
+calls (the ``kvpatch_prefetch_l2`` helper of ``issue=call``).
 """
 
 from __future__ import annotations
@@ -29,19 +31,67 @@ pytestmark = [
 PREFETCH = re.compile(r"^\s*cp\.async\.bulk\.prefetch\.L2\.global(\.L2::cache_hint)? \[%rd\d+\], (\d+)(, %rd\d+)?;$", re.M)
 
 
-def entries(ptx: str) -> dict[str, str]:
-    """The PTX of each kernel entry, keyed 'v1' / 'v2'."""
-    out = {}
-    for chunk in ptx.split(".entry ")[1:]:
-        name = chunk.split("(", 1)[0]
-        out["v2" if "paged_attention_v2_kernel" in name else "v1"] = chunk
-    assert sorted(out) == ["v1", "v2"], "expected one v1 and one v2 kernel entry"
+_FUNCTION = re.compile(r"^(?:\.visible |\.weak )*\.(entry|func)\s+(?:\([^)]*\)\s*)?([\w$]+)")
+_CALL = re.compile(r"^\s*call(?:\.uni)?\s+(?:\([^)]*\),\s*)?([\w$]+)", re.M)
+#: The mangled scalar_t of a kernel name, after "kernelI": uint16_t, __nv_bfloat16, float.
+_DTYPES = {"t": "fp16", "13__nv_bfloat16": "bf16", "f": "fp32"}
+DTYPES = ("fp16", "bf16", "fp32")
+#: What size=auto gives at head 128, block 16: BLOCK_SIZE * HEAD_SIZE * sizeof(cache_t).
+AUTO = {"fp16": "4096", "bf16": "4096", "fp32": "8192"}
+
+
+def functions(ptx: str) -> dict[str, tuple[str, str]]:
+    """Every function defined in the PTX: name -> (kind 'entry' | 'func', body)."""
+    out: dict[str, tuple[str, str]] = {}
+    current: str | None = None
+    kind, body = "", []
+    for line in ptx.splitlines():
+        m = _FUNCTION.match(line)
+        if m and not line.rstrip().endswith(";"):
+            current, kind, body = m.group(2), m.group(1), []
+        elif current is not None:
+            if line == "}":
+                out[current] = (kind, "\n".join(body))
+                current = None
+            else:
+                body.append(line)
     return out
 
 
-def prefetches(ptx: str) -> dict[str, list[tuple[str, str]]]:
-    """Per kernel, the bulk prefetches as (cache-hint suffix, size)."""
+def entries(ptx: str) -> dict[tuple[str, str], str]:
+    """The PTX of each kernel entry with the bodies of the functions it calls, keyed
+    ('v1' | 'v2', dtype)."""
+    funcs = functions(ptx)
+    out = {}
+    for name, (kind, body) in funcs.items():
+        if kind != "entry":
+            continue
+        kernel = "v2" if "paged_attention_v2_kernel" in name else "v1"
+        args = name.split("_kernelI", 1)[1]
+        dtype = next(d for code, d in _DTYPES.items() if args.startswith(code))
+        called = [funcs[c][1] for c in _CALL.findall(body) if c in funcs]
+        out[(kernel, dtype)] = "\n".join([body, *called])
+    assert sorted(out) == sorted((k, d) for k in ("v1", "v2") for d in DTYPES), sorted(out)
+    return out
+
+
+def prefetches(ptx: str) -> dict[tuple[str, str], list[tuple[str, str]]]:
+    """Per kernel, the bulk prefetches it issues (its own or its callees') as (cache-hint suffix, size)."""
     return {k: [(m.group(1) or "", m.group(2)) for m in PREFETCH.finditer(body)] for k, body in entries(ptx).items()}
+
+
+def each(expected) -> dict[tuple[str, str], list[tuple[str, str]]]:
+    """``expected(dtype)`` for both kernels of every dtype."""
+    return {(k, d): expected(d) for k in ("v1", "v2") for d in DTYPES}
+
+
+def distinct(found: dict[tuple[str, str], list[tuple[str, str]]]) -> dict[tuple[str, str], list[tuple[str, str]]]:
+    """Each kernel's prefetches without repeats: nvcc may duplicate a call site (loop
+    unswitching keeps the helper call in each copy), so only inline sites can be counted."""
+    return {k: sorted(set(v)) for k, v in found.items()}
+
+
+NONE = each(lambda d: [])
 
 
 @pytest.fixture(scope="module")
@@ -60,34 +110,39 @@ def patched(tree: Path, stock: str, **options) -> str:
 
 def test_stock_header_has_no_prefetch(tree: Path, stock: str, nvcc_ptx) -> None:
     ptx = nvcc_ptx(tree / "csrc", stock, "sm_90a")
-    assert prefetches(ptx) == {"v1": [], "v2": []}
+    assert prefetches(ptx) == NONE
     assert "cp.async.bulk" not in ptx
 
 
 @pytest.mark.parametrize(
     "options, expected",
     [
-        ({}, [("", "4096"), ("", "4096")]),  # one K and one V tile: 16 * 128 * sizeof(uint16_t)
-        ({"preset": "paper"}, [("", "4096"), ("", "4096")]),
-        ({"caches": "k"}, [("", "4096")]),
-        ({"lookahead": 2, "size": 8192, "align": 128}, [("", "8192"), ("", "8192")]),
-        ({"cache_hint": "evict_last"}, [(".L2::cache_hint", "4096"), (".L2::cache_hint", "4096")]),
-        ({"placement": "end", "scope": "kv-head"}, [("", "4096"), ("", "4096")]),
-        ({"control": True}, [("", "4096"), ("", "4096")]),  # compiled in, never executed
+        # one K and one V tile: 16 * 128 * sizeof(cache_t); fp16 inline, bf16/fp32 through the helper
+        ({}, lambda d: [("", AUTO[d])] * 2),
+        ({"preset": "paper"}, lambda d: [("", "4096")] * 2),
+        ({"caches": "k"}, lambda d: [("", AUTO[d])]),
+        ({"lookahead": 2, "size": 8192, "align": 128}, lambda d: [("", "8192")] * 2),
+        ({"cache_hint": "evict_last"}, lambda d: [(".L2::cache_hint", AUTO[d])] * 2),
+        ({"placement": "end", "scope": "kv-head"}, lambda d: [("", AUTO[d])] * 2),
+        ({"control": True}, lambda d: [("", AUTO[d])] * 2),  # compiled in, never executed
     ],
     ids=["default", "paper", "caches-k", "lookahead2-size8192-align128", "evict-last", "end-kv-head", "control"],
 )
-def test_sm90a_ptx_has_the_prefetch(options: dict, expected: list, tree: Path, stock: str, nvcc_ptx) -> None:
+def test_sm90a_ptx_has_the_prefetch(options: dict, expected, tree: Path, stock: str, nvcc_ptx) -> None:
     ptx = nvcc_ptx(tree / "csrc", patched(tree, stock, **options), "sm_90a")
-    assert prefetches(ptx) == {"v1": expected, "v2": expected}
+    found = prefetches(ptx)
+    assert distinct(found) == distinct(each(expected))
+    # fp16 issues its prefetches inline (its default, and the paper's): one per loop
+    assert found[("v1", "fp16")] == found[("v2", "fp16")] == expected("fp16")
     if options.get("cache_hint"):
-        assert len(re.findall(r"createpolicy\.fractional\.L2::evict_last\.b64 %rd\d+, 1\.0;", ptx)) == 4
+        policies = re.findall(r"createpolicy\.fractional\.L2::evict_last\.b64 %rd\d+, 1\.0;", ptx)
+        assert len(policies) == ptx.count("cp.async.bulk.prefetch.L2.global.L2::cache_hint") > 0
 
 
 @pytest.mark.parametrize("options", [{}, {"preset": "paper"}], ids=["default", "paper"])
 def test_sm80_builds_without_the_prefetch(options: dict, tree: Path, stock: str, nvcc_ptx) -> None:
     ptx = nvcc_ptx(tree / "csrc", patched(tree, stock, **options), "sm_80")
-    assert prefetches(ptx) == {"v1": [], "v2": []}
+    assert prefetches(ptx) == NONE
     assert "cp.async.bulk" not in ptx
 
 
@@ -106,4 +161,6 @@ def test_reformatted_header_still_compiles_with_the_prefetch(reformatted_header,
     assert tree.name == f"v{REFORMAT_RELEASE}"
     text = patch(reformatted, str(tree / HEADER), make_config()).patched
     ptx = nvcc_ptx(tree / "csrc", text, "sm_90a")
-    assert prefetches(ptx) == {"v1": [("", "4096")] * 2, "v2": [("", "4096")] * 2}
+    found = prefetches(ptx)
+    assert distinct(found) == distinct(each(lambda d: [("", AUTO[d])]))
+    assert found[("v1", "fp16")] == found[("v2", "fp16")] == [("", "4096")] * 2

@@ -1,0 +1,153 @@
+"""What a build produced, as data: per kernel, per variant, per build. Rendering lives
+in :mod:`kvpatch.render_build`; ``to_dict``/``from_dict`` are ``result.json``'s form."""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Mapping
+
+#: The prefetch instruction in SASS.
+PREFETCH_SASS = "UBLKPF"
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """One kernel for one arch: what ptxas allocated and whether the SASS prefetches."""
+
+    arch: str  # 'sm_90a'
+    kernel: str  # 'v1' | 'v2' | 'reduce'
+    dtype: str  # 'fp16' ...
+    kv_cache_dtype: str  # 'auto' ... ('' for reduce)
+    head_size: int
+    block_size: int  # 0 for reduce
+    registers: int
+    spill_stores: int  # bytes
+    spill_loads: int  # bytes
+    stack_bytes: int
+    has_prefetch: bool  # observed: the SASS holds UBLKPF
+    expect_prefetch: bool  # expected: the variant's configuration prefetches here
+    symbol: str  # mangled
+
+    @property
+    def ok(self) -> bool:
+        return self.has_prefetch == self.expect_prefetch
+
+    @property
+    def config(self) -> str:
+        """``'fp16/auto/128/16'`` (``'fp16/128'`` for reduce)."""
+        if self.kernel == "reduce":
+            return f"{self.dtype}/{self.head_size}"
+        return f"{self.dtype}/{self.kv_cache_dtype}/{self.head_size}/{self.block_size}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.kernel} {self.config} {self.arch}"
+
+
+@dataclass(frozen=True)
+class StepTime:
+    name: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    """A built variant: where its files are, how they were compiled, what its kernels look like."""
+
+    name: str
+    prefix: str
+    key: str
+    dir: Path
+    library: Path
+    cubins: tuple[Path, ...]
+    sass: Path  # kernels.sass.gz: see read_sass()
+    archs: tuple[str, ...]
+    configs: tuple[str, ...]
+    kernels: tuple[KernelInfo, ...]
+    steps: tuple[StepTime, ...]
+    expect_prefetch: bool
+    #: The nvcc flags of every launcher shard (paths relative to ``dir``).
+    compile_flags: tuple[str, ...] = ()
+    #: ``nvcc --version``'s last line.
+    nvcc: str = ""
+    #: Size and sha256 of ``library`` when it was built: a cached library must match both.
+    library_bytes: int = 0
+    library_sha256: str = ""
+    cached: bool = False
+
+    def read_sass(self) -> str:
+        """The whole ``cuobjdump --dump-sass`` text of the library (kept gzip-compressed)."""
+        with gzip.open(self.sass, "rt", encoding="utf-8") as f:
+            return f.read()
+
+    def problems(self) -> list[str]:
+        """What the SASS check found wrong, one line each (empty: all good)."""
+        out = []
+        for k in self.kernels:
+            if not k.ok:
+                what = "lacks" if k.expect_prefetch else "unexpectedly has"
+                out.append(f"{self.name}: {k.label} {what} {PREFETCH_SASS} in its SASS")
+        # v1 and v2 per configuration, one reduce kernel per (dtype, head size), per arch
+        reduce = {(d, h) for d, _, h, _ in (c.split("/") for c in self.configs)}
+        expected = len(self.archs) * (2 * len(self.configs) + len(reduce))
+        found = len(self.kernels)
+        if found != expected:
+            out.append(f"{self.name}: found {found} kernels in the SASS, expected {expected}")
+        return out
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for name in ("dir", "library", "sass"):
+            d[name] = str(d[name])
+        d["cubins"] = [str(p) for p in self.cubins]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping, *, cached: bool = False) -> VariantResult:
+        return cls(
+            name=d["name"],
+            prefix=d["prefix"],
+            key=d["key"],
+            dir=Path(d["dir"]),
+            library=Path(d["library"]),
+            cubins=tuple(Path(p) for p in d["cubins"]),
+            sass=Path(d["sass"]),
+            archs=tuple(d["archs"]),
+            configs=tuple(d["configs"]),
+            kernels=tuple(KernelInfo(**k) for k in d["kernels"]),
+            steps=tuple(StepTime(**s) for s in d["steps"]),
+            expect_prefetch=d["expect_prefetch"],
+            compile_flags=tuple(d["compile_flags"]),
+            nvcc=d["nvcc"],
+            library_bytes=d["library_bytes"],
+            library_sha256=d["library_sha256"],
+            cached=cached,
+        )
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """Every variant of one build, the seconds it took, and the compile-flag set it used."""
+
+    variants: tuple[VariantResult, ...]
+    elapsed: float
+    #: :func:`kvpatch.build.flags.vllm_nvcc_flags`: vLLM's flags, shared by every variant.
+    vllm_flags: tuple[str, ...] = ()
+
+    def variant(self, name: str) -> VariantResult:
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise KeyError(name)
+
+    def problems(self) -> list[str]:
+        return [p for v in self.variants for p in v.problems()]
+
+    def to_dict(self) -> dict:
+        return {
+            "elapsed": self.elapsed,
+            "vllm_flags": list(self.vllm_flags),
+            "variants": [v.to_dict() for v in self.variants],
+        }

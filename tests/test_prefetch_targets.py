@@ -1,0 +1,201 @@
+"""Which blocks the generated prefetch targets, checked by running the generated code.
+
+The golden files pin the text; this pins the behaviour. The fixture header is patched
+through the real pipeline (:func:`kvpatch.patch.plan.patch`), and its injected regions
+(the helper, and the key or the value loop's block) are compiled verbatim into a
+host C++ harness: ``__CUDA_ARCH__`` is 900, ``__device__``/``__noinline__`` are empty,
+and ``asm`` is defined away while ``volatile(...)`` becomes a call that records the
+``kvpatch_tile`` pointer in scope, in the inline asm and in the ``kvpatch_prefetch_l2``
+helper alike. The harness runs the loop as vLLM's kernel does
+(``block_idx = start + warp; block_idx < end; block_idx += NUM_WARPS``) over a scattered
+block table that holds physical block 0, maps every recorded address back to the
+logical block it belongs to, and prints what each warp read and prefetched.
+
+Asserted: lane 0 of each warp prefetches exactly the block it reads ``lookahead``
+iterations later, once per iteration, never one past the end; other lanes, the
+control variant, quantized caches under ``quantized=skip`` and (``scope=kv-head``)
+non-leading query heads prefetch nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import HEADER, fixture_text, make_tree
+from kvpatch.config import make_config
+from kvpatch.patch.plan import patch
+
+CXX = shutil.which("g++") or shutil.which("c++")
+pytestmark = pytest.mark.skipif(CXX is None, reason="no host C++ compiler (g++) on PATH")
+
+HARNESS = r"""
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+struct __nv_bfloat16 { uint16_t bits; };
+
+static std::vector<const void*> kvpatch_recorded;
+static void kvpatch_record(const void* tile) { kvpatch_recorded.push_back(tile); }
+
+// The CUDA bits of the generated code, on the host.
+#define __device__
+#define __noinline__
+#define asm
+#define volatile(...) (kvpatch_record(kvpatch_tile))
+
+// ---- generated: helper region
+@HELPER@
+// ---- end of generated code
+
+#undef volatile
+#undef asm
+
+constexpr int HEAD = 8, BLOCK = 2, KV_HEADS = 2;
+constexpr int64_t KV_HEAD_STRIDE = HEAD * BLOCK, KV_BLOCK_STRIDE = KV_HEADS * KV_HEAD_STRIDE;
+constexpr int PHYSICAL = 211;  // a prime: block_table[i] = (7 i + 3) % 211 is a permutation
+constexpr int TABLE = 400;     // entries past every end_block_idx used: an overrun still maps
+
+#define volatile(...) (kvpatch_record(kvpatch_tile))
+#define asm
+template <typename scalar_t, typename cache_t, int HEAD_SIZE, int BLOCK_SIZE>
+static void key_loop(int NUM_WARPS, int warp_idx, int lane, int start_block_idx, int end_block_idx,
+                     int head_idx, int num_queries_per_kv, int kv_head_idx, int64_t kv_block_stride,
+                     int64_t kv_head_stride, const int* block_table, const cache_t* k_cache,
+                     std::vector<int>& reads) {
+  for (int block_idx = start_block_idx + warp_idx; block_idx < end_block_idx; block_idx += NUM_WARPS) {
+    const int64_t physical_block_number = static_cast<int64_t>(block_table[block_idx]);
+    (void)physical_block_number;
+    reads.push_back(block_idx);
+// ---- generated: the loop's region
+@REGION@
+// ---- end of generated code
+  }
+}
+#undef volatile
+#undef asm
+
+template <typename scalar_t, typename cache_t>
+static void run(int num_warps, int warp, int lane, int start, int end, int head, int qpk) {
+  std::vector<int> table(TABLE), logical_of(PHYSICAL, -1);
+  for (int i = 0; i < TABLE; ++i) table[i] = (7 * i + 3) % PHYSICAL;
+  for (int i = 0; i < PHYSICAL; ++i) logical_of[table[i]] = i;
+  std::vector<cache_t> cache(static_cast<size_t>(PHYSICAL * KV_BLOCK_STRIDE));
+  const int kv_head_idx = 1;
+  std::vector<int> reads;
+  kvpatch_recorded.clear();
+  key_loop<scalar_t, cache_t, HEAD, BLOCK>(num_warps, warp, lane, start, end, head, qpk, kv_head_idx,
+                                           KV_BLOCK_STRIDE, KV_HEAD_STRIDE, table.data(), cache.data(), reads);
+  std::cout << "reads";
+  for (int b : reads) std::cout << ' ' << b;
+  std::cout << "\ntargets";
+  for (const void* p : kvpatch_recorded) {
+    const int64_t off = static_cast<const cache_t*>(p) - cache.data() - kv_head_idx * KV_HEAD_STRIDE;
+    const bool whole = off >= 0 && off % KV_BLOCK_STRIDE == 0 && off / KV_BLOCK_STRIDE < PHYSICAL;
+    // a tile that is not the start of this head's slice of a block: report it as "bad"
+    if (whole) std::cout << ' ' << logical_of[off / KV_BLOCK_STRIDE]; else std::cout << " bad";
+  }
+  std::cout << "\n";
+}
+
+int main() {
+  std::string dtype;
+  int num_warps, warp, lane, start, end, head, qpk;
+  while (std::cin >> dtype >> num_warps >> warp >> lane >> start >> end >> head >> qpk) {
+    if (dtype == "fp16") run<uint16_t, uint16_t>(num_warps, warp, lane, start, end, head, qpk);
+    else if (dtype == "bf16") run<__nv_bfloat16, __nv_bfloat16>(num_warps, warp, lane, start, end, head, qpk);
+    else if (dtype == "fp32") run<float, float>(num_warps, warp, lane, start, end, head, qpk);
+    else if (dtype == "fp8") run<uint16_t, uint8_t>(num_warps, warp, lane, start, end, head, qpk);
+    else return 2;
+  }
+  return 0;
+}
+"""
+
+#: (NUM_WARPS, warp, start_block_idx, end_block_idx): single block, fewer blocks than
+#: warps, ends that do and do not divide, a partition that starts at 32 (v2), one warp.
+LOOPS = [
+    (4, 0, 0, 1), (4, 0, 0, 5), (4, 3, 0, 5), (4, 1, 0, 17), (4, 3, 0, 33),
+    (2, 1, 0, 16), (4, 2, 32, 100), (1, 0, 0, 9), (8, 7, 0, 64), (4, 0, 0, 3),
+]  # fmt: skip
+
+
+def _region(text: str, name: str) -> str:
+    m = re.search(rf"^[ \t]*// kvpatch:begin {name} .*?^[ \t]*// kvpatch:end {name}$", text, re.M | re.S)
+    assert m is not None, f"no {name} region in the patched fixture"
+    return m.group(0)
+
+
+def _harness(tmp_path: Path, kind: str, **options) -> Path:
+    """Patch the fixture with ``options``, compile its ``kind`` ('key' | 'value') region."""
+    tree = make_tree(tmp_path / "tree", fixture_text(), commit=False)
+    patched = patch(fixture_text(), str(tree / HEADER), make_config(**options)).patched
+    region = _region(patched, kind).replace("v_cache", "k_cache")  # one cache parameter for both loops
+    source = HARNESS.replace("@HELPER@", _region(patched, "helper")).replace("@REGION@", region)
+    (tmp_path / "harness.cpp").write_text(source)
+    exe = tmp_path / "harness"
+    proc = subprocess.run(
+        [CXX, "-std=c++17", "-O0", "-D__CUDA_ARCH__=900", "-Wall", "-Wno-unused-variable",
+         "-o", str(exe), str(tmp_path / "harness.cpp")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return exe
+
+
+def _run(exe: Path, cases: list[tuple]) -> list[tuple[list[int], list]]:
+    stdin = "".join(" ".join(str(x) for x in c) + "\n" for c in cases)
+    out = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout.splitlines()
+    assert len(out) == 2 * len(cases)
+    parse = lambda line: [x if x == "bad" else int(x) for x in line.split()[1:]]  # noqa: E731
+    return [(parse(out[2 * i]), parse(out[2 * i + 1])) for i in range(len(cases))]
+
+
+def _expected(lookahead: int, nw: int, warp: int, start: int, end: int, prefetches: bool) -> tuple[list, list]:
+    reads = list(range(start + warp, end, nw))
+    targets = [b + lookahead * nw for b in reads if b + lookahead * nw < end] if prefetches else []
+    return reads, targets
+
+
+def _cases(dtypes: list[str], lanes=(0, 1), heads=((0, 4), (1, 4), (0, 1))) -> list[tuple]:
+    return [(d, nw, w, lane, s, e, h, q) for d in dtypes for nw, w, s, e in LOOPS for lane in lanes for h, q in heads]
+
+
+@pytest.mark.parametrize("kind", ["key", "value"])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"lookahead": 2}, {"lookahead": 3}, {"placement": "end"}, {"issue": "inline"},
+     {"quantized": "prefetch"}, {"fp16": "none", "scope": "kv-head"}],
+    ids=["default", "lookahead2", "lookahead3", "placement-end", "inline", "quantized-prefetch", "kv-head-all"],
+)  # fmt: skip
+def test_prefetch_targets_the_block_read_lookahead_iterations_later(tmp_path, kind, options):
+    cfg = make_config(**options)
+    exe = _harness(tmp_path, kind, **options)
+    cases = _cases(["fp16", "bf16", "fp32", "fp8"])
+    for case, (reads, targets) in zip(cases, _run(exe, cases)):
+        dtype, nw, warp, lane, start, end, head, qpk = case
+        settings = cfg.for_dtype("fp16" if dtype == "fp8" else dtype)  # fp8: an fp16 kernel, uint8_t cache
+        scope_ok = settings.scope == "cta" or head % qpk == 0
+        quantized_ok = dtype != "fp8" or cfg.quantized == "prefetch"
+        want = _expected(settings.lookahead, nw, warp, start, end, lane == 0 and scope_ok and quantized_ok)
+        assert (reads, targets) == want, f"{kind} loop, {case}"
+    # the harness saw prefetches at all (lane 0, first query head, an fp16/bf16 loop of many blocks)
+    assert any(t for _, t in _run(exe, [("bf16", 4, 0, 0, 0, 17, 0, 4)]))
+
+
+@pytest.mark.parametrize("kind", ["key", "value"])
+@pytest.mark.parametrize("options", [{"control": True}, {"control": True, "issue": "inline", "fp16": "none"}],
+                         ids=["control", "control-inline"])  # fmt: skip
+def test_control_prefetches_nothing(tmp_path, kind, options):
+    exe = _harness(tmp_path, kind, **options)
+    cases = _cases(["fp16", "bf16", "fp32", "fp8"], lanes=(0,), heads=((0, 4), (0, 1)))
+    for case, (reads, targets) in zip(cases, _run(exe, cases)):
+        _, nw, warp, _, start, end, _, _ = case
+        assert reads == list(range(start + warp, end, nw)) and targets == [], case

@@ -15,7 +15,7 @@ from conftest import STOCK, fixture_text, git, golden_text, make_tree
 from kvpatch.source.fetch import HEADER
 
 KVPATCH = str(Path(sys.executable).parent / "kvpatch")
-DEFAULT_MARKER = "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call quantized=skip bf16/32/32:off bf16/80/32:off fp16:scope=kv-head,issue=inline"
+DEFAULT_MARKER = "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call quantized=skip bf16/32/32:off bf16/64/32:off bf16/80/32:off fp16:scope=kv-head,issue=inline fp16/256/16:off"
 
 
 def kvpatch(*args: str, cwd: Path, columns: int = 400) -> subprocess.CompletedProcess:
@@ -100,7 +100,7 @@ def test_options_override_the_config_file(git_tree: Path, header: Path, work: Pa
     (work / "kvpatch.toml").write_text('lookahead = 3\ncache-hint = "evict_last"\n')
     proc = kvpatch("apply", "--tree", str(git_tree), "--config", "kvpatch.toml", "--lookahead", "2", cwd=work)
     assert proc.returncode == 0, proc.stderr
-    marker = "lookahead=2 size=auto align=16 caches=kv hint=evict_last placement=start scope=cta issue=call quantized=skip bf16/32/32:off bf16/80/32:off fp16:scope=kv-head,issue=inline"
+    marker = "lookahead=2 size=auto align=16 caches=kv hint=evict_last placement=start scope=cta issue=call quantized=skip bf16/32/32:off bf16/64/32:off bf16/80/32:off fp16:scope=kv-head,issue=inline fp16/256/16:off"
     assert f"config: {marker}" in proc.stdout.splitlines()
     assert header.read_text().count(f"// kvpatch:begin key {marker}\n") == 1
 

@@ -150,11 +150,11 @@ def test_paper_preset_refuses_size_auto() -> None:
 @pytest.mark.parametrize(
     "options, marker",
     [
-        ({}, "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call quantized=skip bf16/32/32:off bf16/80/32:off fp16:scope=kv-head,issue=inline"),
+        ({}, "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call quantized=skip bf16/32/32:off bf16/64/32:off bf16/80/32:off fp16:scope=kv-head,issue=inline fp16/256/16:off"),
         (
             {"lookahead": 2, "size": 8192, "align": 128, "caches": "v", "cache_hint": "evict_first",
              "placement": "end", "scope": "kv-head", "control": True},
-            "lookahead=2 size=8192 align=128 caches=v hint=evict_first placement=end scope=kv-head issue=call quantized=skip control bf16/32/32:off bf16/80/32:off fp16:scope=kv-head,issue=inline",
+            "lookahead=2 size=8192 align=128 caches=v hint=evict_first placement=end scope=kv-head issue=call quantized=skip control bf16/32/32:off bf16/64/32:off bf16/80/32:off fp16:scope=kv-head,issue=inline fp16/256/16:off",
         ),
         ({"preset": "paper"}, "preset=paper caches=kv"),
         ({"preset": "paper", "control": True}, "preset=paper caches=kv control"),
@@ -207,7 +207,9 @@ def test_dump_config_of_the_defaults() -> None:
         "\n"
         "[kvpatch.rules]\n"
         '"bf16/32/32" = { off = true }\n'
+        '"bf16/64/32" = { off = true }\n'
         '"bf16/80/32" = { off = true }\n'
+        '"fp16/256/16" = { off = true }\n'
     )
 
 

@@ -63,8 +63,8 @@ def test_golden(name: str, stock: str, header_path: str) -> None:
 
 def test_golden_default_injection_reads_as_expected(stock: str) -> None:
     """The key-loop injection of the default configuration, spelled out (before -> after):
-    kernels with a quantized cache get none, nor do the bf16 instantiations whose code
-    generation the prefetch would change (head 32/80, block 32); fp16 kernels get the
+    kernels with a quantized cache get none, nor do the instantiations the default turns
+    off (bf16 head 32/64/80 block 32, fp16 head 256 block 16); fp16 kernels get the
     inline, one-CTA-per-KV-head prefetch; the others call the helper."""
     before = (
         "    const int64_t physical_block_number =\n"
@@ -75,12 +75,16 @@ def test_golden_default_injection_reads_as_expected(stock: str) -> None:
     after = (
         "    const int64_t physical_block_number =\n"
         "        static_cast<int64_t>(block_table[block_idx]);\n"
-        "    // kvpatch:begin key lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call quantized=skip bf16/32/32:off bf16/80/32:off fp16:scope=kv-head,issue=inline\n"
+        "    // kvpatch:begin key lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call quantized=skip bf16/32/32:off bf16/64/32:off bf16/80/32:off fp16:scope=kv-head,issue=inline fp16/256/16:off\n"
         "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(USE_ROCM)\n"
         "    if constexpr (kvpatch_is_same<cache_t, scalar_t>::value) {\n"
         "      if constexpr (kvpatch_is_same<scalar_t, __nv_bfloat16>::value && HEAD_SIZE == 32 && BLOCK_SIZE == 32) {\n"
         "        // off: no prefetch, these kernels compile as stock\n"
+        "      } else if constexpr (kvpatch_is_same<scalar_t, __nv_bfloat16>::value && HEAD_SIZE == 64 && BLOCK_SIZE == 32) {\n"
+        "        // off: no prefetch, these kernels compile as stock\n"
         "      } else if constexpr (kvpatch_is_same<scalar_t, __nv_bfloat16>::value && HEAD_SIZE == 80 && BLOCK_SIZE == 32) {\n"
+        "        // off: no prefetch, these kernels compile as stock\n"
+        "      } else if constexpr (kvpatch_is_same<scalar_t, uint16_t>::value && HEAD_SIZE == 256 && BLOCK_SIZE == 16) {\n"
         "        // off: no prefetch, these kernels compile as stock\n"
         "      } else if constexpr (kvpatch_is_same<scalar_t, uint16_t>::value) {\n"
         "        {\n"

@@ -131,7 +131,7 @@ def test_rules_round_trip_through_toml(tmp_path: Path) -> None:
 
 def test_marker_names_every_rule() -> None:
     cfg = make_config(rules={"*/*/8": "off"})
-    assert cfg.marker().endswith("*/*/8:off bf16/32/32:off bf16/80/32:off fp16:scope=kv-head,issue=inline")
+    assert cfg.marker().endswith("*/*/8:off bf16/32/32:off bf16/64/32:off bf16/80/32:off fp16:scope=kv-head,issue=inline fp16/256/16:off")
 
 
 def test_branch_conditions_use_the_kernels_template_parameters(stock_sites) -> None:

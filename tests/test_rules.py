@@ -11,7 +11,6 @@ from typing import Callable
 
 import pytest
 
-from conftest import STUB_HEADERS
 from kvpatch.config import Selector, dump_config, load_config_file, make_config, parse_rules
 from kvpatch.errors import UsageError
 from kvpatch.patch.plan import branch_condition, patch
@@ -167,12 +166,14 @@ void* kvpatch_test_kernels[] = {
 
 def _ptx(tmp: Path, csrc: Path, header: str, head: int, block: int) -> str:
     tmp.mkdir(parents=True)
-    for name in STUB_HEADERS:
+    from kvpatch.build import stub_headers, vllm_nvcc_flags
+
+    for name, text in stub_headers().items():
         (tmp / "stubs" / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp / "stubs" / name).write_text("#pragma once\n")
+        (tmp / "stubs" / name).write_text(text)
     (tmp / "attention_kernels.cuh").write_text(header, encoding="utf-8")
     (tmp / "tu.cu").write_text(TU.replace("HEAD", str(head)).replace("BLOCK", str(block)))
-    cmd = [shutil.which("nvcc"), "-std=c++17", "-ptx", "-gencode=arch=compute_90a,code=sm_90a",
+    cmd = [shutil.which("nvcc"), *vllm_nvcc_flags(), "-ptx", "-gencode=arch=compute_90a,code=sm_90a",
            f"-I{tmp}", f"-I{csrc / 'attention'}", f"-I{csrc}", f"-I{tmp / 'stubs'}", str(tmp / "tu.cu"),
            "-o", str(tmp / "tu.ptx")]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -139,8 +139,8 @@ def _sites_table(sites, cfg: PatchConfig | None = None) -> Table:
             s.kind,
             f"line {s.line}",
             f"line {s.block_number_line}",
-            f"{s.loop_var} += {s.stride}",
-            f"{s.cache}[{s.block_table}[...]]",
+            f"{s.loop_var} += {s.stride_expr}",
+            f"{s.cache_param}[{s.block_table_var}[...]]",
             patched,
         )
     return table
@@ -158,7 +158,7 @@ def sites(vllm: VllmOpt = None, tree: TreeOpt = None, as_json: JsonOpt = False) 
     if as_json:
         out.print_json(json.dumps({"header": str(header), **asdict(found)}))
         return
-    out.print(f"{header}: {found.key.cache.split('_')[0]}/{found.value.cache.split('_')[0]} "
+    out.print(f"{header}: {found.key.cache_param.split('_')[0]}/{found.value.cache_param.split('_')[0]} "
               f"sites in paged_attention_kernel (line {found.function_line})")  # fmt: skip
     out.print(_sites_table(found))
 

@@ -32,12 +32,12 @@ STOCK = "attention_kernels.cuh"
 #: release alike.
 LOOP_NAMES = {
     "loop_var": "block_idx",
-    "stride": "NUM_WARPS",
-    "end": "end_block_idx",
-    "block_table": "block_table",
-    "block_number": "physical_block_number",
-    "block_stride": "kv_block_stride",
-    "head_offset": "kv_head_idx * kv_head_stride",
+    "stride_expr": "NUM_WARPS",
+    "end_expr": "end_block_idx",
+    "block_table_var": "block_table",
+    "block_number_var": "physical_block_number",
+    "block_stride_expr": "kv_block_stride",
+    "head_offset_expr": "kv_head_idx * kv_head_stride",
 }
 
 REFORMATTED = "attention_kernels_reformatted.cuh"

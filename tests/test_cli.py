@@ -210,12 +210,12 @@ def test_sites_json(git_tree: Path, header: Path, work: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout)
     assert found["header"] == str(header)
-    assert (found["lane"], found["cache_type"], found["head"], found["queries_per_kv"]) == (
+    assert (found["lane_var"], found["cache_type"], found["head_var"], found["queries_per_kv_var"]) == (
         "lane", "cache_t", "head_idx", "num_queries_per_kv",
     )  # fmt: skip
-    assert (found["key"]["line"], found["key"]["block_number_line"], found["key"]["cache"]) == (45, 47, "k_cache")
-    assert (found["value"]["line"], found["value"]["block_number_line"], found["value"]["cache"]) == (64, 66, "v_cache")
-    assert found["key"]["head_offset"] == "kv_head_idx * kv_head_stride"
+    assert (found["key"]["line"], found["key"]["block_number_line"], found["key"]["cache_param"]) == (45, 47, "k_cache")
+    assert (found["value"]["line"], found["value"]["block_number_line"], found["value"]["cache_param"]) == (64, 66, "v_cache")
+    assert found["key"]["head_offset_expr"] == "kv_head_idx * kv_head_stride"
 
 
 def test_sites_of_a_patched_tree_are_those_of_its_stock_header(git_tree: Path, work: Path) -> None:

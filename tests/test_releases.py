@@ -38,9 +38,9 @@ REVISIONS = {
 
 
 def _names(sites) -> dict:
-    out = {k: getattr(sites, k) for k in ("cache_type", "lane", "head", "queries_per_kv", "head_size", "block_size")}
+    out = {k: getattr(sites, k) for k in ("cache_type", "lane_var", "head_var", "queries_per_kv_var", "head_size_param", "block_size_param")}
     for site in sites:
-        out[site.kind] = {k: getattr(site, k) for k in (*LOOP_NAMES, "cache", "inner_var")}
+        out[site.kind] = {k: getattr(site, k) for k in (*LOOP_NAMES, "cache_param", "inner_var")}
     return out
 
 
@@ -64,10 +64,10 @@ def test_sites(release: tuple[str, str, str]) -> None:
     assert (sites.key.line, sites.value.line) == (key_line, value_line)
     assert (sites.key.block_number_line, sites.value.block_number_line) == (key_number, value_number)
     assert _names(sites) == {
-        "cache_type": "cache_t", "lane": "lane", "head": "head_idx", "queries_per_kv": "num_queries_per_kv",
-        "head_size": "HEAD_SIZE", "block_size": "BLOCK_SIZE",
-        "key": {**LOOP_NAMES, "cache": "k_cache", "inner_var": "j"},
-        "value": {**LOOP_NAMES, "cache": "v_cache", "inner_var": "i"},
+        "cache_type": "cache_t", "lane_var": "lane", "head_var": "head_idx", "queries_per_kv_var": "num_queries_per_kv",
+        "head_size_param": "HEAD_SIZE", "block_size_param": "BLOCK_SIZE",
+        "key": {**LOOP_NAMES, "cache_param": "k_cache", "inner_var": "j"},
+        "value": {**LOOP_NAMES, "cache_param": "v_cache", "inner_var": "i"},
     }  # fmt: skip
     data = text.encode()
     for site in sites:

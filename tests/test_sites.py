@@ -15,15 +15,15 @@ from kvpatch.patch.sites import Sites, find_sites
 #: What every fixture header must give, whatever its layout.
 KERNEL_NAMES = {
     "cache_type": "cache_t",
-    "head_size": "HEAD_SIZE",
-    "block_size": "BLOCK_SIZE",
-    "lane": "lane",
-    "head": "head_idx",
-    "queries_per_kv": "num_queries_per_kv",
+    "head_size_param": "HEAD_SIZE",
+    "block_size_param": "BLOCK_SIZE",
+    "lane_var": "lane",
+    "head_var": "head_idx",
+    "queries_per_kv_var": "num_queries_per_kv",
 }
 SITE_NAMES = {
-    "key": {**LOOP_NAMES, "kind": "key", "cache": "k_cache", "inner_var": "j"},
-    "value": {**LOOP_NAMES, "kind": "value", "cache": "v_cache", "inner_var": "i"},
+    "key": {**LOOP_NAMES, "kind": "key", "cache_param": "k_cache", "inner_var": "j"},
+    "value": {**LOOP_NAMES, "kind": "value", "cache_param": "v_cache", "inner_var": "i"},
 }
 
 
@@ -204,7 +204,7 @@ def test_line_break_or_comment_inside_the_head_offset(new: str, header_path: str
     text = fixture_text().replace("            kv_head_idx * kv_head_stride + physical_block_offset * x;\n", new)
     assert text != fixture_text()
     sites = find_sites(text, header_path)
-    assert sites.key.head_offset == "kv_head_idx * kv_head_stride"
+    assert sites.key.head_offset_expr == "kv_head_idx * kv_head_stride"
 
 
 def test_gqa_names_when_the_head_index_is_itself_a_quotient(header_path: str) -> None:
@@ -215,4 +215,4 @@ def test_gqa_names_when_the_head_index_is_itself_a_quotient(header_path: str) ->
     )
     assert text != fixture_text()
     sites = find_sites(text, header_path)
-    assert (sites.head, sites.queries_per_kv) == ("head_idx", "num_queries_per_kv")
+    assert (sites.head_var, sites.queries_per_kv_var) == ("head_idx", "num_queries_per_kv")

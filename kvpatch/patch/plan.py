@@ -27,7 +27,7 @@ HELPER = "kvpatch_prefetch_l2"
 
 def _auto_size(sites: Sites) -> str:
     """One block's K (or V) tile of one head, a constant of each instantiation."""
-    return f"{sites.block_size} * {sites.head_size} * sizeof({sites.cache_type})"
+    return f"{sites.block_size_param} * {sites.head_size_param} * sizeof({sites.cache_type})"
 
 
 # --------------------------------------------------------------------------- planning
@@ -42,9 +42,9 @@ def branch_condition(selector: str, sites: Sites) -> str:
     if sel.dtype is not None:
         terms.append(f"kvpatch_is_same<{sites.scalar_type}, {QUERY_DTYPES[sel.dtype].c_type}>::value")
     if sel.head_size is not None:
-        terms.append(f"{sites.head_size} == {sel.head_size}")
+        terms.append(f"{sites.head_size_param} == {sel.head_size}")
     if sel.block_size is not None:
-        terms.append(f"{sites.block_size} == {sel.block_size}")
+        terms.append(f"{sites.block_size_param} == {sel.block_size}")
     if sel.kv_cache is not None:
         same = f"kvpatch_is_same<{sites.cache_type}, {sites.scalar_type}>::value"
         terms.append(same if sel.kv_cache == "auto" else f"!{same}")

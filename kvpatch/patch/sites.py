@@ -35,17 +35,18 @@ CACHE_PARAMS = {"key": "k_cache", "value": "v_cache"}
 
 @dataclass(frozen=True)
 class Site:
-    """One block loop and the names and offsets the templates need."""
+    """One block loop: the C++ it names (``*_var``: a variable, ``*_expr``: an expression,
+    ``*_param``: a kernel parameter), copied from the AST, and the byte offsets of the edits."""
 
     kind: str  # 'key' | 'value'
-    cache: str  # the cache parameter the loop reads: 'k_cache'
+    cache_param: str  # the cache parameter the loop reads: 'k_cache'
     loop_var: str  # 'block_idx'
-    stride: str  # 'NUM_WARPS'
-    end: str  # 'end_block_idx'
-    block_table: str  # 'block_table'
-    block_number: str  # 'physical_block_number'
-    block_stride: str  # 'kv_block_stride'
-    head_offset: str  # 'kv_head_idx * kv_head_stride'
+    stride_expr: str  # 'NUM_WARPS'
+    end_expr: str  # 'end_block_idx'
+    block_table_var: str  # 'block_table'
+    block_number_var: str  # 'physical_block_number'
+    block_stride_expr: str  # 'kv_block_stride'
+    head_offset_expr: str  # 'kv_head_idx * kv_head_stride'
     line: int  # 1-based line of the ``for`` (reporting only)
     block_number_line: int
     #: Offset just past the ``;`` of the block-number declaration.
@@ -68,13 +69,13 @@ class Sites:
     #: Offset of the line break before the line where ``template <...>`` of the kernel
     #: starts: where a helper function is inserted.
     before_function: int
-    cache_type: str  # 'cache_t'
+    cache_type: str  # 'cache_t': the KV cache's element type (a template parameter)
     scalar_type: str  # 'scalar_t': the query/output type the kernels are instantiated with
-    head_size: str  # 'HEAD_SIZE'
-    block_size: str  # 'BLOCK_SIZE'
-    lane: str  # 'lane'
-    head: str  # 'head_idx'
-    queries_per_kv: str  # 'num_queries_per_kv'
+    head_size_param: str  # 'HEAD_SIZE' (a template parameter)
+    block_size_param: str  # 'BLOCK_SIZE' (a template parameter)
+    lane_var: str  # 'lane'
+    head_var: str  # 'head_idx'
+    queries_per_kv_var: str  # 'num_queries_per_kv'
     key: Site
     value: Site
     newline: str = "\n"  # the header's line ending: generated code follows it
@@ -308,14 +309,14 @@ def _site(p: Parsed, kind: str, loop: _Loop, address: tuple[str, str, frozenset[
         raise PatchError(f"the {loop.block_number} declaration does not end in ';'")
     return Site(
         kind=kind,
-        cache=cache,
+        cache_param=cache,
         loop_var=loop.var,
-        stride=loop.stride,
-        end=loop.end,
-        block_table=loop.block_table,
-        block_number=loop.block_number,
-        block_stride=block_stride,
-        head_offset=head_offset,
+        stride_expr=loop.stride,
+        end_expr=loop.end,
+        block_table_var=loop.block_table,
+        block_number_var=loop.block_number,
+        block_stride_expr=block_stride,
+        head_offset_expr=head_offset,
         line=loop.node.extent.start.line,
         block_number_line=loop.decl_stmt.extent.start.line,
         after_block_number=_after_trailing_comment(p, decl_end),
@@ -400,11 +401,11 @@ def sites_of(p: Parsed) -> Sites:
         before_function=_line_break_before(p, fn.extent.start.offset),
         cache_type=names["cache_type"],
         scalar_type=names["scalar_type"],
-        head_size="HEAD_SIZE",
-        block_size="BLOCK_SIZE",
-        lane=names["lane"],
-        head=head,
-        queries_per_kv=qpk,
+        head_size_param="HEAD_SIZE",
+        block_size_param="BLOCK_SIZE",
+        lane_var=names["lane"],
+        head_var=head,
+        queries_per_kv_var=qpk,
         key=key,
         value=value,
         newline="\r\n" if b"\r\n" in p.data else "\n",

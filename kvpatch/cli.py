@@ -12,10 +12,11 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, NoReturn, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
@@ -389,24 +390,61 @@ def tune(
     out.print(f"next: [bold]kvpatch apply --tree {target.root} --config {output}[/]")
 
 
+def _one_line(message: str, code: int) -> NoReturn:
+    """Print ``error: message`` (user text escaped, never read as rich markup) and exit."""
+    text = " ".join(str(message).split()) or "failed"
+    err.print(f"[red]error:[/] {escape(text)}", highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+def _os_error(e: OSError) -> str:
+    """An OSError in one line: what failed, on which path, why."""
+    why = e.strerror or str(e) or type(e).__name__
+    where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+    return f"{where}: {why}" if where else why
+
+
+#: What Ctrl-C prints (exit 130, as a shell reports a SIGINT).
+INTERRUPTED = "interrupted (Ctrl-C)"
+
+
 def run() -> None:
-    """Console-script entry point: one-line errors, exit codes from the error type."""
+    """Console-script entry point: one-line errors, exit codes from the error type.
+
+    With ``standalone_mode=False`` Typer *returns* the exit code of an ``Exit`` (and
+    turns a KeyboardInterrupt inside a command into ``Exit(130)``) instead of exiting,
+    so the returned code is what this process must exit with.
+    """
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
+    except KeyboardInterrupt:  # outside the command (typer converts one inside it)
+        code = 130
     except KvpatchError as e:
         if _DEBUG["on"]:
             raise
-        err.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
-        sys.exit(e.exit_code)
+        _one_line(str(e), e.exit_code)
     except typer.Abort:
-        err.print("aborted")
-        sys.exit(130)
+        code = 130
     except typer.Exit as e:
-        sys.exit(e.exit_code)
+        code = e.exit_code
+    except OSError as e:  # the file system said no (permissions, read-only, disk full)
+        if _DEBUG["on"]:
+            raise
+        _one_line(_os_error(e), 1)
     except Exception as e:
-        # Usage errors come from the click that typer uses (vendored in newer typer):
-        # each has show() and an exit_code (2 for usage errors).
-        if callable(getattr(e, "show", None)) and isinstance(getattr(e, "exit_code", None), int):
+        # Usage errors come from the click that typer vendors: each has
+        # format_message() and an exit_code (2 for usage errors). One line each,
+        # except "no arguments", which shows the help.
+        if type(e).__name__ == "NoArgsIsHelpError":
             e.show()
             sys.exit(e.exit_code)
+        if callable(getattr(e, "format_message", None)) and isinstance(getattr(e, "exit_code", None), int):
+            hint = ""
+            ctx = getattr(e, "ctx", None)
+            if ctx is not None:
+                hint = f" (see '{ctx.command_path} --help')"
+            _one_line(e.format_message() + hint, e.exit_code)
         raise
+    if code == 130:
+        _one_line(INTERRUPTED, 130)
+    sys.exit(code if isinstance(code, int) else 0)

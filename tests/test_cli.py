@@ -15,13 +15,25 @@ from conftest import STOCK, fixture_text, git, golden_text, make_tree
 from kvpatch.source.fetch import HEADER
 
 KVPATCH = str(Path(sys.executable).parent / "kvpatch")
+#: The checkout under test: the console script imports kvpatch from wherever it was
+#: installed (editable, maybe another checkout), so PYTHONPATH puts this one first.
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def kvpatch_env(cwd: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "KVPATCH_CACHE")}
+    env.update(COLUMNS="400", NO_COLOR="1", TERM="dumb", KVPATCH_CACHE=str(cwd / "no-cache"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))  # fmt: skip
+    env.update(extra)
+    return env
 DEFAULT_MARKER = "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call quantized=skip fp16:scope=kv-head,issue=inline"
 
 
-def kvpatch(*args: str, cwd: Path, columns: int = 400) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "KVPATCH_CACHE")}
-    env.update(COLUMNS=str(columns), NO_COLOR="1", TERM="dumb", KVPATCH_CACHE=str(cwd / "no-cache"))
-    return subprocess.run([KVPATCH, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+def kvpatch(*args: str, cwd: Path, columns: int = 400, env: dict[str, str] | None = None,
+            input: str | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+    full = kvpatch_env(cwd, COLUMNS=str(columns), **(env or {}))
+    return subprocess.run([KVPATCH, *args], cwd=cwd, env=full, capture_output=True, text=True, timeout=120,
+                          input=input)  # fmt: skip
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, code: int, *needles: str) -> str:

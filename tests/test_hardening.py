@@ -188,3 +188,19 @@ def test_interrupted_write_leaves_the_old_file(tmp_path: Path, monkeypatch: pyte
         write_atomic(target, "new\n")
     assert target.read_text() == "old\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
+
+
+# --------------------------------------------------------------------------- git missing
+
+
+def test_without_git_every_command_but_fetching_works(tmp_path: Path, work: Path) -> None:
+    """GitPython's import dies without a git executable; kvpatch imports it only to fetch."""
+    tree = make_tree(tmp_path / "plain", fixture_text(STOCK), commit=False)
+    nogit = {"PATH": str(tmp_path / "empty-path")}
+    for args in (["apply", "--tree", str(tree)], ["sites"], ["diff"], ["config"], ["revert"]):
+        proc = kvpatch(*args, cwd=work, env=nogit)
+        assert proc.returncode == 0, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr
+    assert (tree / HEADER).read_text() == fixture_text(STOCK)  # reverted
+    proc = kvpatch("apply", "--vllm", "0.10.2", cwd=work, env=nogit)
+    assert_one_line_error(proc, 5, "git not found on PATH", "vLLM 0.10.2")

@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import IO, Iterator
 
 import filelock
-import git
 import platformdirs
 from rich.console import Console
 from rich.markup import escape
@@ -54,7 +53,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from ..errors import FetchError, UsageError
+from ..errors import BuildError, FetchError, UsageError
 from .releases import FIRST as MIN_VERSION
 from .releases import HEADER, SUPPORTED, release_tuple
 
@@ -178,6 +177,7 @@ def _remove_leftovers(releases: Path, tag: str) -> None:
 def _obtain(version: str, tree: Path, tmp: Path, *, remote: str, console: Console, git_timeout: float) -> str:
     """Fill ``tree`` with the release via git, else the sdist; return a line describing the source."""
     tag = release_tag(version)
+    git = require_git(f"fetching vLLM {version}")
     try:
         _clone(remote, tag, tree, timeout=git_timeout)
         return f"git {_redact(remote)} {tag}"
@@ -202,8 +202,26 @@ def _obtain(version: str, tree: Path, tmp: Path, *, remote: str, console: Consol
 # --------------------------------------------------------------------------- git
 
 
+def git_executable() -> str | None:
+    """The git kvpatch would run (GitPython's choice: ``$GIT_PYTHON_GIT_EXECUTABLE``, else PATH)."""
+    return shutil.which(os.environ.get("GIT_PYTHON_GIT_EXECUTABLE") or "git")
+
+
+def require_git(why: str):
+    """GitPython, imported only where git is needed (its import fails without a git
+    executable, and most commands never need one); exit 5 naming git otherwise."""
+    if git_executable() is None:
+        raise BuildError(f"git not found on PATH: {why} needs it (install git)")
+    try:
+        import git
+    except ImportError as exc:  # a git GitPython cannot run
+        raise BuildError(f"git cannot be used ({str(exc).strip().splitlines()[0]}): {why} needs it") from None
+    return git
+
+
 def _clone(remote: str, tag: str, dest: Path, *, timeout: float) -> None:
     """Shallow-clone ``tag`` of ``remote`` into ``dest`` (killed after ``timeout`` s); tag HEAD."""
+    git = require_git("git clone")
     git.Git.check_unsafe_protocols(remote)  # refuse ext:: and friends
     runner = git.Git()
     runner.update_environment(GIT_TERMINAL_PROMPT="0")  # never block on a credentials prompt
@@ -219,6 +237,7 @@ def _clone(remote: str, tag: str, dest: Path, *, timeout: float) -> None:
 
 def _git_reason(exc: BaseException, timeout: float | None = None) -> str:
     """A short, one-line reason for a failed clone."""
+    git = require_git("git clone")
     if isinstance(exc, git.GitCommandError):
         text = str(exc.stderr or "")
         if "Timeout: the command" in text or "kill_after_timeout" in text:  # GitPython killed it
@@ -242,6 +261,7 @@ def _make_repo(tree: Path, version: str, *, date: int) -> None:
     """
     name, email = _IDENTITY
     stamp = f"{date} +0000"
+    git = require_git("unpacking a source distribution")
     runner = git.Git(str(tree))
     runner.update_environment(
         GIT_CONFIG_GLOBAL=os.devnull,

@@ -166,16 +166,22 @@ def sites(vllm: VllmOpt = None, tree: TreeOpt = None, as_json: JsonOpt = False) 
 @app.command()
 def diff(
     tree: TreeOpt = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the patch to this file.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the patch to this file ('-': stdout).")] = None,
 ) -> None:
     """Print what apply changed as a unified diff (a patch git apply / patch -p1 accept)."""
     from . import api
-    from .source.workspace import write_atomic
+    from .fsutil import write_atomic
 
+    if output is not None and str(output) != "-" and output.is_dir():
+        raise UsageError(f"--output {output} is a directory: give a file name, or - for stdout")
     text = api.diff(tree=tree, cwd=_cwd())
+    if output is not None and str(output) == "-":
+        sys.stdout.write(text)
+        return
     if output is not None:
         write_atomic(output, text)
-        err.print(f"wrote {output}" if text else f"wrote {output} (empty: the tree is stock)")
+        shown = escape(str(output))
+        err.print(f"wrote {shown}" if text else f"wrote {shown} (empty: the tree is stock)", highlight=False)
         return
     if not text:
         err.print("no changes: the header is stock")

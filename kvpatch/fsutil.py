@@ -3,13 +3,17 @@
 ``write_atomic`` writes a temporary file beside the *resolved* target and renames it
 over the target, so a symlinked file is updated where it really lives (the link stays
 a link) and a reader never sees a partial file; on any failure the old file is left as
-it was and the temporary file is removed. ``write_if_different`` skips the write when
-the content is already there (build inputs keep their mtimes).
+it was and the temporary file is removed. A path that names a device, pipe or socket
+(``/dev/stdout``, ``/dev/null``) is written in place: there is nothing to replace, and
+renaming over it would clobber the device node. ``write_if_different`` skips the write
+when the content is already there (build inputs keep their mtimes).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -26,10 +30,18 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, mode: int |
     umask's default permissions; an existing one keeps its permissions. Raises
     ``OSError`` (the old file intact) and ``IsADirectoryError`` for a directory.
     """
-    target = resolve_target(Path(path))
-    if target.is_dir():
-        raise IsADirectoryError(f"{path} is a directory")
     raw = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        st = os.stat(path)  # follows symlinks
+    except (FileNotFoundError, NotADirectoryError):
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        with open(path, "wb") as f:
+            f.write(raw)
+        return Path(path)
+    target = resolve_target(Path(path))
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
@@ -38,7 +50,10 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, mode: int |
             f.flush()
             os.fsync(f.fileno())
         if target.exists():
-            os.chmod(tmp, target.stat().st_mode & 0o7777)
+            old = target.stat()
+            os.chmod(tmp, old.st_mode & 0o7777)
+            if os.geteuid() == 0 and (old.st_uid, old.st_gid) != (0, 0):  # root keeps the owner
+                os.chown(tmp, old.st_uid, old.st_gid)
         else:
             umask = os.umask(0)
             os.umask(umask)

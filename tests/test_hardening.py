@@ -204,3 +204,76 @@ def test_without_git_every_command_but_fetching_works(tmp_path: Path, work: Path
     assert (tree / HEADER).read_text() == fixture_text(STOCK)  # reverted
     proc = kvpatch("apply", "--vllm", "0.10.2", cwd=work, env=nogit)
     assert_one_line_error(proc, 5, "git not found on PATH", "vLLM 0.10.2")
+
+
+# --------------------------------------------------------------------------- 7. writes through symlinks
+
+
+def test_symlinked_header_is_patched_at_its_target(tmp_path: Path, work: Path) -> None:
+    tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
+    real = tmp_path / "elsewhere" / "attention_kernels.cuh"
+    real.parent.mkdir()
+    (tree / HEADER).rename(real)
+    (tree / HEADER).symlink_to(real)
+    proc = kvpatch("apply", "--tree", str(tree), cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    assert (tree / HEADER).is_symlink() and os.readlink(tree / HEADER) == str(real)
+    assert real.read_text() == golden_text("default")
+    assert kvpatch("revert", cwd=work).returncode == 0
+    assert (tree / HEADER).is_symlink() and real.read_text() == fixture_text(STOCK)
+
+
+def test_write_atomic_through_a_symlink_chain(tmp_path: Path) -> None:
+    real = tmp_path / "real.txt"
+    real.write_text("old")
+    real.chmod(0o640)
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to(real)
+    write_atomic(tmp_path / "a", "new")
+    assert (tmp_path / "a").is_symlink() and (tmp_path / "b").is_symlink()
+    assert real.read_text() == "new" and (real.stat().st_mode & 0o777) == 0o640
+    (tmp_path / "dangling").symlink_to(tmp_path / "sub" / "made.txt")
+    write_atomic(tmp_path / "dangling", "x")
+    assert (tmp_path / "dangling").is_symlink() and (tmp_path / "sub" / "made.txt").read_text() == "x"
+
+
+def test_write_atomic_to_a_device_writes_in_place(tmp_path: Path) -> None:
+    """``diff -o /dev/stdout`` as root replaced the device link; a FIFO stands in for it here."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "link").symlink_to(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    write_atomic(tmp_path / "link", "through the pipe")
+    reader.join(10)
+    assert got == [b"through the pipe"]
+    assert fifo.exists() and not fifo.is_file() and (tmp_path / "link").is_symlink()
+
+
+@pytest.fixture
+def applied(tmp_path: Path, work: Path) -> Path:
+    tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
+    assert kvpatch("apply", "--tree", str(tree), cwd=work).returncode == 0
+    return tree
+
+
+def test_diff_output_dash_is_stdout(applied: Path, work: Path) -> None:
+    shown = kvpatch("diff", cwd=work).stdout
+    proc = kvpatch("diff", "-o", "-", cwd=work)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, shown, "")
+    assert not (work / "-").exists() and shown.startswith("diff --git")
+
+
+def test_diff_output_to_a_directory_is_one_line(applied: Path, work: Path) -> None:
+    (work / "out").mkdir()
+    assert_one_line_error(kvpatch("diff", "-o", "out", cwd=work), 2, "--output out is a directory")
+    assert list((work / "out").iterdir()) == []
+
+
+def test_diff_output_through_a_symlink(applied: Path, work: Path, tmp_path: Path) -> None:
+    real = tmp_path / "real.patch"
+    real.write_text("old")
+    (work / "link.patch").symlink_to(real)
+    assert kvpatch("diff", "-o", "link.patch", cwd=work).returncode == 0
+    assert (work / "link.patch").is_symlink() and real.read_text().startswith("diff --git")

@@ -54,6 +54,7 @@ from rich.progress import (
 )
 
 from ..errors import BuildError, FetchError, UsageError
+from ..fsutil import write_atomic
 from .releases import FIRST as MIN_VERSION
 from .releases import HEADER, SUPPORTED, release_tuple
 
@@ -145,7 +146,7 @@ def fetch_release(
             if not (tree / HEADER).is_file():
                 raise _unsupported(version)
             os.replace(tree, final)
-            marker.write_text(origin + "\n", encoding="utf-8")
+            write_atomic(marker, origin + "\n")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final

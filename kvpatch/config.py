@@ -27,6 +27,23 @@ QUANTIZED = ("skip", "prefetch")
 CHOICES = {"caches": CACHES, "cache_hint": CACHE_HINTS, "placement": PLACEMENTS, "scope": SCOPES,
            "issue": ISSUES, "quantized": QUANTIZED}  # fmt: skip
 
+#: Upper bounds, each named in the error that refuses a larger value.
+#: ``cp.async.bulk.prefetch``'s size operand: ptxas accepts 0..1,048,560 on sm_90
+#: (2^20 - 16; larger values fail only at the final assembly step).
+MAX_SIZE = 1_048_560
+#: The next block is ``block_idx + lookahead * NUM_WARPS``, computed in ``int``. A CTA has
+#: at most 1024 threads, so NUM_WARPS <= 32 and lookahead * NUM_WARPS <= 2^15: with
+#: block_idx below 2^31 - 2^15 (any real sequence: 2^31 blocks of >= 1 token) the sum
+#: cannot overflow into a negative index that passes the ``< end`` guard. A lookahead
+#: that large already points past the end of every sequence vLLM serves.
+MAX_LOOKAHEAD = 1024
+#: The address is rounded down with ``& ~(align - 1)``: above a 4 KiB page the rounding
+#: moves the prefetch further from the tile than any tile is long, so it stops at 4096
+#: (and, for a numeric size, at the size: a window shorter than the rounding can miss
+#: the tile entirely).
+MAX_ALIGN = 4096
+_LIMITS = {"lookahead": MAX_LOOKAHEAD, "align": MAX_ALIGN, "size": MAX_SIZE}
+
 #: What ``--preset paper`` fixes: the paper's 4096-byte, one-ahead prefetch.
 PAPER = dict(lookahead=1, size=4096, align=16, cache_hint="none", placement="start", scope="cta", issue="inline",
              quantized="prefetch")
@@ -171,9 +188,13 @@ def _parse_size(value: Any) -> int | None:
         raise UsageError(f"invalid size {value!r}: use 'auto' or a number of bytes")
     if not (isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit())):
         raise UsageError(f"invalid size {value!r}: use 'auto' or a number of bytes")
+    if isinstance(value, str) and len(value.strip()) > 12:
+        raise UsageError(f"invalid size {_short(value)}: at most {MAX_SIZE} bytes (cp.async.bulk.prefetch's limit)")
     size = int(value)
     if size <= 0 or size % 16:
         raise UsageError(f"invalid size {size}: must be a positive multiple of 16 bytes")
+    if size > MAX_SIZE:
+        raise UsageError(f"invalid size {size}: at most {MAX_SIZE} bytes (cp.async.bulk.prefetch's limit)")
     return size
 
 
@@ -188,8 +209,16 @@ def _int(name: str, value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        if len(value.strip()) > 12:  # no bound here is anywhere near 12 digits
+            raise UsageError(f"invalid {name} {_short(value)}: at most {_LIMITS.get(name, 2**31 - 1)}")
         return int(value)
-    raise UsageError(f"invalid {name} {value!r}: expected an integer")
+    raise UsageError(f"invalid {name} {_short(value)}: expected an integer")
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, cut to fit one line (a value may be thousands of characters)."""
+    text = repr(value) if not isinstance(value, int) or value.bit_length() < 64 else f"{str(value)[:12]}... ({len(str(value))} digits)"
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def make_config(**options: Any) -> PatchConfig:
@@ -209,15 +238,22 @@ def make_config(**options: Any) -> PatchConfig:
     if "lookahead" in given:
         la = _int("lookahead", given["lookahead"])
         if la < 1:
-            raise UsageError(f"invalid lookahead {la}: must be >= 1")
+            raise UsageError(f"invalid lookahead {_short(la)}: must be >= 1")
+        if la > MAX_LOOKAHEAD:
+            raise UsageError(f"invalid lookahead {_short(la)}: at most {MAX_LOOKAHEAD} "
+                             "(block_idx + lookahead * NUM_WARPS must stay within int)")  # fmt: skip
         cfg = replace(cfg, lookahead=la)
     if "size" in given:
         cfg = replace(cfg, size=_parse_size(given["size"]))
     if "align" in given:
         al = _int("align", given["align"])
         if al < 16 or al & (al - 1):
-            raise UsageError(f"invalid align {al}: must be a power of two >= 16")
+            raise UsageError(f"invalid align {_short(al)}: must be a power of two >= 16")
+        if al > MAX_ALIGN:
+            raise UsageError(f"invalid align {_short(al)}: at most {MAX_ALIGN} (the address is rounded down to it)")
         cfg = replace(cfg, align=al)
+    if cfg.size is not None and cfg.align > cfg.size:
+        raise UsageError(f"invalid align {cfg.align}: larger than size {cfg.size}, the rounded-down window could miss the tile")
     for key, allowed in CHOICES.items():
         if key in given:
             cfg = replace(cfg, **{key: _choice(key.replace("_", "-"), given[key], allowed)})

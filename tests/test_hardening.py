@@ -277,3 +277,22 @@ def test_diff_output_through_a_symlink(applied: Path, work: Path, tmp_path: Path
     (work / "link.patch").symlink_to(real)
     assert kvpatch("diff", "-o", "link.patch", cwd=work).returncode == 0
     assert (work / "link.patch").is_symlink() and real.read_text().startswith("diff --git")
+
+
+# --------------------------------------------------------------------------- 8. bounds through the CLI
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--lookahead", str(2**29)], "at most 1024"),
+        (["--lookahead", "9" * 5000], "--lookahead"),
+        (["--align", str(2**64)], "at most 4096"),
+        (["--size", "1048576"], "at most 1048560 bytes (cp.async.bulk.prefetch's limit)"),
+    ],
+    ids=["lookahead", "lookahead-5000-digits", "align", "size"],
+)
+def test_out_of_range_values_are_refused(args: list[str], needle: str, tmp_path: Path, work: Path) -> None:
+    tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
+    assert_one_line_error(kvpatch("apply", "--tree", str(tree), *args, cwd=work), 2, needle)
+    assert (tree / HEADER).read_text() == fixture_text(STOCK)

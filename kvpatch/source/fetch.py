@@ -55,8 +55,7 @@ from rich.progress import (
 
 from ..errors import BuildError, FetchError, UsageError
 from ..fsutil import write_atomic
-from .releases import FIRST as MIN_VERSION
-from .releases import HEADER, SUPPORTED, release_tuple
+from .releases import HEADER, SUPPORTED, carries_header
 
 DEFAULT_REMOTE = "https://github.com/vllm-project/vllm.git"
 
@@ -80,6 +79,8 @@ def normalize_version(text: str) -> str:
     and an optional leading ``v``; leading zeros are dropped as PEP 440 does.
     Anything else raises :class:`UsageError`.
     """
+    if len(text.strip()) > 40:  # no release number is this long (and int() of 5000 digits fails)
+        raise UsageError(f"not a vLLM release number: {text.strip()[:20]!r}... ({len(text.strip())} characters)")
     match = _VERSION_RE.fullmatch(text.strip())
     if match is None:
         raise UsageError(f"not a vLLM release number: {text.strip()!r} (expected e.g. 0.10.2 or v0.10.1.1)")
@@ -105,6 +106,12 @@ def cache_root() -> Path:
     return Path(env).expanduser() if env else Path(platformdirs.user_cache_dir("kvpatch"))
 
 
+def check_release(version: str) -> None:
+    """Refuse, before any I/O, a release outside the range that carries the header."""
+    if not carries_header(version):
+        raise _unsupported(version)
+
+
 def fetch_release(
     version: str,
     *,
@@ -118,38 +125,88 @@ def fetch_release(
     A complete cached tree is returned without any network I/O.  Otherwise the
     release is fetched (git first, then the sdist), published into the cache
     atomically under a file lock, and returned.  Raises :class:`FetchError` for
-    unknown or unsupported releases and when nothing can be reached.
+    unknown or unsupported releases and when nothing can be reached; a release
+    outside FIRST..LAST is refused before any I/O, and a release in that range
+    found without the header is remembered (``vX.noheader``) and refused from then on
+    without I/O.
     """
     version = normalize_version(version)
-    if release_tuple(version) < MIN_VERSION:
-        raise _unsupported(version)
+    check_release(version)
     console = console if console is not None else Console(stderr=True)
     tag = release_tag(version)
     releases = Path(cache if cache is not None else cache_root()) / "releases"
     final = releases / tag
     marker = releases / f"{tag}.complete"
-    if marker.is_file() and final.is_dir():
+    noheader = releases / f"{tag}.noheader"
+    if noheader.is_file():
+        raise _unsupported(version)
+    if _cached(final, marker, tag):
         return final
 
     releases.mkdir(parents=True, exist_ok=True)
-    with _locked(releases / f"{tag}.lock", tag, console):
-        if marker.is_file() and final.is_dir():  # another process finished it meanwhile
+    # One lock for the whole release cache: fetches of different releases wait for
+    # each other, and no lock file is left per release (or per mistyped version).
+    with _locked(releases / ".lock", tag, console):
+        if noheader.is_file():
+            raise _unsupported(version)
+        if _cached(final, marker, tag, console):  # another process finished it meanwhile
             return final
         _remove_leftovers(releases, tag)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{tag}-", dir=releases))
         try:
             tree = tmp / "tree"
             origin = _obtain(version, tree, tmp, remote=remote, console=console, git_timeout=git_timeout)
-            # An unsupported release is not cached: it is refused every time, and
-            # refusing costs one index query, not a download of a useless tree
-            # that would then sit in the cache forever.
             if not (tree / HEADER).is_file():
+                # Remembered: the next apply of this release is refused without a download.
+                write_atomic(noheader, origin + "\n")
                 raise _unsupported(version)
             os.replace(tree, final)
-            write_atomic(marker, origin + "\n")
+            write_atomic(marker, f"{origin}\ntag {_tag_ref(final, tag) or '-'}\n")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _tag_ref(tree: Path, tag: str) -> str | None:
+    """What ``refs/tags/<tag>`` of the repository at ``tree`` points to (read without git)."""
+    gitdir = tree / ".git"
+    try:
+        return (gitdir / "refs" / "tags" / tag).read_text(encoding="utf-8").strip()
+    except OSError:
+        pass
+    try:
+        for line in (gitdir / "packed-refs").read_text(encoding="utf-8").splitlines():
+            sha, _, ref = line.partition(" ")
+            if ref.strip() == f"refs/tags/{tag}":
+                return sha
+    except OSError:
+        pass
+    return None
+
+
+def _cached(final: Path, marker: Path, tag: str, console: Console | None = None) -> bool:
+    """Whether a complete, unchanged tree of ``tag`` is in the cache.
+
+    A tree whose tag no longer points where it did when it was fetched (recorded in
+    the marker) is not: under the lock (``console`` given) it is removed, saying so,
+    and fetched again.
+    """
+    if not (marker.is_file() and final.is_dir()):
+        return False
+    try:
+        recorded = next((line[4:].strip() for line in marker.read_text(encoding="utf-8").splitlines()
+                         if line.startswith("tag ")), None)  # fmt: skip
+    except (OSError, UnicodeDecodeError):
+        recorded = None
+    now = _tag_ref(final, tag)
+    if recorded in (None, "-") or recorded == now:
+        return True
+    if console is not None:
+        console.print(f"the cached {tag} in {escape(str(final))} changed (tag {tag} moved from "
+                      f"{recorded[:12]} to {(now or 'nowhere')[:12]}); fetching it again", soft_wrap=True)  # fmt: skip
+        marker.unlink(missing_ok=True)
+        shutil.rmtree(final, ignore_errors=True)
+    return False
 
 
 @contextlib.contextmanager
@@ -159,7 +216,7 @@ def _locked(path: Path, tag: str, console: Console) -> Iterator[None]:
     try:
         lock.acquire(timeout=0)
     except filelock.Timeout:
-        console.print(f"waiting for another kvpatch process fetching {tag} ...")
+        console.print(f"waiting for another kvpatch process fetching a release into the cache (for {tag}) ...")
         lock.acquire()
     try:
         yield
@@ -168,8 +225,8 @@ def _locked(path: Path, tag: str, console: Console) -> Iterator[None]:
 
 
 def _remove_leftovers(releases: Path, tag: str) -> None:
-    """Delete what a killed fetch of ``tag`` left behind (we hold the lock, so it is stale)."""
-    for stale in releases.glob(f".tmp-{tag}-*"):
+    """Delete what killed fetches left behind (we hold the cache's lock, so it is stale)."""
+    for stale in releases.glob(".tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     if (releases / tag).exists():  # renamed into place but never marked complete
         shutil.rmtree(releases / tag, ignore_errors=True)
@@ -261,7 +318,8 @@ def _make_repo(tree: Path, version: str, *, date: int) -> None:
     makes the commit id the same on every machine.
     """
     name, email = _IDENTITY
-    stamp = f"{date} +0000"
+    # git refuses dates before 1970 or after 2099: an absurd member mtime must not stop the commit
+    stamp = f"@{min(max(int(date), 0), 4_102_444_799)} +0000"
     git = require_git("unpacking a source distribution")
     runner = git.Git(str(tree))
     runner.update_environment(

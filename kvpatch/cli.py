@@ -112,33 +112,33 @@ def apply(
     if as_json:
         out.print_json(json.dumps(report.to_json()))
         return
+    header = escape(str(report.tree.header))
     if not report.changed:
-        out.print(f"[green]already applied[/] ({cfg.marker()}): {report.tree.header}")
+        out.print(f"[green]already applied[/] ({cfg.marker()}): {header}", highlight=False)
     else:
         verb = "replaced" if report.previous else "patched"
-        out.print(f"[green]{verb}[/] {report.tree.header}")
+        out.print(f"[green]{verb}[/] {header}", highlight=False)
         if report.previous:
-            out.print(f"  previous: {'; '.join(report.previous)}")
-    out.print(_sites_table(report.sites, cfg))
-    out.print(f"config: {cfg.marker()}")
+            out.print(f"  previous: {escape('; '.join(report.previous))}", highlight=False)
+    out.print(_sites_table(report.sites, {s.kind: "yes" for s in report.sites if
+                                          (s.kind == "key" and cfg.k) or (s.kind == "value" and cfg.v)}))  # fmt: skip
+    out.print(f"config: {cfg.marker()}", highlight=False)
     out.print("next: [bold]kvpatch diff[/]  |  [bold]kvpatch build --arch 9.0a[/]  |  [bold]kvpatch revert[/]")
 
 
-def _sites_table(sites, cfg: PatchConfig | None = None) -> Table:
+def _sites_table(sites, injected: dict[str, str]) -> Table:
+    """The sites, and at each what kvpatch injected there (its marker's configuration) or 'no'."""
     table = Table(title="KV loop sites")
-    for col in ("site", "loop", "block number", "steps", "tile", "patched"):
+    for col in ("site", "loop", "block number", "steps", "tile", "injected"):
         table.add_column(col, overflow="fold")
     for s in sites:
-        patched = "-"
-        if cfg is not None:
-            patched = "yes" if (s.kind == "key" and cfg.k) or (s.kind == "value" and cfg.v) else "no"
         table.add_row(
             s.kind,
             f"line {s.line}",
             f"line {s.block_number_line}",
-            f"{s.loop_var} += {s.stride}",
-            f"{s.cache}[{s.block_table}[...]]",
-            patched,
+            escape(f"{s.loop_var} += {s.stride}"),
+            escape(f"{s.cache}[{s.block_table}[...]]"),
+            escape(injected.get(s.kind, "no")),
         )
     return table
 
@@ -151,13 +151,18 @@ def sites(vllm: VllmOpt = None, tree: TreeOpt = None, as_json: JsonOpt = False) 
     """Show where the key and value loop sites are (no changes made)."""
     from . import api
 
-    found, header = api.sites(vllm=vllm, tree=tree, cwd=_cwd(), console=err)
+    report = api.sites(vllm=vllm, tree=tree, cwd=_cwd(), console=err)
+    found = report.sites
     if as_json:
-        out.print_json(json.dumps({"header": str(header), **asdict(found)}))
+        injected = {kind: report.injected.get(kind) for kind in ("key", "value")}
+        out.print_json(json.dumps({"header": str(report.header), **asdict(found), "injected": injected,
+                                   "injection_intact": report.intact}))  # fmt: skip
         return
-    out.print(f"{header}: {found.key.cache.split('_')[0]}/{found.value.cache.split('_')[0]} "
-              f"sites in paged_attention_kernel (line {found.function_line})")  # fmt: skip
-    out.print(_sites_table(found))
+    out.print(f"{escape(str(report.header))}: {found.key.cache.split('_')[0]}/{found.value.cache.split('_')[0]} "
+              f"sites in paged_attention_kernel (line {found.function_line})", highlight=False)  # fmt: skip
+    out.print(_sites_table(found, report.injected))
+    if report.injected and not report.intact:
+        err.print("note: kvpatch's regions were changed after kvpatch wrote them", highlight=False)
 
 
 # --------------------------------------------------------------------------- diff / revert
@@ -174,7 +179,7 @@ def diff(
 
     if output is not None and str(output) != "-" and output.is_dir():
         raise UsageError(f"--output {output} is a directory: give a file name, or - for stdout")
-    text = api.diff(tree=tree, cwd=_cwd())
+    text = api.diff(tree=tree, cwd=_cwd(), console=err)
     if output is not None and str(output) == "-":
         sys.stdout.write(text)
         return
@@ -193,12 +198,16 @@ def diff(
 
 
 @app.command()
-def revert(tree: TreeOpt = None) -> None:
+def revert(
+    tree: TreeOpt = None,
+    force: Annotated[bool, typer.Option(help="Revert even if kvpatch's regions were edited (the edits are lost).")] = False,
+) -> None:
     """Remove kvpatch's injection: the header is stock again, byte for byte."""
     from . import api
 
-    header, changed = api.revert(tree=tree, cwd=_cwd())
-    out.print(f"[green]reverted[/] {header}" if changed else f"nothing to revert: {header} is stock")
+    header, changed = api.revert(tree=tree, cwd=_cwd(), force=force)
+    shown = escape(str(header))
+    out.print(f"[green]reverted[/] {shown}" if changed else f"nothing to revert: {shown} is stock", highlight=False)
 
 
 @app.command("config")

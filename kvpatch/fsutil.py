@@ -41,7 +41,40 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, mode: int |
         with open(path, "wb") as f:
             f.write(raw)
         return Path(path)
+    staged = stage(path, raw, mode=mode)
+    try:
+        return staged.commit()
+    finally:
+        staged.discard()
+
+
+class Staged:
+    """A file written beside its target, not yet renamed over it (see :func:`stage`)."""
+
+    def __init__(self, tmp: Path, target: Path) -> None:
+        self.tmp, self.target = tmp, target
+
+    def commit(self) -> Path:
+        """Rename the staged file over the target (one rename: it cannot run out of space)."""
+        os.replace(self.tmp, self.target)
+        return self.target
+
+    def discard(self) -> None:
+        """Remove the staged file if it was not committed."""
+        Path(self.tmp).unlink(missing_ok=True)
+
+
+def stage(path: str | os.PathLike[str], data: str | bytes, *, mode: int | None = None) -> Staged:
+    """The first half of :func:`write_atomic`: ``data`` written and synced to a temporary
+    file beside the resolved target, renamed over it only by :meth:`Staged.commit`.
+
+    Lets a caller write two files as one step: stage the second, write the first,
+    commit the second; a full disk fails while staging, before anything changed.
+    """
+    raw = data.encode("utf-8") if isinstance(data, str) else data
     target = resolve_target(Path(path))
+    if target.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
@@ -58,11 +91,10 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, mode: int |
             umask = os.umask(0)
             os.umask(umask)
             os.chmod(tmp, (0o666 if mode is None else mode) & ~umask)
-        os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return target
+    return Staged(Path(tmp), target)
 
 
 def write_if_different(path: str | os.PathLike[str], data: str | bytes) -> bool:

@@ -232,8 +232,22 @@ def test_sites_json(git_tree: Path, header: Path, work: Path) -> None:
 
 def test_sites_of_a_patched_tree_are_those_of_its_stock_header(git_tree: Path, work: Path) -> None:
     stock = json.loads(kvpatch("sites", "--tree", str(git_tree), "--json", cwd=work).stdout)
-    assert kvpatch("apply", "--tree", str(git_tree), cwd=work).returncode == 0
-    assert json.loads(kvpatch("sites", "--json", cwd=work).stdout) == stock
+    assert (stock.pop("injected"), stock.pop("injection_intact")) == ({"key": None, "value": None}, True)
+    assert kvpatch("apply", "--tree", str(git_tree), "--caches", "k", cwd=work).returncode == 0
+    patched = json.loads(kvpatch("sites", "--json", cwd=work).stdout)
+    marker = DEFAULT_MARKER.replace("caches=kv", "caches=k")
+    assert (patched.pop("injected"), patched.pop("injection_intact")) == ({"key": marker, "value": None}, True)
+    assert patched == stock
+
+
+def test_sites_table_shows_what_is_injected_at_each_site(git_tree: Path, work: Path) -> None:
+    assert "no" in kvpatch("sites", "--tree", str(git_tree), cwd=work).stdout.splitlines()[-2]
+    assert kvpatch("apply", "--tree", str(git_tree), "--caches", "v", "--lookahead", "3", cwd=work).returncode == 0
+    lines = kvpatch("sites", cwd=work).stdout.splitlines()
+    key = next(line for line in lines if line.lstrip("│ ").startswith("key"))
+    value = next(line for line in lines if line.lstrip("│ ").startswith("value"))
+    assert key.rstrip(" │").endswith("no")
+    assert "lookahead=3 size=auto align=16 caches=v" in value and "patched: -" not in "\n".join(lines)
 
 
 def test_sites_table(git_tree: Path, header: Path, work: Path) -> None:

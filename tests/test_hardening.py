@@ -4,7 +4,11 @@ thread on 127.0.0.1."""
 
 from __future__ import annotations
 
+import errno
+import functools
+import hashlib
 import http.server
+import json
 import os
 import signal
 import subprocess
@@ -12,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -296,3 +300,267 @@ def test_out_of_range_values_are_refused(args: list[str], needle: str, tmp_path:
     tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
     assert_one_line_error(kvpatch("apply", "--tree", str(tree), *args, cwd=work), 2, needle)
     assert (tree / HEADER).read_text() == fixture_text(STOCK)
+
+
+# --------------------------------------------------------------------------- 2. edits inside kvpatch's regions
+
+
+EDIT_IN_REGION = ("kvpatch_next < end_block_idx", "kvpatch_next <= end_block_idx")
+
+
+def _edit_region(header: Path) -> str:
+    text = header.read_text()
+    assert text.count(EDIT_IN_REGION[0]) >= 1
+    edited = text.replace(EDIT_IN_REGION[0], EDIT_IN_REGION[1], 1)
+    header.write_text(edited)
+    return edited
+
+
+@pytest.mark.parametrize("args", [[], ["--caches", "k"], ["--preset", "paper"]], ids=["same-config", "other-config", "paper"])
+def test_an_edit_inside_a_region_is_refused_by_apply(args: list[str], applied: Path, work: Path) -> None:
+    edited = _edit_region(applied / HEADER)
+    proc = kvpatch("apply", "--tree", str(applied), *args, cwd=work)
+    assert_one_line_error(proc, 4, "kvpatch's regions (", "were changed", "--force")
+    assert (applied / HEADER).read_text() == edited
+    forced = kvpatch("apply", "--tree", str(applied), *args, "--force", cwd=work)
+    assert forced.returncode == 0, forced.stderr
+    assert EDIT_IN_REGION[1] not in (applied / HEADER).read_text()
+
+
+def test_an_edit_inside_a_region_is_refused_by_revert(applied: Path, work: Path) -> None:
+    edited = _edit_region(applied / HEADER)
+    assert_one_line_error(kvpatch("revert", cwd=work), 4, "were changed", "--force")
+    assert (applied / HEADER).read_text() == edited
+    assert kvpatch("revert", "--force", cwd=work).returncode == 0
+    assert (applied / HEADER).read_text() == fixture_text(STOCK)
+
+
+def test_an_edited_marker_is_refused(applied: Path, work: Path) -> None:
+    header = applied / HEADER
+    header.write_text(header.read_text().replace("// kvpatch:begin key lookahead=1", "// kvpatch:begin key lookahead=2", 1))
+    assert_one_line_error(kvpatch("apply", "--tree", str(applied), cwd=work), 4, "2 different configurations")
+
+
+def test_an_untouched_injection_is_intact_for_every_golden(header_path: str) -> None:
+    from kvpatch.config import config_from_marker, make_config
+    from kvpatch.patch.plan import inspect, patch
+
+    for options in ({}, {"preset": "paper"}, {"caches": "k", "placement": "end"}, {"issue": "inline", "fp16": "none"},
+                    {"cache_hint": "evict_first", "lookahead": 2, "size": 8192, "align": 128, "control": True}):  # fmt: skip
+        cfg = make_config(**options)
+        patched = patch(fixture_text(STOCK), header_path, cfg).patched
+        found = inspect(patched, header_path)
+        assert (found.intact, found.config, found.stock) == (True, cfg, fixture_text(STOCK))
+        assert config_from_marker(cfg.marker()) == cfg
+
+
+# --------------------------------------------------------------------------- 3. the local-edit check without git
+
+
+def test_without_git_the_check_is_off_and_says_so_then_uses_the_recorded_hash(tmp_path: Path, work: Path) -> None:
+    tree = make_tree(tmp_path / "plain", fixture_text(STOCK), commit=False)
+    proc = kvpatch("apply", "--tree", str(tree), cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    notes = proc.stderr.strip().splitlines()
+    assert len(notes) == 1 and notes[0].startswith("note: local-edit check off: ") and "not a git checkout" in notes[0]
+    # Later applies compare with the sha256 of the stock text recorded at the first.
+    again = kvpatch("apply", "--tree", str(tree), "--caches", "k", cwd=work)
+    assert (again.returncode, again.stderr) == (0, "")
+    header = tree / HEADER
+    edited = header.read_text().replace("  float acc = 0.f;", "  float acc = 1.f;")
+    header.write_text(edited)
+    assert_one_line_error(kvpatch("apply", "--tree", str(tree), cwd=work), 4, "changed since the last apply", "--force")
+    assert header.read_text() == edited
+
+
+def test_dubious_ownership_is_not_skipped_silently(tmp_path: Path, work: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the tree to another user")
+    tree = make_tree(tmp_path / "theirs", fixture_text(STOCK))
+    subprocess.run(["chown", "-R", "12345:12345", str(tree)], check=True)
+    proc = kvpatch("apply", "--tree", str(tree), cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    assert "dubious ownership" in proc.stderr and "local-edit check off" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_recorded_release_header_passes_without_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvpatch.source import workspace
+
+    stock = fixture_text(STOCK)
+    tree = make_tree(tmp_path / "plain", stock, commit=False)
+    notes: list[str] = []
+    check = functools.partial(workspace.check_no_local_edits, unpatch=lambda t: t, note=notes.append)
+    check(workspace.Tree(tree), stock)
+    assert len(notes) == 1
+    prefix = hashlib.md5(stock.encode()).hexdigest()[:8]
+    monkeypatch.setattr(workspace, "REVISIONS", (("9.9.9", "9.9.9", prefix),))
+    notes.clear()
+    check(workspace.Tree(tree), stock)
+    check(workspace.Tree(tree), stock.replace("\n", "\r\n"))
+    assert notes == []
+
+
+# --------------------------------------------------------------------------- 4. committed patches, autocrlf
+
+
+def test_a_committed_patched_header_is_not_a_local_edit(applied: Path, work: Path) -> None:
+    git(applied, "commit", "-qam", "patched with kvpatch")
+    again = kvpatch("apply", "--tree", str(applied), cwd=work)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith("already applied")
+    other = kvpatch("apply", "--tree", str(applied), "--caches", "v", cwd=work)
+    assert other.returncode == 0, other.stderr
+    (applied / HEADER).write_text((applied / HEADER).read_text().replace("  float acc = 0.f;", "  float acc = 1.f;"))
+    assert_one_line_error(kvpatch("apply", "--tree", str(applied), cwd=work), 4, "local edits")
+
+
+def test_autocrlf_checkout_is_not_a_local_edit(tmp_path: Path, work: Path) -> None:
+    origin = make_tree(tmp_path / "origin", fixture_text(STOCK))
+    clone = tmp_path / "crlf"
+    git(tmp_path, "-c", "core.autocrlf=true", "clone", "-q", str(origin), str(clone))
+    git(clone, "config", "core.autocrlf", "true")
+    before = (clone / HEADER).read_bytes()
+    assert b"\r\n" in before
+    proc = kvpatch("apply", "--tree", str(clone), cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    assert b"\r\n" in (clone / HEADER).read_bytes() and b"kvpatch:begin" in (clone / HEADER).read_bytes()
+    assert kvpatch("revert", cwd=work).returncode == 0
+    assert (clone / HEADER).read_bytes() == before
+
+
+# --------------------------------------------------------------------------- 5. concurrent applies in one directory
+
+
+def _sdist_index(root: Path, version: str = "0.10.2") -> Path:
+    """A file:// index whose vllm-<version> sdist holds the fixture header."""
+    from test_fetch import make_index
+
+    return make_index(root, version, extra={HEADER: fixture_text(STOCK)})
+
+
+def _parallel(argss: list[list[str]], cwd: Path, env: dict[str, str]) -> list[subprocess.CompletedProcess]:
+    procs = [subprocess.Popen([KVPATCH, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for args in argss]  # fmt: skip
+    done = []
+    for args, p in zip(argss, procs):
+        out, err = p.communicate(timeout=300)
+        done.append(subprocess.CompletedProcess(args, p.returncode, out, err))
+    return done
+
+
+def test_three_first_applies_at_once_all_succeed(tmp_path: Path, work: Path) -> None:
+    env = kvpatch_env(work, KVPATCH_CACHE=str(tmp_path / "cache"), PIP_INDEX_URL=_sdist_index(tmp_path / "index").as_uri())
+    remote = ["--remote", str(tmp_path / "no-remote.git")]
+    results = _parallel([["apply", "--vllm", "0.10.2", *remote]] * 3, work, env)
+    assert [r.returncode for r in results] == [0, 0, 0], [r.stderr for r in results]
+    header = work / ".kvpatch/vllm-0.10.2" / HEADER
+    assert header.read_text() == golden_text("default")
+    assert not list(work.glob(".kvpatch/*.partial"))
+
+
+def test_parallel_applies_with_different_configs_leave_header_and_state_agreeing(tmp_path: Path, work: Path) -> None:
+    tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
+    results = _parallel([["apply", "--tree", str(tree), "--lookahead", str(n)] for n in (1, 2, 3, 4)], work, kvpatch_env(work))
+    assert [r.returncode for r in results] == [0, 0, 0, 0], [r.stderr for r in results]
+    state = json.loads((work / ".kvpatch/state.json").read_text())
+    assert f"// kvpatch:begin key {state['marker']}\n" in (tree / HEADER).read_text()
+    assert f"lookahead={state['config']['lookahead']} " in state["marker"]
+
+
+def test_a_header_state_mismatch_is_reported(applied: Path, work: Path) -> None:
+    path = work / ".kvpatch/state.json"
+    state = json.loads(path.read_text())
+    state["marker"] = state["marker"].replace("lookahead=1", "lookahead=7")
+    path.write_text(json.dumps(state))
+    proc = kvpatch("diff", cwd=work)
+    assert proc.returncode == 0 and proc.stdout.startswith("diff --git")
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: ") and "state.json records" in lines[0]
+    assert "lookahead=7" in lines[0] and "lookahead=1" in lines[0]
+
+
+def test_build_reports_a_header_state_mismatch(applied: Path, work: Path) -> None:
+    """build (and validate/bench/tune) read the tree's configuration through api.tree_config."""
+    import io
+
+    from rich.console import Console
+
+    from kvpatch import api
+    from kvpatch.source.workspace import Tree
+
+    path = work / ".kvpatch/state.json"
+    state = json.loads(path.read_text())
+    state["marker"] = "preset=paper caches=kv"
+    path.write_text(json.dumps(state))
+    buf = io.StringIO()
+    cfg = api.tree_config(Tree(applied), work, Console(file=buf, width=400))
+    assert cfg.preset == "default"  # the header wins
+    assert buf.getvalue().count("\n") == 1 and "state.json records 'preset=paper caches=kv'" in buf.getvalue()
+
+
+# --------------------------------------------------------------------------- 6. a full disk
+
+
+def _enospc_for(monkeypatch: pytest.MonkeyPatch, where: Callable[[Path], bool], step: str) -> None:
+    from kvpatch import fsutil
+
+    real_stage, real_replace = fsutil.stage, os.replace
+
+    def stage(path, *a, **k):
+        if step == "stage" and where(Path(path)):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_stage(path, *a, **k)
+
+    def replace(src, dst, *a, **k):
+        if step == "commit" and where(Path(dst)):
+            raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+        return real_replace(src, dst, *a, **k)
+
+    monkeypatch.setattr(fsutil, "stage", stage)
+    monkeypatch.setattr(fsutil.os, "replace", replace)
+    from kvpatch.source import workspace
+
+    monkeypatch.setattr(workspace, "stage", stage)
+
+
+def _run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, cwd: Path, *args: str) -> tuple[int, str]:
+    monkeypatch.setattr(sys, "argv", ["kvpatch", *args])
+    monkeypatch.chdir(cwd)
+    cli._DEBUG["on"] = False
+    with pytest.raises(SystemExit) as info:
+        cli.run()
+    return info.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("step", ["stage", "commit"])
+def test_disk_full_writing_the_state_leaves_the_header_as_it_was(step: str, tmp_path: Path, work: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # fmt: skip
+    tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
+    _enospc_for(monkeypatch, lambda p: p.name == "state.json", step)
+    code, err = _run_cli(monkeypatch, capsys, work, "apply", "--tree", str(tree))
+    assert code == 1 and err.count("\n") == 1 and "No space left on device" in err and "Traceback" not in err
+    assert (tree / HEADER).read_text() == fixture_text(STOCK)
+    assert not (work / ".kvpatch/state.json").exists()
+    assert sorted(p.name for p in (work / ".kvpatch").iterdir()) == ["lock"]
+    assert sorted(p.name for p in (tree / HEADER).parent.iterdir()) == ["attention_kernels.cuh"]
+
+
+@pytest.mark.parametrize("errno_", [errno.ENOSPC, errno.EROFS, errno.EACCES], ids=["ENOSPC", "EROFS", "EACCES"])
+def test_a_tree_that_cannot_be_written_is_one_line(errno_: int, tmp_path: Path, work: Path,
+                                                   monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # fmt: skip
+    tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
+    from kvpatch import fsutil
+
+    real = fsutil.stage
+
+    def stage(path, *a, **k):
+        if Path(path).name == "attention_kernels.cuh":
+            raise OSError(errno_, os.strerror(errno_), str(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(fsutil, "stage", stage)
+    code, err = _run_cli(monkeypatch, capsys, work, "apply", "--tree", str(tree))
+    assert code == 4 and err.count("\n") == 1, err
+    assert err.startswith(f"error: cannot write {tree / HEADER}: {os.strerror(errno_)} (the header is unchanged)")
+    assert (tree / HEADER).read_text() == fixture_text(STOCK) and not (work / ".kvpatch/state.json").exists()

@@ -454,10 +454,8 @@ def run() -> None:
             e.show()
             sys.exit(e.exit_code)
         if callable(getattr(e, "format_message", None)) and isinstance(getattr(e, "exit_code", None), int):
-            hint = ""
             ctx = getattr(e, "ctx", None)
-            if ctx is not None:
-                hint = f" (see '{ctx.command_path} --help')"
+            hint = f" (see '{ctx.command_path if ctx is not None else 'kvpatch'} --help')"
             _one_line(e.format_message() + hint, e.exit_code)
         raise
     if code == 130:

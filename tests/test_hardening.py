@@ -564,3 +564,125 @@ def test_a_tree_that_cannot_be_written_is_one_line(errno_: int, tmp_path: Path, 
     assert code == 4 and err.count("\n") == 1, err
     assert err.startswith(f"error: cannot write {tree / HEADER}: {os.strerror(errno_)} (the header is unchanged)")
     assert (tree / HEADER).read_text() == fixture_text(STOCK) and not (work / ".kvpatch/state.json").exists()
+
+
+# --------------------------------------------------------------------------- tracebacks -> one line
+
+
+def test_tree_naming_a_file_or_nothing_is_a_usage_error(tmp_path: Path, work: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    assert_one_line_error(kvpatch("apply", "--tree", str(tmp_path / "file"), cwd=work), 2, "is not a directory")
+    assert_one_line_error(kvpatch("apply", "--tree", str(tmp_path / "nonexistent"), cwd=work), 2, "no such directory")
+    assert_one_line_error(kvpatch("diff", "--tree", str(tmp_path / "nonexistent"), cwd=work), 2, "no such directory")
+
+
+@pytest.mark.parametrize("command", [["apply"], ["sites"], ["diff"], ["revert"]])
+def test_a_header_that_is_not_utf8_is_refused(command: list[str], tmp_path: Path, work: Path) -> None:
+    tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
+    data = (tree / HEADER).read_bytes().replace(b"float acc = 0.f;", b"float acc = 0.f; // \xff", 1)
+    (tree / HEADER).write_bytes(data)
+    proc = kvpatch(*command, "--tree", str(tree), cwd=work)
+    assert_one_line_error(proc, 4, "is not UTF-8 (byte 0xff at line", "UTF-8 header only")
+    assert (tree / HEADER).read_bytes() == data
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "is a directory"),
+        (b"lookahead = 2 # \xff\n", "is not UTF-8 (byte 0xff"),
+        (b"lookahead = " + b"9" * 5000 + b"\n", "invalid TOML"),
+        (b'lookahead = 2\n[kvpatch]\nsize = 64\n', "key(s) lookahead outside [kvpatch]"),
+        (b'[kvpatch]\ncache-hint = "none"\ncache_hint = "evict_last"\n', "'cache-hint' and 'cache_hint' are the same setting"),
+        (b'[kvpatch.fp16]\nissue = "call"\n"issue" = "inline"\n', "invalid TOML"),
+        (b'"[red]x[/]" = 1\n', "unknown configuration key(s): [red]x[/]"),
+    ],
+    ids=["directory", "not-utf8", "huge-int", "keys-beside-table", "both-spellings", "duplicate", "markup-in-key"],
+)
+def test_bad_config_files_are_one_line(content: bytes | None, needle: str, work: Path) -> None:
+    path = work / "k.toml"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    assert_one_line_error(kvpatch("config", "--config", "k.toml", cwd=work), 2, needle)
+
+
+@pytest.mark.parametrize(
+    "content", [b"[]", b'{"tree": 1, "config": {}}', b'{"tree": "/x", "config": []}', b"\xff", b"{", None],
+    ids=["list", "tree-not-str", "config-not-dict", "not-utf8", "not-json", "directory"],
+)
+def test_a_corrupt_state_file_is_one_line(content: bytes | None, work: Path) -> None:
+    path = work / ".kvpatch/state.json"
+    path.parent.mkdir()
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    for command in ("diff", "revert", "sites"):
+        assert_one_line_error(kvpatch(command, cwd=work), 1, str(path), "run 'kvpatch apply' again")
+
+
+def test_apply_over_a_corrupt_state_file_rewrites_it(tmp_path: Path, work: Path) -> None:
+    tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
+    (work / ".kvpatch").mkdir()
+    (work / ".kvpatch/state.json").write_text("[]")
+    assert kvpatch("apply", "--tree", str(tree), cwd=work).returncode == 0
+    assert json.loads((work / ".kvpatch/state.json").read_text())["tree"] == str(tree)
+
+
+@pytest.mark.parametrize("vllm", ["0." + "1" * 5000, "v" + "0.10.2" * 50], ids=["5000-digits", "300-chars"])
+def test_absurd_vllm_values_are_usage_errors(vllm: str, work: Path) -> None:
+    line = assert_one_line_error(kvpatch("apply", "--vllm", vllm, cwd=work), 2, "not a vLLM release number")
+    assert len(line) < 150
+
+
+def test_an_unsupported_release_is_refused_before_any_download(work: Path) -> None:
+    env = {"PIP_INDEX_URL": "http://127.0.0.1:9/never-asked"}
+    line = assert_one_line_error(kvpatch("apply", "--vllm", "0.25.0", cwd=work, env=env), 3, "0.6.4 through 0.22.1")
+    assert "git clone" not in line and not (work / "no-cache").exists() and not (work / ".kvpatch").exists()
+
+
+def test_brackets_in_paths_and_values_are_shown_literally(tmp_path: Path, work: Path) -> None:
+    odd = tmp_path / "[bold]x[/bold]" / "[red]"
+    tree = make_tree(odd, fixture_text(STOCK))
+    proc = kvpatch("apply", "--tree", str(tree), cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == f"patched {tree / HEADER}"
+    empty = tmp_path / "[x]"
+    empty.mkdir()
+    assert_one_line_error(kvpatch("apply", "--tree", str(empty), cwd=work), 4, f"{empty} has no {HEADER}")
+    assert_one_line_error(kvpatch("apply", "--tree", str(tree), "--caches", "[red]k", cwd=work), 2, "'[red]k'")
+
+
+@pytest.mark.parametrize("args", [["apply", "--bogus"], ["apply", "--lookahead", "two"], ["frobnicate"], ["diff", "-o"]])
+def test_usage_errors_are_one_line(args: list[str], work: Path) -> None:
+    proc = kvpatch(*args, cwd=work)
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "--help" in lines[0], proc.stderr
+
+
+def test_a_truncated_object_in_the_cache_names_the_entry_to_delete(tmp_path: Path, work: Path) -> None:
+    cache = tmp_path / "cache"
+    env = {"KVPATCH_CACHE": str(cache), "PIP_INDEX_URL": _sdist_index(tmp_path / "index").as_uri()}
+    remote = ["--remote", str(tmp_path / "no-remote.git")]
+    assert kvpatch("apply", "--vllm", "0.10.2", *remote, cwd=work, env=env).returncode == 0
+    release = cache / "releases" / "v0.10.2"
+    blob = git(release, "rev-parse", f"HEAD:{HEADER}").strip()
+    obj = release / ".git" / "objects" / blob[:2] / blob[2:]
+    obj.chmod(0o644)
+    obj.write_bytes(obj.read_bytes()[:10])
+    other = tmp_path / "other-work"
+    other.mkdir()
+    proc = kvpatch("apply", "--vllm", "0.10.2", *remote, cwd=other, env=env)
+    line = assert_one_line_error(proc, 1, "could not check out v0.10.2", f"delete {release}")
+    assert not list(other.glob(".kvpatch/vllm-*"))
+
+
+def test_an_empty_checkout_dir_is_repaired(tmp_path: Path, work: Path) -> None:
+    env = {"KVPATCH_CACHE": str(tmp_path / "cache"), "PIP_INDEX_URL": _sdist_index(tmp_path / "index").as_uri()}
+    (work / ".kvpatch/vllm-0.10.2").mkdir(parents=True)
+    proc = kvpatch("apply", "--vllm", "0.10.2", "--remote", str(tmp_path / "nothing.git"), cwd=work, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert (work / ".kvpatch/vllm-0.10.2" / HEADER).read_text() == golden_text("default")

@@ -686,3 +686,183 @@ def test_an_empty_checkout_dir_is_repaired(tmp_path: Path, work: Path) -> None:
     proc = kvpatch("apply", "--vllm", "0.10.2", "--remote", str(tmp_path / "nothing.git"), cwd=work, env=env)
     assert proc.returncode == 0, proc.stderr
     assert (work / ".kvpatch/vllm-0.10.2" / HEADER).read_text() == golden_text("default")
+
+
+# --------------------------------------------------------------------------- 9. the package index client
+
+
+AUTH = "Basic " + __import__("base64").b64encode(b"user:s3cret").decode()
+
+
+def _sdist_bytes(tmp_path: Path) -> tuple[bytes, str]:
+    from test_fetch import make_sdist
+
+    data = make_sdist(tmp_path / "vllm-0.10.2.tar.gz")
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def _fetch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, index: str):
+    from rich.console import Console
+
+    from kvpatch.source.fetch import fetch_release
+
+    monkeypatch.setenv("PIP_INDEX_URL", index)
+    return fetch_release("0.10.2", remote=str(tmp_path / "no-remote.git"), cache=tmp_path / "cache",
+                         console=Console(file=open(os.devnull, "w")))  # fmt: skip
+
+
+def _other_host(data: bytes) -> _Server:
+    """A second server, reached as 'localhost' (another host than 127.0.0.1 to a client)."""
+    return _Server(lambda owner, h: _send(h, 200, data, "application/octet-stream"))
+
+
+@pytest.mark.parametrize("link", ["relative", "same-host-absolute"])
+def test_credentials_go_to_the_index_host_for_its_links(link: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data, digest = _sdist_bytes(tmp_path)
+
+    def routes(owner: _Server, h) -> None:
+        if h.headers.get("Authorization") != AUTH:
+            _send(h, 401, b"who are you", headers={"WWW-Authenticate": 'Basic realm="index"'})
+        elif h.path == "/simple/vllm/":
+            href = "../../files/vllm-0.10.2.tar.gz" if link == "relative" else f"{owner.url}/files/vllm-0.10.2.tar.gz"
+            _send(h, 200, f'<a href="{href}#sha256={digest}">vllm-0.10.2.tar.gz</a>'.encode())
+        elif h.path == "/files/vllm-0.10.2.tar.gz":
+            _send(h, 200, data, "application/octet-stream")
+        else:
+            _send(h, 404, b"no")
+
+    with _Server(routes) as index:
+        tree = _fetch(tmp_path, monkeypatch, index.url.replace("http://", "http://user:s3cret@") + "/simple")
+    assert (tree / HEADER).is_file()
+    assert [(path, headers.get("Authorization")) for path, headers in index.requests] == [
+        ("/simple/vllm/", AUTH), ("/files/vllm-0.10.2.tar.gz", AUTH),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("how", ["redirect", "link"])
+def test_credentials_never_reach_another_host(how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data, digest = _sdist_bytes(tmp_path)
+    with _other_host(data) as files:
+        elsewhere = files.url.replace("127.0.0.1", "localhost") + "/vllm-0.10.2.tar.gz"
+
+        def routes(owner: _Server, h) -> None:
+            if h.path == "/simple/vllm/":
+                href = "/files/vllm-0.10.2.tar.gz" if how == "redirect" else elsewhere
+                _send(h, 200, f'<a href="{href}#sha256={digest}">vllm-0.10.2.tar.gz</a>'.encode())
+            elif h.path == "/files/vllm-0.10.2.tar.gz":
+                _send(h, 302, b"", headers={"Location": elsewhere})
+            else:
+                _send(h, 404, b"no")
+
+        with _Server(routes) as index:
+            tree = _fetch(tmp_path, monkeypatch, index.url.replace("http://", "http://user:s3cret@") + "/simple")
+    assert (tree / HEADER).is_file()
+    assert all(headers.get("Authorization") == AUTH for _, headers in index.requests)
+    assert [(path, headers.get("Authorization")) for path, headers in files.requests] == [("/vllm-0.10.2.tar.gz", None)]
+
+
+@pytest.mark.parametrize("href", ["file:///etc/hostname", "ftp://127.0.0.1/vllm-0.10.2.tar.gz"])
+def test_links_with_other_schemes_are_refused(href: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvpatch.errors import FetchError
+
+    page = f'<a href="{href}#sha256={"0" * 64}">vllm-0.10.2.tar.gz</a>'.encode()
+    with _Server(lambda owner, h: _send(h, 200, page)) as index:
+        with pytest.raises(FetchError, match=r"refusing the link .* only http or https links") as info:
+            _fetch(tmp_path, monkeypatch, index.url + "/simple")
+    assert info.value.exit_code == 3
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [(b"{not json", "application/vnd.pypi.simple.v1+json"), (b'{"files": 3}', "application/vnd.pypi.simple.v1+json"),
+     (b"[]", "application/vnd.pypi.simple.v1+json"), (b"<a>", "application/x-unknown")],
+    ids=["not-json", "files-not-a-list", "list", "unknown-type"],
+)
+def test_a_malformed_index_page_is_one_line(body: bytes, content_type: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvpatch.errors import FetchError
+
+    with _Server(lambda owner, h: _send(h, 200, body, content_type)) as index:
+        with pytest.raises(FetchError) as info:
+            _fetch(tmp_path, monkeypatch, index.url + "/simple")
+    assert info.value.exit_code == 3 and "\n" not in str(info.value) and "cannot read" in str(info.value)
+
+
+def test_a_malformed_local_index_page_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvpatch.errors import FetchError
+
+    (tmp_path / "index/vllm").mkdir(parents=True)
+    (tmp_path / "index/vllm/index.json").write_text('{"files": [{"filename": 1}]}')
+    with pytest.raises(FetchError, match="cannot read") as info:
+        _fetch(tmp_path, monkeypatch, (tmp_path / "index").as_uri())
+    assert info.value.exit_code == 3
+
+
+@pytest.mark.parametrize("index", ["not a url", "ftp://mirror.example/simple", "127.0.0.1:8080/simple", "http://"])
+def test_an_index_url_that_is_not_a_url_is_one_line(index: str, tmp_path: Path, work: Path) -> None:
+    env = {"PIP_INDEX_URL": index, "KVPATCH_CACHE": str(tmp_path / "cache")}
+    proc = kvpatch("apply", "--vllm", "0.10.2", "--remote", str(tmp_path / "none.git"), cwd=work, env=env)
+    assert proc.returncode == 3, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "is not an http(s):// or file:// URL" in errors[0] and "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------- 10. unpacking needs tarfile's data filter
+
+
+def _chain_sdist_index(tmp_path: Path) -> Path:
+    """An sdist whose links chain out of the unpack directory: l1 -> ., then l1/l2,
+    l1/l2/l3, l1/l2/l3/l4 -> .. each, then a file written through l4. Each link alone
+    stays inside the top directory for a check that does not resolve the links
+    before it (l1 is the top directory itself, so each '..' climbs one level out)."""
+    import io
+    import tarfile
+
+    top = "vllm-0.10.2"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        def add(name: str, data: bytes = b"", link: str | None = None) -> None:
+            info = tarfile.TarInfo(f"{top}/{name}")
+            if link is not None:
+                info.type, info.linkname = tarfile.SYMTYPE, link
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+        add(HEADER, b"// header\n")
+        add("l1", link=".")
+        add("l1/l2", link="..")
+        add("l1/l2/l3", link="..")
+        add("l1/l2/l3/l4", link="..")
+        add("l1/l2/l3/l4/escaped.txt", b"outside\n")
+    index = tmp_path / "index"
+    (index / "vllm").mkdir(parents=True)
+    (index / "vllm" / f"{top}.tar.gz").write_bytes(buf.getvalue())
+    digest = hashlib.sha256(buf.getvalue()).hexdigest()
+    (index / "vllm" / "index.html").write_text(f'<a href="{top}.tar.gz#sha256={digest}">{top}.tar.gz</a>')
+    return index
+
+
+@pytest.mark.parametrize("with_filter", [True, False], ids=["data-filter", "python-without-filter"])
+def test_a_symlink_chain_never_writes_outside(with_filter: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tarfile
+
+    from kvpatch.errors import FetchError
+
+    index = _chain_sdist_index(tmp_path)
+    if not with_filter:
+        monkeypatch.delattr(tarfile, "data_filter")
+    with pytest.raises(FetchError) as info:
+        _fetch(tmp_path, monkeypatch, index.as_uri())
+    assert info.value.exit_code == 3 and "\n" not in str(info.value)
+    assert not list(tmp_path.rglob("escaped.txt"))
+    if not with_filter:
+        assert "3.11.4" in str(info.value)
+
+
+def test_pyproject_requires_a_python_with_the_filter() -> None:
+    import tomllib
+
+    data = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert data["project"]["requires-python"] == ">=3.11.4"
+    assert any(d.startswith("pypi-simple") for d in data["project"]["dependencies"])

@@ -182,9 +182,9 @@ def report_state_mismatch(target: Tree, found: Injected, cwd: Path, console: Con
     configuration (a crash between the two writes of an older kvpatch, a hand edit,
     another tool); returned, and printed to ``console``. The header wins."""
     state = _state_or_none(cwd)
-    if state is None or Path(state.tree) != target.root or state.marker is None:
-        return None
-    header_says = found.markers[0] if len(found.markers) == 1 else ("stock" if not found.markers else "several configurations")
+    if state is None or Path(state.tree) != target.root or state.marker is None or not found.markers:
+        return None  # (a stock header after 'kvpatch revert' is no disagreement)
+    header_says = found.markers[0] if len(found.markers) == 1 else "several configurations"
     if header_says == state.marker:
         return None
     line = (f"warning: {target.header} holds {header_says!r} but .kvpatch/state.json records "

@@ -866,3 +866,9 @@ def test_pyproject_requires_a_python_with_the_filter() -> None:
     data = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     assert data["project"]["requires-python"] == ">=3.11.4"
     assert any(d.startswith("pypi-simple") for d in data["project"]["dependencies"])
+
+
+def test_no_mismatch_warning_after_revert(applied: Path, work: Path) -> None:
+    assert kvpatch("revert", cwd=work).returncode == 0
+    proc = kvpatch("diff", cwd=work)
+    assert (proc.returncode, proc.stdout, proc.stderr.strip()) == (0, "", "no changes: the header is stock")

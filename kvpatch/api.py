@@ -9,14 +9,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from .config import PatchConfig
-from .patch.plan import Result, patch, unpatch
-from .errors import UsageError
-from .source.fetch import fetch_release, normalize_version, release_tag
+from .errors import PatchError, UsageError
+from .patch.plan import Injected, Result, inspect, patch
 from .patch.sites import Sites, find_sites
-from .source.workspace import State, Tree, check_no_local_edits, checkout, resolve_tree, unified_diff, write_atomic
-from .source.workspace import STATE_DIR
+from .source.fetch import check_release, fetch_release, normalize_version, release_tag
+from .source.workspace import STATE_DIR, State, Tree, check_no_local_edits, checkout, resolve_tree, sha256
+from .source.workspace import unified_diff, workspace_lock, write_atomic, write_header_and_state  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -53,83 +54,167 @@ class ApplyReport:
         }
 
 
-def _fetch_tree(vllm: str, cwd: Path, remote: str | None, console: Console) -> tuple[Tree, str]:
-    version = normalize_version(vllm)
+def _fetch_tree(version: str, cwd: Path, remote: str | None, console: Console) -> Tree:
+    """The release's private checkout under ``cwd/.kvpatch/`` (call under the workspace lock)."""
     kwargs = {"remote": remote} if remote else {}
     release = fetch_release(version, console=console, **kwargs)
     dest = cwd / STATE_DIR / f"vllm-{version}"
     checkout(release, dest, release_tag(version))
-    return Tree(dest), version
+    return Tree(dest)
 
 
-def _target(vllm: str | None, tree: Path | None, cwd: Path, remote: str | None,
-            console: Console) -> tuple[Tree, str | None]:  # fmt: skip
+def _check_target(vllm: str | None, tree: Path | None) -> str | None:
+    """Refuse bad arguments before any I/O; the normalised release, if one was named."""
     if vllm and tree:
         raise UsageError("give either --vllm or --tree, not both")
     if vllm:
-        return _fetch_tree(vllm, cwd, remote, console)
-    if tree is not None:
-        return resolve_tree(tree, cwd), None
-    raise UsageError("which vLLM? pass --vllm X (e.g. v0.10.2) or --tree PATH")
+        version = normalize_version(vllm)
+        check_release(version)  # outside the supported range: refused here, no download
+        return version
+    if tree is None:
+        raise UsageError("which vLLM? pass --vllm X (e.g. v0.10.2) or --tree PATH")
+    return None
+
+
+def _edited_regions(found: Injected, header: Path) -> PatchError:
+    what = ", ".join(dict.fromkeys(found.labels))
+    if found.config is None:
+        why = "their markers name no configuration this kvpatch writes" if len(found.markers) == 1 else \
+              f"they carry {len(found.markers)} different configurations"  # fmt: skip
+    else:
+        why = "their text differs from what kvpatch renders for their marker (edited by hand, or written by another kvpatch version)"
+    return PatchError(f"kvpatch's regions ({what}) in {header} were changed: {why}; "
+                      "pass --force to replace them anyway")  # fmt: skip
 
 
 def apply(*, vllm: str | None, tree: Path | None, cfg: PatchConfig, cwd: Path,
           remote: str | None = None, force: bool = False, console: Console) -> ApplyReport:  # fmt: skip
-    """Patch the tree's header with ``cfg``; idempotent; refuses foreign local edits."""
-    target, version = _target(vllm, tree, cwd, remote, console)
-    current = target.read_header()
-    result = patch(current, str(target.header), cfg)
-    if not force:
-        check_no_local_edits(target, result.stock)
-    if result.patched != current:
-        write_atomic(target.header, result.patched)
-    State(tree=str(target.root), version=version, config=cfg.to_toml_dict()).save(cwd)
+    """Patch the tree's header with ``cfg``; idempotent; refuses edits kvpatch did not make.
+
+    Under the workspace lock: fetch and check out (``--vllm``), read the header,
+    refuse edits inside kvpatch's regions and outside them (unless ``force``), then
+    write the header and ``state.json`` as one step.
+    """
+    version = _check_target(vllm, tree)
+    target = resolve_tree(tree, cwd) if tree is not None else None
+    with workspace_lock(cwd):
+        if target is None:
+            target = _fetch_tree(version, cwd, remote, console)
+        current = target.read_header()
+        path = str(target.header)
+        found = inspect(current, path)
+        if not force and not found.intact:
+            raise _edited_regions(found, target.header)
+        result = patch(current, path, cfg)
+        if not force:
+            check_no_local_edits(target, result.stock, unpatch=lambda text: inspect(text, path).stock,
+                                 state=_state_or_none(cwd), note=lambda line: console.print(escape(line), highlight=False, soft_wrap=True))  # fmt: skip
+        state = State(tree=str(target.root), version=version, config=cfg.to_toml_dict(), marker=cfg.marker(),
+                      stock_sha256=sha256(result.stock))  # fmt: skip
+        write_header_and_state(target, current, result.patched, state, cwd)
     return ApplyReport(target, version, cfg, result, current)
 
 
-def sites(*, vllm: str | None, tree: Path | None, cwd: Path, console: Console) -> tuple[Sites, Path]:
-    """The sites of a release or tree (of its stock header, if kvpatch patched it)."""
+def _state_or_none(cwd: Path) -> State | None:
+    """The last apply's state; a corrupt state file counts as none (apply rewrites it)."""
+    try:
+        return State.load(cwd)
+    except Exception:
+        return None
+
+
+@dataclass(frozen=True)
+class SitesReport:
+    sites: Sites  # located in the stock text
+    header: Path
+    injected: dict[str, str]  # site kind -> the marker text of what is injected there now
+    intact: bool  # the injection is what kvpatch renders for its marker
+
+
+def sites(*, vllm: str | None, tree: Path | None, cwd: Path, console: Console) -> SitesReport:
+    """The sites of a release or tree (of its stock header, if kvpatch patched it), and
+    what kvpatch injected at each now."""
     if vllm is None and tree is None:
         target = resolve_tree(None, cwd)
     else:
-        target, _ = _target(vllm, tree, cwd, None, console)
-    stock, _ = unpatch(target.read_header(), str(target.header))
-    return find_sites(stock, str(target.header)), target.header
+        version = _check_target(vllm, tree)
+        if version is not None:
+            with workspace_lock(cwd):
+                target = _fetch_tree(version, cwd, None, console)
+        else:
+            target = resolve_tree(tree, cwd)
+    found = inspect(target.read_header(), str(target.header))
+    injected: dict[str, str] = {}
+    for label in found.labels:
+        kind = label.split("-")[0]
+        if kind in ("key", "value"):
+            injected[kind] = found.markers[0] if len(found.markers) == 1 else " | ".join(found.markers)
+    return SitesReport(find_sites(found.stock, str(target.header)), target.header, injected, found.intact)
 
 
-def diff(*, tree: Path | None, cwd: Path) -> str:
+def diff(*, tree: Path | None, cwd: Path, console: Console | None = None) -> str:
     """kvpatch's change to the tree's header as a unified diff ('' when stock)."""
     target = resolve_tree(tree, cwd)
     current = target.read_header()
-    stock, _ = unpatch(current, str(target.header))
-    return unified_diff(stock, current)
+    found = inspect(current, str(target.header))
+    report_state_mismatch(target, found, cwd, console)
+    return unified_diff(found.stock, current)
 
 
-def revert(*, tree: Path | None, cwd: Path) -> tuple[Path, bool]:
-    """Strip kvpatch's injection; returns (header, whether anything changed)."""
+def revert(*, tree: Path | None, cwd: Path, force: bool = False) -> tuple[Path, bool]:
+    """Strip kvpatch's injection; returns (header, whether anything changed).
+
+    Refuses (without ``force``) when the regions were edited: stripping them would
+    drop the edit.
+    """
     target = resolve_tree(tree, cwd)
-    current = target.read_header()
-    stock, _ = unpatch(current, str(target.header))
-    if stock != current:
-        write_atomic(target.header, stock)
-    return target.header, stock != current
+    with workspace_lock(cwd):
+        current = target.read_header()
+        found = inspect(current, str(target.header))
+        if not force and not found.intact:
+            raise _edited_regions(found, target.header)
+        write_header_and_state(target, current, found.stock, None, cwd)
+    return target.header, found.stock != current
+
+
+def report_state_mismatch(target: Tree, found: Injected, cwd: Path, console: Console | None) -> str | None:
+    """One line when the header and ``.kvpatch/state.json`` disagree about this tree's
+    configuration (a crash between the two writes of an older kvpatch, a hand edit,
+    another tool); returned, and printed to ``console``. The header wins."""
+    state = _state_or_none(cwd)
+    if state is None or Path(state.tree) != target.root or state.marker is None or not found.markers:
+        return None  # (a stock header after 'kvpatch revert' is no disagreement)
+    header_says = found.markers[0] if len(found.markers) == 1 else "several configurations"
+    if header_says == state.marker:
+        return None
+    line = (f"warning: {target.header} holds {header_says!r} but .kvpatch/state.json records "
+            f"{state.marker!r}; the header is used (run 'kvpatch apply' to make them agree)")  # fmt: skip
+    if console is not None:
+        console.print(escape(line), highlight=False, soft_wrap=True)
+    return line
 
 
 # --------------------------------------------------------------------------- build / validate / bench
 
 
-def tree_config(target: Tree, cwd: Path) -> PatchConfig:
-    """The configuration the tree was patched with: the last apply's, if it was this tree."""
+def tree_config(target: Tree, cwd: Path, console: Console | None = None) -> PatchConfig:
+    """The configuration the tree is patched with: its marker's (the header is the truth);
+    the last apply's here if the marker names none; else the default. A disagreement
+    between the header and ``state.json`` is reported in one line."""
     from .config import make_config
 
-    state = State.load(cwd)
+    found = inspect(target.read_header(), str(target.header))
+    report_state_mismatch(target, found, cwd, console if console is not None else Console(stderr=True))
+    if found.config is not None:
+        return found.config
+    state = _state_or_none(cwd)
     if state is not None and Path(state.tree) == target.root:
         return make_config(**state.config)
     return make_config()
 
 
 def variants_for(target: Tree, cwd: Path, *, paper: bool = False, control: bool = False,
-                 extra: dict[str, PatchConfig] | None = None) -> list:  # fmt: skip
+                 extra: dict[str, PatchConfig] | None = None, console: Console | None = None) -> list:  # fmt: skip
     """stock, the tree's patched header, and optional comparison variants.
 
     ``stock`` is the tree's header with kvpatch's injection removed; ``patched`` is
@@ -143,10 +228,10 @@ def variants_for(target: Tree, cwd: Path, *, paper: bool = False, control: bool 
 
     path = str(target.header)
     current = target.read_header()
-    stock, markers = unpatch(current, path)
-    if not markers:
+    stock = inspect(current, path).stock
+    if stock == current:
         raise UsageError(f"{target.header} is stock: run 'kvpatch apply' first")
-    own = tree_config(target, cwd)
+    own = tree_config(target, cwd, console)
     configs: dict[str, PatchConfig] = {}
     if paper:
         configs["paper"] = make_config(preset="paper")
@@ -163,7 +248,7 @@ def build(*, tree: Path | None, cwd: Path, archs: str, variants: list | None = N
     from . import build as B
 
     target = resolve_tree(tree, cwd)
-    chosen = variants if variants is not None else variants_for(target, cwd)
+    chosen = variants if variants is not None else variants_for(target, cwd, console=console)
     spec = B.make_spec(target.root, chosen, archs, **kernel_options)
     return B.build(spec, jobs=jobs, console=console)
 

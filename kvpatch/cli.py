@@ -12,10 +12,11 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, NoReturn, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
@@ -115,33 +116,33 @@ def apply(
     if as_json:
         out.print_json(json.dumps(report.to_json()))
         return
+    header = escape(str(report.tree.header))
     if not report.changed:
-        out.print(f"[green]already applied[/] ({cfg.marker()}): {report.tree.header}")
+        out.print(f"[green]already applied[/] ({cfg.marker()}): {header}", highlight=False)
     else:
         verb = "replaced" if report.previous else "patched"
-        out.print(f"[green]{verb}[/] {report.tree.header}")
+        out.print(f"[green]{verb}[/] {header}", highlight=False)
         if report.previous:
-            out.print(f"  previous: {'; '.join(report.previous)}")
-    out.print(_sites_table(report.sites, cfg))
-    out.print(f"config: {cfg.marker()}")
+            out.print(f"  previous: {escape('; '.join(report.previous))}", highlight=False)
+    out.print(_sites_table(report.sites, {s.kind: "yes" for s in report.sites if
+                                          (s.kind == "key" and cfg.k) or (s.kind == "value" and cfg.v)}))  # fmt: skip
+    out.print(f"config: {cfg.marker()}", highlight=False)
     out.print("next: [bold]kvpatch diff[/]  |  [bold]kvpatch build --arch 9.0a[/]  |  [bold]kvpatch revert[/]")
 
 
-def _sites_table(sites, cfg: PatchConfig | None = None) -> Table:
+def _sites_table(sites, injected: dict[str, str]) -> Table:
+    """The sites, and at each what kvpatch injected there (its marker's configuration) or 'no'."""
     table = Table(title="KV loop sites")
-    for col in ("site", "loop", "block number", "steps", "tile", "patched"):
+    for col in ("site", "loop", "block number", "steps", "tile", "injected"):
         table.add_column(col, overflow="fold")
     for s in sites:
-        patched = "-"
-        if cfg is not None:
-            patched = "yes" if (s.kind == "key" and cfg.k) or (s.kind == "value" and cfg.v) else "no"
         table.add_row(
             s.kind,
             f"line {s.line}",
             f"line {s.block_number_line}",
-            f"{s.loop_var} += {s.stride_expr}",
-            f"{s.cache_param}[{s.block_table_var}[...]]",
-            patched,
+            escape(f"{s.loop_var} += {s.stride_expr}"),
+            escape(f"{s.cache_param}[{s.block_table_var}[...]]"),
+            escape(injected.get(s.kind, "no")),
         )
     return table
 
@@ -154,13 +155,18 @@ def sites(vllm: VllmOpt = None, tree: TreeOpt = None, as_json: JsonOpt = False) 
     """Show where the key and value loop sites are (no changes made)."""
     from . import api
 
-    found, header = api.sites(vllm=vllm, tree=tree, cwd=_cwd(), console=err)
+    report = api.sites(vllm=vllm, tree=tree, cwd=_cwd(), console=err)
+    found = report.sites
     if as_json:
-        out.print_json(json.dumps({"header": str(header), **asdict(found)}))
+        injected = {kind: report.injected.get(kind) for kind in ("key", "value")}
+        out.print_json(json.dumps({"header": str(report.header), **asdict(found), "injected": injected,
+                                   "injection_intact": report.intact}))  # fmt: skip
         return
-    out.print(f"{header}: {found.key.cache_param.split('_')[0]}/{found.value.cache_param.split('_')[0]} "
-              f"sites in paged_attention_kernel (line {found.function_line})")  # fmt: skip
-    out.print(_sites_table(found))
+    out.print(f"{escape(str(report.header))}: {found.key.cache_param.split('_')[0]}/{found.value.cache_param.split('_')[0]} "
+              f"sites in paged_attention_kernel (line {found.function_line})", highlight=False)  # fmt: skip
+    out.print(_sites_table(found, report.injected))
+    if report.injected and not report.intact:
+        err.print("note: kvpatch's regions were changed after kvpatch wrote them", highlight=False)
 
 
 # --------------------------------------------------------------------------- diff / revert
@@ -169,16 +175,22 @@ def sites(vllm: VllmOpt = None, tree: TreeOpt = None, as_json: JsonOpt = False) 
 @app.command()
 def diff(
     tree: TreeOpt = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the patch to this file.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the patch to this file ('-': stdout).")] = None,
 ) -> None:
     """Print what apply changed as a unified diff (a patch git apply / patch -p1 accept)."""
     from . import api
-    from .source.workspace import write_atomic
+    from .fsutil import write_atomic
 
-    text = api.diff(tree=tree, cwd=_cwd())
+    if output is not None and str(output) != "-" and output.is_dir():
+        raise UsageError(f"--output {output} is a directory: give a file name, or - for stdout")
+    text = api.diff(tree=tree, cwd=_cwd(), console=err)
+    if output is not None and str(output) == "-":
+        sys.stdout.write(text)
+        return
     if output is not None:
         write_atomic(output, text)
-        err.print(f"wrote {output}" if text else f"wrote {output} (empty: the tree is stock)")
+        shown = escape(str(output))
+        err.print(f"wrote {shown}" if text else f"wrote {shown} (empty: the tree is stock)", highlight=False)
         return
     if not text:
         err.print("no changes: the header is stock")
@@ -190,12 +202,16 @@ def diff(
 
 
 @app.command()
-def revert(tree: TreeOpt = None) -> None:
+def revert(
+    tree: TreeOpt = None,
+    force: Annotated[bool, typer.Option(help="Revert even if kvpatch's regions were edited (the edits are lost).")] = False,
+) -> None:
     """Remove kvpatch's injection: the header is stock again, byte for byte."""
     from . import api
 
-    header, changed = api.revert(tree=tree, cwd=_cwd())
-    out.print(f"[green]reverted[/] {header}" if changed else f"nothing to revert: {header} is stock")
+    header, changed = api.revert(tree=tree, cwd=_cwd(), force=force)
+    shown = escape(str(header))
+    out.print(f"[green]reverted[/] {shown}" if changed else f"nothing to revert: {shown} is stock", highlight=False)
 
 
 @app.command("config")
@@ -392,24 +408,59 @@ def tune(
     out.print(f"next: [bold]kvpatch apply --tree {target.root} --config {output}[/]")
 
 
+def _one_line(message: str, code: int) -> NoReturn:
+    """Print ``error: message`` (user text escaped, never read as rich markup) and exit."""
+    text = " ".join(str(message).split()) or "failed"
+    err.print(f"[red]error:[/] {escape(text)}", highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+def _os_error(e: OSError) -> str:
+    """An OSError in one line: what failed, on which path, why."""
+    why = e.strerror or str(e) or type(e).__name__
+    where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+    return f"{where}: {why}" if where else why
+
+
+#: What Ctrl-C prints (exit 130, as a shell reports a SIGINT).
+INTERRUPTED = "interrupted (Ctrl-C)"
+
+
 def run() -> None:
-    """Console-script entry point: one-line errors, exit codes from the error type."""
+    """Console-script entry point: one-line errors, exit codes from the error type.
+
+    With ``standalone_mode=False`` Typer *returns* the exit code of an ``Exit`` (and
+    turns a KeyboardInterrupt inside a command into ``Exit(130)``) instead of exiting,
+    so the returned code is what this process must exit with.
+    """
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
+    except KeyboardInterrupt:  # outside the command (typer converts one inside it)
+        code = 130
     except KvpatchError as e:
         if _DEBUG["on"]:
             raise
-        err.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
-        sys.exit(e.exit_code)
+        _one_line(str(e), e.exit_code)
     except typer.Abort:
-        err.print("aborted")
-        sys.exit(130)
+        code = 130
     except typer.Exit as e:
-        sys.exit(e.exit_code)
+        code = e.exit_code
+    except OSError as e:  # the file system said no (permissions, read-only, disk full)
+        if _DEBUG["on"]:
+            raise
+        _one_line(_os_error(e), 1)
     except Exception as e:
-        # Usage errors come from the click that typer uses (vendored in newer typer):
-        # each has show() and an exit_code (2 for usage errors).
-        if callable(getattr(e, "show", None)) and isinstance(getattr(e, "exit_code", None), int):
+        # Usage errors come from the click that typer vendors: each has
+        # format_message() and an exit_code (2 for usage errors). One line each,
+        # except "no arguments", which shows the help.
+        if type(e).__name__ == "NoArgsIsHelpError":
             e.show()
             sys.exit(e.exit_code)
+        if callable(getattr(e, "format_message", None)) and isinstance(getattr(e, "exit_code", None), int):
+            ctx = getattr(e, "ctx", None)
+            hint = f" (see '{ctx.command_path if ctx is not None else 'kvpatch'} --help')"
+            _one_line(e.format_message() + hint, e.exit_code)
         raise
+    if code == 130:
+        _one_line(INTERRUPTED, 130)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -28,6 +28,23 @@ QUANTIZED = ("skip", "prefetch")
 CHOICES = {"caches": CACHES, "cache_hint": CACHE_HINTS, "placement": PLACEMENTS, "scope": SCOPES,
            "issue": ISSUES, "quantized": QUANTIZED}  # fmt: skip
 
+#: Upper bounds, each named in the error that refuses a larger value.
+#: ``cp.async.bulk.prefetch``'s size operand: ptxas accepts 0..1,048,560 on sm_90
+#: (2^20 - 16; larger values fail only at the final assembly step).
+MAX_SIZE = 1_048_560
+#: The next block is ``block_idx + lookahead * NUM_WARPS``, computed in ``int``. A CTA has
+#: at most 1024 threads, so NUM_WARPS <= 32 and lookahead * NUM_WARPS <= 2^15: with
+#: block_idx below 2^31 - 2^15 (any real sequence: 2^31 blocks of >= 1 token) the sum
+#: cannot overflow into a negative index that passes the ``< end`` guard. A lookahead
+#: that large already points past the end of every sequence vLLM serves.
+MAX_LOOKAHEAD = 1024
+#: The address is rounded down with ``& ~(align - 1)``: above a 4 KiB page the rounding
+#: moves the prefetch further from the tile than any tile is long, so it stops at 4096
+#: (and, for a numeric size, at the size: a window shorter than the rounding can miss
+#: the tile entirely).
+MAX_ALIGN = 4096
+_LIMITS = {"lookahead": MAX_LOOKAHEAD, "align": MAX_ALIGN, "size": MAX_SIZE}
+
 #: What ``--preset paper`` fixes: the paper's 4096-byte, one-ahead prefetch.
 PAPER = dict(lookahead=1, size=4096, align=16, cache_hint="none", placement="start", scope="cta", issue="inline",
              quantized="prefetch")
@@ -255,9 +272,13 @@ def _parse_size(value: Any) -> int | None:
         raise UsageError(f"invalid size {value!r}: use 'auto' or a number of bytes")
     if not (isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit())):
         raise UsageError(f"invalid size {value!r}: use 'auto' or a number of bytes")
+    if isinstance(value, str) and len(value.strip()) > 12:
+        raise UsageError(f"invalid size {_short(value)}: at most {MAX_SIZE} bytes (cp.async.bulk.prefetch's limit)")
     size = int(value)
     if size <= 0 or size % 16:
         raise UsageError(f"invalid size {size}: must be a positive multiple of 16 bytes")
+    if size > MAX_SIZE:
+        raise UsageError(f"invalid size {size}: at most {MAX_SIZE} bytes (cp.async.bulk.prefetch's limit)")
     return size
 
 
@@ -272,8 +293,16 @@ def _int(name: str, value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        if len(value.strip()) > 12:  # no bound here is anywhere near 12 digits
+            raise UsageError(f"invalid {name} {_short(value)}: at most {_LIMITS.get(name, 2**31 - 1)}")
         return int(value)
-    raise UsageError(f"invalid {name} {value!r}: expected an integer")
+    raise UsageError(f"invalid {name} {_short(value)}: expected an integer")
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, cut to fit one line (a value may be thousands of characters)."""
+    text = repr(value) if not isinstance(value, int) or value.bit_length() < 64 else f"{str(value)[:12]}... ({len(str(value))} digits)"
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def make_config(**options: Any) -> PatchConfig:
@@ -293,15 +322,22 @@ def make_config(**options: Any) -> PatchConfig:
     if "lookahead" in given:
         la = _int("lookahead", given["lookahead"])
         if la < 1:
-            raise UsageError(f"invalid lookahead {la}: must be >= 1")
+            raise UsageError(f"invalid lookahead {_short(la)}: must be >= 1")
+        if la > MAX_LOOKAHEAD:
+            raise UsageError(f"invalid lookahead {_short(la)}: at most {MAX_LOOKAHEAD} "
+                             "(block_idx + lookahead * NUM_WARPS must stay within int)")  # fmt: skip
         cfg = replace(cfg, lookahead=la)
     if "size" in given:
         cfg = replace(cfg, size=_parse_size(given["size"]))
     if "align" in given:
         al = _int("align", given["align"])
         if al < 16 or al & (al - 1):
-            raise UsageError(f"invalid align {al}: must be a power of two >= 16")
+            raise UsageError(f"invalid align {_short(al)}: must be a power of two >= 16")
+        if al > MAX_ALIGN:
+            raise UsageError(f"invalid align {_short(al)}: at most {MAX_ALIGN} (the address is rounded down to it)")
         cfg = replace(cfg, align=al)
+    if cfg.size is not None and cfg.align > cfg.size:
+        raise UsageError(f"invalid align {cfg.align}: larger than size {cfg.size}, the rounded-down window could miss the tile")
     for key, allowed in CHOICES.items():
         if key in given:
             cfg = replace(cfg, **{key: _choice(key.replace("_", "-"), given[key], allowed)})
@@ -406,20 +442,62 @@ def _overrides(base: PatchConfig, given: dict[str, Any]) -> tuple:
 
 
 def load_config_file(path: Path) -> dict[str, Any]:
-    """Read a ``kvpatch.toml``: keys at top level or under ``[kvpatch]``; '-' or '_'."""
+    """Read a ``kvpatch.toml``: keys at top level or under ``[kvpatch]`` (not both); '-' or '_'.
+
+    Every problem is a :class:`UsageError` (exit 2) in one line: a missing, unreadable
+    or non-UTF-8 file, a directory, invalid TOML, keys beside ``[kvpatch]``, and a key
+    given twice in its two spellings (``cache-hint`` and ``cache_hint``).
+    """
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise UsageError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise UsageError(f"config file {path} is a directory") from None
+    except OSError as e:
+        raise UsageError(f"cannot read config file {path}: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"config file {path} is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"invalid TOML in {path}: {e}") from None
-    table = data.get("kvpatch", data)
-    if not isinstance(table, dict):
-        raise UsageError(f"invalid config file {path}: [kvpatch] must be a table")
-    return {
-        str(k).replace("-", "_"): (_table_keys(k, v) if isinstance(v, dict) else v)
-        for k, v in table.items()
-    }
+    except ValueError as e:  # e.g. an integer of thousands of digits
+        raise UsageError(f"invalid TOML in {path}: {str(e).splitlines()[0][:100]}") from None
+    if "kvpatch" in data:
+        table = data["kvpatch"]
+        if not isinstance(table, dict):
+            raise UsageError(f"invalid config file {path}: [kvpatch] must be a table")
+        beside = sorted(k for k in data if k != "kvpatch")
+        if beside:
+            raise UsageError(f"invalid config file {path}: key(s) {', '.join(beside)} outside [kvpatch] "
+                             "(put every setting under [kvpatch], or use no [kvpatch] table)")  # fmt: skip
+    else:
+        table = data
+    return {_key(k, path): (_table(v, path, k) if isinstance(v, dict) else v) for k, v in _unique(table, path).items()}
+
+
+def _key(key: Any, path: Path) -> str:
+    return str(key).replace("-", "_")
+
+
+def _unique(table: dict[str, Any], path: Path, where: str = "") -> dict[str, Any]:
+    """``table``, refusing a key given in both spellings ('cache-hint' and 'cache_hint')."""
+    seen: dict[str, str] = {}
+    for key in table:
+        norm = str(key).replace("-", "_")
+        if norm in seen:
+            raise UsageError(f"invalid config file {path}: {where}{seen[norm]!r} and {key!r} are the same setting; keep one")
+        seen[norm] = str(key)
+    return table
+
+
+def _table(value: dict[str, Any], path: Path, name: str) -> dict[str, Any]:
+    if str(name) == "rules":  # rule selectors are kept as written; their settings are tables too
+        return {str(a): (_table(b, path, f"rules.{a}") if isinstance(b, dict) else b) for a, b in value.items()}
+    return {_key(a, path): b for a, b in _unique(value, path, f"[{name}] ").items()}
 
 
 def _table_keys(name: Any, table: dict) -> dict:
@@ -455,3 +533,42 @@ def dump_config(cfg: PatchConfig) -> str:
             continue
         lines += [f"{k.replace('_', '-')} = {_toml_value(v)}" for k, v in table.items()]
     return "\n".join(lines) + "\n"
+
+
+#: marker word -> configuration key, where they differ.
+_MARKER_KEYS = {"hint": "cache_hint"}
+
+
+def config_from_marker(text: str) -> PatchConfig:
+    """The configuration a marker's text (:meth:`PatchConfig.marker`) was written for.
+
+    The inverse of ``marker()``: ``config_from_marker(cfg.marker()) == cfg``. Raises
+    :class:`UsageError` for text ``marker()`` cannot have written.
+    """
+    options: dict[str, Any] = {}
+    dtypes: dict[str, Any] = {d: "none" for d in DTYPES}
+    # every rule the marker does not name is absent: default rules too
+    rules: dict[str, Any] = {sel: "none" for sel, _ in DEFAULT_OVERRIDES if sel not in DTYPES}
+    for word in text.split():
+        if word == "control":
+            options["control"] = True
+            continue
+        selector, colon, items = word.partition(":")
+        if colon and (selector in DTYPES or "/" in selector):
+            settings = parse_override(items)
+            if selector in DTYPES:
+                dtypes[selector] = settings
+            else:
+                rules[str(Selector.parse(selector))] = settings
+            continue
+        key, eq, value = word.partition("=")
+        if not eq or key in options:
+            raise UsageError(f"not a kvpatch marker: {text[:80]!r}")
+        options[_MARKER_KEYS.get(key, key)] = value
+    if options.get("preset") == "paper":
+        cfg = make_config(**options)
+    else:
+        cfg = make_config(**options, **dtypes, rules=rules)
+    if cfg.marker() != " ".join(text.split()):
+        raise UsageError(f"not a kvpatch marker: {text[:80]!r}")
+    return cfg

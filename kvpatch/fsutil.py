@@ -3,13 +3,17 @@
 ``write_atomic`` writes a temporary file beside the *resolved* target and renames it
 over the target, so a symlinked file is updated where it really lives (the link stays
 a link) and a reader never sees a partial file; on any failure the old file is left as
-it was and the temporary file is removed. ``write_if_different`` skips the write when
-the content is already there (build inputs keep their mtimes).
+it was and the temporary file is removed. A path that names a device, pipe or socket
+(``/dev/stdout``, ``/dev/null``) is written in place: there is nothing to replace, and
+renaming over it would clobber the device node. ``write_if_different`` skips the write
+when the content is already there (build inputs keep their mtimes).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -26,10 +30,51 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, mode: int |
     umask's default permissions; an existing one keeps its permissions. Raises
     ``OSError`` (the old file intact) and ``IsADirectoryError`` for a directory.
     """
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        st = os.stat(path)  # follows symlinks
+    except (FileNotFoundError, NotADirectoryError):
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        with open(path, "wb") as f:
+            f.write(raw)
+        return Path(path)
+    staged = stage(path, raw, mode=mode)
+    try:
+        return staged.commit()
+    finally:
+        staged.discard()
+
+
+class Staged:
+    """A file written beside its target, not yet renamed over it (see :func:`stage`)."""
+
+    def __init__(self, tmp: Path, target: Path) -> None:
+        self.tmp, self.target = tmp, target
+
+    def commit(self) -> Path:
+        """Rename the staged file over the target (one rename: it cannot run out of space)."""
+        os.replace(self.tmp, self.target)
+        return self.target
+
+    def discard(self) -> None:
+        """Remove the staged file if it was not committed."""
+        Path(self.tmp).unlink(missing_ok=True)
+
+
+def stage(path: str | os.PathLike[str], data: str | bytes, *, mode: int | None = None) -> Staged:
+    """The first half of :func:`write_atomic`: ``data`` written and synced to a temporary
+    file beside the resolved target, renamed over it only by :meth:`Staged.commit`.
+
+    Lets a caller write two files as one step: stage the second, write the first,
+    commit the second; a full disk fails while staging, before anything changed.
+    """
+    raw = data.encode("utf-8") if isinstance(data, str) else data
     target = resolve_target(Path(path))
     if target.is_dir():
-        raise IsADirectoryError(f"{path} is a directory")
-    raw = data.encode("utf-8") if isinstance(data, str) else data
+        raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
@@ -38,16 +83,18 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, mode: int |
             f.flush()
             os.fsync(f.fileno())
         if target.exists():
-            os.chmod(tmp, target.stat().st_mode & 0o7777)
+            old = target.stat()
+            os.chmod(tmp, old.st_mode & 0o7777)
+            if os.geteuid() == 0 and (old.st_uid, old.st_gid) != (0, 0):  # root keeps the owner
+                os.chown(tmp, old.st_uid, old.st_gid)
         else:
             umask = os.umask(0)
             os.umask(umask)
             os.chmod(tmp, (0o666 if mode is None else mode) & ~umask)
-        os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return target
+    return Staged(Path(tmp), target)
 
 
 def write_if_different(path: str | os.PathLike[str], data: str | bytes) -> bool:

@@ -15,13 +15,27 @@ from conftest import STOCK, fixture_text, git, golden_text, make_tree
 from kvpatch.source.fetch import HEADER
 
 KVPATCH = str(Path(sys.executable).parent / "kvpatch")
+#: The checkout under test: the console script imports kvpatch from wherever it was
+#: installed (editable, maybe another checkout), so PYTHONPATH puts this one first.
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def kvpatch_env(cwd: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "KVPATCH_CACHE")}
+    env.update(COLUMNS="400", NO_COLOR="1", TERM="dumb", KVPATCH_CACHE=str(cwd / "no-cache"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))  # fmt: skip
+    env.update(extra)
+    return env
+
+
 DEFAULT_MARKER = "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call quantized=skip bf16/32/32:off bf16/64/32:off bf16/80/32:off fp16:scope=kv-head,issue=inline fp16/256/16:off"
 
 
-def kvpatch(*args: str, cwd: Path, columns: int = 400) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "KVPATCH_CACHE")}
-    env.update(COLUMNS=str(columns), NO_COLOR="1", TERM="dumb", KVPATCH_CACHE=str(cwd / "no-cache"))
-    return subprocess.run([KVPATCH, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+def kvpatch(*args: str, cwd: Path, columns: int = 400, env: dict[str, str] | None = None,
+            input: str | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+    full = kvpatch_env(cwd, COLUMNS=str(columns), **(env or {}))
+    return subprocess.run([KVPATCH, *args], cwd=cwd, env=full, capture_output=True, text=True, timeout=120,
+                          input=input)  # fmt: skip
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, code: int, *needles: str) -> str:
@@ -220,8 +234,22 @@ def test_sites_json(git_tree: Path, header: Path, work: Path) -> None:
 
 def test_sites_of_a_patched_tree_are_those_of_its_stock_header(git_tree: Path, work: Path) -> None:
     stock = json.loads(kvpatch("sites", "--tree", str(git_tree), "--json", cwd=work).stdout)
-    assert kvpatch("apply", "--tree", str(git_tree), cwd=work).returncode == 0
-    assert json.loads(kvpatch("sites", "--json", cwd=work).stdout) == stock
+    assert (stock.pop("injected"), stock.pop("injection_intact")) == ({"key": None, "value": None}, True)
+    assert kvpatch("apply", "--tree", str(git_tree), "--caches", "k", cwd=work).returncode == 0
+    patched = json.loads(kvpatch("sites", "--json", cwd=work).stdout)
+    marker = DEFAULT_MARKER.replace("caches=kv", "caches=k")
+    assert (patched.pop("injected"), patched.pop("injection_intact")) == ({"key": marker, "value": None}, True)
+    assert patched == stock
+
+
+def test_sites_table_shows_what_is_injected_at_each_site(git_tree: Path, work: Path) -> None:
+    assert "no" in kvpatch("sites", "--tree", str(git_tree), cwd=work).stdout.splitlines()[-2]
+    assert kvpatch("apply", "--tree", str(git_tree), "--caches", "v", "--lookahead", "3", cwd=work).returncode == 0
+    lines = kvpatch("sites", cwd=work).stdout.splitlines()
+    key = next(line for line in lines if line.lstrip("│ ").startswith("key"))
+    value = next(line for line in lines if line.lstrip("│ ").startswith("value"))
+    assert key.rstrip(" │").endswith("no")
+    assert "lookahead=3 size=auto align=16 caches=v" in value and "patched: -" not in "\n".join(lines)
 
 
 def test_sites_table(git_tree: Path, header: Path, work: Path) -> None:

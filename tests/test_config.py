@@ -315,3 +315,33 @@ def test_per_dtype_settings_round_trip_through_toml(options: dict, tmp_path: Pat
     path = tmp_path / "kvpatch.toml"
     path.write_text(dump_config(cfg))
     assert make_config(**load_config_file(path)) == cfg
+
+
+# --------------------------------------------------------------------------- upper bounds (issue 7, item 8)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"lookahead": 1025}, "invalid lookahead 1025: at most 1024 (block_idx + lookahead * NUM_WARPS must stay within int)"),
+        ({"lookahead": 2**29}, "invalid lookahead 536870912: at most 1024"),
+        ({"lookahead": 2**70}, "invalid lookahead 118059162071... (22 digits): at most 1024"),
+        ({"lookahead": "9" * 5000}, "at most 1024"),
+        ({"align": 2**64}, "invalid align 184467440737... (20 digits): at most 4096 (the address is rounded down to it)"),
+        ({"align": 8192}, "invalid align 8192: at most 4096"),
+        ({"size": 1_048_576}, "invalid size 1048576: at most 1048560 bytes (cp.async.bulk.prefetch's limit)"),
+        ({"size": "9" * 5000}, "at most 1048560 bytes"),
+        ({"size": 64, "align": 128}, "invalid align 128: larger than size 64"),
+        ({"fp16": {"lookahead": 4096}}, "invalid lookahead 4096: at most 1024"),
+    ],
+)
+def test_upper_bounds(options: dict, message: str) -> None:
+    with pytest.raises(UsageError) as info:
+        make_config(**options)
+    assert message in str(info.value)
+    assert len(str(info.value)) < 200 and "\n" not in str(info.value)
+
+
+def test_the_bounds_themselves_are_accepted() -> None:
+    cfg = make_config(lookahead=1024, align=4096, size=1_048_560)
+    assert (cfg.lookahead, cfg.align, cfg.size) == (1024, 4096, 1_048_560)

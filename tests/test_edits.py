@@ -332,4 +332,4 @@ def test_validation_failure_raises_and_writes_nothing(
         api.apply(vllm=None, tree=tree, cfg=cfg, cwd=tmp_path, console=Console(quiet=True))
     assert (tree / HEADER).read_bytes() == before
     assert sorted(p.name for p in (tree / HEADER).parent.iterdir()) == ["attention_kernels.cuh"]
-    assert not (tmp_path / ".kvpatch").exists()
+    assert [p.name for p in (tmp_path / ".kvpatch").iterdir()] == ["lock"]  # the workspace lock, no state

@@ -136,7 +136,7 @@ def _releases_entries(cache: Path) -> list[str]:
 
 
 def _assert_nothing_cached(cache: Path, tag: str = "v0.10.2") -> None:
-    leftovers = [n for n in _releases_entries(cache) if n != f"{tag}.lock"]
+    leftovers = [n for n in _releases_entries(cache) if n != ".lock"]
     assert leftovers == [], leftovers
 
 
@@ -160,11 +160,12 @@ def test_normalize_version(text: str, expected: str) -> None:
     assert normalize_version(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "latest", "0", "v", "0.10.2rc1", "0.10.2-dev", "0..2", "0.10.2/../x", "1.2.3 4"])
+@pytest.mark.parametrize("text", ["", "latest", "0", "v", "0.10.2rc1", "0.10.2-dev", "0..2", "0.10.2/../x", "1.2.3 4",
+                                  "0." + "1" * 5000, "0.10." + "2" * 300, "v" * 300])
 def test_normalize_version_rejects(text: str) -> None:
     with pytest.raises(UsageError) as info:
         normalize_version(text)
-    assert "\n" not in str(info.value)
+    assert "\n" not in str(info.value) and len(str(info.value)) < 120
     assert info.value.exit_code == 2
 
 
@@ -246,7 +247,7 @@ def test_sdist_fallback_file_index(env: Path, tmp_path: Path, monkeypatch: pytes
     # Every file is committed, even those the sdist's own .gitignore would ignore.
     assert "setup.py" in {item.path for item in head.tree.traverse()}
     assert not repo.is_dirty(untracked_files=True)
-    assert _releases_entries(env) == ["v0.10.2", "v0.10.2.complete", "v0.10.2.lock"]
+    assert _releases_entries(env) == [".lock", "v0.10.2", "v0.10.2.complete"]
 
     # Second fetch: no index, no remote, still served from the cache, silently.
     shutil.rmtree(index)
@@ -276,10 +277,10 @@ def test_sha256_mismatch(env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_release_not_on_index(env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     index = make_index(tmp_path / "index")
     monkeypatch.setenv("PIP_INDEX_URL", index.as_uri())
-    with pytest.raises(FetchError, match=r"vLLM release 9\.9\.9 not found on file://") as info:
-        fetch_release("9.9.9", remote=_no_remote(tmp_path), console=_console()[0])
+    with pytest.raises(FetchError, match=r"vLLM release 0\.9\.9 not found on file://") as info:
+        fetch_release("0.9.9", remote=_no_remote(tmp_path), console=_console()[0])
     assert info.value.exit_code == 3
-    _assert_nothing_cached(env, "v9.9.9")
+    _assert_nothing_cached(env, "v0.9.9")
 
 
 def test_project_not_on_index(env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -290,11 +291,19 @@ def test_project_not_on_index(env: Path, tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_release_without_header(env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PIP_INDEX_URL", make_index(tmp_path / "index", "0.23.0", header=False).as_uri())
-    for _ in range(2):  # not cached: refused every time
-        with pytest.raises(FetchError, match=r"0\.23\.0 has no csrc/attention/attention_kernels\.cuh.*0\.6\.4 through 0\.22\.1"):
-            fetch_release("0.23.0", remote=_no_remote(tmp_path), console=_console()[0])
-    _assert_nothing_cached(env, "v0.23.0")
+    """An in-range release found without the header is refused, and remembered: the next
+    call is refused without any I/O (no second download)."""
+    monkeypatch.setenv("PIP_INDEX_URL", make_index(tmp_path / "index", "0.9.9", header=False).as_uri())
+    with pytest.raises(FetchError, match=r"0\.9\.9 has no csrc/attention/attention_kernels\.cuh.*0\.6\.4 through 0\.22\.1"):
+        fetch_release("0.9.9", remote=_no_remote(tmp_path), console=_console()[0])
+    assert _releases_entries(env) == [".lock", "v0.9.9.noheader"]
+
+    def boom(*a, **k):
+        raise AssertionError("no I/O expected")
+
+    monkeypatch.setattr(fetch, "_obtain", boom)
+    with pytest.raises(FetchError, match=r"0\.9\.9 has no"):
+        fetch_release("0.9.9", remote=_no_remote(tmp_path), console=_console()[0])
 
 
 def test_git_release_without_header(env: Path, tmp_path: Path) -> None:
@@ -304,21 +313,22 @@ def test_git_release_without_header(env: Path, tmp_path: Path) -> None:
     _git(work, "init", "-q")
     _git(work, "add", "-A")
     _git(work, "commit", "-q", "-m", "x")
-    _git(work, "tag", "v0.23.0")
+    _git(work, "tag", "v0.9.9")
     with pytest.raises(FetchError, match="0.6.4 through 0.22.1"):
-        fetch_release("0.23.0", remote=str(work), console=_console()[0])
-    _assert_nothing_cached(env, "v0.23.0")
+        fetch_release("0.9.9", remote=str(work), console=_console()[0])
+    assert not (env / "releases" / "v0.9.9").exists()
 
 
-def test_too_old_rejected_before_io(env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("version", ["0.6.3", "0.23.0", "0.25.0", "1.0"])
+def test_outside_the_range_rejected_before_io(version: str, env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*a, **k):
         raise AssertionError("no I/O expected")
 
     monkeypatch.setattr(fetch, "_clone", boom)
     monkeypatch.setattr(fetch, "_index_url", boom)
     monkeypatch.setattr(fetch.filelock, "FileLock", boom)
-    with pytest.raises(FetchError, match=r"vLLM 0\.6\.3 has no .*0\.6\.4 through 0\.22\.1"):
-        fetch_release("0.6.3", console=_console()[0])
+    with pytest.raises(FetchError, match=rf"vLLM {version} has no .*0\.6\.4 through 0\.22\.1"):
+        fetch_release(version, console=_console()[0])
     assert not env.exists()
 
 
@@ -372,7 +382,7 @@ def test_stale_leftovers_are_replaced(env: Path, tmp_path: Path, monkeypatch: py
     tree = fetch_release("0.10.2", remote=_no_remote(tmp_path), console=_console()[0])
     assert not (tree / "junk").exists()
     assert (tree / HEADER).is_file()
-    assert _releases_entries(env) == ["v0.10.2", "v0.10.2.complete", "v0.10.2.lock"]
+    assert _releases_entries(env) == [".lock", "v0.10.2", "v0.10.2.complete"]
 
 
 # --------------------------------------------------------------------------- index discovery
@@ -469,3 +479,53 @@ def test_conftest_header_path_matches_fetch() -> None:
     from conftest import HEADER as CONFTEST_HEADER
 
     assert CONFTEST_HEADER == fetch.HEADER
+
+
+# --------------------------------------------------------------------------- issue 7: cache hygiene
+
+
+def test_no_lock_file_per_unknown_version(env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIP_INDEX_URL", make_index(tmp_path / "index").as_uri())
+    for version in ("0.9.7", "0.9.8", "0.9.9"):
+        with pytest.raises(FetchError, match="not found"):
+            fetch_release(version, remote=_no_remote(tmp_path), console=_console()[0])
+    assert _releases_entries(env) == [".lock"]
+
+
+def test_stale_temp_dirs_of_any_release_are_cleaned(env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    releases = env / "releases"
+    for name in (".tmp-v0.9.2-killed", ".tmp-v0.10.2-killed"):
+        (releases / name / "tree").mkdir(parents=True)
+    monkeypatch.setenv("PIP_INDEX_URL", make_index(tmp_path / "index").as_uri())
+    fetch_release("0.10.2", remote=_no_remote(tmp_path), console=_console()[0])
+    assert _releases_entries(env) == [".lock", "v0.10.2", "v0.10.2.complete"]
+
+
+def test_a_cached_repo_whose_tag_moved_is_fetched_again(env: Path, tmp_path: Path) -> None:
+    remote = make_remote(tmp_path)
+    tree = fetch_release("0.10.2", remote=str(remote), console=_console()[0])
+    first = git.Repo(tree).head.commit.hexsha
+    _git(tree, "commit", "-q", "--allow-empty", "-m", "someone else's commit")
+    _git(tree, "tag", "-f", "v0.10.2")
+    console, out = _console()
+    again = fetch_release("0.10.2", remote=str(remote), console=console)
+    assert "tag v0.10.2 moved" in out.getvalue() and "fetching it again" in out.getvalue()
+    assert git.Repo(again).tags["v0.10.2"].commit.hexsha == first
+
+
+def test_absurd_member_mtime(env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """git refuses commit dates after 2099: the sdist's newest mtime is clamped."""
+    index = tmp_path / "index"
+    (index / "vllm").mkdir(parents=True)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("vllm-0.10.2/" + HEADER)
+        info.size, info.mtime = 1, 2**40
+        tar.addfile(info, io.BytesIO(b"x"))
+    data = buf.getvalue()
+    (index / "vllm" / "vllm-0.10.2.tar.gz").write_bytes(data)
+    digest = hashlib.sha256(data).hexdigest()
+    (index / "vllm" / "index.html").write_text(f'<a href="vllm-0.10.2.tar.gz#sha256={digest}">vllm-0.10.2.tar.gz</a>')
+    monkeypatch.setenv("PIP_INDEX_URL", index.as_uri())
+    tree = fetch_release("0.10.2", remote=_no_remote(tmp_path), console=_console()[0])
+    assert git.Repo(tree).head.commit.committed_date == 4_102_444_799

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import clang.cindex as ci
 
-from ..config import PatchConfig, Selector
+from ..config import PatchConfig, Selector, config_from_marker
 from ..dtypes import QUERY_DTYPES
-from ..errors import PatchError
+from ..errors import PatchError, UsageError
 from ..templating import render
 from .edits import Edit, apply
-from .markers import unpatch
+from .markers import injections, strip, unpatch
 from .parse import Parsed, parse_header
 from .sites import Site, Sites, sites_of
 
@@ -111,6 +111,52 @@ def patch(text: str, header_path: str, cfg: PatchConfig) -> Result:
     patched = apply(stock_parsed.data, edits)
     validate(stock_parsed, patched, cfg)
     return Result(stock, patched, sites, edits, previous)
+
+
+@dataclass(frozen=True)
+class Injected:
+    """What kvpatch injected into a header, and whether it is still exactly that."""
+
+    stock: str  # the header with the injection stripped
+    labels: tuple[str, ...]  # the regions found: 'helper', 'key', 'value', 'key-next', ...
+    markers: tuple[str, ...]  # their distinct configuration texts
+    config: PatchConfig | None  # the configuration the markers name (None: none, or unreadable)
+    intact: bool  # every region is byte for byte what kvpatch renders for ``config``
+
+    @property
+    def patched(self) -> bool:
+        return bool(self.labels)
+
+
+def inspect(text: str, header_path: str) -> Injected:
+    """Find kvpatch's regions in ``text`` and check them against a re-render.
+
+    The regions carry no hash: the marker names the configuration, and the region
+    text must equal what :func:`plan` renders for that configuration into the stock
+    text (so the generated code stays as it was). A region edited by hand, a marker
+    edited by hand, or a region from a kvpatch whose templates differ, is not intact.
+    """
+    parsed = parse_header(text, header_path)
+    found = injections(parsed)
+    if not found:
+        return Injected(text, (), (), None, True)
+    stock = apply(parsed.data, strip(parsed))
+    markers = tuple(sorted({j.marker for j in found}))
+    labels = tuple(j.label for j in found)
+    cfg = None
+    if len(markers) == 1:
+        try:
+            cfg = config_from_marker(markers[0])
+        except UsageError:  # not a marker this kvpatch writes
+            cfg = None
+    intact = False
+    if cfg is not None:
+        try:
+            stock_parsed = parse_header(stock, header_path)
+            intact = apply(stock_parsed.data, plan(sites_of(stock_parsed), cfg)) == text
+        except PatchError:
+            intact = False
+    return Injected(stock, labels, markers, cfg, intact)
 
 
 def validate(stock: Parsed, patched_text: str, cfg: PatchConfig) -> None:

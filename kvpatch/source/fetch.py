@@ -20,28 +20,23 @@ Nothing here does I/O at import time.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
-import html.parser
 import json
 import os
 import re
 import shutil
-import ssl
 import subprocess
 import sys
 import tarfile
 import tempfile
-import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterator
+from typing import Iterator
 
 import filelock
-import git
 import platformdirs
 from rich.console import Console
 from rich.markup import escape
@@ -54,15 +49,14 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from ..errors import FetchError, UsageError
-from .releases import FIRST as MIN_VERSION
-from .releases import HEADER, SUPPORTED, release_tuple
+from ..errors import BuildError, FetchError, UsageError
+from ..fsutil import write_atomic
+from .releases import HEADER, SUPPORTED, carries_header
 
 DEFAULT_REMOTE = "https://github.com/vllm-project/vllm.git"
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 
-_JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 _HTTP_TIMEOUT = 60.0
 _CHUNK = 1 << 16
 _IDENTITY = ("kvpatch", "kvpatch@localhost")
@@ -80,6 +74,8 @@ def normalize_version(text: str) -> str:
     and an optional leading ``v``; leading zeros are dropped as PEP 440 does.
     Anything else raises :class:`UsageError`.
     """
+    if len(text.strip()) > 40:  # no release number is this long (and int() of 5000 digits fails)
+        raise UsageError(f"not a vLLM release number: {text.strip()[:20]!r}... ({len(text.strip())} characters)")
     match = _VERSION_RE.fullmatch(text.strip())
     if match is None:
         raise UsageError(f"not a vLLM release number: {text.strip()!r} (expected e.g. 0.10.2 or v0.10.1.1)")
@@ -105,6 +101,12 @@ def cache_root() -> Path:
     return Path(env).expanduser() if env else Path(platformdirs.user_cache_dir("kvpatch"))
 
 
+def check_release(version: str) -> None:
+    """Refuse, before any I/O, a release outside the range that carries the header."""
+    if not carries_header(version):
+        raise _unsupported(version)
+
+
 def fetch_release(
     version: str,
     *,
@@ -118,38 +120,88 @@ def fetch_release(
     A complete cached tree is returned without any network I/O.  Otherwise the
     release is fetched (git first, then the sdist), published into the cache
     atomically under a file lock, and returned.  Raises :class:`FetchError` for
-    unknown or unsupported releases and when nothing can be reached.
+    unknown or unsupported releases and when nothing can be reached; a release
+    outside FIRST..LAST is refused before any I/O, and a release in that range
+    found without the header is remembered (``vX.noheader``) and refused from then on
+    without I/O.
     """
     version = normalize_version(version)
-    if release_tuple(version) < MIN_VERSION:
-        raise _unsupported(version)
+    check_release(version)
     console = console if console is not None else Console(stderr=True)
     tag = release_tag(version)
     releases = Path(cache if cache is not None else cache_root()) / "releases"
     final = releases / tag
     marker = releases / f"{tag}.complete"
-    if marker.is_file() and final.is_dir():
+    noheader = releases / f"{tag}.noheader"
+    if noheader.is_file():
+        raise _unsupported(version)
+    if _cached(final, marker, tag):
         return final
 
     releases.mkdir(parents=True, exist_ok=True)
-    with _locked(releases / f"{tag}.lock", tag, console):
-        if marker.is_file() and final.is_dir():  # another process finished it meanwhile
+    # One lock for the whole release cache: fetches of different releases wait for
+    # each other, and no lock file is left per release (or per mistyped version).
+    with _locked(releases / ".lock", tag, console):
+        if noheader.is_file():
+            raise _unsupported(version)
+        if _cached(final, marker, tag, console):  # another process finished it meanwhile
             return final
         _remove_leftovers(releases, tag)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{tag}-", dir=releases))
         try:
             tree = tmp / "tree"
             origin = _obtain(version, tree, tmp, remote=remote, console=console, git_timeout=git_timeout)
-            # An unsupported release is not cached: it is refused every time, and
-            # refusing costs one index query, not a download of a useless tree
-            # that would then sit in the cache forever.
             if not (tree / HEADER).is_file():
+                # Remembered: the next apply of this release is refused without a download.
+                write_atomic(noheader, origin + "\n")
                 raise _unsupported(version)
             os.replace(tree, final)
-            marker.write_text(origin + "\n", encoding="utf-8")
+            write_atomic(marker, f"{origin}\ntag {_tag_ref(final, tag) or '-'}\n")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _tag_ref(tree: Path, tag: str) -> str | None:
+    """What ``refs/tags/<tag>`` of the repository at ``tree`` points to (read without git)."""
+    gitdir = tree / ".git"
+    try:
+        return (gitdir / "refs" / "tags" / tag).read_text(encoding="utf-8").strip()
+    except OSError:
+        pass
+    try:
+        for line in (gitdir / "packed-refs").read_text(encoding="utf-8").splitlines():
+            sha, _, ref = line.partition(" ")
+            if ref.strip() == f"refs/tags/{tag}":
+                return sha
+    except OSError:
+        pass
+    return None
+
+
+def _cached(final: Path, marker: Path, tag: str, console: Console | None = None) -> bool:
+    """Whether a complete, unchanged tree of ``tag`` is in the cache.
+
+    A tree whose tag no longer points where it did when it was fetched (recorded in
+    the marker) is not: under the lock (``console`` given) it is removed, saying so,
+    and fetched again.
+    """
+    if not (marker.is_file() and final.is_dir()):
+        return False
+    try:
+        recorded = next((line[4:].strip() for line in marker.read_text(encoding="utf-8").splitlines()
+                         if line.startswith("tag ")), None)  # fmt: skip
+    except (OSError, UnicodeDecodeError):
+        recorded = None
+    now = _tag_ref(final, tag)
+    if recorded in (None, "-") or recorded == now:
+        return True
+    if console is not None:
+        console.print(f"the cached {tag} in {escape(str(final))} changed (tag {tag} moved from "
+                      f"{recorded[:12]} to {(now or 'nowhere')[:12]}); fetching it again", soft_wrap=True)  # fmt: skip
+        marker.unlink(missing_ok=True)
+        shutil.rmtree(final, ignore_errors=True)
+    return False
 
 
 @contextlib.contextmanager
@@ -159,7 +211,7 @@ def _locked(path: Path, tag: str, console: Console) -> Iterator[None]:
     try:
         lock.acquire(timeout=0)
     except filelock.Timeout:
-        console.print(f"waiting for another kvpatch process fetching {tag} ...")
+        console.print(f"waiting for another kvpatch process fetching a release into the cache (for {tag}) ...")
         lock.acquire()
     try:
         yield
@@ -168,8 +220,8 @@ def _locked(path: Path, tag: str, console: Console) -> Iterator[None]:
 
 
 def _remove_leftovers(releases: Path, tag: str) -> None:
-    """Delete what a killed fetch of ``tag`` left behind (we hold the lock, so it is stale)."""
-    for stale in releases.glob(f".tmp-{tag}-*"):
+    """Delete what killed fetches left behind (we hold the cache's lock, so it is stale)."""
+    for stale in releases.glob(".tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     if (releases / tag).exists():  # renamed into place but never marked complete
         shutil.rmtree(releases / tag, ignore_errors=True)
@@ -178,6 +230,7 @@ def _remove_leftovers(releases: Path, tag: str) -> None:
 def _obtain(version: str, tree: Path, tmp: Path, *, remote: str, console: Console, git_timeout: float) -> str:
     """Fill ``tree`` with the release via git, else the sdist; return a line describing the source."""
     tag = release_tag(version)
+    git = require_git(f"fetching vLLM {version}")
     try:
         _clone(remote, tag, tree, timeout=git_timeout)
         return f"git {_redact(remote)} {tag}"
@@ -202,8 +255,26 @@ def _obtain(version: str, tree: Path, tmp: Path, *, remote: str, console: Consol
 # --------------------------------------------------------------------------- git
 
 
+def git_executable() -> str | None:
+    """The git kvpatch would run (GitPython's choice: ``$GIT_PYTHON_GIT_EXECUTABLE``, else PATH)."""
+    return shutil.which(os.environ.get("GIT_PYTHON_GIT_EXECUTABLE") or "git")
+
+
+def require_git(why: str):
+    """GitPython, imported only where git is needed (its import fails without a git
+    executable, and most commands never need one); exit 5 naming git otherwise."""
+    if git_executable() is None:
+        raise BuildError(f"git not found on PATH: {why} needs it (install git)")
+    try:
+        import git
+    except ImportError as exc:  # a git GitPython cannot run
+        raise BuildError(f"git cannot be used ({str(exc).strip().splitlines()[0]}): {why} needs it") from None
+    return git
+
+
 def _clone(remote: str, tag: str, dest: Path, *, timeout: float) -> None:
     """Shallow-clone ``tag`` of ``remote`` into ``dest`` (killed after ``timeout`` s); tag HEAD."""
+    git = require_git("git clone")
     git.Git.check_unsafe_protocols(remote)  # refuse ext:: and friends
     runner = git.Git()
     runner.update_environment(GIT_TERMINAL_PROMPT="0")  # never block on a credentials prompt
@@ -219,6 +290,7 @@ def _clone(remote: str, tag: str, dest: Path, *, timeout: float) -> None:
 
 def _git_reason(exc: BaseException, timeout: float | None = None) -> str:
     """A short, one-line reason for a failed clone."""
+    git = require_git("git clone")
     if isinstance(exc, git.GitCommandError):
         text = str(exc.stderr or "")
         if "Timeout: the command" in text or "kill_after_timeout" in text:  # GitPython killed it
@@ -241,7 +313,9 @@ def _make_repo(tree: Path, version: str, *, date: int) -> None:
     makes the commit id the same on every machine.
     """
     name, email = _IDENTITY
-    stamp = f"{date} +0000"
+    # git refuses dates before 1970 or after 2099: an absurd member mtime must not stop the commit
+    stamp = f"@{min(max(int(date), 0), 4_102_444_799)} +0000"
+    git = require_git("unpacking a source distribution")
     runner = git.Git(str(tree))
     runner.update_environment(
         GIT_CONFIG_GLOBAL=os.devnull,
@@ -319,124 +393,152 @@ def _pip_config() -> dict[str, str]:
 
 
 def _find_sdist(index: str, version: str, *, git_reason: str = "") -> _Sdist:
-    """Look up ``vllm-<version>.tar.gz`` on the index's vllm project page."""
-    page = f"{index.rstrip('/')}/vllm/"
-    try:
-        found = _read_project_page(page)
-    except urllib.error.HTTPError as exc:
-        raise FetchError(f"package index {_redact(index)} answered HTTP {exc.code} for {_redact(page)}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        raise _no_network(index, version, exc, git_reason) from exc
-    if found is None:
-        raise FetchError(f"vLLM release {version} not found on {_redact(index)} (the index has no vllm project)")
-    body, content_type, base = found
-    if "json" in content_type:
-        files = _parse_json(body, base)
-    else:
-        files = _parse_html(body, base)
+    """Look up ``vllm-<version>.tar.gz`` on the index's vllm project page.
+
+    An http(s) index is read with pypi-simple (PEP 503 HTML and PEP 691 JSON, over
+    requests); a ``file://`` index (a local directory, as pip also accepts) is read
+    from disk and parsed by the same library. Every failure is a :class:`FetchError`.
+    """
+    scheme = _index_scheme(index)
     wanted = f"vllm-{version}.tar.gz"
-    for sdist in files:
-        if sdist.filename == wanted:
-            return sdist
+    try:
+        packages = _local_packages(index) if scheme == "file" else _remote_packages(index)
+    except FetchError:
+        raise
+    except _NotFound:
+        raise FetchError(f"vLLM release {version} not found on {_redact(index)} (the index has no vllm project)") from None
+    except _Unreachable as exc:
+        raise _no_network(index, version, exc.reason, git_reason) from None
+    for pkg in packages:
+        if pkg.filename == wanted:
+            return _sdist_from(pkg, index)
     raise FetchError(f"vLLM release {version} not found on {_redact(index)} (no {wanted})")
 
 
-def _no_network(index: str, version: str, exc: BaseException, git_reason: str) -> FetchError:
-    reason = getattr(exc, "reason", None) or exc
+class _NotFound(Exception):
+    pass
+
+
+class _Unreachable(Exception):
+    def __init__(self, reason: object) -> None:
+        super().__init__(str(reason))
+        self.reason = reason
+
+
+def _index_scheme(index: str) -> str:
+    """The index URL's scheme, refusing what is not an http(s) or file URL."""
+    parts = urllib.parse.urlsplit(index)
+    if parts.scheme in ("http", "https") and parts.hostname:
+        return parts.scheme
+    if parts.scheme == "file":
+        return "file"
+    raise FetchError(f"the package index {_redact(index)!r} (PIP_INDEX_URL or pip's index-url) is not an "
+                     "http(s):// or file:// URL")  # fmt: skip
+
+
+def _session():
+    """A requests session as pip would set it up: its CA bundle (``PIP_CERT``), no auth of
+    its own: credentials travel in the index URL and requests sends them to that URL's
+    host only, and drops them on a redirect to another host or from https to http."""
+    import requests
+
+    from .. import __version__
+
+    session = requests.Session()
+    session.headers["User-Agent"] = f"kvpatch/{__version__}"
+    cafile = os.environ.get("PIP_CERT")
+    if cafile and Path(cafile).is_file():
+        session.verify = cafile
+    return session
+
+
+def _remote_packages(index: str) -> list:
+    import pydantic
+    import requests
+    from pypi_simple import NoSuchProjectError, PyPISimple, UnsupportedContentTypeError, UnsupportedRepoVersionError
+
+    client = PyPISimple(endpoint=index.rstrip("/") + "/", session=_session())
+    try:
+        page = client.get_project_page("vllm", timeout=_HTTP_TIMEOUT)
+    except NoSuchProjectError:
+        raise _NotFound() from None
+    except requests.HTTPError as exc:
+        code = exc.response.status_code if exc.response is not None else "?"
+        raise FetchError(f"package index {_redact(index)} answered HTTP {code} for its vllm page") from None
+    except (requests.ConnectionError, requests.Timeout) as exc:
+        raise _Unreachable(_short_reason(exc)) from None
+    except (UnsupportedContentTypeError, UnsupportedRepoVersionError, pydantic.ValidationError, ValueError,
+            KeyError, TypeError) as exc:  # fmt: skip
+        raise FetchError(f"package index {_redact(index)} sent a vllm page kvpatch cannot read "
+                         f"({type(exc).__name__}: {_short_reason(exc)})") from None  # fmt: skip
+    except requests.RequestException as exc:
+        raise FetchError(f"package index {_redact(index)}: {_short_reason(exc)}") from None
+    return list(page.packages)
+
+
+def _local_packages(index: str) -> list:
+    """A ``file://`` index directory's vllm page (``index.json`` or ``index.html``)."""
+    import pydantic
+    from pypi_simple import ProjectPage
+
+    folder = Path(urllib.request.url2pathname(urllib.parse.urlsplit(index).path)) / "vllm"
+    if not folder.parent.is_dir():
+        raise _Unreachable(f"no index directory {folder.parent}")
+    base = folder.as_uri() + "/"
+    try:
+        if (folder / "index.json").is_file():
+            data = json.loads((folder / "index.json").read_bytes())
+            if not isinstance(data, dict):
+                raise ValueError("the JSON page is not an object")
+            data.setdefault("name", "vllm")
+            data.setdefault("meta", {"api-version": "1.0"})
+            page = ProjectPage.from_json_data(data, base)
+        elif (folder / "index.html").is_file():
+            page = ProjectPage.from_html("vllm", (folder / "index.html").read_bytes(), base)
+        else:
+            raise _NotFound()
+    except (pydantic.ValidationError, ValueError, KeyError, TypeError) as exc:
+        raise FetchError(f"package index {_redact(index)} has a vllm page kvpatch cannot read "
+                         f"({type(exc).__name__}: {_short_reason(exc)})") from None  # fmt: skip
+    return list(page.packages)
+
+
+def _short_reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _sdist_from(pkg, index: str) -> _Sdist:
+    """The package's download, checked: an http(s) link (a file:// link only on a file://
+    index), carrying the index's credentials exactly when it is on the index's host."""
+    url = _with_index_credentials(pkg.url, index)
+    scheme = urllib.parse.urlsplit(url).scheme
+    allowed = ("http", "https") if _index_scheme(index) != "file" else ("file",)
+    if scheme not in allowed:
+        raise FetchError(f"refusing the link {_redact(url)!r} on {_redact(index)}: "
+                         f"only {' or '.join(allowed)} links are followed from this index")  # fmt: skip
+    sha256 = (pkg.digests or {}).get("sha256")
+    return _Sdist(filename=pkg.filename, url=url, sha256=sha256, size=getattr(pkg, "size", None))
+
+
+def _with_index_credentials(url: str, index: str) -> str:
+    """pip's rule: the index's credentials go to the index's own host (scheme, host and
+    port), and only there; a link elsewhere keeps whatever it carries itself."""
+    link, own = urllib.parse.urlsplit(url), urllib.parse.urlsplit(index)
+    if own.username is None or link.username is not None:
+        return url
+    if (link.scheme, link.hostname, link.port) != (own.scheme, own.hostname, own.port):
+        return url
+    creds = own.netloc.rpartition("@")[0]
+    return urllib.parse.urlunsplit(link._replace(netloc=f"{creds}@{link.netloc}"))
+
+
+def _no_network(index: str, version: str, reason: object, git_reason: str) -> FetchError:
     git_part = f"git clone failed ({git_reason}), " if git_reason else ""
     return FetchError(
         f"no network: {git_part}cannot reach {_redact(index)} ({reason}), "
         f"and nothing cached for v{version}"
     )
-
-
-def _read_project_page(page: str) -> tuple[bytes, str, str] | None:
-    """Fetch a simple-API project page: (body, content type, base URL for links), or None if absent.
-
-    Raises ``URLError``/``OSError`` when the index itself cannot be reached.
-    """
-    parts = urllib.parse.urlsplit(page)
-    if parts.scheme == "file":
-        folder = Path(urllib.request.url2pathname(parts.path))
-        if not folder.parent.is_dir():
-            raise urllib.error.URLError(f"no index directory {folder.parent}")
-        for name, content_type in (("index.json", _JSON_TYPE), ("index.html", "text/html")):
-            if (folder / name).is_file():
-                return (folder / name).read_bytes(), content_type, folder.as_uri() + "/"
-        return None
-    try:
-        with _open(page, accept=f"{_JSON_TYPE}, text/html;q=0.1") as response:
-            return response.read(), response.headers.get("Content-Type", ""), response.geturl()
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return None
-        raise
-
-
-def _parse_json(body: bytes, base: str) -> list[_Sdist]:
-    """Files of a PEP 691 JSON project page."""
-    data = json.loads(body)
-    return [
-        _Sdist(
-            filename=entry["filename"],
-            url=urllib.parse.urljoin(base, entry["url"]),
-            sha256=(entry.get("hashes") or {}).get("sha256"),
-            size=entry.get("size"),
-        )
-        for entry in data.get("files", [])
-    ]
-
-
-class _Anchors(html.parser.HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.links: list[tuple[str, str]] = []
-        self._href: str | None = None
-        self._text: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "a":
-            self._href = dict(attrs).get("href") or ""
-            self._text = []
-
-    def handle_data(self, data: str) -> None:
-        if self._href is not None:
-            self._text.append(data)
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "a" and self._href is not None:
-            self.links.append((self._href, "".join(self._text).strip()))
-            self._href = None
-
-
-def _parse_html(body: bytes, base: str) -> list[_Sdist]:
-    """Files of a PEP 503 HTML project page (sha256 in the ``#sha256=`` fragment)."""
-    parser = _Anchors()
-    parser.feed(body.decode("utf-8", errors="replace"))
-    files = []
-    for href, text in parser.links:
-        url, _, fragment = urllib.parse.urljoin(base, href).partition("#")
-        name = text or urllib.parse.unquote(url.rsplit("/", 1)[-1])
-        algo, _, digest = fragment.partition("=")
-        files.append(_Sdist(filename=name, url=url, sha256=digest if algo == "sha256" else None))
-    return files
-
-
-def _open(url: str, *, accept: str | None = None) -> IO[bytes]:
-    """urlopen with a timeout, pip's CA bundle, and credentials moved from the URL to a header."""
-    parts = urllib.parse.urlsplit(url)
-    headers = {"User-Agent": "kvpatch"}
-    if accept:
-        headers["Accept"] = accept
-    if parts.username is not None:
-        creds = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
-        headers["Authorization"] = "Basic " + base64.b64encode(creds.encode()).decode()
-        url = urllib.parse.urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
-    context = None
-    if parts.scheme == "https":
-        cafile = os.environ.get("PIP_CERT")
-        context = ssl.create_default_context(cafile=cafile) if cafile and Path(cafile).is_file() else None
-    return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=_HTTP_TIMEOUT, context=context)
 
 
 def _redact(url: str) -> str:
@@ -451,35 +553,77 @@ def _redact(url: str) -> str:
 # --------------------------------------------------------------------------- download and unpack
 
 
+class _Bar:
+    """pypi-simple's ProgressTracker, drawn with rich."""
+
+    def __init__(self, progress: Progress, task) -> None:
+        self.progress, self.task = progress, task
+
+    def __enter__(self) -> _Bar:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def update(self, increment: int) -> None:
+        self.progress.advance(self.task, increment)
+
+
 def _download(sdist: _Sdist, dest: Path, console: Console) -> None:
-    """Download ``sdist`` to ``dest`` with a transient progress bar; verify its sha256."""
-    digest = hashlib.sha256()
-    try:
-        with _open(sdist.url) as response, dest.open("wb") as out:
-            length = response.headers.get("Content-Length") if hasattr(response, "headers") else None
-            total = int(length) if length and length.isdigit() else sdist.size
-            with Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                DownloadColumn(),
-                TransferSpeedColumn(),
-                TimeRemainingColumn(),
-                console=console,
-                transient=True,
-            ) as progress:
-                task = progress.add_task(f"downloading {sdist.filename}", total=total)
-                while chunk := response.read(_CHUNK):
-                    out.write(chunk)
-                    digest.update(chunk)
-                    progress.advance(task, len(chunk))
-    except (urllib.error.URLError, OSError) as exc:
-        raise FetchError(f"download of {_redact(sdist.url)} failed: {getattr(exc, 'reason', None) or exc}") from exc
+    """Download ``sdist`` to ``dest`` with a transient progress bar; verify its sha256 while streaming."""
+    progress = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        TimeRemainingColumn(), console=console, transient=True,
+    )  # fmt: skip
+    with progress:
+        task = progress.add_task(f"downloading {escape(sdist.filename)}", total=sdist.size)
+
+        def tracker(length: int | None) -> _Bar:
+            if length is not None:
+                progress.update(task, total=length)
+            return _Bar(progress, task)
+
+        if urllib.parse.urlsplit(sdist.url).scheme == "file":
+            _copy_local(sdist, dest, tracker)
+        else:
+            _fetch_remote(sdist, dest, tracker)
     if sdist.sha256 is None:
-        console.print(f"note: the index publishes no sha256 for {sdist.filename}; not verified")
-    elif digest.hexdigest() != sdist.sha256.lower():
-        raise FetchError(
-            f"sha256 mismatch for {sdist.filename}: index says {sdist.sha256}, downloaded {digest.hexdigest()}"
-        )
+        console.print(f"note: the index publishes no sha256 for {escape(sdist.filename)}; not verified")
+
+
+def _fetch_remote(sdist: _Sdist, dest: Path, tracker) -> None:
+    import requests
+    from pypi_simple import DigestMismatchError, DistributionPackage, PyPISimple
+
+    pkg = DistributionPackage(filename=sdist.filename, url=sdist.url, project="vllm", version=None,
+                              package_type="sdist", digests={"sha256": sdist.sha256} if sdist.sha256 else {},
+                              requires_python=None, has_sig=None)  # fmt: skip
+    try:
+        PyPISimple(session=_session()).download_package(pkg, dest, verify=sdist.sha256 is not None,
+                                                         progress=tracker, timeout=_HTTP_TIMEOUT)  # fmt: skip
+    except DigestMismatchError as exc:
+        raise FetchError(f"sha256 mismatch for {sdist.filename}: index says {sdist.sha256}, "
+                         f"downloaded {exc.actual_digest}") from None  # fmt: skip
+    except requests.RequestException as exc:
+        raise FetchError(f"download of {_redact(sdist.url)} failed: {_short_reason(exc)}") from None
+    except OSError as exc:
+        raise FetchError(f"download of {_redact(sdist.url)} failed: {exc.strerror or exc}") from None
+
+
+def _copy_local(sdist: _Sdist, dest: Path, tracker) -> None:
+    digest = hashlib.sha256()
+    source = Path(urllib.request.url2pathname(urllib.parse.urlsplit(sdist.url).path))
+    try:
+        with source.open("rb") as src, dest.open("wb") as out, tracker(source.stat().st_size) as bar:
+            while chunk := src.read(_CHUNK):
+                out.write(chunk)
+                digest.update(chunk)
+                bar.update(len(chunk))
+    except OSError as exc:
+        raise FetchError(f"cannot read {sdist.url}: {exc.strerror or exc}") from None
+    if sdist.sha256 is not None and digest.hexdigest() != sdist.sha256.lower():
+        dest.unlink(missing_ok=True)
+        raise FetchError(f"sha256 mismatch for {sdist.filename}: index says {sdist.sha256}, downloaded {digest.hexdigest()}")
 
 
 def _unpack(archive: Path, top: str, dest: Path) -> int:
@@ -494,13 +638,15 @@ def _unpack(archive: Path, top: str, dest: Path) -> int:
             members = tar.getmembers()
             for member in members:
                 _check_member(member, top, archive)
+            if not hasattr(tarfile, "data_filter"):
+                # 3.11.0-3.11.3 lack it, and the member check above does not resolve
+                # chains of links the way extraction does: never unpack without it.
+                raise FetchError(f"Python {sys.version.split()[0]} has no tarfile.data_filter; kvpatch needs "
+                                 "Python 3.11.4 or newer to unpack a source distribution safely")  # fmt: skip
             staging.mkdir()
-            if hasattr(tarfile, "data_filter"):
-                tar.extractall(staging, members=members, filter="data")
-            else:  # Python without extraction filters: members were checked above
-                tar.extractall(staging, members=members)
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise FetchError(f"cannot unpack {archive.name}: {exc}") from exc
+            tar.extractall(staging, members=members, filter="data")
+    except (tarfile.TarError, OSError, EOFError) as exc:  # tarfile.FilterError is a TarError
+        raise FetchError(f"cannot unpack {archive.name}: {_short_reason(exc)}") from exc
     if not (staging / top).is_dir():
         raise FetchError(f"{archive.name} has no top directory {top}/")
     os.replace(staging / top, dest)

@@ -5,23 +5,47 @@ This is the I/O edge around :mod:`kvpatch.patch.plan`. ``apply`` reads the heade
 kvpatch did not make, and writes atomically. The last apply in a directory is
 remembered in ``.kvpatch/state.json`` so that ``diff``, ``build`` and ``revert``
 need no arguments.
+
+Everything that changes a workspace (the checkout under ``.kvpatch/``, the header,
+``state.json``) happens under one lock per workspace, ``.kvpatch/lock``; the header
+and the state are written as one step (:func:`write_header_and_state`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
-from ..errors import KvpatchError, PatchError, UsageError
-from ..fsutil import write_atomic
-from .releases import HEADER
+import filelock
+
+from ..errors import BuildError, KvpatchError, PatchError, UsageError
+from ..fsutil import Staged, stage, write_atomic
+from .releases import HEADER, REVISIONS
+
+__all__ = [
+    "STATE_DIR", "State", "Tree", "check_no_local_edits", "checkout", "resolve_tree", "unified_diff",
+    "workspace_lock", "write_atomic", "write_header_and_state",
+]  # fmt: skip
 
 STATE_DIR = ".kvpatch"
 STATE_FILE = "state.json"
+LOCK_FILE = "lock"
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _lf(text: str) -> str:
+    return text.replace("\r\n", "\n")
 
 
 # --------------------------------------------------------------------------- the tree
@@ -38,30 +62,92 @@ class Tree:
         return self.root / HEADER
 
     def read_header(self) -> str:
+        """The header's text (CRLF kept); one-line errors for every way reading can fail."""
         try:
-            return self.header.read_bytes().decode("utf-8")  # keep CRLF as it is
+            data = self.header.read_bytes()
         except FileNotFoundError:
             raise PatchError(f"{self.root} has no {HEADER}: not a supported vLLM tree") from None
+        except IsADirectoryError:
+            raise PatchError(f"{self.header} is a directory, not vLLM's header") from None
+        except OSError as e:
+            raise PatchError(f"cannot read {self.header}: {e.strerror or e}") from None
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = data.count(b"\n", 0, e.start) + 1
+            raise PatchError(
+                f"{self.header} is not UTF-8 (byte 0x{data[e.start]:02x} at line {line}): "
+                "kvpatch patches vLLM's UTF-8 header only"
+            ) from None
 
-    def committed_header(self) -> str | None:
-        """The header as committed at HEAD, or None where the tree is not a git checkout."""
+    def committed_header(self) -> tuple[str | None, str]:
+        """(the header as committed at HEAD, '') or (None, why it cannot be read)."""
         if not (self.root / ".git").exists():
-            return None
-        proc = subprocess.run(
-            ["git", "-C", str(self.root), "show", f"HEAD:{HEADER}"],
-            capture_output=True,
-        )
-        return proc.stdout.decode("utf-8") if proc.returncode == 0 else None
+            return None, f"{self.root} is not a git checkout"
+        git = shutil.which("git")
+        if git is None:
+            return None, "git is not on PATH"
+        try:
+            proc = subprocess.run(
+                [git, "-C", str(self.root), "show", f"HEAD:{HEADER}"],
+                capture_output=True,
+                env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"},
+            )
+        except OSError as e:
+            return None, f"git cannot run ({e.strerror or e})"
+        if proc.returncode != 0:
+            lines = [line.strip() for line in proc.stderr.decode("utf-8", "replace").splitlines() if line.strip()]
+            why = next((line for line in lines if "dubious ownership" in line), lines[-1] if lines else "")
+            return None, f"'git show HEAD:{HEADER}' failed ({why.removeprefix('fatal: ')[:120]})"
+        try:
+            return proc.stdout.decode("utf-8"), ""
+        except UnicodeDecodeError:
+            return None, "the committed header is not UTF-8"
 
 
-def check_no_local_edits(tree: Tree, stock: str) -> None:
-    """Refuse when the header, minus kvpatch's own injection, differs from HEAD's."""
-    committed = tree.committed_header()
-    if committed is not None and committed != stock:
-        raise PatchError(
-            f"{tree.header} has local edits kvpatch did not make; commit or stash them, "
-            "or pass --force to patch on top of them"
-        )
+def known_revision(stock: str) -> str | None:
+    """The release whose recorded header md5 this stock text has (LF or CRLF), or None."""
+    for text in {stock, _lf(stock)}:
+        digest = hashlib.md5(text.encode("utf-8")).hexdigest()
+        for release, _, prefix in REVISIONS:
+            if digest.startswith(prefix):
+                return release
+    return None
+
+
+def check_no_local_edits(tree: Tree, stock: str, *, unpatch: Callable[[str], str],
+                         state: State | None = None, note: Callable[[str], None] = print) -> None:  # fmt: skip
+    """Refuse when the header, minus kvpatch's own injection, has edits kvpatch did not make.
+
+    The stock text is compared with, in order of preference:
+
+    1. the header committed at HEAD (a committed *patched* header counts as its stock
+       text, ``unpatch`` strips it; line endings are compared normalised, so
+       ``core.autocrlf`` does not make a fresh checkout look edited);
+    2. where git cannot answer (no ``.git``, git missing, "dubious ownership"): the
+       sha256 of the stock text the last apply in this workspace recorded for this
+       tree, and the md5 of every recorded release header (``releases.REVISIONS``);
+    3. where neither exists, the check is off, and ``note`` says so in one line.
+    """
+    committed, why = tree.committed_header()
+    refuse = (f"{tree.header} has local edits kvpatch did not make; commit or stash them, "
+              "or pass --force to patch on top of them")  # fmt: skip
+    if committed is not None:
+        if committed != stock and _lf(committed) != _lf(stock):
+            base = unpatch(committed)  # HEAD may hold a patched header (committed after apply)
+            if base != stock and _lf(base) != _lf(stock):
+                raise PatchError(refuse)
+        return
+    recorded = state.stock_sha256 if state is not None and state.tree == str(tree.root) else None
+    if recorded:
+        if sha256(stock) != recorded:
+            raise PatchError(f"{tree.header} changed since the last apply here ({why}, so compared with the "
+                             "sha256 recorded in .kvpatch/state.json); pass --force to patch it anyway")  # fmt: skip
+        return
+    if known_revision(stock) is not None:
+        return
+    note(f"note: local-edit check off: {why}, and the header matches no recorded vLLM release "
+         "header, so edits made outside kvpatch cannot be detected")  # fmt: skip
 
 
 def unified_diff(stock: str, patched: str, path: str = HEADER) -> str:
@@ -94,50 +180,143 @@ class State:
     tree: str
     version: str | None
     config: dict
+    marker: str | None = None  # the configuration's marker text, as written into the header
+    stock_sha256: str | None = None  # sha256 of the header's stock text at apply time
 
     @staticmethod
     def path(cwd: Path) -> Path:
         return cwd / STATE_DIR / STATE_FILE
 
+    def text(self) -> str:
+        return json.dumps(self.__dict__, indent=2) + "\n"
+
     def save(self, cwd: Path) -> None:
-        write_atomic(State.path(cwd), json.dumps(self.__dict__, indent=2) + "\n")
+        write_atomic(State.path(cwd), self.text())
 
     @staticmethod
     def load(cwd: Path) -> State | None:
+        path = State.path(cwd)
         try:
-            data = json.loads(State.path(cwd).read_text(encoding="utf-8"))
-            return State(tree=data["tree"], version=data.get("version"), config=data["config"])
+            data = json.loads(path.read_bytes().decode("utf-8"))
         except FileNotFoundError:
             return None
-        except (KeyError, ValueError) as e:
-            raise KvpatchError(f"corrupt {State.path(cwd)}: {e}") from None
+        except IsADirectoryError:
+            raise KvpatchError(f"{path} is a directory; delete it and run 'kvpatch apply' again") from None
+        except OSError as e:
+            raise KvpatchError(f"cannot read {path}: {e.strerror or e}") from None
+        except ValueError as e:  # not UTF-8 / not JSON
+            raise KvpatchError(f"corrupt {path} ({str(e).splitlines()[0][:80]}); delete it and run "
+                               "'kvpatch apply' again") from None  # fmt: skip
+        ok = (
+            isinstance(data, dict)
+            and isinstance(data.get("tree"), str) and data["tree"]
+            and isinstance(data.get("version"), (str, type(None)))
+            and isinstance(data.get("config"), dict)
+            and isinstance(data.get("marker"), (str, type(None)))
+            and isinstance(data.get("stock_sha256"), (str, type(None)))
+        )  # fmt: skip
+        if not ok:
+            raise KvpatchError(f"corrupt {path} (not the object kvpatch writes); delete it and run "
+                               "'kvpatch apply' again")  # fmt: skip
+        return State(tree=data["tree"], version=data["version"], config=data["config"],
+                     marker=data.get("marker"), stock_sha256=data.get("stock_sha256"))  # fmt: skip
 
 
 def resolve_tree(tree: Path | None, cwd: Path) -> Tree:
     """``--tree`` if given, else the tree the last ``apply`` in ``cwd`` used."""
     if tree is not None:
-        return Tree(tree.resolve())
+        path = (cwd / tree).resolve() if not tree.is_absolute() else tree.resolve()
+        if not path.exists():
+            raise UsageError(f"--tree {tree}: no such directory")
+        if not path.is_dir():
+            raise UsageError(f"--tree {tree} is not a directory (give the vLLM checkout's root)")
+        return Tree(path)
     state = State.load(cwd)
     if state is None:
         raise UsageError("no tree: run 'kvpatch apply --vllm X' here first, or pass --tree PATH")
     return Tree(Path(state.tree))
 
 
+# --------------------------------------------------------------------------- writing a workspace
+
+
+@contextlib.contextmanager
+def workspace_lock(cwd: Path) -> Iterator[None]:
+    """Hold ``cwd/.kvpatch/lock``: one apply/revert at a time changes this workspace."""
+    folder = cwd / STATE_DIR
+    try:
+        folder.mkdir(exist_ok=True)
+    except FileExistsError:
+        raise KvpatchError(f"{folder} is not a directory; move it away") from None
+    with filelock.FileLock(str(folder / LOCK_FILE)):
+        yield
+
+
+def write_header_and_state(tree: Tree, old: str, new: str | None, state: State | None, cwd: Path) -> None:
+    """Write the header (``new``; None = unchanged) and the state as one step, state last.
+
+    The state is written to a temporary file first (a full disk fails there, before
+    the header changes); then the header is replaced; then the state file is renamed
+    into place. If that last step fails, the header is put back as it was.
+    """
+    staged: Staged | None = stage(State.path(cwd), state.text()) if state is not None else None
+    try:
+        if new is not None and new != old:
+            _write_header(tree, new)
+        if staged is not None:
+            try:
+                staged.commit()
+            except BaseException:
+                if new is not None and new != old:
+                    with contextlib.suppress(Exception):
+                        write_atomic(tree.header, old)
+                raise
+    finally:
+        if staged is not None:
+            staged.discard()
+
+
+def _write_header(tree: Tree, text: str) -> None:
+    try:
+        write_atomic(tree.header, text)
+    except OSError as e:
+        raise PatchError(f"cannot write {tree.header}: {e.strerror or e} (the header is unchanged)") from None
+
+
+# --------------------------------------------------------------------------- checkout
+
+
 def checkout(release_tree: Path, dest: Path, tag: str) -> None:
-    """A private clone of the cached pristine release at ``dest`` (objects hardlinked)."""
-    if dest.exists():
+    """A private clone of the cached pristine release at ``dest`` (objects hardlinked).
+
+    Call under :func:`workspace_lock`. A ``dest`` left empty or broken (no ``.git``, no
+    header) is replaced; a ``.partial`` clone of a killed run is removed first.
+    """
+    if (dest / ".git").exists() and (dest / HEADER).exists():
         return
+    if dest.is_dir() and not any(dest.iterdir()):
+        dest.rmdir()  # an empty directory (an interrupted run, a user's mkdir): repaired
+    elif dest.exists():
+        raise KvpatchError(f"{dest} is not a complete checkout (no .git or no {HEADER}); delete it and run again")
     tmp = dest.with_name(dest.name + ".partial")
-    if tmp.exists():
-        subprocess.run(["rm", "-rf", str(tmp)], check=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    git = shutil.which("git")
+    if git is None:
+        raise BuildError(f"git not found on PATH: checking out {tag} into {dest} needs it (install git)")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
-        ["git", "clone", "--quiet", "--local", "--branch", tag, str(release_tree), str(tmp)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1"},
-    )
-    if proc.returncode != 0:
-        subprocess.run(["rm", "-rf", str(tmp)])
-        raise KvpatchError(f"could not check out {tag} into {dest}: {proc.stderr.strip()}")
-    os.replace(tmp, dest)
+    try:
+        proc = subprocess.run(
+            [git, "clone", "--quiet", "--local", "--branch", tag, str(release_tree), str(tmp)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C"},
+        )
+        if proc.returncode != 0:
+            last = [line for line in proc.stderr.splitlines() if line.strip()][-1:] or ["no output"]
+            raise KvpatchError(
+                f"could not check out {tag} from the cached release {release_tree} ({last[0].strip()[:160]}); "
+                f"if the cache is damaged, delete {release_tree} and run again"
+            )
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -166,16 +166,26 @@ needs_nvcc = [pytest.mark.nvcc, pytest.mark.skipif(shutil.which("nvcc") is None,
 
 def test_source_shows_each_form_literally():
     src = K.PrefetchKernelSpec().source()
-    assert 'asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));' in src
+    for hint in ("evict_last", "evict_normal", "evict_first"):  # chosen per launch
+        assert f'asm volatile("createpolicy.fractional.L2::{hint}.b64 %0, 1.0;" : "=l"(policy));' in src
     assert 'asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(address), "r"(bytes), "l"(policy) : "memory");' in src
+    assert 'asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(address), "r"(bytes) : "memory");' in src
     assert 'asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(address) : "memory");' in src
-    assert "constexpr long long kUnit = 4096;" in src and "constexpr long long kUnit = 128;" in src
-    assert "__launch_bounds__(32)" in src
-    plain = K.PrefetchKernelSpec(hint="none", chunk=8192).source()
-    assert "createpolicy" not in plain and "cache_hint" not in plain
-    assert 'asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(address), "r"(bytes) : "memory");' in plain
-    assert 'asm volatile("prefetch.global.L2 [%0];" ::"l"(address) : "memory");' in plain
-    assert "constexpr long long kUnit = 8192;" in plain
+    assert 'asm volatile("prefetch.global.L2 [%0];" ::"l"(address) : "memory");' in src
+    assert "constexpr long long kChunk = 4096;" in src and "constexpr long long kLine = 128;" in src
+    assert "constexpr int kThreads = 32;" in src and "constexpr int kHint = 0;" in src
+    plain = K.PrefetchKernelSpec(hint="none", chunk=8192, threads=128).source()
+    assert "constexpr int kHint = 3;" in plain and "constexpr long long kChunk = 8192;" in plain
+    assert "constexpr int kThreads = 128;" in plain
+    assert K.HINT_CODES == {"evict_last": 0, "evict_normal": 1, "evict_first": 2, "none": 3}
+
+
+def test_launch_options_are_checked():
+    K.check_launch(1024, 1 << 20, "none")
+    K.check_launch()
+    for bad in ({"threads": 48}, {"threads": 2048}, {"chunk": 8}, {"chunk": 4100}, {"chunk": (1 << 20) + 16}, {"hint": "last"}):
+        with pytest.raises(UsageError):
+            K.check_launch(**bad)
 
 
 GOLDEN_KERNEL = Path(__file__).parent / "fixtures" / "golden" / "prefetch" / "l2_prefetch.cu"
@@ -239,9 +249,13 @@ def test_build_sm90a_has_ublkpf_and_sm80_the_per_line_prefetch(built):
     assert result["sass"]["sm_90a"]["bulk"] >= 1 and result["sass"]["sm_90a"]["line"] == 0
     assert result["sass"]["sm_80"]["line"] >= 1 and result["sass"]["sm_80"]["bulk"] == 0
     sass = K.sass_by_arch((library.parent / "kernel.sass").read_text().splitlines())
-    # The hinted bulk form carries the policy descriptor; evict_last per line is PML2.
-    assert any(i.startswith("UBLKPF.L2 [UR") and "desc[UR" in i for i in sass["sm_90a"])
-    assert any(i.startswith("CCTL.E.PML2 [R") for i in sass["sm_80"])
+    # The hinted bulk form carries the policy descriptor, the 'none' form has none (both
+    # are in the code: the hint is a launch argument); evict_last per line is PML2.
+    bulk = [i.split(" ", 1)[1] if i.startswith("@") else i for i in sass["sm_90a"]]
+    assert any(i.startswith("UBLKPF.L2 [UR") and "desc[UR" in i for i in bulk)
+    assert any(i.startswith("UBLKPF.L2 [UR") and "desc[" not in i for i in bulk)
+    line = [i.split(" ", 1)[1] if i.startswith("@") else i for i in sass["sm_80"]]
+    assert any(i.startswith("CCTL.E.PML2 [R") for i in line) and any(i.startswith("CCTL.E.PF2 [R") for i in line)
     assert "CCTL" not in " ".join(sass["sm_90a"])
 
 
@@ -253,8 +267,7 @@ def test_build_is_cached_by_content(built):
     assert library.stat().st_mtime_ns == mtime
     other = K.build_prefetch_library("8.0", K.PrefetchKernelSpec(hint="none"), cache=cache)
     assert other != library
-    sass = K.sass_by_arch((other.parent / "kernel.sass").read_text().splitlines())
-    assert any(i.startswith("CCTL.E.PF2 [R") for i in sass["sm_80"])
+    assert json.loads((other.parent / "result.json").read_text())["spec"].endswith("hint=none,threads=32")
 
 
 @pytest.mark.nvcc
@@ -265,6 +278,11 @@ def test_library_loads_and_reports_launch_errors(built):
     with pytest.raises(RuntimeError, match="kvpatch_l2_prefetch failed: .*error 1\\)"):
         lib.launch(0x1000, 1, 0, 0)  # grid 0: cudaErrorInvalidValue, before any CUDA call
     lib.launch(0, 0, 8, 0)  # no rows: nothing to do, no CUDA call
+    lib.launch(0, 0, 8, 0, threads=256, chunk=16384, hint="none")  # the run-time options, same path
+    with pytest.raises(RuntimeError, match="error 1\\)"):
+        lib.launch(0x1000, 1, 0, 0, threads=64)
+    with pytest.raises(UsageError, match="threads"):
+        lib.launch(0, 0, 8, 0, threads=33)
 
 
 # --------------------------------------------------------------------------- the controller
@@ -364,8 +382,8 @@ class FakeLibrary:
     def __init__(self, api):
         self.api = api
 
-    def launch(self, table_ptr, rows, grid, stream_ptr):
-        self.api.log.append(("launch", table_ptr, rows, grid, stream_ptr))
+    def launch(self, table_ptr, rows, grid, stream_ptr, **options):
+        self.api.log.append(("launch", table_ptr, rows, grid, stream_ptr, *sorted(options.items())))
 
 
 def controller(**kw):
@@ -396,6 +414,25 @@ def test_fork_records_on_current_then_side_waits_then_launches_on_side():
     assert api.log == [("wait_stream", "main", "side")] and not ctl.pending
     ctl.join()  # nothing forked since: no call
     assert api.log == [("wait_stream", "main", "side")]
+
+
+def test_launch_knobs_reach_every_launch_and_bad_ones_are_refused():
+    ctl, api = controller(grid=132, threads=128, chunk=16384, hint="evict_normal")
+    w = FakeTensor(0x10000000, 4 * MiB)
+    ctl.add("attn", 0, [w], cap_bytes=MiB)
+    ctl.add("attn", 1, [w], cap_bytes=MiB, grid=7)  # add(grid=) wins over the controller's
+    ctl.fork("attn", 0)
+    ctl.fork("attn", 1)
+    launches = [e for e in api.log if e[0] == "launch"]
+    opts = (("chunk", 16384), ("hint", "evict_normal"), ("threads", 128))
+    assert [e[3] for e in launches] == [132, 7] and all(e[5:] == opts for e in launches)
+    plain, api2 = controller()
+    plain.add("attn", 0, [w], cap_bytes=MiB)
+    plain.fork("attn", 0)
+    assert [e for e in api2.log if e[0] == "launch"][0][5:] == ()  # no knobs: the library's defaults
+    for bad in ({"grid": 0}, {"grid": 2.5}, {"threads": 40}, {"chunk": 10}, {"hint": "sticky"}):
+        with pytest.raises(UsageError):
+            controller(**bad)
 
 
 def test_unknown_window_does_not_launch_and_tables_are_immutable():

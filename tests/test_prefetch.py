@@ -707,3 +707,116 @@ def test_a_point_is_faster_or_slower_only_when_its_whole_interval_is():
     s = rep.summary()["patched"]
     assert (s["faster"], s["slower"], s["noise"]) == (1, 0, 2)
     assert "off" in rep.text_table()
+
+
+# --------------------------------------------------------------------------- options, fork/join, sweep picks, CLI
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from kvpatch.prefetch import sweep as S  # noqa: E402
+from kvpatch.prefetch.options import WeightPrefetch  # noqa: E402
+
+
+def test_weight_prefetch_text_form_round_trips_and_refuses_bad_values():
+    w = WeightPrefetch.parse("cap=1:32,4:16,8:0;grid=132;threads=128;chunk=16384;hint=evict_normal;fork=qkv;join=oproj;priority=normal")
+    assert w.caps == {1: 32 * MiB, 4: 16 * MiB, 8: 0} and (w.grid, w.threads, w.chunk, w.hint) == (132, 128, 16384, "evict_normal")
+    assert (w.fork, w.join, w.priority) == ("qkv", "oproj", "normal") and [w.cap(b) for b in (1, 3, 8, 9)] == [32 * MiB, 16 * MiB, 0, 0]
+    assert WeightPrefetch.parse(w.label()) == w
+    assert WeightPrefetch().label() == "cap=1:32,2:32,4:32,8:16" and WeightPrefetch.parse("grid=auto", w).grid is None
+    assert w.controller_options() == {"priority": "normal", "grid": 132, "threads": 128, "chunk": 16384, "hint": "evict_normal"}
+    assert WeightPrefetch(caps=0).off() and WeightPrefetch(caps={1: 0}).off() and not w.off()
+    for bad in ("cap=x", "grid=0", "grid=x", "threads=33", "chunk=8", "hint=last", "fork=mlp", "join=never", "size=3", "cap"):
+        with pytest.raises((ValueError, UsageError)):
+            WeightPrefetch.parse(bad)
+
+
+def _spy_step(tiny_step, fork, join):
+    api = FakeAPI()
+    api.normalize = lambda device: "cpu"
+    ctl = PrefetchController("cpu", library=FakeLibrary(api), api=api)
+    tiny_step.add_prefetch(ctl, 1 << 20)
+    api.log.clear()
+
+    class Spy(ReferenceKernels):
+        def _attend(self, *a, **k):
+            api.log.append(("attention",))
+            super()._attend(*a, **k)
+
+    linear = torch.nn.functional.linear
+
+    def spy_linear(x, w, *a):  # which GEMM runs when: qkv / o_proj / gate_up / down
+        names = {id(t): n for n, t in tiny_step.w.per_layer[0].items()} | {id(t): n for n, t in tiny_step.w.per_layer[1].items()}
+        api.log.append(("gemm", names.get(id(w))))
+        return linear(x, w, *a)
+
+    torch.nn.functional.linear = spy_linear
+    try:
+        tiny_step.step(Spy(), ctl, fork=fork, join=join)
+    finally:
+        torch.nn.functional.linear = linear
+    return [e[0] if e[0] != "gemm" else e[1] for e in api.log if e[0] in ("launch", "attention", "wait_stream", "gemm")]
+
+
+def test_fork_and_join_points(tiny_step):
+    layer = ["qkv", "launch", "attention", "o_proj", "gate_up", "down"]
+    assert _spy_step(tiny_step, "attn", "step") == layer * 2 + ["wait_stream"]
+    qkv_first = ["launch", "qkv", "attention", "o_proj", "gate_up", "down"]
+    assert _spy_step(tiny_step, "qkv", "step") == qkv_first * 2 + ["wait_stream"]
+    per_layer = ["qkv", "launch", "attention", "wait_stream", "o_proj", "gate_up", "down"]
+    assert _spy_step(tiny_step, "attn", "oproj") == per_layer * 2  # the final join has nothing pending
+    with pytest.raises(ValueError, match="fork"):
+        tiny_step.step(ReferenceKernels(), None, fork="mlp")
+
+
+def _sweep_point(batch, ratios):
+    """ratios: {variant: (median, min, max)} of speedup_vs_library."""
+    variants = {"stock": {"speedup_vs_library": {"median": 1.0, "min": 1.0, "max": 1.0}}}
+    for n, (med, lo, hi) in ratios.items():
+        variants[n] = {"speedup_vs_library": {"median": med, "min": lo, "max": hi}}
+    return {"batch": batch, "context": 1024, "variants": variants, "all_identical": True}
+
+
+def test_pick_knobs_takes_a_knob_only_when_it_beats_g132():
+    configs = S.stage1_configs()
+    r = {f"stock+wpf:{n}": (1.0, 0.99, 1.01) for n in configs}
+    r["stock+wpf:g132"] = (1.02, 1.01, 1.03)
+    r["stock+wpf:g132none"] = (1.05, 1.04, 1.06)
+    r["stock+wpf:g132qkv"] = (1.0205, 1.01, 1.03)  # within MIN_GAIN of g132: not taken
+    r["stock+wpf:g132t128"] = (1.03, 1.02, 1.04)
+    points = [_sweep_point(b, r) for b in (1, 4)] + [_sweep_point(8, {n: (0.5, 0.5, 0.5) for n in r})]
+    best, why = S.pick_knobs(points, configs)
+    assert (best.grid, best.threads, best.hint, best.fork) == (132, 128, "none", "attn"), why
+    assert why["chosen"] == {"launch": "g132t128", "hint": "g132none"}
+
+
+def test_pick_caps_turns_a_batch_off_unless_faster_beyond_the_spread():
+    def r(cap_ratio):
+        return {f"{lib}+wpf:cap{c}": v for c, v in cap_ratio.items() for lib in ("stock", "patched")}
+
+    points = [
+        _sweep_point(1, r({8: (1.01, 1.0, 1.02), 16: (1.04, 1.03, 1.05)})),
+        _sweep_point(4, r({8: (1.002, 0.99, 0.998), 16: (0.99, 0.98, 1.0)})),  # best geomean > 1 but slower beyond spread
+        _sweep_point(8, r({8: (0.99, 0.98, 1.0), 16: (0.98, 0.97, 0.99)})),
+    ]
+    caps, why = S.pick_caps(points, (8, 16))
+    assert caps == {1: 16 * MiB, 4: 0, 8: 0}, why
+    assert why["4"]["best_cap_mib"] == 8 and why["1"]["reason"] == "faster"
+
+
+def _cli(*args):
+    code = "import sys; from kvpatch.cli import run; sys.argv = ['kvpatch', *sys.argv[1:]]; run()"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_bench_decode_help_and_bad_cap():
+    done = _cli("bench-decode", "--help")
+    assert done.returncode == 0, done.stderr
+    for opt in ("--lib", "--models", "--dtypes", "--batches", "--contexts", "--layers", "--rounds", "--cap", "--grid",
+                "--threads", "--chunk", "--hint", "--fork", "--join", "--wpf", "--cold", "--micro", "--json", "--plot"):
+        assert opt in done.stdout, opt
+    bad = _cli("bench-decode", "--lib", "stock=/nonexistent.so:p", "--cap", "1:x")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().count("\n") == 0 and "invalid cap" in bad.stderr, bad.stderr
+    hint = _cli("bench-decode", "--lib", "stock=/nonexistent.so:p", "--hint", "sticky")
+    assert hint.returncode == 2 and "hint" in hint.stderr and hint.stderr.strip().count("\n") == 0

@@ -29,7 +29,7 @@ finish() {
   say "done in $((SECONDS - T0)) s, rc $rc"
   {
     echo "gpu_pf_sweep: rc $rc, $((SECONDS - T0)) s ($(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
-    [[ -f $D/sweep.txt ]] && sed -n '1,/^stage 1/p' "$D/sweep.txt" | head -12
+    [[ -f $D/summary.txt ]] && cat "$D/summary.txt"
     for f in "$D"/decode_*_warm.txt; do [[ -f $f ]] && { echo; cat "$f"; }; done
     echo; tail -4 "$D/gpu_tests.txt" 2>/dev/null
     echo; tail -8 "$D/log.txt"
@@ -43,7 +43,9 @@ LIBS_ABS=$D/libs.txt
 while IFS= read -r line; do
   [[ -z ${line// } || $line == \#* ]] && continue
   name=${line%%=*}; rest=${line#*=}; path=${rest%:*}; prefix=${rest##*:}
-  [[ $path == /* ]] || path=$(cd "$(dirname "$LIBS_TXT")" && realpath -m "$path")
+  if [[ $path != /* ]]; then  # relative: to the repo root if it is there, else to libs.txt's folder
+    if [[ -f $path ]]; then path=$(realpath "$path"); else path=$(cd "$(dirname "$LIBS_TXT")" && realpath -m "$path"); fi
+  fi
   echo "$name=$path:$prefix"
 done < "$LIBS_TXT" > "$LIBS_ABS"
 say "libraries: $(cut -d= -f1 "$LIBS_ABS" | paste -sd, -); budget $BUDGET s"

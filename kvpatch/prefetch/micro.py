@@ -199,14 +199,16 @@ def run_micro_prefetch(
         table = ctl.table("w", 0)
         stream = torch.cuda.current_stream(dev).cuda_stream
 
-        def launch_here(table: Any = table) -> None:  # on the current stream
-            prefetch_library.launch(table.table_ptr, table.rows, table.grid, stream, **ctl.launch_options)
+        options = dict(ctl.launch_options)
+
+        def launch_here(table: Any = table, options: dict = options) -> None:  # on the current stream
+            prefetch_library.launch(table.table_ptr, table.rows, table.grid, stream, **options)
 
         def chained() -> None:
             launch_here()
             gemv()
 
-        def fork_idle() -> None:
+        def fork_idle(ctl: Any = ctl) -> None:
             ctl.fork("w", 0)
             torch.cuda._sleep(cycles)
             ctl.join()
@@ -223,7 +225,6 @@ def run_micro_prefetch(
             "after_idle_us": after_idle_us, "cold_us": base[nbytes]["cold_us"], "warm_us": warm,
             "idle_speedup": base[nbytes]["cold_us"] / after_idle_us,
         })  # fmt: skip
-        del ctl
     return {"dtype": dtype, "k": k, "idle_us": idle_us, "trials": trials, "l2_bytes": l2,
             "prefetch_library": prefetch_library.config, "results": results, "skipped": skipped}  # fmt: skip
 

@@ -226,7 +226,6 @@ def run_sweep(
     from .timing import collect_env
 
     t_start = time.perf_counter()
-    end = t_start + budget_s
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     log: list[str] = []
@@ -247,6 +246,9 @@ def run_sweep(
         result["seconds"] = round(time.perf_counter() - t_start, 1)
         write_atomic(out / "sweep.json", json.dumps(result, indent=1, default=str) + "\n")
         write_atomic(out / "sweep.txt", "\n\n".join([*texts, "\n".join(log)]) + "\n")
+        write_atomic(out / "summary.txt", "\n\n".join(
+            (result.get("micro_32mib_text", "") if t.startswith("prefetch kernel alone") else t)
+            for t in texts if not t.startswith("kvpatch bench-decode")) + "\n")
 
     # 1. micro
     note("micro: prefetch kernel across bytes/grid/threads/chunk/hint")
@@ -254,6 +256,8 @@ def run_sweep(
         micro = run_micro_prefetch(pf_lib, configs=micro_configs(), device=dev, deadline=t_start + min(40.0, 0.15 * budget_s))
         result["micro_prefetch"] = micro
         texts.append(micro_prefetch_table(micro))
+        short = dict(micro, results=[r for r in micro["results"] if r["bytes"] == 32 * MiB])
+        result["micro_32mib_text"] = micro_prefetch_table(short)
         gemm = run_micro_gemm(pf_lib, device=dev, trials=20)
         result["micro_gemm"] = gemm
         texts.append(micro_table(gemm))

@@ -166,16 +166,26 @@ needs_nvcc = [pytest.mark.nvcc, pytest.mark.skipif(shutil.which("nvcc") is None,
 
 def test_source_shows_each_form_literally():
     src = K.PrefetchKernelSpec().source()
-    assert 'asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));' in src
+    for hint in ("evict_last", "evict_normal", "evict_first"):  # chosen per launch
+        assert f'asm volatile("createpolicy.fractional.L2::{hint}.b64 %0, 1.0;" : "=l"(policy));' in src
     assert 'asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(address), "r"(bytes), "l"(policy) : "memory");' in src
+    assert 'asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(address), "r"(bytes) : "memory");' in src
     assert 'asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(address) : "memory");' in src
-    assert "constexpr long long kUnit = 4096;" in src and "constexpr long long kUnit = 128;" in src
-    assert "__launch_bounds__(32)" in src
-    plain = K.PrefetchKernelSpec(hint="none", chunk=8192).source()
-    assert "createpolicy" not in plain and "cache_hint" not in plain
-    assert 'asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(address), "r"(bytes) : "memory");' in plain
-    assert 'asm volatile("prefetch.global.L2 [%0];" ::"l"(address) : "memory");' in plain
-    assert "constexpr long long kUnit = 8192;" in plain
+    assert 'asm volatile("prefetch.global.L2 [%0];" ::"l"(address) : "memory");' in src
+    assert "constexpr long long kChunk = 4096;" in src and "constexpr long long kLine = 128;" in src
+    assert "constexpr int kThreads = 32;" in src and "constexpr int kHint = 0;" in src
+    plain = K.PrefetchKernelSpec(hint="none", chunk=8192, threads=128).source()
+    assert "constexpr int kHint = 3;" in plain and "constexpr long long kChunk = 8192;" in plain
+    assert "constexpr int kThreads = 128;" in plain
+    assert K.HINT_CODES == {"evict_last": 0, "evict_normal": 1, "evict_first": 2, "none": 3}
+
+
+def test_launch_options_are_checked():
+    K.check_launch(1024, 1 << 20, "none")
+    K.check_launch()
+    for bad in ({"threads": 48}, {"threads": 2048}, {"chunk": 8}, {"chunk": 4100}, {"chunk": (1 << 20) + 16}, {"hint": "last"}):
+        with pytest.raises(UsageError):
+            K.check_launch(**bad)
 
 
 GOLDEN_KERNEL = Path(__file__).parent / "fixtures" / "golden" / "prefetch" / "l2_prefetch.cu"
@@ -239,9 +249,13 @@ def test_build_sm90a_has_ublkpf_and_sm80_the_per_line_prefetch(built):
     assert result["sass"]["sm_90a"]["bulk"] >= 1 and result["sass"]["sm_90a"]["line"] == 0
     assert result["sass"]["sm_80"]["line"] >= 1 and result["sass"]["sm_80"]["bulk"] == 0
     sass = K.sass_by_arch((library.parent / "kernel.sass").read_text().splitlines())
-    # The hinted bulk form carries the policy descriptor; evict_last per line is PML2.
-    assert any(i.startswith("UBLKPF.L2 [UR") and "desc[UR" in i for i in sass["sm_90a"])
-    assert any(i.startswith("CCTL.E.PML2 [R") for i in sass["sm_80"])
+    # The hinted bulk form carries the policy descriptor, the 'none' form has none (both
+    # are in the code: the hint is a launch argument); evict_last per line is PML2.
+    bulk = [i.split(" ", 1)[1] if i.startswith("@") else i for i in sass["sm_90a"]]
+    assert any(i.startswith("UBLKPF.L2 [UR") and "desc[UR" in i for i in bulk)
+    assert any(i.startswith("UBLKPF.L2 [UR") and "desc[" not in i for i in bulk)
+    line = [i.split(" ", 1)[1] if i.startswith("@") else i for i in sass["sm_80"]]
+    assert any(i.startswith("CCTL.E.PML2 [R") for i in line) and any(i.startswith("CCTL.E.PF2 [R") for i in line)
     assert "CCTL" not in " ".join(sass["sm_90a"])
 
 
@@ -253,8 +267,7 @@ def test_build_is_cached_by_content(built):
     assert library.stat().st_mtime_ns == mtime
     other = K.build_prefetch_library("8.0", K.PrefetchKernelSpec(hint="none"), cache=cache)
     assert other != library
-    sass = K.sass_by_arch((other.parent / "kernel.sass").read_text().splitlines())
-    assert any(i.startswith("CCTL.E.PF2 [R") for i in sass["sm_80"])
+    assert json.loads((other.parent / "result.json").read_text())["spec"].endswith("hint=none,threads=32")
 
 
 @pytest.mark.nvcc
@@ -265,6 +278,11 @@ def test_library_loads_and_reports_launch_errors(built):
     with pytest.raises(RuntimeError, match="kvpatch_l2_prefetch failed: .*error 1\\)"):
         lib.launch(0x1000, 1, 0, 0)  # grid 0: cudaErrorInvalidValue, before any CUDA call
     lib.launch(0, 0, 8, 0)  # no rows: nothing to do, no CUDA call
+    lib.launch(0, 0, 8, 0, threads=256, chunk=16384, hint="none")  # the run-time options, same path
+    with pytest.raises(RuntimeError, match="error 1\\)"):
+        lib.launch(0x1000, 1, 0, 0, threads=64)
+    with pytest.raises(UsageError, match="threads"):
+        lib.launch(0, 0, 8, 0, threads=33)
 
 
 # --------------------------------------------------------------------------- the controller
@@ -364,8 +382,8 @@ class FakeLibrary:
     def __init__(self, api):
         self.api = api
 
-    def launch(self, table_ptr, rows, grid, stream_ptr):
-        self.api.log.append(("launch", table_ptr, rows, grid, stream_ptr))
+    def launch(self, table_ptr, rows, grid, stream_ptr, **options):
+        self.api.log.append(("launch", table_ptr, rows, grid, stream_ptr, *sorted(options.items())))
 
 
 def controller(**kw):
@@ -396,6 +414,25 @@ def test_fork_records_on_current_then_side_waits_then_launches_on_side():
     assert api.log == [("wait_stream", "main", "side")] and not ctl.pending
     ctl.join()  # nothing forked since: no call
     assert api.log == [("wait_stream", "main", "side")]
+
+
+def test_launch_knobs_reach_every_launch_and_bad_ones_are_refused():
+    ctl, api = controller(grid=132, threads=128, chunk=16384, hint="evict_normal")
+    w = FakeTensor(0x10000000, 4 * MiB)
+    ctl.add("attn", 0, [w], cap_bytes=MiB)
+    ctl.add("attn", 1, [w], cap_bytes=MiB, grid=7)  # add(grid=) wins over the controller's
+    ctl.fork("attn", 0)
+    ctl.fork("attn", 1)
+    launches = [e for e in api.log if e[0] == "launch"]
+    opts = (("chunk", 16384), ("hint", "evict_normal"), ("threads", 128))
+    assert [e[3] for e in launches] == [132, 7] and all(e[5:] == opts for e in launches)
+    plain, api2 = controller()
+    plain.add("attn", 0, [w], cap_bytes=MiB)
+    plain.fork("attn", 0)
+    assert [e for e in api2.log if e[0] == "launch"][0][5:] == ()  # no knobs: the library's defaults
+    for bad in ({"grid": 0}, {"grid": 2.5}, {"threads": 40}, {"chunk": 10}, {"hint": "sticky"}):
+        with pytest.raises(UsageError):
+            controller(**bad)
 
 
 def test_unknown_window_does_not_launch_and_tables_are_immutable():
@@ -670,3 +707,116 @@ def test_a_point_is_faster_or_slower_only_when_its_whole_interval_is():
     s = rep.summary()["patched"]
     assert (s["faster"], s["slower"], s["noise"]) == (1, 0, 2)
     assert "off" in rep.text_table()
+
+
+# --------------------------------------------------------------------------- options, fork/join, sweep picks, CLI
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from kvpatch.prefetch import sweep as S  # noqa: E402
+from kvpatch.prefetch.options import WeightPrefetch  # noqa: E402
+
+
+def test_weight_prefetch_text_form_round_trips_and_refuses_bad_values():
+    w = WeightPrefetch.parse("cap=1:32,4:16,8:0;grid=132;threads=128;chunk=16384;hint=evict_normal;fork=qkv;join=oproj;priority=normal")
+    assert w.caps == {1: 32 * MiB, 4: 16 * MiB, 8: 0} and (w.grid, w.threads, w.chunk, w.hint) == (132, 128, 16384, "evict_normal")
+    assert (w.fork, w.join, w.priority) == ("qkv", "oproj", "normal") and [w.cap(b) for b in (1, 3, 8, 9)] == [32 * MiB, 16 * MiB, 0, 0]
+    assert WeightPrefetch.parse(w.label()) == w
+    assert WeightPrefetch().label() == "cap=1:32,2:32,4:32,8:16" and WeightPrefetch.parse("grid=auto", w).grid is None
+    assert w.controller_options() == {"priority": "normal", "grid": 132, "threads": 128, "chunk": 16384, "hint": "evict_normal"}
+    assert WeightPrefetch(caps=0).off() and WeightPrefetch(caps={1: 0}).off() and not w.off()
+    for bad in ("cap=x", "grid=0", "grid=x", "threads=33", "chunk=8", "hint=last", "fork=mlp", "join=never", "size=3", "cap"):
+        with pytest.raises((ValueError, UsageError)):
+            WeightPrefetch.parse(bad)
+
+
+def _spy_step(tiny_step, fork, join):
+    api = FakeAPI()
+    api.normalize = lambda device: "cpu"
+    ctl = PrefetchController("cpu", library=FakeLibrary(api), api=api)
+    tiny_step.add_prefetch(ctl, 1 << 20)
+    api.log.clear()
+
+    class Spy(ReferenceKernels):
+        def _attend(self, *a, **k):
+            api.log.append(("attention",))
+            super()._attend(*a, **k)
+
+    linear = torch.nn.functional.linear
+
+    def spy_linear(x, w, *a):  # which GEMM runs when: qkv / o_proj / gate_up / down
+        names = {id(t): n for n, t in tiny_step.w.per_layer[0].items()} | {id(t): n for n, t in tiny_step.w.per_layer[1].items()}
+        api.log.append(("gemm", names.get(id(w))))
+        return linear(x, w, *a)
+
+    torch.nn.functional.linear = spy_linear
+    try:
+        tiny_step.step(Spy(), ctl, fork=fork, join=join)
+    finally:
+        torch.nn.functional.linear = linear
+    return [e[0] if e[0] != "gemm" else e[1] for e in api.log if e[0] in ("launch", "attention", "wait_stream", "gemm")]
+
+
+def test_fork_and_join_points(tiny_step):
+    layer = ["qkv", "launch", "attention", "o_proj", "gate_up", "down"]
+    assert _spy_step(tiny_step, "attn", "step") == layer * 2 + ["wait_stream"]
+    qkv_first = ["launch", "qkv", "attention", "o_proj", "gate_up", "down"]
+    assert _spy_step(tiny_step, "qkv", "step") == qkv_first * 2 + ["wait_stream"]
+    per_layer = ["qkv", "launch", "attention", "wait_stream", "o_proj", "gate_up", "down"]
+    assert _spy_step(tiny_step, "attn", "oproj") == per_layer * 2  # the final join has nothing pending
+    with pytest.raises(ValueError, match="fork"):
+        tiny_step.step(ReferenceKernels(), None, fork="mlp")
+
+
+def _sweep_point(batch, ratios):
+    """ratios: {variant: (median, min, max)} of speedup_vs_library."""
+    variants = {"stock": {"speedup_vs_library": {"median": 1.0, "min": 1.0, "max": 1.0}}}
+    for n, (med, lo, hi) in ratios.items():
+        variants[n] = {"speedup_vs_library": {"median": med, "min": lo, "max": hi}}
+    return {"batch": batch, "context": 1024, "variants": variants, "all_identical": True}
+
+
+def test_pick_knobs_takes_a_knob_only_when_it_beats_g132():
+    configs = S.stage1_configs()
+    r = {f"stock+wpf:{n}": (1.0, 0.99, 1.01) for n in configs}
+    r["stock+wpf:g132"] = (1.02, 1.01, 1.03)
+    r["stock+wpf:g132none"] = (1.05, 1.04, 1.06)
+    r["stock+wpf:g132qkv"] = (1.0205, 1.01, 1.03)  # within MIN_GAIN of g132: not taken
+    r["stock+wpf:g132t128"] = (1.03, 1.02, 1.04)
+    points = [_sweep_point(b, r) for b in (1, 4)] + [_sweep_point(8, {n: (0.5, 0.5, 0.5) for n in r})]
+    best, why = S.pick_knobs(points, configs)
+    assert (best.grid, best.threads, best.hint, best.fork) == (132, 128, "none", "attn"), why
+    assert why["chosen"] == {"launch": "g132t128", "hint": "g132none"}
+
+
+def test_pick_caps_turns_a_batch_off_unless_faster_beyond_the_spread():
+    def r(cap_ratio):
+        return {f"{lib}+wpf:cap{c}": v for c, v in cap_ratio.items() for lib in ("stock", "patched")}
+
+    points = [
+        _sweep_point(1, r({8: (1.01, 1.0, 1.02), 16: (1.04, 1.03, 1.05)})),
+        _sweep_point(4, r({8: (1.002, 0.99, 0.998), 16: (0.99, 0.98, 1.0)})),  # best geomean > 1 but slower beyond spread
+        _sweep_point(8, r({8: (0.99, 0.98, 1.0), 16: (0.98, 0.97, 0.99)})),
+    ]
+    caps, why = S.pick_caps(points, (8, 16))
+    assert caps == {1: 16 * MiB, 4: 0, 8: 0}, why
+    assert why["4"]["best_cap_mib"] == 8 and why["1"]["reason"] == "faster"
+
+
+def _cli(*args):
+    code = "import sys; from kvpatch.cli import run; sys.argv = ['kvpatch', *sys.argv[1:]]; run()"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_bench_decode_help_and_bad_cap():
+    done = _cli("bench-decode", "--help")
+    assert done.returncode == 0, done.stderr
+    for opt in ("--lib", "--models", "--dtypes", "--batches", "--contexts", "--layers", "--rounds", "--cap", "--grid",
+                "--threads", "--chunk", "--hint", "--fork", "--join", "--wpf", "--cold", "--micro", "--json", "--plot"):
+        assert opt in done.stdout, opt
+    bad = _cli("bench-decode", "--lib", "stock=/nonexistent.so:p", "--cap", "1:x")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().count("\n") == 0 and "invalid cap" in bad.stderr, bad.stderr
+    hint = _cli("bench-decode", "--lib", "stock=/nonexistent.so:p", "--hint", "sticky")
+    assert hint.returncode == 2 and "hint" in hint.stderr and hint.stderr.strip().count("\n") == 0

@@ -162,3 +162,29 @@ def test_gemm_micro_benchmark_runs(library):
     micro = D.run_micro_gemm(library, shapes=[("o_proj", 4096, 4096)], batches=[1], trials=5)
     (r,) = micro["results"]
     assert r["cold_us"] > 0 and r["prefetched_us"] > 0 and r["warm_us"] > 0 and r["prefetched_bytes"] == 32 * MiB
+
+
+def test_every_prefetch_knob_keeps_the_step_bit_identical(attention_libs, library):
+    from kvpatch.prefetch.decode import cuda_device, make_flush, measure_point
+    from kvpatch.prefetch.models import model_shape
+    from kvpatch.prefetch.options import WeightPrefetch
+
+    dev = cuda_device("cuda")
+    w = D.DecodeWeights(model_shape("llama-3.1-8b"), "bf16", 2, dev)
+    step = D.DecodeStep(w, 1, 1024)
+    base = WeightPrefetch(caps=16 * MiB)
+    variants = [("stock", "stock", None), ("stock+wpf", "stock", base),
+                ("knobs", "stock", base.with_(grid=132, threads=128, chunk=16384, hint="none", fork="qkv", join="oproj", priority="normal")),
+                ("first", "stock", base.with_(hint="evict_first", grid=7))]  # fmt: skip
+    p = measure_point(step, variants, attention_libs, library, dev, rounds=1, reps=2, round_seconds=0.05, flush=make_flush(dev, 0), cold=False)
+    assert p["all_identical"] and p["graph_equals_eager"], {n: v["identical_to_stock"] for n, v in p["variants"].items()}
+    assert p["variants"]["knobs"]["prefetch_grid"] == 132 and p["variants"]["first"]["prefetch_grid"] == 7
+    assert p["variants"]["knobs"]["cap_bytes"] == 16 * MiB and p["variants"]["stock"]["cap_bytes"] == 0
+
+
+def test_prefetch_micro_benchmark_runs(library):
+    from kvpatch.prefetch.micro import micro_prefetch_table, run_micro_prefetch
+
+    m = run_micro_prefetch(library, configs=[{"bytes": 8 * MiB, "grid": 32}, {"bytes": 8 * MiB, "grid": 132, "threads": 128, "chunk": 16384, "hint": "none"}], trials=3)
+    assert len(m["results"]) == 2 and all(r["kernel_us"] > 0 and r["fill_GBps"] > 0 and r["cold_us"] > 0 for r in m["results"])
+    assert "fill GB/s" in micro_prefetch_table(m)

@@ -131,7 +131,11 @@ class PrefetchController:
     (torch's convention: lower is higher). ``library``: a
     :class:`~kvpatch.prefetch.kernel.PrefetchLibrary`, a path to one, or ``None``
     (``$KVPATCH_PREFETCH_LIB`` or a build for this GPU). ``api``: the stream/event
-    adapter (tests pass a fake). Raises :class:`UsageError` on a GPU older than sm_80.
+    adapter (tests pass a fake). Launch knobs (``None``: the default): ``grid`` CTAs
+    for every window (default :func:`default_grid` of the window's bytes; ``add(grid=)``
+    still wins), ``threads`` per CTA, ``chunk`` bytes per bulk prefetch and the
+    eviction ``hint`` (see :meth:`~kvpatch.prefetch.kernel.PrefetchLibrary.launch`).
+    Raises :class:`UsageError` on a GPU older than sm_80 or a knob out of range.
     """
 
     def __init__(
@@ -142,7 +146,19 @@ class PrefetchController:
         library: Any = None,
         *,
         api: Any = None,
+        grid: int | None = None,
+        threads: int | None = None,
+        chunk: int | None = None,
+        hint: str | None = None,
     ) -> None:
+        from .kernel import check_launch
+
+        check_launch(threads, chunk, hint)
+        if grid is not None and (isinstance(grid, bool) or not isinstance(grid, int) or grid < 1):
+            raise UsageError(f"prefetch grid must be a positive number of CTAs, not {grid!r}")
+        self.grid = grid
+        #: Keyword arguments of every launch (only the knobs that were set).
+        self.launch_options = {k: v for k, v in (("threads", threads), ("chunk", chunk), ("hint", hint)) if v is not None}
         self.enabled = bool(enabled)
         self._tables: dict[tuple[Hashable, Hashable], dict[int | None, RangeTable]] = {}
         self._events: dict[tuple[Hashable, Hashable], Any] = {}
@@ -232,7 +248,7 @@ class PrefetchController:
                 if ranges:
                     nbytes = total_bytes(ranges)
                     table = self.api.make_table(ranges, self.device)
-                    shared[cap] = RangeTable(tensors, ranges, table, grid or default_grid(nbytes), cap)
+                    shared[cap] = RangeTable(tensors, ranges, table, grid or self.grid or default_grid(nbytes), cap)
                 else:
                     shared[cap] = None
             if shared[cap] is not None:
@@ -277,7 +293,7 @@ class PrefetchController:
         self.stream.wait_event(event)
         self.pending = True
         with api.device_guard(self.device):
-            self.library.launch(table.table_ptr, table.rows, table.grid, api.handle(self.stream))
+            self.library.launch(table.table_ptr, table.rows, table.grid, api.handle(self.stream), **self.launch_options)
         self.launches += 1
         return True
 

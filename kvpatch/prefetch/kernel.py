@@ -8,6 +8,8 @@ content-keyed cache under ``cache_root()/builds/<hash>``, a file lock around
 build-and-check, ``cuobjdump --dump-sass``). The library exports::
 
     int kvpatch_l2_prefetch(const void* table, int rows, int grid, void* stream);
+    int kvpatch_l2_prefetch_ex(const void* table, int rows, int grid, int threads,
+                               long long chunk, int hint, void* stream);
     int kvpatch_l2_prefetch_abi_version(void);
     const char* kvpatch_l2_prefetch_config(void);
     const char* kvpatch_l2_prefetch_error_string(int code);
@@ -40,14 +42,17 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..build import Arch
 
 #: ``kvpatch_l2_prefetch_abi_version()``: bump when the exported functions change.
-PREFETCH_ABI_VERSION = 1
+PREFETCH_ABI_VERSION = 2
 #: Bump when the generated code or the cache layout changes.
-PREFETCH_BUILD_FORMAT = 1
+PREFETCH_BUILD_FORMAT = 2
 #: Library file name inside its cache directory.
 LIBRARY_NAME = "libkvpatch_l2_prefetch.so"
 #: Eviction priorities: the createpolicy hint on sm_90+, the prefetch qualifier below.
 HINTS = ("evict_last", "evict_normal", "evict_first", "none")
-_LINE_QUALIFIER = {"evict_last": "::evict_last", "evict_normal": "::evict_normal", "evict_first": "", "none": ""}
+#: The ``hint`` argument of ``kvpatch_l2_prefetch_ex`` for each name.
+HINT_CODES = {"evict_last": 0, "evict_normal": 1, "evict_first": 2, "none": 3}
+#: Threads per CTA a launch may ask for (``kvpatch_l2_prefetch_ex``).
+MAX_THREADS = 1024
 #: The largest chunk one bulk prefetch is given here (the PTX size operand is a u32
 #: multiple of 16; 4 KiB is what the seed and the KV patch use).
 MAX_CHUNK = 1 << 20
@@ -60,7 +65,9 @@ LIBRARY_ENV = "KVPATCH_PREFETCH_LIB"
 
 @dataclass(frozen=True)
 class PrefetchKernelSpec:
-    """What the prefetch library is built from."""
+    """What the prefetch library is built from: the per-line size (sm_80/89) and the
+    defaults of a launch; chunk, hint and threads can also be given per launch
+    (:meth:`PrefetchLibrary.launch`)."""
 
     chunk: int = 4096  # bytes per bulk prefetch (sm_90+)
     line: int = 128  # bytes per per-line prefetch (sm_80/89): the L2 line
@@ -90,7 +97,7 @@ class PrefetchKernelSpec:
             chunk=self.chunk,
             line=self.line,
             hint=self.hint,
-            line_qualifier=_LINE_QUALIFIER[self.hint],
+            hint_code=HINT_CODES[self.hint],
             threads=self.threads,
             abi_version=PREFETCH_ABI_VERSION,
         ) + "\n"
@@ -145,6 +152,16 @@ def check_sass(text: str, archs: Sequence[Arch]) -> dict[str, dict[str, int]]:
         if arch.major < 9 and (line == 0 or bulk):
             raise BuildError(f"prefetch library: {arch.code} SASS has {line} CCTL.E.PF2/PML2 and {bulk} {SASS_BULK}; expected the per-line prefetch only")
     return report
+
+
+def check_launch(threads: int | None = None, chunk: int | None = None, hint: str | None = None) -> None:
+    """:class:`UsageError` unless the per-launch options are ones the kernel takes."""
+    if hint is not None and hint not in HINTS:
+        raise UsageError(f"unknown prefetch hint {hint!r}: choose one of {', '.join(HINTS)}")
+    if chunk is not None and not (16 <= chunk <= MAX_CHUNK and chunk % 16 == 0):
+        raise UsageError(f"prefetch chunk {chunk}: must be a multiple of 16 between 16 and {MAX_CHUNK}")
+    if threads is not None and not (32 <= threads <= MAX_THREADS and threads % 32 == 0):
+        raise UsageError(f"prefetch threads {threads}: a multiple of 32 up to {MAX_THREADS}")
 
 
 def build_prefetch_library(
@@ -226,6 +243,11 @@ class PrefetchLibrary:
         self._launch = self._fn(
             "kvpatch_l2_prefetch", [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p], ctypes.c_int
         )
+        self._launch_ex = self._fn(
+            "kvpatch_l2_prefetch_ex",
+            [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p],
+            ctypes.c_int,
+        )
 
     def _fn(self, name: str, argtypes: list, restype: Any) -> Any:
         try:
@@ -238,9 +260,19 @@ class PrefetchLibrary:
     def __repr__(self) -> str:
         return f"PrefetchLibrary({str(self.path)!r}, {self.config!r})"
 
-    def launch(self, table_ptr: int, rows: int, grid: int, stream_ptr: int) -> None:
-        """Launch on the stream whose ``cudaStream_t`` is ``stream_ptr``; raise on error."""
-        rc = self._launch(table_ptr, int(rows), int(grid), stream_ptr)
+    def launch(
+        self, table_ptr: int, rows: int, grid: int, stream_ptr: int, *,
+        threads: int | None = None, chunk: int | None = None, hint: str | None = None,
+    ) -> None:  # fmt: skip
+        """Launch on the stream whose ``cudaStream_t`` is ``stream_ptr``; raise on error.
+        ``threads`` per CTA, ``chunk`` bytes per bulk prefetch and the eviction ``hint``
+        override the built-in defaults for this launch (checked by :func:`check_launch`)."""
+        if threads is None and chunk is None and hint is None:
+            rc = self._launch(table_ptr, int(rows), int(grid), stream_ptr)
+        else:
+            check_launch(threads, chunk, hint)
+            code = -1 if hint is None else HINT_CODES[hint]
+            rc = self._launch_ex(table_ptr, int(rows), int(grid), int(threads or 0), int(chunk or 0), code, stream_ptr)
         if rc != 0:
             raise RuntimeError(f"kvpatch_l2_prefetch failed: {self._error_string(rc).decode()} (error {rc})")
 

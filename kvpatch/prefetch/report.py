@@ -39,6 +39,7 @@ class DecodeReport:
     priority: str = "high"
     seconds: float = 0.0
     micro: dict[str, Any] | None = None
+    weight_prefetch: dict[str, Any] | None = None  # WeightPrefetch.to_dict(): cap and launch knobs
 
     # ----------------------------------------------------------------------- data
 
@@ -106,7 +107,8 @@ class DecodeReport:
             f"clocks SM {smi.get('clocks.sm', '?')}/{smi.get('clocks.max.sm', '?')} MHz mem {smi.get('clocks.mem', '?')} MHz, "
             f"power limit {smi.get('power.limit', '?')} W",
             f"weight prefetch: {(e.get('prefetch_library') or {}).get('config', '?')}, priority {self.priority}, "
-            f"cap per layer window: {self._caps_text()}",
+            f"cap per layer window: {self._caps_text()}"
+            + (f"; configuration {self.weight_prefetch.get('label')}" if self.weight_prefetch else ""),
             "speedup over stock = median [min..max] of per-round ratios; attn = attention's share of stock's step",
         ]
         cols = ["model", "dtype", "B", "ctx", "kern", "stock us", "tok/s"] + [f"{n} x" for n in self.variants[1:]] + ["attn", "cap MiB", "same"]

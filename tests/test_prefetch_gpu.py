@@ -66,15 +66,21 @@ def test_eager_fork_waits_for_the_current_stream_and_join_rejoins(library):
     ctl = PrefetchController("cuda", library=library)
     ctl.add("gemm", 0, [w], cap_bytes=16 * MiB)
     torch.cuda.synchronize()
-    torch.cuda._sleep(cycles(200_000))  # 200 ms on the current stream
+    start, slept, side_done = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    start.record()
+    torch.cuda._sleep(cycles(20_000))  # ~20 ms on the current stream
+    slept.record()
     assert ctl.fork("gemm", 0) is True
-    # The side stream waits on the event recorded after the sleep: still busy now.
-    assert not ctl.stream.query()
+    side_done.record(ctl.stream)
     ctl.join()
     marker = torch.cuda.Event()
     marker.record()
     torch.cuda.synchronize()
     assert ctl.stream.query() and marker.query() and ctl.launches == 1
+    # The side stream waited for the work before the fork: its prefetch ended after the sleep
+    # (timestamps on the GPU, whatever the clock rate torch reports).
+    assert start.elapsed_time(slept) > 1.0
+    assert start.elapsed_time(side_done) >= start.elapsed_time(slept)
     assert torch.equal(w, before)  # a prefetch never changes memory
 
 

@@ -742,17 +742,28 @@ def test_run_bench_refuses_unbuilt_points():
         B.run_bench(libs, pts, reps=1, rounds=1, device="cpu", l2_bytes=1 << 16, copy_bytes=1 << 16)
 
 
-def test_launch_argument_order_matches_runtime():
-    """launch.launch passes vLLM's op arguments in kvpatch.gpu.launch.Kernels' order."""
+KERNELS_COMMON_ARGS = ["query", "key_cache", "value_cache", "num_kv_heads", "scale", "block_tables", "seq_lens",
+                       "block_size", "max_seq_len", "alibi_slopes", "kv_cache_dtype", "k_scale", "v_scale"]
+
+
+def _kernels_params():
     import inspect
 
-    runtime = pytest.importorskip("kvpatch.gpu.launch")
-    v1 = list(inspect.signature(runtime.Kernels.v1).parameters)[1:]
-    v2 = list(inspect.signature(runtime.Kernels.v2).parameters)[1:]
-    common = ["query", "key_cache", "value_cache", "num_kv_heads", "scale", "block_tables", "seq_lens",
-              "block_size", "max_seq_len", "alibi_slopes", "kv_cache_dtype", "k_scale", "v_scale"]
-    assert v1 == ["out", *common]
-    assert v2 == ["out", "exp_sums", "max_logits", "tmp_out", *common]
+    v1 = list(inspect.signature(Ln.Kernels.v1).parameters)[1:]
+    v2 = list(inspect.signature(Ln.Kernels.v2).parameters)[1:]
+    return v1, v2
+
+
+def test_kernels_take_vllms_op_arguments():
+    v1, v2 = _kernels_params()
+    assert v1 == ["out", *KERNELS_COMMON_ARGS]
+    assert v2 == ["out", "exp_sums", "max_logits", "tmp_out", *KERNELS_COMMON_ARGS]
+
+
+def test_launch_argument_order_matches_kernels():
+    """launch.launch passes vLLM's op arguments in Kernels' order."""
+    pytest.importorskip("torch")
+    _, v2 = _kernels_params()
 
     class Rec:
         def v1(self, *a):
@@ -761,8 +772,6 @@ def test_launch_argument_order_matches_runtime():
         def v2(self, *a):
             self.args = a
 
-    if torch is None:
-        return
     inp = I.make_inputs(dtype="fp16", kv_cache_dtype="fp8", head_size=32, block_size=16, num_heads=4,
                         num_kv_heads=2, seq_lens=[600], alibi=True, seed=0, device="cpu")
     r = Rec()
@@ -773,3 +782,147 @@ def test_launch_argument_order_matches_runtime():
     assert got["key_cache"] is inp.key_cache and got["kv_cache_dtype"] == "fp8"
     assert got["max_seq_len"] == 600 and got["block_size"] == 16 and got["num_kv_heads"] == 2
     assert got["alibi_slopes"] is inp.alibi_slopes and got["v_scale"] is inp.v_scale
+
+
+# --------------------------------------------------------------------------- the honest method (issue 8, part 1)
+
+
+def test_speedup_interval_and_verdict():
+    base = [[10.0, 10.0], [10.0, 10.0], [10.0, 10.0]]
+    faster = [[8.0, 8.0], [9.0, 9.0], [7.0, 7.0]]
+    lo, hi = S.speedup_interval(base, faster)
+    assert (lo, hi) == (pytest.approx(10 / 9), pytest.approx(10 / 7)) and S.verdict(lo, hi) == S.FASTER
+    slower = [[11.0], [12.0], [10.5]]
+    assert S.verdict(*S.speedup_interval([[10.0]] * 3, slower)) == S.SLOWER
+    mixed = [[9.5], [10.5], [10.0]]
+    assert S.verdict(*S.speedup_interval([[10.0]] * 3, mixed)) == S.NOISE
+    # one round: the quartile box
+    lo, hi = S.speedup_interval([[9.0, 10.0, 11.0, 12.0, 10.0]], [[9.0, 10.0, 11.0, 12.0, 10.0]])
+    assert lo < 1.0 < hi
+    assert math.isnan(S.speedup_interval([[]], [[]])[0])
+    assert S.verdict(math.nan, math.nan) == S.NOISE
+
+
+def test_summary_counts_points_within_noise():
+    names = ["stock", "v"]
+    raw = {}
+    for i, (b, ctx) in enumerate([(1, 1024), (4, 1024), (16, 1024)]):
+        p = P.BenchPoint("fp16", b, ctx)
+        per_round = [[10.0], [10.0], [10.0]]
+        v = [[[8.0], [8.5], [8.2]], [[10.2], [9.8], [10.0]], [[11.0], [11.5], [10.8]]][i]
+        raw[(p, p.dispatched, "warm")] = {"stock": per_round, "v": v}
+    rep = Rp.BenchReport("stock", names, Rp.finish_results(raw, names, 4e12), {}, {})
+    row = next(r for r in rep.summary if r["scope"] == "dispatched")
+    assert (row["faster"], row["noise"], row["slower"], row["n"]) == (1, 1, 1, 3)
+    assert row["worst_hi"] == pytest.approx(10 / 10.8)
+    d = json.loads(rep.to_json())
+    t = d["results"][2]["variants"]["v"]
+    assert t["verdict"] == "slower" and t["speedup_hi"] < 1.0
+
+
+def test_adaptive_reps():
+    assert Tm.adaptive_reps(50, 100.0) == 50
+    assert Tm.adaptive_reps(50, 30.0) == 50
+    assert Tm.adaptive_reps(50, 12.0) == 150
+    assert Tm.adaptive_reps(50, 1.0) == 200  # capped at 4x
+    assert Tm.adaptive_reps(50, float("nan")) == 50
+
+
+@needs_torch
+def test_l2_flush_reads_and_writes_twice_the_l2():
+    f = Tm.L2Flush("cpu", l2_bytes=1 << 12)
+    assert f.nbytes >= 2 * (1 << 12) and f.buf.numel() * 4 == f.nbytes
+    f()
+    f()
+    assert bool((f.buf == 2.0).all())  # every element read and written each time
+    assert float(f.sink) == 2.0 * f.buf.numel()  # and read again
+    assert "add_" in f.method and "zero_" not in f.method
+    with pytest.raises(ValueError, match="2x the L2"):
+        Tm.L2Flush("cpu", l2_bytes=1 << 12, nbytes=1 << 12)
+
+
+def test_decode_clock_event_reasons():
+    from kvpatch.gpu import env as E
+
+    assert E.decode_event_reasons("0x0000000000000000") == []
+    assert E.decode_event_reasons("0x0000000000000004") == ["sw_power_cap"]
+    assert E.decode_event_reasons("0x0000000000000041") == ["gpu_idle", "hw_thermal_slowdown"]
+    assert E.decode_event_reasons(0x1000) == ["bit_0x1000"]
+    assert E.decode_event_reasons("[N/A]") == [] and E.decode_event_reasons("") == []
+
+
+def test_window_summary_flags_power_capped_rounds():
+    from kvpatch.gpu import env as E
+
+    lines = [
+        "2026/11/30 12:00:00.000, 0, 1980, 3201, 650.10, 700.00, 60, 0x0000000000000000",
+        "2026/11/30 12:00:00.100, 0, 1755, 3201, 699.80, 700.00, 62, 0x0000000000000004",
+        "2026/11/30 12:00:00.200, 0, 1980, 3201, 500.00, 700.00, 61, 0x0000000000000000",
+        "garbage line",
+    ]
+    samples = [s for s in map(E.parse_sample_line, lines) if s is not None]
+    assert len(samples) == 3 and samples[1].reasons == ("sw_power_cap",) and samples[0].sm_mhz == 1980.0
+    t0 = samples[0].t
+    w = E.window_summary(samples, t0 - 0.01, t0 + 0.15)
+    assert w["samples"] == 2 and w["sm_mhz"] == [1755.0, 1980.0] and w["power_w"] == [650.1, 699.8]
+    assert w["power_capped"] and w["flagged"] and w["throttled"] == ["sw_power_cap"]
+    calm = E.window_summary(samples, t0 + 0.15, t0 + 0.25)
+    assert calm["samples"] == 1 and not calm["flagged"]
+    assert E.window_summary(samples, t0 + 10, t0 + 11) == {"t0": t0 + 10, "t1": t0 + 11, "samples": 0}
+
+
+def test_point_sets():
+    tuning = P.point_set("tuning")
+    headline = P.point_set("headline")
+    heldout = P.point_set("heldout")
+    assert len(tuning) == len(headline) == 24 and {p.seed for p in tuning} == {0} and {p.seed for p in headline} == {1}
+    assert [p.dispatched for p in tuning if p.dtype == "fp16"].count("v1") == 2
+    assert len(heldout) == 8 * 2 * 12 and 0 not in {p.seed for p in heldout}
+    shapes = {(p.num_heads, p.num_kv_heads, p.head_size, p.block_size, p.kv_cache_dtype) for p in heldout}
+    assert shapes == {(32, 8, 128, 16, "auto"), (32, 8, 64, 16, "auto"), (32, 8, 256, 16, "auto"),
+                      (32, 8, 128, 32, "auto"), (64, 8, 128, 16, "auto"), (8, 1, 128, 16, "auto"),
+                      (32, 32, 128, 16, "auto"), (32, 8, 128, 16, "fp8")}
+    # tune never sees a held-out (shape, seed) pair
+    assert not {(p.shape, p.seed) for p in heldout} & {(p.shape, p.seed) for p in tuning}
+    with pytest.raises(ValueError):
+        P.point_set("everything")
+
+
+def test_bench_points_from_options():
+    from kvpatch.errors import UsageError
+    from kvpatch.gpu.commands import BenchOptions, bench_points, marker_of, parse_heads
+
+    pts, name = bench_points(BenchOptions())
+    assert name == "headline" and len(pts) == 24
+    pts, name = bench_points(BenchOptions(point_set="heldout", heads=[(8, 1)], batches=[64]))
+    assert name == "heldout" and len(pts) == 2 * 3 and {p.num_kv_heads for p in pts} == {1}
+    pts, name = bench_points(BenchOptions(head_sizes=[64, 256], block_sizes=[32], heads=parse_heads("32/8,8/1"),
+                                          batches=[1], contexts=[1024], dtypes=["bf16"], seed=7))
+    assert name == "custom" and len(pts) == 4 and {p.seed for p in pts} == {7}
+    pts, _ = bench_points(BenchOptions(point_set="tuning", seed=5))
+    assert {p.seed for p in pts} == {5}
+    assert len(bench_points(BenchOptions(quick=True))[0]) == 8
+    with pytest.raises(UsageError):
+        bench_points(BenchOptions(point_set="tuning", batches=[3]))
+    with pytest.raises(UsageError):
+        parse_heads("32")
+    header = "x\n    // kvpatch:begin key lookahead=1 size=auto issue=call\n  y\n    // kvpatch:begin value lookahead=1\n"
+    assert marker_of(header) == "lookahead=1 size=auto issue=call" and marker_of("plain") == "stock"
+
+
+def test_validate_cases_from_options():
+    from kvpatch.errors import UsageError
+    from kvpatch.gpu.commands import ValidateOptions, validate_cases
+
+    cases, name, _ = validate_cases(ValidateOptions())
+    assert name == "default" and len(cases) == 1440
+    cases, name, sampling = validate_cases(ValidateOptions(full=True, dtypes=["bf16"], alibi=[True], block_sizes=[32]))
+    assert name == "full" and "filtered" in sampling
+    assert {c.dtype for c in cases} == {"bf16"} and {c.block_size for c in cases} == {32} and all(c.alibi for c in cases)
+    assert {c.head_size for c in cases} == set(V.VLLM_HEAD_SIZES)
+    cases, name, _ = validate_cases(ValidateOptions(dtypes=["fp16"], head_sizes=[80], contexts=[5]))
+    assert name == "custom" and {c.head_size for c in cases} == {80} and len(cases) == 2 * 2 * 2 * 2 * 2
+    with pytest.raises(UsageError):
+        validate_cases(ValidateOptions(quick=True, full=True))
+    with pytest.raises(UsageError):
+        validate_cases(ValidateOptions(quick=True, head_sizes=[32]))  # filters everything out

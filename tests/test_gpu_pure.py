@@ -48,6 +48,21 @@ def test_package_imports_without_torch_numpy_matplotlib():
     assert p.stdout.strip() == "ok"
 
 
+def test_gpu_commands_import_without_the_build_side():
+    """validate/bench --lib run where kvpatch's build dependencies (git, libclang) are absent."""
+    code = (
+        "import sys\n"
+        "for m in ('git', 'clang', 'clang.cindex', 'torch'): sys.modules[m] = None\n"
+        "import kvpatch.cli, kvpatch.gpu.commands, kvpatch.render_gpu\n"
+        "from kvpatch.gpu.validate import vllm_sizes\n"
+        "assert vllm_sizes('/nonexistent')[0][0] == 32\n"
+        "print('ok')\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "ok"
+
+
 # --------------------------------------------------------------------------- dispatch
 
 

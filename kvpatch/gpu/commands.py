@@ -202,8 +202,6 @@ def validate_cases(o: ValidateOptions) -> tuple[list, str, str]:
 
 def run_validate_command(o: ValidateOptions, *, console: Any = None, progress: Any = None) -> ValidateOutcome:
     """``kvpatch validate``: bit-identity over a matrix, and/or vLLM's own test (``upstream``)."""
-    from .. import api
-
     outcome = ValidateOutcome()
     if not o.matrix and not o.upstream:
         raise UsageError("--no-matrix leaves nothing to do without --upstream")
@@ -211,6 +209,8 @@ def run_validate_command(o: ValidateOptions, *, console: Any = None, progress: A
     if o.libs:
         libs = prebuilt(o.libs, o.variant_info)
     else:
+        from .. import api  # the build side (git, libclang) only when building
+
         api.require_cuda()
         target = api.resolve_tree(o.tree, o.cwd)
         variants = api.variants_for(target, o.cwd, paper=o.paper)
@@ -251,10 +251,14 @@ def run_validate_command(o: ValidateOptions, *, console: Any = None, progress: A
 def _upstream(o: ValidateOptions, libs: Libraries, progress: Any) -> Any:
     import tempfile
 
-    from .. import api
     from .upstream import UpstreamError, run_upstream
 
-    tree = Path(o.tree) if o.tree is not None else api.resolve_tree(None, o.cwd).root
+    if o.tree is not None:
+        tree = Path(o.tree)
+    else:
+        from .. import api
+
+        tree = api.resolve_tree(None, o.cwd).root
     out = o.upstream_dir or Path(tempfile.mkdtemp(prefix="kvpatch-upstream-"))
     out.mkdir(parents=True, exist_ok=True)
     try:
@@ -338,12 +342,12 @@ def bench_points(o: BenchOptions) -> tuple[list, str]:
 
 def run_bench_command(o: BenchOptions, *, console: Any = None, progress: Any = None) -> Any:
     """``kvpatch bench``: returns the :class:`~kvpatch.gpu.report.BenchReport` (JSON/plot written)."""
-    from .. import api
-
     points, name = bench_points(o)
     if o.libs:
         libs = prebuilt(o.libs, o.variant_info)
     else:
+        from .. import api  # the build side (git, libclang) only when building
+
         api.require_cuda()
         target = api.resolve_tree(o.tree, o.cwd)
         variants = api.variants_for(target, o.cwd, paper=o.paper, control=o.control, extra=o.variants)

@@ -139,8 +139,10 @@ def vllm_sizes(tree: str | Path | None) -> tuple[tuple[int, ...], tuple[int, ...
     (``kvpatch.build.vllm_kernel_set``); vLLM's known set without a tree."""
     if tree is None:
         return VLLM_HEAD_SIZES, VLLM_BLOCK_SIZES
-    from .. import build as B  # parsing work only when a tree is given
-
+    try:
+        from .. import build as B  # parsing work only when a tree is given
+    except ImportError:  # a GPU machine without kvpatch's build dependencies (libclang)
+        return VLLM_HEAD_SIZES, VLLM_BLOCK_SIZES
     heads, blocks = B.vllm_kernel_set(Path(tree))
     return tuple(heads), tuple(blocks)
 

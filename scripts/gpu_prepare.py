@@ -31,13 +31,17 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from rich.console import Console
+import sys
 
-from kvpatch import build as B
-from kvpatch.config import load_config_file, make_config
-from kvpatch.gpu.commands import marker_of
-from kvpatch.source.fetch import fetch_release
-from kvpatch.source.releases import HEADER
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's kvpatch, not an installed one
+
+from rich.console import Console  # noqa: E402
+
+from kvpatch import build as B  # noqa: E402
+from kvpatch.config import load_config_file, make_config  # noqa: E402
+from kvpatch.gpu.commands import marker_of  # noqa: E402
+from kvpatch.source.fetch import fetch_release  # noqa: E402
+from kvpatch.source.releases import HEADER  # noqa: E402
 
 
 def main() -> None:

@@ -288,78 +288,118 @@ def build(
         raise KvpatchError(f"SASS check failed: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""), exit_code=5)
 
 
+LibOpt = Annotated[
+    list[str],
+    typer.Option("--lib", help="A prebuilt library NAME=path.so:PREFIX (repeatable); nothing is built, 'stock' is the baseline."),
+]
+VariantInfoOpt = Annotated[
+    Optional[Path],
+    typer.Option("--variant-info", help="With --lib: JSON {name: marker or {marker, compile_flags, ...}} recorded in the report."),
+]
+
+
+def _progress(message: str) -> None:
+    err.print(message, highlight=False, markup=False)
+
+
 @app.command()
 def validate(
     tree: TreeOpt = None,
     arch: ArchOpt = "9.0a",
+    lib: LibOpt = [],  # noqa: B006
+    variant_info: VariantInfoOpt = None,
     quick: Annotated[bool, typer.Option(help="fp16/bf16, head 128, block 16 only (32 cases).")] = False,
-    paper: Annotated[bool, typer.Option(help="Also check the paper preset against stock.")] = False,
+    full: Annotated[bool, typer.Option(help="Every head and block size vLLM instantiates, ALiBi on/off, all dtypes, auto+fp8, v1+v2 (sampled contexts); a skipped configuration fails.")] = False,
+    upstream: Annotated[bool, typer.Option(help="Also run the release's own test_paged_attention, unchanged, against each library (needs the tree).")] = False,
+    matrix: Annotated[bool, typer.Option("--matrix/--no-matrix", help="Run kvpatch's own matrix (--no-matrix: only --upstream).")] = True,
+    upstream_dir: Annotated[Optional[Path], typer.Option("--upstream-dir", help="Where --upstream writes its run dir, logs and records.")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="pytest-xdist workers for --upstream, in all (default: CPU count).")] = None,
+    paper: Annotated[bool, typer.Option(help="Also check the paper preset against stock (when building).")] = False,
     seed: Annotated[int, typer.Option(help="Seed of the random inputs.")] = 0,
+    dtypes: Annotated[Optional[str], typer.Option(help="Query dtypes, e.g. fp16,bf16.")] = None,
+    kv: Annotated[Optional[str], typer.Option("--kv", help="KV-cache dtypes: auto,fp8.")] = None,
+    head_sizes: Annotated[Optional[str], typer.Option(help="e.g. 64,128,256.")] = None,
+    block_sizes: Annotated[Optional[str], typer.Option(help="e.g. 16,32.")] = None,
+    kernels: Annotated[Optional[str], typer.Option(help="v1,v2.")] = None,
+    heads: Annotated[Optional[str], typer.Option(help="Query/KV head pairs, e.g. 8/2,4/4.")] = None,
+    alibi: Annotated[Optional[str], typer.Option(help="on,off.")] = None,
+    contexts: Annotated[Optional[str], typer.Option(help="Context lengths, e.g. 1,17,1500.")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the full report here.")] = None,
+    device: Annotated[str, typer.Option("--device", hidden=True, help="torch device (tests: cpu).")] = "cuda",
 ) -> None:
     """GPU: patched == stock bit for bit over a configuration matrix (and stock ~= a float reference)."""
-    from . import api
-    from .gpu import validate as V
+    from .gpu.commands import ValidateOptions, parse_bools, parse_heads, run_validate_command
+    from .render_gpu import print_upstream, print_validate
 
-    api.require_cuda()
-    matrix = V.quick_matrix() if quick else V.validate_matrix()
-    dtypes = sorted({c.dtype for c in matrix})
-    result = api.build(
-        tree=tree, cwd=_cwd(), archs=arch, console=err,
-        variants=api.variants_for(api.resolve_tree(tree, _cwd()), _cwd(), paper=paper),
-        dtypes=dtypes, head_sizes=sorted({c.head_size for c in matrix}),
-        block_sizes=sorted({c.block_size for c in matrix}), kv_cache_dtypes=sorted({c.kv_cache_dtype for c in matrix}),
+    opts = ValidateOptions(
+        tree=tree, cwd=_cwd(), arch=arch, libs=lib, variant_info=variant_info, quick=quick, full=full, paper=paper,
+        seed=seed, dtypes=_csv(dtypes), kv_cache_dtypes=_csv(kv), head_sizes=_csv(head_sizes, int),
+        block_sizes=_csv(block_sizes, int), kernels=_csv(kernels), heads=parse_heads(heads) if heads else None,
+        alibi=parse_bools(alibi) if alibi else None, contexts=_csv(contexts, int), upstream=upstream,
+        matrix=matrix, upstream_dir=upstream_dir, workers=workers, json_out=json_out, device=device,
     )  # fmt: skip
-    report = V.run_validate(api.load_libraries(result), matrix, seed)
-    if json_out:
-        from .source.workspace import write_atomic
-
-        write_atomic(json_out, report.to_json())
-    worst = ", ".join(f"{k} {v:.1e}" for k, v in report.max_ref_error().items())
-    out.print(f"{len(matrix)} configurations x {len(report.variants) - 1} variant(s): {report.n_passed} passed, "
-              f"{report.n_failed} failed, {len(report.skipped)} skipped; stock vs float64 reference (rel-L2): {worst}")
-    if report.failures:
-        for line in report.failures[:20]:
-            err.print(f"[red]mismatch[/] {line}", highlight=False)
-        raise KvpatchError(f"{len(report.failures)} mismatches; first: {report.failures[0]}", exit_code=6)
-    out.print("[green]bit-identical to stock everywhere checked[/]")
+    outcome = run_validate_command(opts, console=err, progress=_progress)
+    if outcome.report is not None:
+        print_validate(outcome.report, out, err)
+    if outcome.upstream is not None:
+        print_upstream(outcome.upstream, out)
+    if not outcome.ok:
+        r = outcome.report
+        if r is None or r.ok:
+            why = "vLLM's own test failed or patched outputs differ from stock's (see the table)"
+        elif r.failures:
+            why = f"{len(r.failures)} mismatches; first: {r.failures[0]}"
+        elif r.strict and r.skipped:
+            why = f"{len(r.skipped)} configurations skipped (not built?); first: {r.skipped[0]}"
+        else:
+            why = "nothing was validated: every configuration was skipped (not built?)"
+        raise KvpatchError(why, exit_code=6)
 
 
 @app.command()
 def bench(
     tree: TreeOpt = None,
     arch: ArchOpt = "9.0a",
+    lib: LibOpt = [],  # noqa: B006
+    variant_info: VariantInfoOpt = None,
+    point_set: Annotated[Optional[str], typer.Option("--set", help="tuning | headline (default) | heldout: see kvpatch.gpu.points.")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write results + environment here.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of the speedups here.")] = None,
-    variant: Annotated[list[str], typer.Option("--variant", help="More variants: NAME=config.toml (repeatable).")] = [],  # noqa: B006
-    paper: Annotated[bool, typer.Option("--paper/--no-paper", help="Include the paper preset.")] = True,
-    control: Annotated[bool, typer.Option("--control/--no-control", help="Include the prefetch-never-runs control.")] = False,
+    variant: Annotated[list[str], typer.Option("--variant", help="More variants: NAME=config.toml (repeatable; when building).")] = [],  # noqa: B006
+    paper: Annotated[bool, typer.Option("--paper/--no-paper", help="Include the paper preset (when building).")] = True,
+    control: Annotated[bool, typer.Option("--control/--no-control", help="Include the prefetch-never-runs control (when building).")] = False,
     quick: Annotated[bool, typer.Option(help="8 points instead of 24.")] = False,
-    reps: Annotated[int, typer.Option(help="Timed launches per point, variant and round.")] = 50,
-    rounds: Annotated[int, typer.Option(help="Interleaved rounds (medians over all).")] = 3,
+    dtypes: Annotated[Optional[str], typer.Option(help="fp16,bf16 (default).")] = None,
+    batches: Annotated[Optional[str], typer.Option(help="e.g. 1,4,16,64.")] = None,
+    contexts: Annotated[Optional[str], typer.Option(help="e.g. 1024,4096,16384.")] = None,
+    heads: Annotated[Optional[str], typer.Option(help="Query/KV heads, e.g. 32/8 or 32/8,8/1.")] = None,
+    head_sizes: Annotated[Optional[str], typer.Option(help="e.g. 64,128.")] = None,
+    block_sizes: Annotated[Optional[str], typer.Option(help="e.g. 16,32.")] = None,
+    kv: Annotated[Optional[str], typer.Option("--kv", help="KV-cache dtypes: auto,fp8.")] = None,
+    kernels: Annotated[str, typer.Option(help="v1,v2 or 'dispatched' (only the kernel vLLM launches).")] = "v1,v2",
+    seed: Annotated[Optional[int], typer.Option(help="Seed of the KV data and block tables (default: the set's).")] = None,
+    reps: Annotated[int, typer.Option(help="Timed launches per point, variant and round (more for kernels < 30 us).")] = 50,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds (the speedup interval is min..max over them).")] = 3,
+    warmup: Annotated[int, typer.Option(help="Untimed launches per variant before each round.")] = 5,
+    warm: Annotated[bool, typer.Option("--warm/--no-warm", help="Time with a warm L2.")] = True,
+    cold: Annotated[bool, typer.Option("--cold/--no-cold", help="Time with the L2 flushed before each launch.")] = True,
+    check: Annotated[bool, typer.Option("--check/--no-check", help="Check outputs bit-identical before timing.")] = True,
+    device: Annotated[str, typer.Option("--device", hidden=True, help="torch device (tests: cpu).")] = "cuda",
 ) -> None:
     """GPU: time stock, the paper preset and the patched kernels side by side (warm and cold)."""
-    from . import api
-    from .gpu import bench as Bn
+    from .gpu.commands import BenchOptions, parse_heads, run_bench_command
+    from .render_gpu import print_bench
 
-    api.require_cuda()
-    points = Bn.quick_points() if quick else Bn.default_points()
-    target = api.resolve_tree(tree, _cwd())
-    chosen = api.variants_for(target, _cwd(), paper=paper, control=control, extra=_variant_options(variant))
-    result = api.build(
-        tree=tree, cwd=_cwd(), archs=arch, console=err, variants=chosen,
-        dtypes=sorted({p.dtype for p in points}), head_sizes=sorted({p.head_size for p in points}),
-        block_sizes=sorted({p.block_size for p in points}),
+    opts = BenchOptions(
+        tree=tree, cwd=_cwd(), arch=arch, libs=lib, variant_info=variant_info, variants=_variant_options(variant),
+        paper=paper, control=control, point_set=point_set, quick=quick, dtypes=_csv(dtypes),
+        batches=_csv(batches, int), contexts=_csv(contexts, int), heads=parse_heads(heads) if heads else None,
+        head_sizes=_csv(head_sizes, int), block_sizes=_csv(block_sizes, int), kv_cache_dtypes=_csv(kv), seed=seed,
+        kernels=_csv(kernels) or ["v1", "v2"], reps=reps, rounds=rounds, warmup=warmup, warm=warm, cold=cold,
+        check=check, json_out=json_out, plot=plot, device=device,
     )  # fmt: skip
-    info = {v.name: v.header.split("// kvpatch:begin ", 1)[1].split("\n", 1)[0] if "// kvpatch:begin" in v.header else "stock" for v in chosen}
-    report = Bn.run_bench(api.load_libraries(result), points, reps=reps, rounds=rounds, variant_info=info)
-    report.print(out)
-    if json_out:
-        report.write_json(json_out)
-    if plot:
-        from .gpu.plot import plot_bench
-
-        plot_bench(report, plot)
+    report = run_bench_command(opts, console=err, progress=_progress)
+    print_bench(report, out)
     if not report.ok:
         raise KvpatchError("bench found outputs that differ from stock", exit_code=6)
 
@@ -370,42 +410,22 @@ def tune(
     arch: ArchOpt = "9.0a",
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the best configuration.")] = Path("kvpatch.toml"),
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the ranking and the bench data here.")] = None,
-    quick: Annotated[bool, typer.Option(help="Bench 8 points instead of 24.")] = False,
+    quick: Annotated[bool, typer.Option(help="Bench 8 points of the tuning set instead of 24.")] = False,
     reps: Annotated[int, typer.Option(help="Timed launches per point, candidate and round.")] = 20,
     rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 2,
     jobs: Annotated[Optional[int], typer.Option(help="Parallel nvcc processes (default: CPU count).")] = None,
 ) -> None:
-    """GPU: sweep issue x scope x lookahead x cache-hint, validate and bench each, write the best as kvpatch.toml."""
-    from . import api
-    from . import tune as T
-    from .build import patched_variants
-    from .config import dump_config
-    from .patch.plan import unpatch
-    from .source.workspace import write_atomic
+    """GPU: sweep issue x scope x lookahead x cache-hint, validate and bench each on the tuning set, write the best as kvpatch.toml."""
+    from .gpu.commands import TuneOptions, run_tune_command
+    from .render_gpu import tune_table
 
-    api.require_cuda()
-    target = api.resolve_tree(tree, _cwd())
-    path = str(target.header)
-    stock, _ = unpatch(target.read_header(), path)
-    configs = T.candidates(api.tree_config(target, _cwd()))
-    variants = patched_variants(stock, path, configs)
-    result = api.build(tree=tree, cwd=_cwd(), archs=arch, jobs=jobs, console=err, variants=variants,
-                       dtypes=list(T.TUNED_DTYPES), head_sizes=[128], block_sizes=[16],
-                       kv_cache_dtypes=["auto", "fp8"])  # fmt: skip
-    report = T.run_tune(api.load_libraries(result), configs, quick=quick, reps=reps, rounds=rounds)
-    table = Table(title="kvpatch tune: best candidates per dtype (dispatched kernel, warm + cold)")
-    for col in ("dtype", "rank", "candidate", "bit-identical", "worst", "geomean"):
-        table.add_column(col)
-    for dtype, ranked in report.ranked.items():
-        for i, s in enumerate(ranked[:4], 1):
-            table.add_row(dtype, str(i), s.name, "yes" if s.bit_identical else "NO", f"{s.worst:.3f}", f"{s.geomean:.3f}")
-    out.print(table)
-    write_atomic(output, dump_config(report.config))
-    if json_out:
-        write_atomic(json_out, json.dumps(report.to_json(), indent=1) + "\n")
+    opts = TuneOptions(tree=tree, cwd=_cwd(), arch=arch, output=output, json_out=json_out, quick=quick, reps=reps,
+                       rounds=rounds, jobs=jobs)  # fmt: skip
+    report = run_tune_command(opts, console=err, progress=_progress)
+    out.print(tune_table(report))
     out.print(f"picked: {report.picked}")
     out.print(f"wrote {output}: {report.config.marker()}")
-    out.print(f"next: [bold]kvpatch apply --tree {target.root} --config {output}[/]")
+    out.print(f"next: [bold]kvpatch apply --tree {report.tree} --config {output}[/]")
 
 
 def _one_line(message: str, code: int) -> NoReturn:

@@ -6,17 +6,17 @@ The pieces, pure except :func:`run_tune`:
   ``lookahead`` and ``cache_hint`` (the settings a dtype can take on its own), each a
   uniform configuration (the same for every dtype).
 * :func:`score` reduces a bench report to, per candidate and dtype, the speedups over
-  stock on the kernel vLLM dispatches at each point, warm and cold.
-* :func:`choose` picks, per dtype, the bit-identical candidate that is never slower
-  than stock if one is, else the one with the best worst point, then the best
-  geometric mean; and :func:`combine` turns the winners into one configuration:
+  stock on the kernel vLLM dispatches at each point of the ``tuning`` point set
+  (:mod:`kvpatch.gpu.points`), warm and cold.
+* :func:`choose` ranks, per dtype: bit-identical candidates first, then those never
+  slower than stock, then by geometric mean, then by the worst point; and :func:`combine` turns the winners into one configuration:
   base settings = the bf16 winner (they serve bf16 and fp32), ``[kvpatch.fp16]`` = the
   fp16 winner, keeping the rule that the dtypes calling the helper share align and
   cache-hint.
 
 :func:`run_tune` builds every candidate in one parallel build, validates each on the
-quick matrix (bit-identical to stock, ALiBi included), benches the survivors side by
-side, and returns a :class:`TuneReport` whose ``config`` ``kvpatch apply --config``
+quick matrix (bit-identical to stock, ALiBi included), benches them side by side on
+the tuning set (the held-out set is never shown to tune), and returns a :class:`TuneReport` whose ``config`` ``kvpatch apply --config``
 takes once written with :func:`kvpatch.config.dump_config`.
 """
 
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from .config import PatchConfig, make_config
+from .gpu.stats import geomean
 
 #: The grid: (setting, values). 16 candidates.
 GRID: tuple[tuple[str, tuple[Any, ...]], ...] = (
@@ -70,9 +71,7 @@ class Score:
 
     @property
     def geomean(self) -> float:
-        if not self.speedups:
-            return math.nan
-        return math.exp(sum(math.log(s) for s in self.speedups) / len(self.speedups))
+        return geomean(self.speedups) if self.speedups else math.nan
 
     def key(self) -> tuple:
         """Sort key, best first: bit-identical, never slower than stock, geomean, worst."""
@@ -141,6 +140,7 @@ class TuneReport:
     ranked: dict[str, list[Score]]
     failures: dict[str, set[str]]
     bench: dict = field(repr=False, default_factory=dict)
+    tree: str | None = None  # the tree tuned (for the next command)
 
     def to_json(self) -> dict:
         return {
@@ -160,19 +160,24 @@ class TuneReport:
 
 
 def run_tune(libs: dict, configs: dict[str, PatchConfig], *, quick: bool, reps: int, rounds: int,
-             progress=None) -> TuneReport:  # fmt: skip
-    """Validate, bench and choose on a GPU; ``libs`` holds 'stock' and one library per candidate."""
+             progress=None, variant_info: dict | None = None) -> TuneReport:  # fmt: skip
+    """Validate, bench on the tuning set and choose, on a GPU; ``libs`` holds 'stock' and
+    one library per candidate (``quick``: the tuning set's batch 1/64 x context 1k/16k)."""
     from .gpu import bench as Bn
+    from .gpu import points as P
     from .gpu import validate as V
 
-    report = V.run_validate(libs, V.quick_matrix(), seed=0, progress=progress)
+    report = V.run_validate(libs, V.quick_matrix(), seed=0)
     failures: dict[str, set[str]] = {}
     for line in report.failures:
         name, _, rest = line.partition(":")
         dtype = rest.split("q=", 1)[1].split()[0] if "q=" in rest else "?"
         failures.setdefault(name.strip(), set()).add(dtype)
-    points = Bn.quick_points() if quick else Bn.default_points()
-    bench = Bn.run_bench(libs, points, reps=reps, rounds=rounds)
+    points = P.point_set("tuning")
+    if quick:
+        points = [p for p in points if p.batch in (1, 64) and p.context in (1024, 16384)]
+    bench = Bn.run_bench(libs, points, reps=reps, rounds=rounds, variant_info=variant_info,
+                         point_set_name="tuning", progress=progress)
     data = bench.to_dict()
     ranked = choose(score(data, failures))
     config, picked = combine(ranked, configs)

@@ -12,7 +12,14 @@ import sys
 import pytest
 
 from kvpatch.gpu import bench as B
-from kvpatch.gpu import harness as H
+from kvpatch.gpu import dispatch as Dp
+from kvpatch.gpu import inputs as I
+from kvpatch.gpu import launch as Ln
+from kvpatch.gpu import points as P
+from kvpatch.gpu import reference as R
+from kvpatch.gpu import report as Rp
+from kvpatch.gpu import stats as S
+from kvpatch.gpu import timing as Tm
 from kvpatch.gpu import validate as V
 
 try:
@@ -30,9 +37,25 @@ def test_package_imports_without_torch_numpy_matplotlib():
     code = (
         "import sys\n"
         "for m in ('torch', 'numpy', 'matplotlib'): sys.modules[m] = None\n"
-        "import kvpatch.gpu, kvpatch.gpu.harness, kvpatch.gpu.validate, kvpatch.gpu.bench, kvpatch.gpu.plot\n"
-        "from kvpatch.gpu.harness import uses_v1\n"
+        "import kvpatch.gpu, kvpatch.gpu.validate, kvpatch.gpu.bench, kvpatch.gpu.plot, kvpatch.gpu.commands\n"
+        "import kvpatch.gpu.upstream, kvpatch.gpu.upstream_shim, kvpatch.gpu.env, kvpatch.tune\n"
+        "from kvpatch.gpu.dispatch import uses_v1\n"
         "assert uses_v1(64, 32, 1024)\n"
+        "print('ok')\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "ok"
+
+
+def test_gpu_commands_import_without_the_build_side():
+    """validate/bench --lib run where kvpatch's build dependencies (git, libclang) are absent."""
+    code = (
+        "import sys\n"
+        "for m in ('git', 'clang', 'clang.cindex', 'torch'): sys.modules[m] = None\n"
+        "import kvpatch.cli, kvpatch.gpu.commands, kvpatch.render_gpu\n"
+        "from kvpatch.gpu.validate import vllm_sizes\n"
+        "assert vllm_sizes('/nonexistent')[0][0] == 32\n"
         "print('ok')\n"
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -59,8 +82,8 @@ def test_package_imports_without_torch_numpy_matplotlib():
     ],
 )
 def test_dispatch_rule(seqs, heads, max_len, kernel):
-    assert H.dispatched_kernel(seqs, heads, max_len) == kernel
-    assert H.uses_v1(seqs, heads, max_len) == (kernel == "v1")
+    assert Dp.dispatched_kernel(seqs, heads, max_len) == kernel
+    assert Dp.uses_v1(seqs, heads, max_len) == (kernel == "v1")
 
 
 def test_default_bench_points_dispatch_v2_at_10_of_12():
@@ -72,11 +95,11 @@ def test_default_bench_points_dispatch_v2_at_10_of_12():
 
 
 def test_bench_point_bytes():
-    p = B.BenchPoint("fp16", 64, 16384)
+    p = P.BenchPoint("fp16", 64, 16384)
     assert p.block_bytes == 2 * 8 * 128 * 16 * 2
     assert p.num_blocks == 64 * 1024
     assert p.kv_bytes == 64 * 16384 * 4096  # 4.3 GB
-    q = B.BenchPoint("fp16", 3, 17, kv_cache_dtype="fp8")
+    q = P.BenchPoint("fp16", 3, 17, kv_cache_dtype="fp8")
     assert q.blocks_per_seq == 2 and q.kv_bytes == 3 * 2 * (2 * 8 * 128 * 16)
     assert "kv=fp8" in q.name and "kv=" not in p.name
 
@@ -84,18 +107,18 @@ def test_bench_point_bytes():
 def test_pool_blocks_sizing():
     pts = B.default_points()
     l2 = 60 * 2**20
-    n = B.pool_blocks(pts, l2)
+    n = P.pool_blocks(pts, l2)
     assert n >= 1.2 * 65536
     assert n * pts[0].block_bytes >= 64 * l2
     assert 4.5e9 < n * pts[0].block_bytes < 6e9  # ~5 GB, like NOTES.md
 
 
 def test_make_points_and_quick():
-    assert len(B.quick_points()) == 8
+    assert len(P.quick_points()) == 8
     with pytest.raises(ValueError):
-        B.make_points(dtypes=("fp8",))
+        P.make_points(dtypes=("fp8",))
     with pytest.raises(ValueError):
-        B.make_points(num_heads=30, num_kv_heads=8)
+        P.make_points(num_heads=30, num_kv_heads=8)
 
 
 # --------------------------------------------------------------------------- validate matrix
@@ -109,7 +132,7 @@ def test_default_validate_matrix():
     names = {c.name for c in m}
     assert "v2 q=bf16 kv=fp8 head=256 block=32 heads=8/2 alibi=on ctx=2100" in names
     # contexts end mid-block and span several v2 partitions
-    assert any(c % 16 and H.num_partitions(c) >= 3 for c in V.DEFAULT_CONTEXTS)
+    assert any(c % 16 and Dp.num_partitions(c) >= 3 for c in V.DEFAULT_CONTEXTS)
 
 
 def test_validate_matrix_trims_and_rejects():
@@ -134,21 +157,21 @@ def test_case_seq_lens():
 
 
 def test_alibi_slopes():
-    s8 = H.alibi_slopes_list(8)
+    s8 = I.alibi_slopes_list(8)
     assert s8 == pytest.approx([2 ** -(i + 1) for i in range(8)])
-    s12 = H.alibi_slopes_list(12)
+    s12 = I.alibi_slopes_list(12)
     assert len(s12) == 12 and all(0 < x < 1 for x in s12)
 
 
 def test_e4m3_decoding():
-    assert H.e4m3_value(0x00) == 0.0
-    assert H.e4m3_value(0x80) == 0.0 and math.copysign(1, H.e4m3_value(0x80)) == -1
-    assert H.e4m3_value(0x38) == 1.0  # exp 7, man 0
-    assert H.e4m3_value(0x7E) == 448.0
-    assert H.e4m3_value(0xFE) == -448.0
-    assert H.e4m3_value(0x01) == 2.0**-9
-    assert math.isnan(H.e4m3_value(0x7F)) and math.isnan(H.e4m3_value(0xFF))
-    assert H.e4m3_value(H.FP8_MAX_MAGNITUDE_BYTE - 1) == 7.5
+    assert I.e4m3_value(0x00) == 0.0
+    assert I.e4m3_value(0x80) == 0.0 and math.copysign(1, I.e4m3_value(0x80)) == -1
+    assert I.e4m3_value(0x38) == 1.0  # exp 7, man 0
+    assert I.e4m3_value(0x7E) == 448.0
+    assert I.e4m3_value(0xFE) == -448.0
+    assert I.e4m3_value(0x01) == 2.0**-9
+    assert math.isnan(I.e4m3_value(0x7F)) and math.isnan(I.e4m3_value(0xFF))
+    assert I.e4m3_value(I.FP8_MAX_MAGNITUDE_BYTE - 1) == 7.5
 
 
 @needs_torch
@@ -157,7 +180,7 @@ def test_e4m3_table_matches_torch_float8():
         pytest.skip("torch has no float8_e4m3fn")
     b = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     t = b.view(torch.float8_e4m3fn).to(torch.float64)
-    ours = torch.tensor(H.e4m3_table(), dtype=torch.float64)
+    ours = torch.tensor(I.e4m3_table(), dtype=torch.float64)
     assert torch.equal(torch.isnan(t), torch.isnan(ours))
     ok = ~torch.isnan(t)
     assert torch.equal(t[ok], ours[ok])
@@ -165,43 +188,44 @@ def test_e4m3_table_matches_torch_float8():
 
 def test_statistics():
     xs = [0.5, 1.0, 2.0, 4.0]
-    assert H.geomean(xs) == pytest.approx(math.sqrt(2))
-    assert H.median(xs) == 1.5
-    assert H.quantile([1, 2, 3, 4, 5], 0.1) == pytest.approx(1.4)
-    assert H.quantile([3.0], 0.9) == 3.0
-    s = H.summarize([1.1, 0.9, 1.21])
+    assert S.geomean(xs) == pytest.approx(math.sqrt(2))
+    assert S.median(xs) == 1.5
+    assert S.quantile([1, 2, 3, 4, 5], 0.1) == pytest.approx(1.4)
+    assert S.quantile([3.0], 0.9) == 3.0
+    s = S.summarize([1.1, 0.9, 1.21])
     assert s["n"] == 3 and s["min"] == 0.9 and s["median"] == 1.1 and s["max"] == 1.21
     assert s["geomean"] == pytest.approx((1.1 * 0.9 * 1.21) ** (1 / 3))
     with pytest.raises(ValueError):
-        H.geomean([])
+        S.geomean([])
     with pytest.raises(ValueError):
-        H.geomean([1.0, 0.0])
+        S.geomean([1.0, 0.0])
 
 
 def test_parse_lib_specs():
-    assert H.parse_lib_spec("stock=/a/b:c/s.so:stock_") == ("stock", "/a/b:c/s.so", "stock_")
-    assert H.parse_lib_specs(["a=x.so:p,b=y.so:q", "c=z.so:r"]) == [
+    assert Ln.parse_lib_spec("stock=/a/b:c/s.so:stock_") == Ln.LibSpec("stock", "/a/b:c/s.so", "stock_")
+    assert str(Ln.parse_lib_spec("a=x.so:p")) == "a=x.so:p"
+    assert [tuple(vars(s).values()) for s in Ln.parse_lib_specs(["a=x.so:p,b=y.so:q", "c=z.so:r"])] == [
         ("a", "x.so", "p"), ("b", "y.so", "q"), ("c", "z.so", "r")]
     for bad in ("x.so:p", "a=x.so", "a=:p", "=x.so:p"):
         with pytest.raises(ValueError):
-            H.parse_lib_spec(bad)
+            Ln.parse_lib_spec(bad)
     with pytest.raises(ValueError):
-        H.parse_lib_specs(["a=x.so:p", "a=y.so:q"])
-    assert H.order_variants(["paper", "stock", "patched"]) == ["stock", "paper", "patched"]
-    assert H.order_variants(["x", "y"]) == ["x", "y"]
+        Ln.parse_lib_specs(["a=x.so:p", "a=y.so:q"])
+    assert Ln.order_variants(["paper", "stock", "patched"]) == ["stock", "paper", "patched"]
+    assert Ln.order_variants(["x", "y"]) == ["x", "y"]
 
 
 def test_lib_info(tmp_path):
     f = tmp_path / "k.so"
     f.write_bytes(b"abc")
-    i = H.lib_info(f, "pre")
+    i = Ln.lib_info(f, "pre")
     assert i["bytes"] == 3 and i["prefix"] == "pre"
     assert i["sha256"].startswith("ba7816bf")
-    assert "error" in H.lib_info(tmp_path / "missing.so", "p")
+    assert "error" in Ln.lib_info(tmp_path / "missing.so", "p")
 
 
 def test_json_safe():
-    assert H.json_safe({"a": float("nan"), "b": (1, float("inf")), 3: [1.5]}) == {
+    assert Rp.json_safe({"a": float("nan"), "b": (1, float("inf")), 3: [1.5]}) == {
         "a": "nan", "b": [1, "inf"], "3": [1.5]}
 
 
@@ -212,7 +236,7 @@ def test_json_safe():
 def test_block_tables_scattered_distinct_with_block_zero():
     lens = [40, 5, 33]
     for seed in range(20):
-        t = H.make_block_tables(lens, 16, 20, seed=seed, extra_cols=1)
+        t = I.make_block_tables(lens, 16, 20, seed=seed, extra_cols=1)
         assert t.dtype == torch.int32 and t.shape == (3, 4)
         used = torch.cat([t[0, :3], t[1, :1], t[2, :3]])
         assert len(set(used.tolist())) == 7
@@ -220,36 +244,36 @@ def test_block_tables_scattered_distinct_with_block_zero():
         assert 0 in t[0, 1:3].tolist()  # block 0 in the longest sequence, as a "next" block
         assert int(t.min()) >= 0 and int(t.max()) < 20
     with pytest.raises(ValueError):
-        H.make_block_tables([100], 16, 3, seed=0)
+        I.make_block_tables([100], 16, 3, seed=0)
 
 
 @needs_torch
 def test_block_tables_are_scattered():
-    t = H.make_block_tables([16 * 200], 16, 1000, seed=1)
+    t = I.make_block_tables([16 * 200], 16, 1000, seed=1)
     d = torch.diff(t[0].long())
     assert int((d == 1).sum()) < 10  # not contiguous
 
 
 @needs_torch
 def test_random_fp8_bytes_never_nan():
-    g = H.make_generator("cpu", 0)
-    b = H.random_e4m3_bytes((100_000,), device="cpu", generator=g)
+    g = I.make_generator("cpu", 0)
+    b = I.random_e4m3_bytes((100_000,), device="cpu", generator=g)
     assert b.dtype == torch.uint8
     assert not bool(((b == 0x7F) | (b == 0xFF)).any())
-    assert int((b & 0x7F).max()) < H.FP8_MAX_MAGNITUDE_BYTE
+    assert int((b & 0x7F).max()) < I.FP8_MAX_MAGNITUDE_BYTE
     assert 0.4 < float((b >> 7).float().mean()) < 0.6
 
 
 @needs_torch
 @pytest.mark.parametrize("dtype,kv", [("fp16", "auto"), ("bf16", "auto"), ("fp32", "auto"), ("fp16", "fp8"), ("fp32", "fp8")])
 def test_make_inputs_shapes(dtype, kv):
-    inp = H.make_inputs(dtype=dtype, kv_cache_dtype=kv, head_size=64, block_size=16, num_heads=8,
+    inp = I.make_inputs(dtype=dtype, kv_cache_dtype=kv, head_size=64, block_size=16, num_heads=8,
                         num_kv_heads=2, seq_lens=[17, 3, 40], alibi=True, seed=1, device="cpu")
-    x = H.cache_x(dtype, kv)
+    x = I.cache_x(dtype, kv)
     assert inp.key_cache.shape[1:] == (2, 64 // x, 16, x)
     assert inp.value_cache.shape[1:] == (2, 64, 16)
-    assert inp.key_cache.dtype == (torch.uint8 if kv == "fp8" else H.torch_dtype(dtype))
-    assert inp.query.shape == (3, 8, 64) and inp.query.dtype == H.torch_dtype(dtype)
+    assert inp.key_cache.dtype == (torch.uint8 if kv == "fp8" else I.torch_dtype(dtype))
+    assert inp.query.shape == (3, 8, 64) and inp.query.dtype == I.torch_dtype(dtype)
     assert inp.block_tables.shape == (3, 4) and inp.max_seq_len == 40 and inp.max_num_partitions == 1
     assert inp.seq_lens.dtype == torch.int32 and inp.seq_lens.tolist() == [17, 3, 40]
     assert inp.alibi_slopes.shape == (8,) and inp.k_scale.shape == (1,)
@@ -257,29 +281,29 @@ def test_make_inputs_shapes(dtype, kv):
     if kv == "auto":
         assert inp.k_scale_value == 1.0
     # reproducible
-    again = H.make_inputs(dtype=dtype, kv_cache_dtype=kv, head_size=64, block_size=16, num_heads=8,
+    again = I.make_inputs(dtype=dtype, kv_cache_dtype=kv, head_size=64, block_size=16, num_heads=8,
                           num_kv_heads=2, seq_lens=[17, 3, 40], alibi=True, seed=1, device="cpu")
     assert torch.equal(inp.key_cache, again.key_cache) and torch.equal(inp.block_tables, again.block_tables)
 
 
 @needs_torch
 def test_buffers_poisoned_and_written_check():
-    inp = H.make_inputs(dtype="fp16", kv_cache_dtype="auto", head_size=64, block_size=16, num_heads=4,
+    inp = I.make_inputs(dtype="fp16", kv_cache_dtype="auto", head_size=64, block_size=16, num_heads=4,
                         num_kv_heads=4, seq_lens=[1100, 5], alibi=False, seed=0, device="cpu")
-    b1 = H.make_buffers(inp, "v1")
-    assert b1.exp_sums is None and H.count_unwritten(b1.out) == b1.out.numel()
-    b2 = H.make_buffers(inp, "v2")
+    b1 = Ln.make_buffers(inp, "v1")
+    assert b1.exp_sums is None and Ln.count_unwritten(b1.out) == b1.out.numel()
+    b2 = Ln.make_buffers(inp, "v2")
     assert b2.exp_sums.shape == (2, 4, 3) and b2.tmp_out.shape == (2, 4, 3, 64)
     assert b2.tmp_out.dtype == torch.float16 and b2.max_logits.dtype == torch.float32
-    assert all(H.count_unwritten(t) == t.numel() for t in b2.tensors())
+    assert all(Ln.count_unwritten(t) == t.numel() for t in b2.tensors())
     b2.out.fill_(1.0)
-    assert H.all_written(b2.out)
+    assert Ln.all_written(b2.out)
     b2.out[1, 2, 3] = float("nan")
-    assert H.count_unwritten(b2.out) == 1 and not H.all_written(b2.out)
-    m = H.written_partitions_mask([1100, 5], 4, 3, "cpu")
+    assert Ln.count_unwritten(b2.out) == 1 and not Ln.all_written(b2.out)
+    m = Ln.written_partitions_mask([1100, 5], 4, 3, "cpu")
     assert m.shape == (2, 4, 3) and m[0].all() and m[1, :, 0].all() and not m[1, :, 1:].any()
     with pytest.raises(ValueError):
-        H.make_buffers(inp, "v3")
+        Ln.make_buffers(inp, "v3")
 
 
 # --------------------------------------------------------------------------- reference vs a naive loop
@@ -299,7 +323,7 @@ def naive_attention(inp) -> list:
 
     def val(t, idx, scale):
         v = t[idx].item()
-        return H.e4m3_value(int(v)) * scale if fp8 else float(v)
+        return I.e4m3_value(int(v)) * scale if fp8 else float(v)
 
     out = []
     for i, L in enumerate(inp.seq_lens_list):
@@ -340,39 +364,39 @@ def naive_attention(inp) -> list:
     ],
 )
 def test_reference_matches_naive_loop(dtype, kv, heads, alibi, lens, bs):
-    inp = H.make_inputs(dtype=dtype, kv_cache_dtype=kv, head_size=16, block_size=bs, num_heads=heads[0],
+    inp = I.make_inputs(dtype=dtype, kv_cache_dtype=kv, head_size=16, block_size=bs, num_heads=heads[0],
                         num_kv_heads=heads[1], seq_lens=lens, alibi=alibi, seed=11, device="cpu")
     if kv == "fp8":
         assert inp.k_scale_value != 1.0 and inp.v_scale_value != 1.0
-    ref = H.reference_attention(inp)
+    ref = R.reference_attention(inp)
     assert ref.dtype == torch.float64 and ref.shape == inp.query.shape
     naive = torch.tensor(naive_attention(inp), dtype=torch.float64)
     assert torch.allclose(ref, naive, rtol=1e-10, atol=1e-12)
-    ref32 = H.reference_attention(inp, compute_dtype=torch.float32)
-    assert H.max_rel_l2_per_seq(ref32, naive) < 1e-5
+    ref32 = R.reference_attention(inp, compute_dtype=torch.float32)
+    assert R.max_rel_l2_per_seq(ref32, naive) < 1e-5
 
 
 @needs_torch
 def test_reference_single_token_is_its_value():
-    inp = H.make_inputs(dtype="fp32", kv_cache_dtype="auto", head_size=16, block_size=16, num_heads=2,
+    inp = I.make_inputs(dtype="fp32", kv_cache_dtype="auto", head_size=16, block_size=16, num_heads=2,
                         num_kv_heads=1, seq_lens=[1], alibi=True, seed=3, device="cpu")
     blk = int(inp.block_tables[0, 0])
     v = inp.value_cache[blk, 0, :, 0].double()
-    ref = H.reference_attention(inp)
+    ref = R.reference_attention(inp)
     assert torch.allclose(ref[0, 0], v) and torch.allclose(ref[0, 1], v)
 
 
 @needs_torch
 def test_rel_l2():
     a = torch.tensor([3.0, 4.0])
-    assert H.rel_l2(a, a) == 0.0
-    assert H.rel_l2(torch.tensor([3.0, 4.5]), a) == pytest.approx(0.1)
-    assert H.rel_l2(torch.zeros(2), torch.zeros(2)) == 0.0
-    assert math.isnan(H.rel_l2(torch.tensor([float("nan"), 1.0]), a))
+    assert R.rel_l2(a, a) == 0.0
+    assert R.rel_l2(torch.tensor([3.0, 4.5]), a) == pytest.approx(0.1)
+    assert R.rel_l2(torch.zeros(2), torch.zeros(2)) == 0.0
+    assert math.isnan(R.rel_l2(torch.tensor([float("nan"), 1.0]), a))
     ref = torch.ones(2, 3)
     out = ref.clone()
     out[1] *= 1.5
-    assert H.max_rel_l2_per_seq(out, ref) == pytest.approx(0.5)
+    assert R.max_rel_l2_per_seq(out, ref) == pytest.approx(0.5)
 
 
 # --------------------------------------------------------------------------- fake kernels: whole pipelines on CPU
@@ -386,7 +410,7 @@ class FakeKernels:
         self.fault = fault
         if says_configs:
             self.configs = configs if configs is not None else tuple(
-                H.config_label(d, kv, h, b) for d in H.DTYPES for kv in H.KV_CACHE_DTYPES
+                Ln.config_label(d, kv, h, b) for d in I.DTYPES for kv in I.KV_CACHE_DTYPES
                 for h in (16, 32, 64, 128) for b in (8, 16, 32))
         self.says_configs = says_configs
         self.calls = 0
@@ -396,13 +420,13 @@ class FakeKernels:
         self.calls += 1
         if not self.says_configs and query.dtype == torch.float32:
             raise RuntimeError("failed for fp32/...: not built")
-        inp = H.AttentionInputs(
+        inp = I.AttentionInputs(
             query=query, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables,
             seq_lens=seq_lens, seq_lens_list=seq_lens.tolist(), num_kv_heads=num_kv_heads, scale=scale,
             block_size=block_size, max_seq_len=max_seq_len, alibi_slopes=alibi_slopes,
             kv_cache_dtype=kv_cache_dtype, k_scale=k_scale, v_scale=v_scale,
             k_scale_value=float(k_scale[0]), v_scale_value=float(v_scale[0]))
-        res = H.reference_attention(inp).to(out.dtype)
+        res = R.reference_attention(inp).to(out.dtype)
         if self.fault == "unwritten":
             res[-1, -1, -1] = float("nan")
         elif self.fault == "offbyone":
@@ -419,7 +443,7 @@ class FakeKernels:
         res = self._compute(out, *args)
         seq_lens = args[6]
         for i, L in enumerate(seq_lens.tolist()):
-            p = H.num_partitions(L)
+            p = Dp.num_partitions(L)
             exp_sums[i, :, :p] = 1.0 + (self.fault == "scratch")
             max_logits[i, :, :p] = 0.5
             tmp_out[i, :, :p] = res[i][:, None, :]
@@ -505,23 +529,68 @@ def test_run_validate_variant_missing_config_or_stock_crash_fails():
     assert rep.n_failed == 2 and all(f.startswith("stock: ") and "illegal memory" in f for f in rep.failures)
 
 
+def run_cli(*args: str) -> int:
+    """kvpatch's CLI in this process (so monkeypatches apply); the exit code it would give."""
+    from kvpatch import cli
+    from kvpatch.errors import KvpatchError
+
+    try:
+        cli.app(list(args), standalone_mode=False)
+    except KvpatchError as e:
+        return e.exit_code
+    return 0
+
+
 @needs_torch
-def test_validate_main_exit_codes(monkeypatch, tmp_path, capsys):
-    made = {}
-
-    def fake_load(specs):
-        made.update({n: FakeKernels("offbyone" if n == "bad" else None) for n, _, _ in specs})
-        return dict(made)
-
-    monkeypatch.setattr(H, "load_libs", fake_load)
+def test_validate_with_prebuilt_libs_exit_codes(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(Ln, "load_libs", lambda specs: {s.name: FakeKernels("offbyone" if s.name == "bad" else None)
+                                                        for s in specs})
+    info = tmp_path / "variants.json"
+    info.write_text(json.dumps({"good": "lookahead=1 size=auto", "stock": "stock"}))
     common = ["--dtypes", "fp32", "--kv", "auto", "--head-sizes", "32", "--block-sizes", "16", "--kernels", "v1",
-              "--heads", "4/2", "--alibi", "off", "--contexts", "17", "--device", "cpu", "-q"]
+              "--heads", "4/2", "--alibi", "off", "--contexts", "17", "--device", "cpu"]
     out = tmp_path / "v.json"
-    rc = V.main(["--lib", "stock=s.so:s", "--lib", "good=g.so:g", "--json", str(out), *common])
-    assert rc == 0 and json.loads(out.read_text())["ok"]
-    rc = V.main(["--lib", "stock=s.so:s,bad=b.so:b", *common])
+    rc = run_cli("validate", "--lib", "stock=s.so:s", "--lib", "good=g.so:g", "--variant-info", str(info),
+                 "--json", str(out), *common)
+    d = json.loads(out.read_text())
+    assert rc == 0 and d["ok"] and d["matrix"] == "custom" and d["identical"] == {"good": {"checked": 1, "identical": 1}}
+    assert d["env"]["libs"]["good"]["marker"] == "lookahead=1 size=auto" and d["env"]["libs"]["good"]["so"] == "g.so"
+    capsys.readouterr()
+    rc = run_cli("validate", "--lib", "stock=s.so:s,bad=b.so:b", *common)
     assert rc == V.EXIT_MISMATCH
-    assert "MISMATCH bad: v1 q=fp32 kv=auto head=32 block=16 heads=4/2 alibi=off ctx=17" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "bad: v1 q=fp32 kv=auto head=32 block=16 heads=4/2 alibi=off ctx=17" in captured.err
+    assert "bad: 0/1 bit-identical" in captured.out
+    assert run_cli("validate", "--lib", "stock=s.so", *common) == 2  # no prefix
+    assert run_cli("validate", "--lib", "s=s.so:s", "--quick", "--full", "--device", "cpu") == 2
+
+
+def test_full_matrix_covers_every_vllm_instantiation(tmp_path):
+    m = V.full_matrix()
+    configs = {(c.dtype, c.kv_cache_dtype, c.head_size, c.block_size, c.kernel, c.alibi) for c in m}
+    for d in ("fp16", "bf16", "fp32"):
+        for h in V.VLLM_HEAD_SIZES:
+            for b in V.VLLM_BLOCK_SIZES:
+                for k in ("v1", "v2"):
+                    for al in (False, True):
+                        assert (d, "auto", h, b, k, al) in configs
+                        assert ((d, "fp8", h, b, k, al) in configs) == (h % 16 == 0)
+    assert len(m) == 2 * len(configs) == 1224
+    assert {(c.num_heads, c.num_kv_heads) for c in m} == {(8, 2), (4, 4)}
+    assert {c.context for c in m} == set(V.FULL_SHORT_CONTEXTS + V.FULL_LONG_CONTEXTS)
+    # each configuration: one short context and one spanning several v2 partitions, both head layouts
+    per = {}
+    for c in m:
+        per.setdefault((c.dtype, c.kv_cache_dtype, c.head_size, c.block_size, c.kernel, c.alibi), []).append(c)
+    assert all(len(v) == 2 and v[0].context <= 17 < 513 <= v[1].context and v[0].num_heads != v[1].num_heads
+               for v in per.values())
+    # the sizes come from the tree's launcher file (kvpatch.build.vllm_kernel_set)
+    launcher = tmp_path / "csrc/attention/paged_attention_v1.cu"
+    launcher.parent.mkdir(parents=True)
+    launcher.write_text("LAUNCH_PAGED_ATTENTION_V1(64);\nLAUNCH_PAGED_ATTENTION_V1(96);\n"
+                        "CALL_V1_LAUNCHER_SPARSITY(T, CACHE_T, 16, IS_FP8_KV_CACHE);\n")
+    assert V.vllm_sizes(tmp_path) == ((64, 96), (16,))
+    assert V.vllm_sizes(None) == (V.VLLM_HEAD_SIZES, V.VLLM_BLOCK_SIZES)
 
 
 # --------------------------------------------------------------------------- bench pipeline and stats
@@ -529,7 +598,7 @@ def test_validate_main_exit_codes(monkeypatch, tmp_path, capsys):
 
 def _synthetic_report():
     names = ["stock", "fast", "slow"]
-    pts = [B.BenchPoint("fp16", 1, 1024), B.BenchPoint("fp16", 64, 1024), B.BenchPoint("bf16", 1, 1024)]
+    pts = [P.BenchPoint("fp16", 1, 1024), P.BenchPoint("fp16", 64, 1024), P.BenchPoint("bf16", 1, 1024)]
     raw = {}
     for p in pts:
         for k in ("v1", "v2"):
@@ -540,8 +609,8 @@ def _synthetic_report():
                     "fast": [[base / 2] * 3, [base / 2] * 3],
                     "slow": [[base * 1.25] * 3, [base * 1.25] * 3],
                 }
-    results = B.finish_results(raw, names, copy_bytes_per_s=4e12)
-    return B.BenchReport(baseline="stock", variants=names, results=results,
+    results = Rp.finish_results(raw, names, copy_bytes_per_s=4e12)
+    return Rp.BenchReport(baseline="stock", variants=names, results=results,
                          copy_bandwidth={"bytes_per_s": 4e12}, settings={"reps": 3}, env={"gpu": {"name": "fake"}})
 
 
@@ -567,24 +636,27 @@ def test_summary_over_dispatched_points():
     assert rows[("slow", "bf16", "cold", "dispatched")]["n"] == 1
     assert rows[("slow", "fp16", "warm", "v1")]["n"] == 2
     assert ("stock", "fp16", "warm", "dispatched") not in rows
-    mixed = B.summarize_results(rep.results, ["stock", "fast"])
+    mixed = Rp.summarize_results(rep.results, ["stock", "fast"])
     assert {r["variant"] for r in mixed} == {"fast"}
 
 
 def test_bench_report_json_and_tables(tmp_path):
     rep = _synthetic_report()
     path = tmp_path / "r.json"
-    rep.write_json(path)
+    path.write_text(rep.to_json())
     d = json.loads(path.read_text())
     assert d["kind"] == "kvpatch-bench" and d["variants"] == ["stock", "fast", "slow"]
     assert len(d["results"]) == 12 and d["results"][0]["variants"]["stock"]["samples_us"][0] == pytest.approx([100.0, 110.0, 90.0])
     assert {s["scope"] for s in d["summary"]} == {"dispatched", "v1", "v2"}
     from rich.console import Console
 
+    from kvpatch.render_gpu import print_bench
+
     c = Console(record=True, width=250)
-    rep.print(c)
+    print_bench(rep, c)
     text = c.export_text()
     assert "v1*" in text and "2.00" in text and "0.80" in text and "geomean" in text
+    assert "[2.00..2.00]" in text and "slower" in text
 
 
 def test_plot_bench_writes_png(tmp_path):
@@ -603,7 +675,7 @@ def test_plot_bench_writes_png(tmp_path):
 @needs_torch
 def test_run_bench_on_cpu_with_fakes(tmp_path):
     libs = {"stock": FakeKernels(), "paper": FakeKernels(), "broken": FakeKernels("offbyone")}
-    pts = B.make_points(dtypes=("fp16",), batches=(1, 2), contexts=(16, 600), num_heads=4, num_kv_heads=2,
+    pts = P.make_points(dtypes=("fp16",), batches=(1, 2), contexts=(16, 600), num_heads=4, num_kv_heads=2,
                         head_size=32, block_size=16)
     msgs = []
     rep = B.run_bench(libs, pts, reps=2, warmup=1, rounds=2, device="cpu", l2_bytes=1 << 16,
@@ -627,25 +699,31 @@ def test_run_bench_on_cpu_with_fakes(tmp_path):
 
 
 @needs_torch
-def test_bench_main_on_cpu(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(H, "load_libs", lambda specs: {n: FakeKernels() for n, _, _ in specs})
-    real = B.run_bench
+def test_bench_with_prebuilt_libs_on_cpu(monkeypatch, tmp_path, capsys):
+    from kvpatch.gpu import bench as Bn
+
+    monkeypatch.setattr(Ln, "load_libs", lambda specs: {s.name: FakeKernels() for s in specs})
+    real = Bn.run_bench
 
     def small(libs, points, **kw):
         kw.update(l2_bytes=1 << 16, copy_bytes=1 << 20)
         return real(libs, points, **kw)
 
-    monkeypatch.setattr(B, "run_bench", small)
+    monkeypatch.setattr(Bn, "run_bench", small)
     info = tmp_path / "info.json"
-    info.write_text(json.dumps({"patched": {"lookahead": 2}}))
-    rc = B.main(["--lib", "stock=s.so:s", "--lib", "patched=p.so:p", "--device", "cpu", "--dtypes", "bf16",
-                 "--batches", "1", "--contexts", "40", "--heads", "4/2", "--head-size", "32", "--reps", "2",
-                 "--rounds", "1", "--no-cold", "--json", str(tmp_path / "r.json"), "--variant-info", str(info), "-q"]
-                + (["--plot", str(tmp_path / "r.png")] if _has_mpl() else []))
+    info.write_text(json.dumps({"patched": {"marker": "lookahead=2", "compile_flags": ["-O3"]}}))
+    rc = run_cli("bench", "--lib", "stock=s.so:s", "--lib", "patched=p.so:p", "--device", "cpu", "--dtypes", "bf16",
+                 "--batches", "1", "--contexts", "40", "--heads", "4/2", "--head-sizes", "32", "--reps", "2",
+                 "--rounds", "2", "--no-cold", "--json", str(tmp_path / "r.json"), "--variant-info", str(info),
+                 *(["--plot", str(tmp_path / "r.png")] if _has_mpl() else []))
     assert rc == 0
     d = json.loads((tmp_path / "r.json").read_text())
-    assert d["env"]["variants"]["patched"]["lookahead"] == 2
-    assert d["env"]["variants"]["stock"]["so"] == "s.so"
+    assert d["point_set"] == "custom" and d["variant_info"]["patched"]["marker"] == "lookahead=2"
+    assert d["variant_info"]["patched"]["compile_flags"] == ["-O3"] and d["variant_info"]["stock"]["so"] == "s.so"
+    assert d["variant_info"]["stock"]["marker"] == "stock"
+    assert [p["head_size"] for p in d["settings"]["points"]] == [32]
+    row = d["summary"][0]
+    assert row["faster"] + row["noise"] + row["slower"] == row["n"]
     assert "speedup over stock" in capsys.readouterr().out
 
 
@@ -663,7 +741,7 @@ def test_time_interleaved_rotates_and_counts():
     order = []
     fns = [lambda i=i: order.append(i) for i in range(3)]
     flushes = []
-    us = B.time_interleaved(fns, reps=3, warmup=1, timer=B._Timer("cpu"), flush=lambda: flushes.append(1))
+    us = Tm.time_interleaved(fns, reps=3, warmup=1, timer=Tm.Timer("cpu"), flush=lambda: flushes.append(1))
     assert [len(u) for u in us] == [3, 3, 3]
     assert order[:3] == [0, 1, 2]  # warm-up
     assert order[3:] == [0, 1, 2, 1, 2, 0, 2, 0, 1]  # rotated per repeat
@@ -673,23 +751,34 @@ def test_time_interleaved_rotates_and_counts():
 @needs_torch
 def test_run_bench_refuses_unbuilt_points():
     libs = {"stock": FakeKernels(), "v": FakeKernels(configs=("fp16/auto/32/16",))}
-    pts = B.make_points(dtypes=("fp16", "bf16"), batches=(1,), contexts=(16,), num_heads=4, num_kv_heads=2,
+    pts = P.make_points(dtypes=("fp16", "bf16"), batches=(1,), contexts=(16,), num_heads=4, num_kv_heads=2,
                         head_size=32, block_size=16)
     with pytest.raises(ValueError, match="bf16/auto/32/16 not built in v"):
         B.run_bench(libs, pts, reps=1, rounds=1, device="cpu", l2_bytes=1 << 16, copy_bytes=1 << 16)
 
 
-def test_launch_argument_order_matches_runtime():
-    """harness.launch passes vLLM's op arguments in kvpatch.gpu.launch.Kernels' order."""
+KERNELS_COMMON_ARGS = ["query", "key_cache", "value_cache", "num_kv_heads", "scale", "block_tables", "seq_lens",
+                       "block_size", "max_seq_len", "alibi_slopes", "kv_cache_dtype", "k_scale", "v_scale"]
+
+
+def _kernels_params():
     import inspect
 
-    runtime = pytest.importorskip("kvpatch.gpu.launch")
-    v1 = list(inspect.signature(runtime.Kernels.v1).parameters)[1:]
-    v2 = list(inspect.signature(runtime.Kernels.v2).parameters)[1:]
-    common = ["query", "key_cache", "value_cache", "num_kv_heads", "scale", "block_tables", "seq_lens",
-              "block_size", "max_seq_len", "alibi_slopes", "kv_cache_dtype", "k_scale", "v_scale"]
-    assert v1 == ["out", *common]
-    assert v2 == ["out", "exp_sums", "max_logits", "tmp_out", *common]
+    v1 = list(inspect.signature(Ln.Kernels.v1).parameters)[1:]
+    v2 = list(inspect.signature(Ln.Kernels.v2).parameters)[1:]
+    return v1, v2
+
+
+def test_kernels_take_vllms_op_arguments():
+    v1, v2 = _kernels_params()
+    assert v1 == ["out", *KERNELS_COMMON_ARGS]
+    assert v2 == ["out", "exp_sums", "max_logits", "tmp_out", *KERNELS_COMMON_ARGS]
+
+
+def test_launch_argument_order_matches_kernels():
+    """launch.launch passes vLLM's op arguments in Kernels' order."""
+    pytest.importorskip("torch")
+    _, v2 = _kernels_params()
 
     class Rec:
         def v1(self, *a):
@@ -698,15 +787,157 @@ def test_launch_argument_order_matches_runtime():
         def v2(self, *a):
             self.args = a
 
-    if torch is None:
-        return
-    inp = H.make_inputs(dtype="fp16", kv_cache_dtype="fp8", head_size=32, block_size=16, num_heads=4,
+    inp = I.make_inputs(dtype="fp16", kv_cache_dtype="fp8", head_size=32, block_size=16, num_heads=4,
                         num_kv_heads=2, seq_lens=[600], alibi=True, seed=0, device="cpu")
     r = Rec()
-    b = H.make_buffers(inp, "v2")
-    H.launch(r, "v2", inp, b)
+    b = Ln.make_buffers(inp, "v2")
+    Ln.launch(r, "v2", inp, b)
     got = dict(zip(v2, r.args))
     assert got["out"] is b.out and got["tmp_out"] is b.tmp_out and got["exp_sums"] is b.exp_sums
     assert got["key_cache"] is inp.key_cache and got["kv_cache_dtype"] == "fp8"
     assert got["max_seq_len"] == 600 and got["block_size"] == 16 and got["num_kv_heads"] == 2
     assert got["alibi_slopes"] is inp.alibi_slopes and got["v_scale"] is inp.v_scale
+
+
+# --------------------------------------------------------------------------- the honest method (issue 8, part 1)
+
+
+def test_speedup_interval_and_verdict():
+    base = [[10.0, 10.0], [10.0, 10.0], [10.0, 10.0]]
+    faster = [[8.0, 8.0], [9.0, 9.0], [7.0, 7.0]]
+    lo, hi = S.speedup_interval(base, faster)
+    assert (lo, hi) == (pytest.approx(10 / 9), pytest.approx(10 / 7)) and S.verdict(lo, hi) == S.FASTER
+    slower = [[11.0], [12.0], [10.5]]
+    assert S.verdict(*S.speedup_interval([[10.0]] * 3, slower)) == S.SLOWER
+    mixed = [[9.5], [10.5], [10.0]]
+    assert S.verdict(*S.speedup_interval([[10.0]] * 3, mixed)) == S.NOISE
+    # one round: the quartile box
+    lo, hi = S.speedup_interval([[9.0, 10.0, 11.0, 12.0, 10.0]], [[9.0, 10.0, 11.0, 12.0, 10.0]])
+    assert lo < 1.0 < hi
+    assert math.isnan(S.speedup_interval([[]], [[]])[0])
+    assert S.verdict(math.nan, math.nan) == S.NOISE
+
+
+def test_summary_counts_points_within_noise():
+    names = ["stock", "v"]
+    raw = {}
+    for i, (b, ctx) in enumerate([(1, 1024), (4, 1024), (16, 1024)]):
+        p = P.BenchPoint("fp16", b, ctx)
+        per_round = [[10.0], [10.0], [10.0]]
+        v = [[[8.0], [8.5], [8.2]], [[10.2], [9.8], [10.0]], [[11.0], [11.5], [10.8]]][i]
+        raw[(p, p.dispatched, "warm")] = {"stock": per_round, "v": v}
+    rep = Rp.BenchReport("stock", names, Rp.finish_results(raw, names, 4e12), {}, {})
+    row = next(r for r in rep.summary if r["scope"] == "dispatched")
+    assert (row["faster"], row["noise"], row["slower"], row["n"]) == (1, 1, 1, 3)
+    assert row["worst_hi"] == pytest.approx(10 / 10.8)
+    d = json.loads(rep.to_json())
+    t = d["results"][2]["variants"]["v"]
+    assert t["verdict"] == "slower" and t["speedup_hi"] < 1.0
+
+
+def test_adaptive_reps():
+    assert Tm.adaptive_reps(50, 100.0) == 50
+    assert Tm.adaptive_reps(50, 30.0) == 50
+    assert Tm.adaptive_reps(50, 12.0) == 150
+    assert Tm.adaptive_reps(50, 1.0) == 200  # capped at 4x
+    assert Tm.adaptive_reps(50, float("nan")) == 50
+
+
+@needs_torch
+def test_l2_flush_reads_and_writes_twice_the_l2():
+    f = Tm.L2Flush("cpu", l2_bytes=1 << 12)
+    assert f.nbytes >= 2 * (1 << 12) and f.buf.numel() * 4 == f.nbytes
+    f()
+    f()
+    assert bool((f.buf == 2.0).all())  # every element read and written each time
+    assert float(f.sink) == 2.0 * f.buf.numel()  # and read again
+    assert "add_" in f.method and "zero_" not in f.method
+    with pytest.raises(ValueError, match="2x the L2"):
+        Tm.L2Flush("cpu", l2_bytes=1 << 12, nbytes=1 << 12)
+
+
+def test_decode_clock_event_reasons():
+    from kvpatch.gpu import env as E
+
+    assert E.decode_event_reasons("0x0000000000000000") == []
+    assert E.decode_event_reasons("0x0000000000000004") == ["sw_power_cap"]
+    assert E.decode_event_reasons("0x0000000000000041") == ["gpu_idle", "hw_thermal_slowdown"]
+    assert E.decode_event_reasons(0x1000) == ["bit_0x1000"]
+    assert E.decode_event_reasons("[N/A]") == [] and E.decode_event_reasons("") == []
+
+
+def test_window_summary_flags_power_capped_rounds():
+    from kvpatch.gpu import env as E
+
+    lines = [
+        "2026/11/30 12:00:00.000, 0, 1980, 3201, 650.10, 700.00, 60, 0x0000000000000000",
+        "2026/11/30 12:00:00.100, 0, 1755, 3201, 699.80, 700.00, 62, 0x0000000000000004",
+        "2026/11/30 12:00:00.200, 0, 1980, 3201, 500.00, 700.00, 61, 0x0000000000000000",
+        "garbage line",
+    ]
+    samples = [s for s in map(E.parse_sample_line, lines) if s is not None]
+    assert len(samples) == 3 and samples[1].reasons == ("sw_power_cap",) and samples[0].sm_mhz == 1980.0
+    t0 = samples[0].t
+    w = E.window_summary(samples, t0 - 0.01, t0 + 0.15)
+    assert w["samples"] == 2 and w["sm_mhz"] == [1755.0, 1980.0] and w["power_w"] == [650.1, 699.8]
+    assert w["power_capped"] and w["flagged"] and w["throttled"] == ["sw_power_cap"]
+    calm = E.window_summary(samples, t0 + 0.15, t0 + 0.25)
+    assert calm["samples"] == 1 and not calm["flagged"]
+    assert E.window_summary(samples, t0 + 10, t0 + 11) == {"t0": t0 + 10, "t1": t0 + 11, "samples": 0}
+
+
+def test_point_sets():
+    tuning = P.point_set("tuning")
+    headline = P.point_set("headline")
+    heldout = P.point_set("heldout")
+    assert len(tuning) == len(headline) == 24 and {p.seed for p in tuning} == {0} and {p.seed for p in headline} == {1}
+    assert [p.dispatched for p in tuning if p.dtype == "fp16"].count("v1") == 2
+    assert len(heldout) == 8 * 2 * 12 and 0 not in {p.seed for p in heldout}
+    shapes = {(p.num_heads, p.num_kv_heads, p.head_size, p.block_size, p.kv_cache_dtype) for p in heldout}
+    assert shapes == {(32, 8, 128, 16, "auto"), (32, 8, 64, 16, "auto"), (32, 8, 256, 16, "auto"),
+                      (32, 8, 128, 32, "auto"), (64, 8, 128, 16, "auto"), (8, 1, 128, 16, "auto"),
+                      (32, 32, 128, 16, "auto"), (32, 8, 128, 16, "fp8")}
+    # tune never sees a held-out (shape, seed) pair
+    assert not {(p.shape, p.seed) for p in heldout} & {(p.shape, p.seed) for p in tuning}
+    with pytest.raises(ValueError):
+        P.point_set("everything")
+
+
+def test_bench_points_from_options():
+    from kvpatch.errors import UsageError
+    from kvpatch.gpu.commands import BenchOptions, bench_points, marker_of, parse_heads
+
+    pts, name = bench_points(BenchOptions())
+    assert name == "headline" and len(pts) == 24
+    pts, name = bench_points(BenchOptions(point_set="heldout", heads=[(8, 1)], batches=[64]))
+    assert name == "heldout" and len(pts) == 2 * 3 and {p.num_kv_heads for p in pts} == {1}
+    pts, name = bench_points(BenchOptions(head_sizes=[64, 256], block_sizes=[32], heads=parse_heads("32/8,8/1"),
+                                          batches=[1], contexts=[1024], dtypes=["bf16"], seed=7))
+    assert name == "custom" and len(pts) == 4 and {p.seed for p in pts} == {7}
+    pts, _ = bench_points(BenchOptions(point_set="tuning", seed=5))
+    assert {p.seed for p in pts} == {5}
+    assert len(bench_points(BenchOptions(quick=True))[0]) == 8
+    with pytest.raises(UsageError):
+        bench_points(BenchOptions(point_set="tuning", batches=[3]))
+    with pytest.raises(UsageError):
+        parse_heads("32")
+    header = "x\n    // kvpatch:begin key lookahead=1 size=auto issue=call\n  y\n    // kvpatch:begin value lookahead=1\n"
+    assert marker_of(header) == "lookahead=1 size=auto issue=call" and marker_of("plain") == "stock"
+
+
+def test_validate_cases_from_options():
+    from kvpatch.errors import UsageError
+    from kvpatch.gpu.commands import ValidateOptions, validate_cases
+
+    cases, name, _ = validate_cases(ValidateOptions())
+    assert name == "default" and len(cases) == 1440
+    cases, name, sampling = validate_cases(ValidateOptions(full=True, dtypes=["bf16"], alibi=[True], block_sizes=[32]))
+    assert name == "full" and "filtered" in sampling
+    assert {c.dtype for c in cases} == {"bf16"} and {c.block_size for c in cases} == {32} and all(c.alibi for c in cases)
+    assert {c.head_size for c in cases} == set(V.VLLM_HEAD_SIZES)
+    cases, name, _ = validate_cases(ValidateOptions(dtypes=["fp16"], head_sizes=[80], contexts=[5]))
+    assert name == "custom" and {c.head_size for c in cases} == {80} and len(cases) == 2 * 2 * 2 * 2 * 2
+    with pytest.raises(UsageError):
+        validate_cases(ValidateOptions(quick=True, full=True))
+    with pytest.raises(UsageError):
+        validate_cases(ValidateOptions(quick=True, head_sizes=[32]))  # filters everything out

@@ -1,5 +1,8 @@
 """Call a library built by :mod:`kvpatch.build` from Python, with torch tensors.
 
+Also the harness's side of a launch: naming libraries (``NAME=path.so:prefix``),
+loading them, the output buffers (NaN-poisoned) and a launch as vLLM's op makes it.
+
 The library exports plain C launchers (``<prefix>_paged_attention_v1`` / ``_v2``) that
 take raw device pointers; :class:`Kernels` loads it with ctypes and offers the same
 arguments as vLLM's torch ops ``paged_attention_v1`` / ``paged_attention_v2``. torch
@@ -10,15 +13,21 @@ without it.
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from .. import dtypes as D
 from ..abi import ABI_VERSION
+from .dispatch import check_kernel
 
-#: torch dtype name -> (kvpatch.build's name, launcher code)
-DTYPE_CODES = {"float16": ("fp16", 0), "bfloat16": ("bf16", 1), "float32": ("fp32", 2)}
-#: vLLM's kv_cache_dtype -> (kvpatch.build's name, launcher code)
-KV_CACHE_CODES = {"auto": ("auto", 0), "fp8": ("fp8", 1), "fp8_e4m3": ("fp8", 1), "fp8_e5m2": ("fp8_e5m2", 2)}
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from .inputs import AttentionInputs
+
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 #: The arguments both launchers share, after v1's ``out`` / v2's four output pointers.
@@ -99,14 +108,14 @@ class Kernels:
               k_scale, v_scale) -> None:  # fmt: skip
         import torch
 
-        dtype_name, dtype = DTYPE_CODES.get(str(query.dtype).removeprefix("torch."), ("", None))
-        if dtype is None:
+        qd = D.by_torch_name(str(query.dtype))
+        if qd is None:
             raise ValueError(f"unsupported query dtype {query.dtype}: use float16, bfloat16 or float32")
+        dtype_name, dtype = qd.name, qd.code
         if out.dtype != query.dtype:
             raise ValueError(f"out is {out.dtype} but query is {query.dtype}")
-        kv_name, kv_code = KV_CACHE_CODES.get(kv_cache_dtype, ("", None))
-        if kv_code is None:
-            raise ValueError(f"unsupported kv_cache_dtype {kv_cache_dtype!r}: use {', '.join(KV_CACHE_CODES)}")
+        kv = D.kv_cache_dtype(kv_cache_dtype)  # ValueError naming the choices
+        kv_name, kv_code = kv.name, kv.code
         for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens)):
             if t.dtype != torch.int32:
                 raise ValueError(f"{name} must be int32, not {t.dtype}")
@@ -150,3 +159,167 @@ class Kernels:
         if scale.dtype != torch.float32 or scale.numel() != 1:
             raise ValueError(f"k_scale/v_scale must be a 1-element float32 tensor, not {scale.dtype} {tuple(scale.shape)}")
         return scale
+
+
+# --------------------------------------------------------------------------- naming and loading libraries
+
+
+@dataclass(frozen=True)
+class LibSpec:
+    """A prebuilt library given as ``NAME=path.so:prefix`` (``kvpatch bench --lib``)."""
+
+    name: str
+    path: str
+    prefix: str
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.path}:{self.prefix}"
+
+
+def parse_lib_spec(spec: str) -> LibSpec:
+    """``NAME=path.so:prefix`` -> a :class:`LibSpec`; the path may itself hold ':'."""
+    name, eq, rest = spec.partition("=")
+    path, colon, prefix = rest.rpartition(":")
+    if not eq or not name.strip() or not colon or not path or not prefix.strip():
+        raise ValueError(f"invalid library spec {spec!r}: expected NAME=path.so:prefix")
+    return LibSpec(name.strip(), path, prefix.strip())
+
+
+def parse_lib_specs(specs: Iterable[str]) -> list[LibSpec]:
+    """Several specs (each may also be a comma-separated list); names must be unique."""
+    out = [parse_lib_spec(part.strip()) for spec in specs for part in spec.split(",") if part.strip()]
+    names = [s.name for s in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"library name(s) given twice: {', '.join(dup)}")
+    return out
+
+
+def lib_info(path: str | os.PathLike[str], prefix: str) -> dict[str, Any]:
+    """Provenance of one library for a report: path, prefix, size and sha256."""
+    p = Path(path)
+    info: dict[str, Any] = {"so": str(p), "prefix": prefix}
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        info["error"] = str(e)
+        return info
+    info["bytes"] = len(data)
+    info["sha256"] = hashlib.sha256(data).hexdigest()
+    return info
+
+
+def load_libs(specs: Iterable[LibSpec]) -> dict[str, Kernels]:
+    """Load the specs as :class:`Kernels`, in order."""
+    return {s.name: Kernels(s.path, s.prefix) for s in specs}
+
+
+def config_label(dtype: str, kv_cache_dtype: str, head_size: int, block_size: int) -> str:
+    """The build's name of one instantiation: ``'fp16/auto/128/16'`` (KernelConfig.label)."""
+    return f"{dtype}/{kv_cache_dtype}/{head_size}/{block_size}"
+
+
+def is_built(lib: Any, label: str) -> bool | None:
+    """True / False when the library lists its configurations, None when it does not."""
+    cfgs = getattr(lib, "configs", None)
+    return None if cfgs is None else label in tuple(cfgs)
+
+
+def order_variants(names: Iterable[str], baseline: str = "stock") -> list[str]:
+    """The baseline first (``stock``, else the first name), then the rest in given order."""
+    names = list(names)
+    if not names:
+        raise ValueError("no libraries given")
+    base = baseline if baseline in names else names[0]
+    return [base] + [n for n in names if n != base]
+
+
+# --------------------------------------------------------------------------- buffers and launches
+
+
+@dataclass
+class OutputBuffers:
+    """``out`` for v1 and v2; the v2 scratch (exp_sums, max_logits, tmp_out) for v2.
+
+    v2 scratch: exp_sums / max_logits float32 ``[num_seqs, num_heads, partitions]``,
+    tmp_out ``[num_seqs, num_heads, partitions, head_size]`` in the query dtype."""
+
+    out: "torch.Tensor"
+    exp_sums: "torch.Tensor | None" = None
+    max_logits: "torch.Tensor | None" = None
+    tmp_out: "torch.Tensor | None" = None
+
+    def tensors(self) -> list["torch.Tensor"]:
+        return [t for t in (self.out, self.exp_sums, self.max_logits, self.tmp_out) if t is not None]
+
+
+def make_buffers(inp: "AttentionInputs", kernel: str) -> OutputBuffers:
+    """Output buffers for ``kernel``, already poisoned with NaN."""
+    import torch
+
+    check_kernel(kernel)
+    q = inp.query
+    bufs = OutputBuffers(out=torch.empty_like(q))
+    if kernel == "v2":
+        p = inp.max_num_partitions
+        s, h, d = q.shape
+        bufs.exp_sums = torch.empty((s, h, p), dtype=torch.float32, device=q.device)
+        bufs.max_logits = torch.empty((s, h, p), dtype=torch.float32, device=q.device)
+        bufs.tmp_out = torch.empty((s, h, p, d), dtype=q.dtype, device=q.device)
+    poison(bufs)
+    return bufs
+
+
+def poison(bufs: OutputBuffers) -> None:
+    """Fill every buffer with NaN, so an element the kernel skipped stays NaN."""
+    for t in bufs.tensors():
+        t.fill_(float("nan"))
+
+
+def count_unwritten(t: "torch.Tensor") -> int:
+    """Elements still NaN (poisoned, never written -- or computed NaN, equally wrong)."""
+    import torch
+
+    return int(torch.isnan(t).sum().item())
+
+
+def all_written(t: "torch.Tensor") -> bool:
+    return count_unwritten(t) == 0
+
+
+def written_partitions_mask(seq_lens: list[int], num_heads: int, max_partitions: int, device: Any) -> "torch.Tensor":
+    """bool ``[num_seqs, num_heads, max_partitions]``: the v2 partitions a sequence has
+    (the kernel leaves the others alone)."""
+    import torch
+
+    from .dispatch import num_partitions
+
+    parts = torch.tensor([num_partitions(L) for L in seq_lens], device=device)
+    idx = torch.arange(max_partitions, device=device)
+    m = idx[None, :] < parts[:, None]
+    return m[:, None, :].expand(len(seq_lens), num_heads, max_partitions)
+
+
+def launch(lib: Any, kernel: str, inp: "AttentionInputs", bufs: OutputBuffers) -> None:
+    """One v1 or v2 call through a :class:`Kernels`, as vLLM's op would make it."""
+    make_launcher(lib, kernel, inp, bufs)()
+
+
+def make_launcher(lib: Any, kernel: str, inp: "AttentionInputs", bufs: OutputBuffers) -> Callable[[], None]:
+    """A zero-argument closure doing :func:`launch` with its arguments bound (for timing loops)."""
+    tail = (
+        inp.query, inp.key_cache, inp.value_cache, inp.num_kv_heads, inp.scale, inp.block_tables, inp.seq_lens,
+        inp.block_size, inp.max_seq_len, inp.alibi_slopes, inp.kv_cache_dtype, inp.k_scale, inp.v_scale,
+    )  # fmt: skip
+    if check_kernel(kernel) == "v1":
+        fn, args = lib.v1, (bufs.out, *tail)
+    else:
+        fn, args = lib.v2, (bufs.out, bufs.exp_sums, bufs.max_logits, bufs.tmp_out, *tail)
+    return lambda: fn(*args)
+
+
+def synchronize(device: "torch.device | str") -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)

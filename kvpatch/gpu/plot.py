@@ -1,7 +1,8 @@
 """Draw a bench report: speedup over stock of the kernel vLLM dispatches, per point.
 
 One panel per dtype x mode (warm / cold), one series per variant, error bars from
-the per-round speedups (min..max), a 1.0 line. Works from a :class:`BenchReport`
+the speedup interval the report carries (min..max over rounds), a 1.0 line; points
+whose whole interval lies below 1.00 are drawn hollow and red-edged. Works from a :class:`BenchReport`
 or from its JSON (``to_dict()`` or a file written by ``--json``), so an old run can
 be redrawn. matplotlib (Agg) is imported inside :func:`plot_bench` only.
 """
@@ -33,6 +34,7 @@ def speedup_series(report: Any, *, dispatched_only: bool = True) -> dict[tuple[s
     base = d["baseline"]
     others = [v for v in d["variants"] if v != base]
     panels: dict[tuple[str, str], dict[str, Any]] = {}
+    shapes = {_shape(r["point"]) for r in d["results"]}
     for r in d["results"]:
         if dispatched_only and not r["dispatched"]:
             continue
@@ -41,7 +43,8 @@ def speedup_series(report: Any, *, dispatched_only: bool = True) -> dict[tuple[s
         panel = panels.setdefault(key, {"labels": [], "series": {v: {"speedup": [], "lo": [], "hi": []} for v in others}})
         ctx = pt["context"]
         ctx_s = f"{ctx // 1024}k" if ctx % 1024 == 0 else str(ctx)
-        panel["labels"].append(f"B{pt['batch']}\n{ctx_s}\n{r['kernel']}")
+        prefix = f"{_shape(pt)}\n" if len(shapes) > 1 else ""
+        panel["labels"].append(f"{prefix}B{pt['batch']}\n{ctx_s}\n{r['kernel']}")
         for v in others:
             t = r["variants"].get(v)
             s = panel["series"][v]
@@ -53,9 +56,15 @@ def speedup_series(report: Any, *, dispatched_only: bool = True) -> dict[tuple[s
             sp = float(t["speedup"])
             rounds = [float(x) for x in t.get("speedup_rounds") or [sp]]
             s["speedup"].append(sp)
-            s["lo"].append(min(rounds))
-            s["hi"].append(max(rounds))
+            s["lo"].append(float(t.get("speedup_lo", min(rounds))))
+            s["hi"].append(float(t.get("speedup_hi", max(rounds))))
     return panels
+
+
+def _shape(pt: dict[str, Any]) -> str:
+    """A short label of a point's shape: ``32/8 h128 b16`` (+ ``fp8``)."""
+    s = f"{pt.get('num_heads', 32)}/{pt.get('num_kv_heads', 8)} h{pt.get('head_size', 128)} b{pt.get('block_size', 16)}"
+    return s + (f" {pt['kv_cache_dtype']}" if pt.get("kv_cache_dtype", "auto") != "auto" else "")
 
 
 def plot_bench(report: Any, path: str | os.PathLike[str], *, title: str | None = None) -> str:
@@ -70,8 +79,9 @@ def plot_bench(report: Any, path: str | os.PathLike[str], *, title: str | None =
     panels = speedup_series(d)
     dtypes = list(dict.fromkeys(k[0] for k in panels)) or ["-"]
     modes = list(dict.fromkeys(k[1] for k in panels)) or ["-"]
+    width_in = max(5.5, 0.35 * max((len(p["labels"]) for p in panels.values()), default=12))
     fig, axes = plt.subplots(
-        len(dtypes), len(modes), figsize=(5.5 * len(modes), 3.6 * len(dtypes)), squeeze=False, sharey="row"
+        len(dtypes), len(modes), figsize=(width_in * len(modes), 3.6 * len(dtypes)), squeeze=False, sharey="row"
     )
     others = [v for v in d["variants"] if v != d["baseline"]]
     n = max(1, len(others))
@@ -92,7 +102,11 @@ def plot_bench(report: Any, path: str | os.PathLike[str], *, title: str | None =
                     [max(0.0, sp - lo) for sp, lo in zip(s["speedup"], s["lo"])],
                     [max(0.0, hi - sp) for sp, hi in zip(s["speedup"], s["hi"])],
                 ]
-                ax.errorbar(pos, s["speedup"], yerr=err, fmt="o", ms=4, capsize=2, lw=0.8, label=v)
+                line = ax.errorbar(pos, s["speedup"], yerr=err, fmt="o", ms=4, capsize=2, lw=0.8, label=v)
+                slow = [(x, y) for x, y, hi in zip(pos, s["speedup"], s["hi"]) if hi < 1.0]
+                if slow:
+                    ax.plot([x for x, _ in slow], [y for _, y in slow], "o", ms=7, mfc="none", mec="red",
+                            color=line[0].get_color())
             ax.set_xticks(xs)
             ax.set_xticklabels(panel["labels"], fontsize=7)
             ax.set_yscale("log")
@@ -106,7 +120,9 @@ def plot_bench(report: Any, path: str | os.PathLike[str], *, title: str | None =
     if handles:
         fig.legend(handles, labels, loc="upper right", fontsize=8)
     gpu = (d.get("env") or {}).get("gpu", {}).get("name", "")
-    fig.suptitle(title or f"kvpatch bench: kernel vLLM dispatches {('(' + gpu + ')') if gpu else ''}", fontsize=11)
+    pset = d.get("point_set", "custom")
+    fig.suptitle(title or f"kvpatch bench ({pset} set): kernel vLLM dispatches {('(' + gpu + ')') if gpu else ''}"
+                 "; bars: min..max over rounds", fontsize=11)
     fig.tight_layout(rect=(0, 0, 0.92, 0.95))
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,0 +1,161 @@
+"""Bench points and the named point sets: what ``tune`` sees and what it never sees.
+
+* ``tuning``: what ``kvpatch tune`` chooses on: GQA 32/8, head 128, block 16, auto
+  cache, fp16 + bf16, batch 1/4/16/64 x context 1k/4k/16k, seed 0 (24 points).
+* ``headline``: the README's table: the same shapes, drawn with seed 1 (other KV
+  data and block tables than tune saw; the shapes are the tuning shapes, so this is
+  the published comparison, not the held-out proof).
+* ``heldout``: shapes users run that tune never saw, each with its own seed (101+):
+  one factor changed at a time around the tuning shape -- head 64, head 256, block
+  32, GQA 64/8, GQA 8/1 (a TP-8 shard of a 70B model), MHA 32/32, fp8 cache -- plus
+  the tuning shape itself on a new seed; each for fp16 and bf16 at the full batch
+  1/4/16/64 x context 1k/4k/16k grid (8 shapes x 2 dtypes x 12 = 192 points). Not
+  sampled: combinations of two changed factors (e.g. head 256 with block 32). Points
+  whose KV does not fit the GPU are skipped at run time and listed in the report.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+from .dispatch import cdiv, dispatched_kernel
+from .inputs import DTYPES, cache_elem_size, check_kv_cache_dtype
+
+DEFAULT_BATCHES = (1, 4, 16, 64)
+DEFAULT_CONTEXTS = (1024, 4096, 16384)
+POINT_SETS = ("tuning", "headline", "heldout")
+
+
+@dataclass(frozen=True)
+class BenchPoint:
+    """One batch shape: ``batch`` sequences of ``context`` tokens each, drawn with ``seed``."""
+
+    dtype: str
+    batch: int
+    context: int
+    num_heads: int = 32
+    num_kv_heads: int = 8
+    head_size: int = 128
+    block_size: int = 16
+    kv_cache_dtype: str = "auto"
+    seed: int = 0
+
+    @property
+    def shape(self) -> str:
+        """Everything but dtype, batch and context: ``'32/8 h128 b16 auto'``."""
+        return f"{self.num_heads}/{self.num_kv_heads} h{self.head_size} b{self.block_size} {self.kv_cache_dtype}"
+
+    @property
+    def name(self) -> str:
+        s = f"{self.dtype} B={self.batch} ctx={self.context}"
+        if (self.num_heads, self.num_kv_heads, self.head_size, self.block_size, self.kv_cache_dtype) != (
+            32, 8, 128, 16, "auto"
+        ):
+            s += (f" heads={self.num_heads}/{self.num_kv_heads} head={self.head_size}"
+                  f" block={self.block_size} kv={self.kv_cache_dtype}")  # fmt: skip
+        return s
+
+    @property
+    def dispatched(self) -> str:
+        return dispatched_kernel(self.batch, self.num_heads, self.context)
+
+    @property
+    def blocks_per_seq(self) -> int:
+        return cdiv(self.context, self.block_size)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.batch * self.blocks_per_seq
+
+    @property
+    def block_bytes(self) -> int:
+        """K + V bytes of one block (all KV heads)."""
+        return 2 * self.num_kv_heads * self.head_size * self.block_size * cache_elem_size(self.dtype, self.kv_cache_dtype)
+
+    @property
+    def kv_bytes(self) -> int:
+        """Unique K + V bytes the batch's blocks cover (blocks are distinct)."""
+        return self.num_blocks * self.block_bytes
+
+    @property
+    def pool_key(self) -> tuple[Any, ...]:
+        return (self.dtype, self.kv_cache_dtype, self.num_kv_heads, self.head_size, self.block_size, self.seed)
+
+    @property
+    def config(self) -> str:
+        """The build configuration it needs (``Kernels.configs`` entry)."""
+        return f"{self.dtype}/{self.kv_cache_dtype}/{self.head_size}/{self.block_size}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def make_points(
+    *,
+    dtypes: Sequence[str] = ("fp16", "bf16"),
+    batches: Sequence[int] = DEFAULT_BATCHES,
+    contexts: Sequence[int] = DEFAULT_CONTEXTS,
+    num_heads: int = 32,
+    num_kv_heads: int = 8,
+    head_size: int = 128,
+    block_size: int = 16,
+    kv_cache_dtype: str = "auto",
+    seed: int = 0,
+) -> list[BenchPoint]:
+    """dtype x batch x context, in that nesting order."""
+    if num_kv_heads < 1 or num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+    for d in dtypes:
+        if d not in DTYPES:
+            raise ValueError(f"unknown dtype {d!r}: choose from {', '.join(DTYPES)}")
+    check_kv_cache_dtype(kv_cache_dtype)
+    if any(b < 1 for b in batches) or any(c < 1 for c in contexts):
+        raise ValueError("batches and contexts must be >= 1")
+    if head_size < 1 or block_size < 1:
+        raise ValueError("head and block sizes must be >= 1")
+    return [
+        BenchPoint(d, b, c, num_heads, num_kv_heads, head_size, block_size, kv_cache_dtype, seed)
+        for d, b, c in itertools.product(dtypes, batches, contexts)
+    ]
+
+
+#: The held-out shapes: (what changed, make_points keywords), one factor at a time.
+HELDOUT_SHAPES: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("tuning shape, new seed", {}),
+    ("head 64", {"head_size": 64}),
+    ("head 256", {"head_size": 256}),
+    ("block 32", {"block_size": 32}),
+    ("GQA 64/8", {"num_heads": 64, "num_kv_heads": 8}),
+    ("GQA 8/1 (TP-8 shard of a 70B model)", {"num_heads": 8, "num_kv_heads": 1}),
+    ("MHA 32/32", {"num_heads": 32, "num_kv_heads": 32}),
+    ("fp8 cache", {"kv_cache_dtype": "fp8"}),
+)
+
+
+def point_set(name: str, *, dtypes: Sequence[str] = ("fp16", "bf16")) -> list[BenchPoint]:
+    """The named set (see the module docstring)."""
+    if name == "tuning":
+        return make_points(dtypes=dtypes, seed=0)
+    if name == "headline":
+        return make_points(dtypes=dtypes, seed=1)
+    if name == "heldout":
+        pts: list[BenchPoint] = []
+        for i, (_, kw) in enumerate(HELDOUT_SHAPES):
+            pts += make_points(dtypes=dtypes, seed=101 + i, **kw)
+        return pts
+    raise ValueError(f"unknown point set {name!r}: choose {', '.join(POINT_SETS)}")
+
+
+def quick_points() -> list[BenchPoint]:
+    """fp16 and bf16, batch 1/64 x context 1024/16384 of the tuning shape."""
+    return make_points(batches=(1, 64), contexts=(1024, 16384))
+
+
+def pool_blocks(points: Sequence[BenchPoint], l2_bytes: int, *, l2_multiple: float = 64.0, headroom: float = 1.2) -> int:
+    """Blocks in a shared pool: >= headroom x the largest point's blocks and >= l2_multiple x L2."""
+    need = max(p.num_blocks for p in points)
+    bb = points[0].block_bytes
+    return max(math.ceil(headroom * need) + 1, math.ceil(l2_multiple * l2_bytes / bb))

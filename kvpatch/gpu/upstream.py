@@ -1,0 +1,322 @@
+"""``kvpatch validate --upstream``: vLLM's own kernel test, unchanged, against built libraries.
+
+The release's ``test_paged_attention`` (``tests/kernels/attention/test_attention.py``
+from vLLM 0.10.0 on, ``tests/kernels/test_attention.py`` before) is copied byte for
+byte into a run directory with the files it needs from the same tree (its
+``conftest.py``, ``allclose_default.py``, the ``__init__.py`` files) and an import
+shim (:mod:`kvpatch.gpu.upstream_shim`) that provides ``vllm._custom_ops`` and the
+rest of what the test imports, backed by one kvpatch library. vLLM's KV-cache
+helpers (``create_kv_caches_with_random`` and what it calls) are extracted unchanged
+from the tree's ``vllm/utils``. pytest then runs the test once per library (in
+parallel, pytest-xdist when present); the shim records a digest of every output, and
+:func:`compare_records` counts how many of each variant's outputs equal the
+baseline's bit for bit (keyed by test id and call; the test seeds its own inputs).
+
+Only :func:`run_upstream` needs a GPU; finding the test, writing the run directory,
+reading JUnit XML and comparing records are pure and tested on the CPU.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..fsutil import write_atomic
+from .launch import LibSpec
+
+#: Where vLLM keeps the test, newest layout first.
+TEST_PATHS = ("tests/kernels/attention/test_attention.py", "tests/kernels/test_attention.py")
+TEST_FUNCTION = "test_paged_attention"
+#: The helpers the test's kv_cache_factory fixture needs from vllm/utils, extracted unchanged.
+HELPER_NAMES = ("STR_DTYPE_TO_TORCH_DTYPE", "_generate_random_fp8", "get_kv_cache_torch_dtype",
+                "create_kv_caches_with_random", "create_kv_caches_with_random_flash")  # fmt: skip
+SHIM_MODULE = "kvpatch_upstream_shim"
+HELPERS_MODULE = "_vllm_helpers"
+
+
+class UpstreamError(RuntimeError):
+    """The tree has no usable kernel test (or a helper it needs)."""
+
+
+@dataclass(frozen=True)
+class UpstreamTest:
+    tree: Path
+    path: str  # relative to the tree
+    function: str = TEST_FUNCTION
+
+    @property
+    def node_id(self) -> str:
+        return f"{self.path}::{self.function}"
+
+
+def find_test(tree: str | Path) -> UpstreamTest:
+    """The release's paged-attention kernel test, or :class:`UpstreamError`."""
+    root = Path(tree)
+    for rel in TEST_PATHS:
+        p = root / rel
+        if p.is_file() and f"def {TEST_FUNCTION}(" in p.read_text(encoding="utf-8", errors="replace"):
+            return UpstreamTest(root, rel)
+    raise UpstreamError(f"{root} has no {TEST_FUNCTION} in {' or '.join(TEST_PATHS)}")
+
+
+def _utils_files(root: Path) -> list[Path]:
+    files = [root / "vllm/utils.py"] + sorted((root / "vllm/utils").glob("*.py"))
+    return [f for f in files if f.is_file()]
+
+
+def helper_source(tree: str | Path, names: Sequence[str] = HELPER_NAMES) -> str:
+    """The source of ``names`` (functions and assignments) from the tree's ``vllm/utils``
+    module(s), unchanged, behind the imports they use. Missing names raise UpstreamError
+    except ``create_kv_caches_with_random_flash`` (absent in some releases)."""
+    root = Path(tree)
+    found: dict[str, str] = {}
+    for f in _utils_files(root):
+        text = f.read_text(encoding="utf-8")
+        try:
+            mod = ast.parse(text)
+        except SyntaxError:
+            continue
+        for node in mod.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names:
+                key = node.name
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                key = next((t.id for t in targets if isinstance(t, ast.Name) and t.id in names), None)
+            else:
+                continue
+            if key and key not in found:
+                start = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
+                lines = text.splitlines()[start - 1 : node.end_lineno]
+                found[key] = f"# from {f.relative_to(root)}\n" + "\n".join(lines)
+    missing = [n for n in names if n not in found and n != "create_kv_caches_with_random_flash"]
+    if missing:
+        raise UpstreamError(f"{root}: cannot find {', '.join(missing)} in vllm/utils")
+    head = (
+        '"""vLLM helpers extracted unchanged by kvpatch (see kvpatch.gpu.upstream)."""\n'
+        "import random\nfrom functools import cache\nfrom typing import Any, Optional, Union\n\nimport torch\n"
+        "try:\n    import numpy as np\nexcept ImportError:  # only seed_everything would use it\n    np = None\n\n"
+    )
+    return head + "\n\n".join(found[n] for n in names if n in found) + "\n"
+
+
+ROOT_CONFTEST = f'''"""Written by kvpatch validate --upstream: serve vllm.* from the shim before the test imports it."""
+import {SHIM_MODULE}
+
+{SHIM_MODULE}.install("{HELPERS_MODULE}")
+'''
+
+
+def write_run_dir(test: UpstreamTest, dest: str | Path) -> Path:
+    """The run directory: the test and its neighbours copied unchanged, the shim, the
+    extracted helpers, a root conftest.py and a pytest.ini. Returns the test's path."""
+    dest = Path(dest)
+    root = test.tree
+    rel = Path(test.path)
+    copies = [rel, rel.parent / "conftest.py", Path("tests/kernels/allclose_default.py")]
+    for d in [*reversed(rel.parents)][1:]:  # tests/, tests/kernels/, ...
+        copies.append(d / "__init__.py")
+    for c in copies:
+        src = root / c
+        if src.is_file():
+            (dest / c).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dest / c)
+    write_atomic(dest / f"{SHIM_MODULE}.py", (Path(__file__).parent / "upstream_shim.py").read_text(encoding="utf-8"))
+    write_atomic(dest / f"{HELPERS_MODULE}.py", helper_source(root))
+    write_atomic(dest / "conftest.py", ROOT_CONFTEST)
+    write_atomic(dest / "pytest.ini", "[pytest]\naddopts = -p no:cacheprovider\n")
+    return dest / rel
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class UpstreamRun:
+    """One library's pass of the test."""
+
+    name: str
+    lib: str
+    returncode: int
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    errors: int = 0
+    outputs: int = 0  # op calls recorded
+    seconds: float = 0.0
+    failures: list[str] = field(default_factory=list)
+    log_tail: str = ""
+
+
+@dataclass
+class UpstreamReport:
+    release: str
+    test_id: str
+    baseline: str
+    runs: list[UpstreamRun]
+    #: Per non-baseline variant: outputs compared with the baseline's and how many were equal.
+    identical: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Per variant: the test ids (and call numbers) whose output differs from the baseline's.
+    differing: dict[str, list[str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """Every run passed with no failures/errors, and every output equals the baseline's."""
+        runs_ok = all(r.failed == 0 and r.errors == 0 and r.passed > 0 for r in self.runs)
+        same = all(v["identical"] == v["compared"] and v["compared"] > 0 for v in self.identical.values())
+        return runs_ok and same
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "kvpatch-upstream", "version": 1, "ok": self.ok, **asdict(self)}
+
+
+def parse_junit(path: str | Path) -> dict[str, Any]:
+    """Counts (passed, failed, skipped, errors) and failing test ids from a JUnit XML file."""
+    tree = ET.parse(path)
+    out: dict[str, Any] = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0, "failures": []}
+    for case in tree.iter("testcase"):
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        kinds = {child.tag for child in case}
+        if "failure" in kinds:
+            out["failed"] += 1
+            out["failures"].append(name)
+        elif "error" in kinds:
+            out["errors"] += 1
+            out["failures"].append(name)
+        elif "skipped" in kinds:
+            out["skipped"] += 1
+        else:
+            out["passed"] += 1
+    return out
+
+
+def read_records(folder: str | Path) -> dict[str, dict[str, Any]]:
+    """``test#call`` -> record, from every ``record-*.jsonl`` the shim wrote."""
+    out: dict[str, dict[str, Any]] = {}
+    for f in sorted(Path(folder).glob("record-*.jsonl")):
+        for line in f.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                r = json.loads(line)
+                out[f"{r['test']}#{r['call']}"] = r
+    return out
+
+
+def compare_records(base: dict[str, dict[str, Any]], other: dict[str, dict[str, Any]]) -> tuple[dict[str, int], list[str], list[str]]:
+    """(counts, differing keys, notes): outputs of the same test call compared by digest.
+
+    Calls whose inputs digests differ are not compared (a note says so): the test
+    seeds its inputs, so that would mean the runs did not see the same data."""
+    compared = identical = 0
+    differing: list[str] = []
+    notes: list[str] = []
+    for key in sorted(set(base) & set(other)):
+        b, o = base[key], other[key]
+        if (b["inputs"], b.get("caches")) != (o["inputs"], o.get("caches")):
+            notes.append(f"{key}: inputs differ between the runs; not compared")
+            continue
+        compared += 1
+        if b["out"] == o["out"]:
+            identical += 1
+        else:
+            differing.append(key)
+    only = len(set(base) ^ set(other))
+    if only:
+        notes.append(f"{only} call(s) recorded in only one of the runs")
+    return {"compared": compared, "identical": identical}, differing, notes
+
+
+# --------------------------------------------------------------------------- running
+
+
+def pythonpath_for(run_dir: Path) -> str:
+    """The run dir, then the directory holding the ``kvpatch`` package, then what was there."""
+    pkg_parent = str(Path(__file__).resolve().parents[2])
+    parts = [str(run_dir), pkg_parent] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join(parts)
+
+
+def pytest_argv(test: UpstreamTest, junit: Path, workers: int) -> list[str]:
+    argv = [sys.executable, "-m", "pytest", "-q", "-rN", "--tb=line", f"{test.path}::{test.function}",
+            f"--junitxml={junit}"]  # fmt: skip
+    if workers > 1 and importlib.util.find_spec("xdist") is not None:
+        argv += ["-n", str(workers)]
+    return argv
+
+
+def run_upstream(
+    tree: str | Path,
+    libs: Sequence[LibSpec],
+    out_dir: str | Path,
+    *,
+    release: str = "",
+    baseline: str = "stock",
+    workers: int | None = None,
+    timeout: float = 900.0,
+    progress: Any = None,
+) -> UpstreamReport:
+    """Run the release's test once per library, all at once (``workers`` xdist
+    processes in all, split between them), and compare the outputs with the baseline's."""
+    t0 = time.perf_counter()
+    test = find_test(tree)
+    out = Path(out_dir)
+    run_dir = out / "run"
+    write_run_dir(test, run_dir)
+    names = [s.name for s in libs]
+    base = baseline if baseline in names else names[0]
+    total = workers or os.cpu_count() or 1
+    per = max(1, total // max(1, len(libs)))
+    procs = []
+    for s in libs:
+        junit = out / f"junit-{s.name}.xml"
+        rec = out / f"record-{s.name}"
+        shutil.rmtree(rec, ignore_errors=True)
+        path = s.path if s.path.startswith("python:") else str(Path(s.path).resolve())
+        env = dict(os.environ, PYTHONPATH=pythonpath_for(run_dir), KVPATCH_UPSTREAM_LIB=f"{path}:{s.prefix}",
+                   KVPATCH_UPSTREAM_RECORD=str(rec.resolve()))  # fmt: skip
+        log = open(out / f"pytest-{s.name}.log", "w")
+        if progress:
+            progress(f"upstream: {test.node_id} against {s.name} ({per} workers)")
+        p = subprocess.Popen(pytest_argv(test, junit.resolve(), per), cwd=run_dir, env=env, stdout=log,
+                             stderr=subprocess.STDOUT)  # fmt: skip
+        procs.append((s, p, log, junit, rec, time.perf_counter()))
+    runs: list[UpstreamRun] = []
+    for s, p, log, junit, rec, started in procs:
+        try:
+            rc = p.wait(timeout=max(1.0, timeout - (time.perf_counter() - t0)))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rc = p.wait()
+        log.close()
+        run = UpstreamRun(s.name, str(s), rc, seconds=time.perf_counter() - started)
+        if junit.is_file():
+            counts = parse_junit(junit)
+            run.passed, run.failed, run.skipped, run.errors = (counts[k] for k in ("passed", "failed", "skipped", "errors"))
+            run.failures = counts["failures"]
+        run.outputs = len(read_records(rec)) if rec.is_dir() else 0
+        run.log_tail = "\n".join((out / f"pytest-{s.name}.log").read_text(errors="replace").splitlines()[-15:])
+        runs.append(run)
+    report = UpstreamReport(release=release, test_id=test.node_id, baseline=base, runs=runs)
+    base_rec = read_records(out / f"record-{base}")
+    for s in libs:
+        if s.name == base:
+            continue
+        counts, differing, notes = compare_records(base_rec, read_records(out / f"record-{s.name}"))
+        report.identical[s.name] = counts
+        report.differing[s.name] = differing
+        report.notes += [f"{s.name}: {n}" for n in notes]
+    for r in runs:
+        if r.passed == 0 and r.failed == 0:
+            report.notes.append(f"{r.name}: no test ran (rc {r.returncode}); log: {out / f'pytest-{r.name}.log'}")
+    report.seconds = time.perf_counter() - t0
+    return report

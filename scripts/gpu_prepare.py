@@ -1,0 +1,113 @@
+"""Build the libraries scripts/gpu_run.sh needs, here (nvcc, no GPU), into one folder.
+
+    python scripts/gpu_prepare.py --vllm 0.10.2 --out .gpu/libs [--variant NAME=config.toml ...]
+
+Builds vLLM's full kernel set (every dtype, head size, block size and KV-cache dtype
+its paged_attention_v1.cu instantiates) for ``stock`` and ``patched`` (kvpatch's
+default configuration, or ``--config``), and the headline shapes only (fp16/bf16, head
+128, block 16, auto cache) for ``paper`` (the paper preset), ``control`` (the default
+with the prefetch compiled in but never run) and any ``--variant NAME=kvpatch.toml``,
+for sm_90a. Copies each library into ``--out`` xz-compressed (a full-set library is
+~50 MB, ~5x smaller packed; gpu_run.sh unpacks) and writes:
+
+* ``libs.txt``: one ``NAME=FILE.so:PREFIX`` per line (FILE relative to the folder): what
+  ``kvpatch validate/bench --lib`` take;
+* ``variants.json``: per variant its configuration marker (the ``// kvpatch:begin`` line),
+  nvcc compile flags, archs and the configurations built (``--variant-info``);
+* ``build.json``: the build result (registers, spills, SASS check per kernel).
+
+nvcc here is the same 13.0 as on the lent H200, whose SASS matched instruction for
+instruction (../shared/NOTES.md). The files of the release that the GPU run reads
+(vLLM's kernel test and its helpers, vllm/utils, the launcher that lists the kernel
+set) are copied to ``--out``/../vllm-X (a few hundred kB: not the whole tree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import sys
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's kvpatch, not an installed one
+
+from rich.console import Console  # noqa: E402
+
+from kvpatch import build as B  # noqa: E402
+from kvpatch.config import load_config_file, make_config  # noqa: E402
+from kvpatch.gpu.commands import marker_of  # noqa: E402
+from kvpatch.source.fetch import fetch_release  # noqa: E402
+from kvpatch.source.releases import HEADER  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vllm", default="0.10.2")
+    ap.add_argument("--out", type=Path, default=Path(".gpu/libs"))
+    ap.add_argument("--arch", default="9.0a")
+    ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--config", type=Path, help="kvpatch.toml for 'patched' (default: kvpatch's default)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=config.toml")
+    ap.add_argument("--no-tree", action="store_true", help="do not copy the release tree beside the libraries")
+    args = ap.parse_args()
+
+    console = Console(stderr=True)
+    tree = fetch_release(args.vllm, console=console)
+    path = tree / HEADER
+    stock = path.read_text(encoding="utf-8")
+    default = make_config(**load_config_file(args.config)) if args.config else make_config()
+    small = {"paper": make_config(preset="paper"), "control": replace(default, control=True)}
+    for item in args.variant:
+        name, _, toml = item.partition("=")
+        small[name] = make_config(**load_config_file(Path(toml)))
+    full_variants = B.patched_variants(stock, str(path), {"patched": default})
+    small_variants = B.patched_variants(stock, str(path), small)[1:]
+    specs = [B.make_spec(tree, full_variants, args.arch, all_kernels=True)]
+    if small_variants:
+        specs.append(B.make_spec(tree, small_variants, args.arch, dtypes=["fp16", "bf16"], head_sizes=[128],
+                                 block_sizes=[16], kv_cache_dtypes=["auto"]))  # fmt: skip
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    lines, info, builds = [], {}, []
+    for spec in specs:
+        result = B.build(spec, jobs=args.jobs, console=console)
+        builds.append(result.to_dict())
+        flags = {p.variant.name: list(p.compile_flags) for p in B.plan(spec)}
+        for v, r in zip(spec.variants, result.variants):
+            dest = out / (Path(r.library).name + ".xz")
+            dest.write_bytes(lzma.compress(Path(r.library).read_bytes(), preset=6))
+            lines.append(f"{r.name}={Path(r.library).name}:{r.prefix}")
+            info[r.name] = {"marker": marker_of(v.header), "compile_flags": flags.get(r.name),
+                            "archs": list(r.archs), "configs": len(r.configs), "vllm": args.vllm}  # fmt: skip
+        console.print(result.table())
+    (out / "libs.txt").write_text("\n".join(lines) + "\n")
+    (out / "variants.json").write_text(json.dumps(info, indent=1) + "\n")
+    (out / "build.json").write_text(json.dumps(builds, indent=1) + "\n")
+    if not args.no_tree:
+        dest = out.parent / f"vllm-{args.vllm}"
+        copy_slim_tree(tree, dest)
+        console.print(f"tree (the files the GPU run reads): {dest}")
+    print("\n".join(lines))
+
+
+def copy_slim_tree(tree: Path, dest: Path) -> None:
+    """What validate --upstream and --full read: the kernel test, its neighbours, vllm/utils, the launcher."""
+    from kvpatch.gpu.upstream import find_test
+
+    test = Path(find_test(tree).path)
+    wanted = [test, test.parent / "conftest.py", Path("tests/kernels/allclose_default.py"),
+              Path("csrc/attention/paged_attention_v1.cu"), Path(HEADER), Path("vllm/utils.py")]
+    wanted += [d / "__init__.py" for d in list(reversed(test.parents))[1:]]
+    wanted += [p.relative_to(tree) for p in (tree / "vllm/utils").glob("*.py")]
+    for rel in wanted:
+        if (tree / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(tree / rel, dest / rel)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# One run on the GPU machine: validate --full, validate --upstream, bench --set headline and
+# bench --set heldout on prebuilt libraries, JSON + plots into $OUT, summaries printed last.
+#
+#   scripts/gpu_run.sh [LIBDIR] [STAGES]
+#
+# LIBDIR  (default .gpu/libs) holds what scripts/gpu_prepare.py writes on the CPU machine:
+#         libs.txt (NAME=FILE.so:PREFIX per line, FILE relative to LIBDIR; FILE.so.xz is
+#         unpacked to $OUT/../kvpatch-libs first), variants.json (each variant's marker and
+#         compile flags), and beside it the release files in ../vllm-X (TREE overrides).
+# STAGES  comma list of: full, upstream, headline, heldout (default: all four). The first
+#         two run at the same time (upstream is pytest on the CPU cores; full is one
+#         process); the benches run alone afterwards, so nothing else shares the GPU.
+#
+# Environment: OUT (default ./gpu-out), TREE (the vLLM release files), PYTHON (python3),
+# WORKERS (pytest-xdist workers for upstream, in all; default nproc - 2),
+# HEADLINE_REPS / HELDOUT_REPS (50 / 30), ROUNDS (3).
+# Budget on an H200 (16 cores): upstream ~3 min beside full ~1 min; headline ~1.5 min
+# (4 variants, both kernels); heldout ~2.5 min (stock + patched, dispatched kernel only).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+LIBDIR=${1:-.gpu/libs}
+STAGES=${2:-full,upstream,headline,heldout}
+OUT=${OUT:-./gpu-out}
+PY=${PYTHON:-python3}
+ROUNDS=${ROUNDS:-3}
+HEADLINE_REPS=${HEADLINE_REPS:-50}
+HELDOUT_REPS=${HELDOUT_REPS:-30}
+NPROC=$(nproc 2>/dev/null || echo 4)
+WORKERS=${WORKERS:-$(( NPROC > 3 ? NPROC - 2 : 1 ))}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+T0=$(date +%s)
+say() { printf '[%4ss] %s\n' "$(( $(date +%s) - T0 ))" "$*" >&2; }
+has() { [[ ",$STAGES," == *",$1,"* ]]; }
+
+# ---------------------------------------------------------------- preflight
+if [[ ! -f "$LIBDIR/libs.txt" ]]; then
+    echo "error: $LIBDIR/libs.txt not found (build it here with: python scripts/gpu_prepare.py --out $LIBDIR)" >&2
+    exit 2
+fi
+if [[ -z "${TREE:-}" ]]; then
+    TREE=$(ls -d "$LIBDIR"/../vllm-* 2>/dev/null | head -1)
+fi
+$PY - <<'EOF' || exit 2
+import importlib.util, sys
+missing = [m for m in ("torch", "typer", "rich", "jinja2") if importlib.util.find_spec(m) is None]
+if missing:
+    sys.exit(f"error: missing Python packages: {', '.join(missing)}")
+import torch
+if not torch.cuda.is_available():
+    sys.exit(f"error: torch {torch.__version__} sees no CUDA GPU")
+print(f"torch {torch.__version__} (CUDA {torch.version.cuda}) on {torch.cuda.get_device_name(0)}; "
+      f"pytest-xdist: {'yes' if importlib.util.find_spec('xdist') else 'no'}; "
+      f"matplotlib: {'yes' if importlib.util.find_spec('matplotlib') else 'no (no plots)'}", file=sys.stderr)
+EOF
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,clocks_event_reasons.active \
+    --format=csv > "$OUT/nvidia-smi-start.csv" 2>&1 || true
+
+# unpack and list the libraries: ALL (every line), PAIR (stock + patched: the full kernel set)
+LIBS_DIR="$OUT/../kvpatch-libs"
+mkdir -p "$LIBS_DIR"
+LIBS_DIR=$(cd "$LIBS_DIR" && pwd)
+ALL=()
+PAIR=()
+while IFS= read -r line; do
+    [[ -z "$line" || "$line" == \#* ]] && continue
+    name=${line%%=*}
+    rest=${line#*=}
+    file=${rest%:*}
+    prefix=${rest##*:}
+    src="$LIBDIR/$file"
+    [[ "$file" == /* ]] && src="$file"
+    if [[ ! -f "$src" && -f "$src.xz" ]]; then
+        $PY -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" "$src.xz" "$LIBS_DIR/$(basename "$file")" || exit 2
+        src="$LIBS_DIR/$(basename "$file")"
+    fi
+    [[ -f "$src" ]] || { echo "error: $src (from $LIBDIR/libs.txt) not found" >&2; exit 2; }
+    ALL+=(--lib "$name=$(cd "$(dirname "$src")" && pwd)/$(basename "$src"):$prefix")
+    [[ "$name" == stock || "$name" == patched ]] && PAIR+=(--lib "$name=$(cd "$(dirname "$src")" && pwd)/$(basename "$src"):$prefix")
+done < "$LIBDIR/libs.txt"
+INFO=()
+[[ -f "$LIBDIR/variants.json" ]] && INFO=(--variant-info "$LIBDIR/variants.json")
+TREEOPT=()
+[[ -n "$TREE" ]] && TREEOPT=(--tree "$TREE")
+say "libraries: ${ALL[*]}"
+say "tree: ${TREE:-none}; out: $OUT"
+
+KV=("$PY" -m kvpatch)
+RC=0
+
+# ---------------------------------------------------------------- correctness (concurrent)
+UP_PID=""
+if has upstream; then
+    if [[ -z "$TREE" ]]; then
+        say "upstream: no release tree (TREE) -- skipped"
+    else
+        say "upstream: vLLM's test_paged_attention x {stock, patched}, $WORKERS workers"
+        "${KV[@]}" validate --no-matrix --upstream "${TREEOPT[@]}" "${PAIR[@]}" "${INFO[@]}" \
+            --upstream-dir "$OUT/upstream" --workers "$WORKERS" --json "$OUT/upstream.json" \
+            > "$OUT/upstream.log" 2>&1 &
+        UP_PID=$!
+    fi
+fi
+if has full; then
+    say "validate --full (stock vs patched, every instantiation vLLM builds)"
+    "${KV[@]}" validate --full "${TREEOPT[@]}" "${PAIR[@]}" "${INFO[@]}" --json "$OUT/validate-full.json" \
+        > "$OUT/validate-full.log" 2>&1
+    rc=$?; [[ $rc -ne 0 ]] && RC=$rc
+    say "validate --full: rc $rc"
+fi
+if [[ -n "$UP_PID" ]]; then
+    wait "$UP_PID"
+    rc=$?; [[ $rc -ne 0 ]] && RC=$rc
+    say "upstream: rc $rc"
+fi
+
+# ---------------------------------------------------------------- timing (alone on the GPU)
+PLOT_OK=$($PY -c "import importlib.util; print(int(importlib.util.find_spec('matplotlib') is not None))")
+plot() { [[ "$PLOT_OK" == 1 ]] && echo "--plot" "$1"; }
+if has headline; then
+    say "bench --set headline (all variants, v1 + v2, warm + cold)"
+    "${KV[@]}" bench --set headline "${ALL[@]}" "${INFO[@]}" --reps "$HEADLINE_REPS" --rounds "$ROUNDS" \
+        --json "$OUT/bench-headline.json" $(plot "$OUT/bench-headline.png") > "$OUT/bench-headline.log" 2>&1
+    rc=$?; [[ $rc -ne 0 ]] && RC=$rc
+    say "headline: rc $rc"
+fi
+if has heldout; then
+    say "bench --set heldout (stock vs patched, the dispatched kernel, warm + cold)"
+    "${KV[@]}" bench --set heldout "${PAIR[@]}" "${INFO[@]}" --kernels dispatched --reps "$HELDOUT_REPS" \
+        --rounds "$ROUNDS" --json "$OUT/bench-heldout.json" $(plot "$OUT/bench-heldout.png") \
+        > "$OUT/bench-heldout.log" 2>&1
+    rc=$?; [[ $rc -ne 0 ]] && RC=$rc
+    say "heldout: rc $rc"
+fi
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+    --format=csv > "$OUT/nvidia-smi-end.csv" 2>&1 || true
+
+# ---------------------------------------------------------------- summaries
+$PY - "$OUT" <<'EOF'
+import json, os, sys
+out = sys.argv[1]
+
+def load(name):
+    p = os.path.join(out, name)
+    if not os.path.isfile(p):
+        return None
+    with open(p) as f:
+        return json.load(f)
+
+v = load("validate-full.json")
+if v:
+    c = v["counts"]
+    print(f"== validate --full: {c['cases']} configurations: {c['passed']} passed, {c['failed']} failed, "
+          f"{c['skipped']} skipped; identical {v['identical']}; worst ref error {v['max_ref_error']}")
+    for k, n in sorted(v.get("mismatch_groups", {}).items()):
+        print(f"   mismatch  {k}: {n}")
+    for s in v.get("skipped", [])[:5]:
+        print(f"   skipped   {s}")
+u = load("upstream.json")
+if u and "upstream" in u:
+    u = u["upstream"]
+    print(f"== validate --upstream: {u['test_id']} ({u['seconds']:.0f} s), ok={u['ok']}")
+    for r in u["runs"]:
+        print(f"   {r['name']:8s} passed {r['passed']} failed {r['failed']} skipped {r['skipped']} "
+              f"errors {r['errors']} outputs {r['outputs']} rc {r['returncode']}")
+    for name, c in u["identical"].items():
+        print(f"   {name}: {c['identical']}/{c['compared']} outputs == {u['baseline']} bit for bit")
+        for k in u["differing"].get(name, [])[:10]:
+            print(f"      differs: {k}")
+    for n in u["notes"][:5]:
+        print(f"   note: {n}")
+for name in ("bench-headline.json", "bench-heldout.json"):
+    b = load(name)
+    if not b:
+        continue
+    print(f"== bench {b['point_set']}: {len(b['results'])} results, {b['seconds']:.0f} s, "
+          f"{b['flagged_rounds']}/{len(b['rounds'])} rounds power-capped/throttled, "
+          f"{len(b['mismatches'])} mismatches, {len(b['skipped_points'])} points skipped")
+    print(f"   {'variant':9s} {'dtype':5s} {'mode':5s} {'n':>3s} {'min':>5s} {'median':>6s} {'geomean':>7s} "
+          f"{'faster':>6s} {'noise':>5s} {'slower':>6s}")
+    for r in b["summary"]:
+        if r["scope"] == "dispatched":
+            print(f"   {r['variant']:9s} {r['dtype']:5s} {r['mode']:5s} {r['n']:3d} {r['min']:5.2f} {r['median']:6.2f} "
+                  f"{r['geomean']:7.2f} {r['faster']:6d} {r['noise']:5d} {r['slower']:6d}")
+    if b["point_set"] == "heldout":
+        slow = {}
+        for r in b["results"]:
+            t = r["variants"].get("patched")
+            if t and r["dispatched"] and t["verdict"] == "slower":
+                key = f"{r['point']['dtype']} {r['mode']} {r['point']['num_heads']}/{r['point']['num_kv_heads']} " \
+                      f"h{r['point']['head_size']} b{r['point']['block_size']} {r['point']['kv_cache_dtype']}"
+                slow.setdefault(key, []).append(f"B{r['point']['batch']}/{r['point']['context']}:{t['speedup']:.2f}")
+        for k, pts in sorted(slow.items()):
+            print(f"   slower: {k}: {' '.join(pts)}")
+EOF
+say "done: rc $RC; files in $OUT"
+ls -la "$OUT" >&2
+exit $RC

@@ -1,0 +1,321 @@
+"""kvpatch.gpu.upstream on the CPU: finding vLLM's kernel test, the run directory, the
+import shim, JUnit/record parsing, and a whole run against Python stand-in "libraries"
+on a small fake tree; plus, with the network marker, the shim against 0.10.2's real test."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kvpatch.gpu import upstream as U
+from kvpatch.gpu.launch import LibSpec
+
+FAKE_UTILS = '''
+import psutil  # vLLM's utils import much more than the helpers need: never executed by the shim
+import torch
+
+STR_DTYPE_TO_TORCH_DTYPE = {"half": torch.half, "bfloat16": torch.bfloat16, "float": torch.float, "fp8": torch.uint8}
+
+
+def _generate_random_fp8(tensor, low, high):
+    from vllm import _custom_ops as ops
+    tmp = torch.empty_like(tensor, dtype=torch.float16)
+    tmp.uniform_(low, high)
+    ops.convert_fp8(tensor, tmp)
+
+
+def get_kv_cache_torch_dtype(cache_dtype, model_dtype=None):
+    if cache_dtype == "auto":
+        return model_dtype
+    return STR_DTYPE_TO_TORCH_DTYPE[cache_dtype]
+
+
+def create_kv_caches_with_random(num_blocks, block_size, num_layers, num_heads, head_size, cache_dtype,
+                                 model_dtype=None, seed=None, device="cuda"):
+    from vllm.platforms import current_platform
+    current_platform.seed_everything(seed)
+    torch_dtype = get_kv_cache_torch_dtype(cache_dtype, model_dtype)
+    x = 16 // torch.tensor([], dtype=torch_dtype).element_size()
+    k = torch.empty((num_blocks, num_heads, head_size // x, block_size, x), dtype=torch_dtype, device=device)
+    v = torch.empty((num_blocks, num_heads, head_size, block_size), dtype=torch_dtype, device=device)
+    for t in (k, v):
+        if cache_dtype == "fp8":
+            _generate_random_fp8(t, -0.5, 0.5)
+        else:
+            t.uniform_(-0.5, 0.5)
+    return [k], [v]
+
+
+def unrelated():
+    return psutil.cpu_count()
+'''
+
+FAKE_TEST = '''
+import random
+
+import pytest
+import torch
+
+from tests.kernels.allclose_default import get_default_atol
+from tests.kernels.utils import opcheck
+from vllm import _custom_ops as ops
+from vllm.attention.layer import Attention
+from vllm.platforms import current_platform
+from vllm.utils import get_max_shared_memory_bytes
+
+if not current_platform.is_rocm():
+    from xformers import ops as xops
+    from xformers.ops.fmha.attn_bias import BlockDiagonalCausalMask
+
+NUM_BLOCKS = 40
+
+
+def ref(query, kc, vc, tables, lens, scale, slopes):
+    out = torch.empty_like(query, dtype=torch.float64)
+    bs, x = kc.shape[3], kc.shape[4]
+    for i, L in enumerate(lens.tolist()):
+        blocks = tables[i, : -(-L // bs)].long()
+        k = kc[blocks].permute(0, 3, 1, 2, 4).reshape(-1, kc.shape[1], query.shape[2])[:L].double()
+        v = vc[blocks].permute(0, 3, 1, 2).reshape(-1, kc.shape[1], query.shape[2])[:L].double()
+        logits = torch.einsum("hd,thd->ht", query[i].double(), k) * scale
+        if slopes is not None:
+            logits = logits + slopes.double()[:, None] * (torch.arange(L) - L + 1)
+        out[i] = torch.einsum("ht,thd->hd", torch.softmax(logits, -1), v)
+    return out
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("use_alibi", [False, True])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_paged_attention(kv_cache_factory, version, use_alibi, kv_cache_dtype):
+    assert get_max_shared_memory_bytes() == 1024
+    current_platform.seed_everything(0)
+    heads, head_size, block_size = 2, 16, 8
+    query = torch.empty(3, heads, head_size, dtype=torch.float32).uniform_(-1, 1)
+    slopes = torch.randn(heads) if use_alibi else None
+    lens = torch.tensor([random.randint(1, 40) for _ in range(3)], dtype=torch.int)
+    tables = torch.tensor([[random.randint(0, NUM_BLOCKS - 1) for _ in range(5)] for _ in range(3)], dtype=torch.int)
+    (kc,), (vc,) = kv_cache_factory(NUM_BLOCKS, block_size, 1, heads, head_size, kv_cache_dtype, torch.float32, 0,
+                                    "cpu")
+    out = torch.empty_like(query)
+    args = (query, kc, vc, heads, head_size ** -0.5, tables, lens, block_size, int(lens.max()), slopes,
+            kv_cache_dtype, torch.tensor(1.0), torch.tensor(1.0))
+    if version == "v1":
+        ops.paged_attention_v1(out, *args)
+        opcheck(torch.ops._C.paged_attention_v1, (out, *args, 0, 0, 0, 64, 0))
+    else:
+        ops.paged_attention_v2(out, None, None, None, *args)
+        opcheck(torch.ops._C.paged_attention_v2, (out, *args, 0, 0, 0, 64, 0))
+    if kv_cache_dtype == "fp8":
+        k32, v32 = torch.empty(kc.shape), torch.empty(vc.shape)
+        ops.convert_fp8(k32, kc)
+        ops.convert_fp8(v32, vc)
+        kc, vc = k32, v32
+    torch.testing.assert_close(out.double(), ref(query, kc, vc, tables, lens, head_size ** -0.5, slopes),
+                               atol=get_default_atol(out), rtol=1e-5)
+
+
+def test_not_selected():
+    Attention()  # a placeholder: raises if used
+'''
+
+BACKEND = '''
+import torch
+
+
+class Good:
+    """Computes attention in float64 (the test's own reference), rounds to the output dtype."""
+
+    configs = None
+
+    def v1(self, out, query, kc, vc, num_kv_heads, scale, tables, lens, block_size, max_len, slopes, kv, ks, vs):
+        import test_attention as T  # the test module's reference: fine for a stand-in
+        if kv == "fp8":
+            k32, v32 = torch.empty(kc.shape), torch.empty(vc.shape)
+            k32.copy_(kc.view(torch.float8_e4m3fn).float())
+            v32.copy_(vc.view(torch.float8_e4m3fn).float())
+            kc, vc = k32, v32
+        out.copy_(T.ref(query, kc, vc, tables, lens, scale, slopes).to(out.dtype))
+
+    def v2(self, out, exp_sums, max_logits, tmp_out, *args):
+        self.v1(out, *args)
+
+
+class Flip(Good):
+    """Good, but one bit off whenever ALiBi is on (the kind of difference vLLM's tolerance lets pass)."""
+
+    def v1(self, out, *args):
+        super().v1(out, *args)
+        if args[9] is not None:
+            out.view(torch.int32).view(-1)[0] ^= 1
+'''
+
+
+def make_fake_tree(root: Path, layout: str = "new") -> Path:
+    rel = "tests/kernels/attention" if layout == "new" else "tests/kernels"
+    files = {
+        "tests/__init__.py": "",
+        "tests/kernels/__init__.py": "",
+        "tests/kernels/allclose_default.py": "import torch\n\ndef get_default_atol(output):\n    return 1e-5\n",
+        f"{rel}/conftest.py": "import pytest\n\nfrom vllm.utils import create_kv_caches_with_random\n\n\n"
+                              "@pytest.fixture()\ndef kv_cache_factory():\n    return create_kv_caches_with_random\n",
+        f"{rel}/test_attention.py": FAKE_TEST,
+        "vllm/utils.py" if layout == "new" else "vllm/utils/__init__.py": FAKE_UTILS,
+    }
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    return root
+
+
+def test_find_test_both_layouts(tmp_path):
+    new = make_fake_tree(tmp_path / "new")
+    assert U.find_test(new).path == "tests/kernels/attention/test_attention.py"
+    assert U.find_test(new).node_id == "tests/kernels/attention/test_attention.py::test_paged_attention"
+    old = make_fake_tree(tmp_path / "old", "old")
+    assert U.find_test(old).path == "tests/kernels/test_attention.py"
+    with pytest.raises(U.UpstreamError, match="no test_paged_attention"):
+        U.find_test(tmp_path / "none")
+
+
+def test_helper_source_is_the_trees_own_code(tmp_path):
+    tree = make_fake_tree(tmp_path, "old")  # helpers in vllm/utils/__init__.py
+    src = U.helper_source(tree)
+    compile(src, "_vllm_helpers.py", "exec")
+    for name in ("create_kv_caches_with_random", "_generate_random_fp8", "get_kv_cache_torch_dtype"):
+        node = next(n for n in ast.parse(FAKE_UTILS).body if getattr(n, "name", None) == name)
+        assert ast.get_source_segment(FAKE_UTILS, node) in src  # unchanged
+    assert "STR_DTYPE_TO_TORCH_DTYPE = {" in src and "psutil" not in src and "def unrelated" not in src
+    (tree / "vllm/utils/__init__.py").write_text("def other():\n    pass\n")
+    with pytest.raises(U.UpstreamError, match="create_kv_caches_with_random"):
+        U.helper_source(tree)
+
+
+def test_write_run_dir_copies_the_test_unchanged(tmp_path):
+    tree = make_fake_tree(tmp_path / "tree")
+    test = U.find_test(tree)
+    path = U.write_run_dir(test, tmp_path / "run")
+    assert path.read_bytes() == (tree / test.path).read_bytes()
+    run = tmp_path / "run"
+    for rel in ("tests/__init__.py", "tests/kernels/__init__.py", "tests/kernels/allclose_default.py",
+                "tests/kernels/attention/conftest.py"):
+        assert (run / rel).read_bytes() == (tree / rel).read_bytes()
+    assert not (run / "tests/kernels/utils.py").exists()  # served by the shim
+    assert "install" in (run / "conftest.py").read_text()
+    assert (run / f"{U.SHIM_MODULE}.py").read_text() == Path(U.__file__).with_name("upstream_shim.py").read_text()
+    assert "def create_kv_caches_with_random" in (run / f"{U.HELPERS_MODULE}.py").read_text()
+
+
+def test_parse_junit(tmp_path):
+    xml = tmp_path / "j.xml"
+    xml.write_text(textwrap.dedent("""\
+        <testsuites><testsuite>
+          <testcase classname="t" name="a[1]"/>
+          <testcase classname="t" name="a[2]"><failure message="x"/></testcase>
+          <testcase classname="t" name="a[3]"><skipped/></testcase>
+          <testcase classname="t" name="a[4]"><error message="y"/></testcase>
+          <testcase classname="t" name="a[5]"><system-out>ok</system-out></testcase>
+        </testsuite></testsuites>"""))
+    c = U.parse_junit(xml)
+    assert (c["passed"], c["failed"], c["skipped"], c["errors"]) == (2, 1, 1, 1)
+    assert c["failures"] == ["t::a[2]", "t::a[4]"]
+
+
+def test_compare_records(tmp_path):
+    def rec(test, out, inputs="i"):
+        return {"test": test, "call": 1, "out": out, "inputs": inputs, "caches": "c"}
+
+    base = {"a#1": rec("a", "x"), "b#1": rec("b", "y"), "c#1": rec("c", "z"), "d#1": rec("d", "w")}
+    other = {"a#1": rec("a", "x"), "b#1": rec("b", "DIFF"), "c#1": rec("c", "z", inputs="other")}
+    counts, differing, notes = U.compare_records(base, other)
+    assert counts == {"compared": 2, "identical": 1} and differing == ["b#1"]
+    assert any("c#1: inputs differ" in n for n in notes) and any("only one of the runs" in n for n in notes)
+    (tmp_path / "record-gw0.jsonl").write_text(json.dumps(rec("a", "x")) + "\n")
+    (tmp_path / "record-gw1.jsonl").write_text(json.dumps(rec("b", "y")) + "\n\n")
+    assert set(U.read_records(tmp_path)) == {"a#1", "b#1"}
+
+
+def test_run_upstream_against_python_stand_ins(tmp_path, monkeypatch):
+    """The whole runner on a fake tree: the test runs unchanged through the shim once per
+    'library'; a stand-in one bit off with ALiBi still passes vLLM-style tolerances, and
+    the record comparison finds exactly those outputs."""
+    pytest.importorskip("torch")
+    tree = make_fake_tree(tmp_path / "tree")
+    back = tmp_path / "backend"
+    back.mkdir()
+    (back / "fakeback.py").write_text(BACKEND)
+    # the test module is imported as 'test_attention' (rootdir-relative, no __init__ in its folder)
+    monkeypatch.setenv("PYTHONPATH", f"{back}{__import__('os').pathsep}{tree / 'tests/kernels/attention'}")
+    # the fake test asserts 1024 bytes of shared memory: the shim would ask CUDA, so answer for it
+    shim_src = Path(U.__file__).with_name("upstream_shim.py")
+    monkeypatch.setattr(U, "write_run_dir", _with_fake_shared_memory(U.write_run_dir))
+    libs = [LibSpec("stock", "python:fakeback.Good", "x"), LibSpec("flip", "python:fakeback.Flip", "x")]
+    rep = U.run_upstream(tree, libs, tmp_path / "out", release="fake", workers=1, timeout=300)
+    runs = {r.name: r for r in rep.runs}
+    assert runs["stock"].passed == 8 and runs["stock"].failed == 0, runs["stock"].log_tail
+    assert runs["flip"].passed == 8 and runs["flip"].outputs == 8, runs["flip"].log_tail
+    assert rep.identical == {"flip": {"compared": 8, "identical": 4}}
+    assert len(rep.differing["flip"]) == 4 and all("True" in k for k in rep.differing["flip"])
+    assert not rep.ok
+    d = rep.to_dict()
+    assert d["kind"] == "kvpatch-upstream" and d["runs"][0]["name"] == "stock"
+    assert shim_src.is_file()
+
+
+def _with_fake_shared_memory(write_run_dir):
+    def wrapped(test, dest):
+        out = write_run_dir(test, dest)
+        conftest = Path(dest) / "conftest.py"
+        conftest.write_text(conftest.read_text() + "\nkvpatch_upstream_shim.get_max_shared_memory_bytes = lambda gpu=0: 1024\n"
+                            "kvpatch_upstream_shim.KNOWN['get_max_shared_memory_bytes'] = lambda gpu=0: 1024\n")
+        return out
+
+    return wrapped
+
+
+@pytest.mark.network
+def test_shim_serves_every_import_of_vllm_0_10_2s_test(vllm_release, tmp_path):
+    """Every name 0.10.2's test_attention.py and its conftest import resolves under the shim,
+    the helpers are 0.10.2's own, and torch.ops._C.paged_attention_v1/v2 exist for opcheck's arguments."""
+    pytest.importorskip("torch")
+    tree = vllm_release("0.10.2")
+    test = U.find_test(tree)
+    assert test.path == "tests/kernels/attention/test_attention.py"
+    U.write_run_dir(test, tmp_path / "run")
+    imports = []
+    for rel in (test.path, "tests/kernels/attention/conftest.py"):
+        for node in ast.walk(ast.parse((tree / rel).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                imports += [(node.module, a.name) for a in node.names]
+    assert ("vllm", "_custom_ops") in imports and ("xformers", "ops") in imports
+    code = textwrap.dedent(f"""
+        import importlib, json, torch
+        import kvpatch_upstream_shim as S
+        S.install("_vllm_helpers")
+        got = {{}}
+        for mod, name in {imports!r}:
+            if mod.split(".")[0] in ("typing",):
+                continue
+            m = importlib.import_module(mod)
+            got[f"{{mod}}.{{name}}"] = type(getattr(m, name)).__name__
+        assert torch.ops._C.paged_attention_v1 is S.paged_attention_v1
+        from vllm.utils import create_kv_caches_with_random
+        assert create_kv_caches_with_random.__module__ == "_vllm_helpers"
+        print(json.dumps(got))
+    """)
+    import os
+
+    env = dict(os.environ, PYTHONPATH=U.pythonpath_for(tmp_path / "run"))
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path / "run", env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)
+    assert got["vllm._custom_ops"] == "module" and got["vllm.platforms.current_platform"] == "_Platform"
+    assert got["vllm.utils.get_max_shared_memory_bytes"] == "function"
+    assert got["tests.kernels.utils.opcheck"] == "function"
+    assert got["vllm.attention.layer.Attention"] == "Missing"

@@ -47,6 +47,7 @@ from kvpatch.source.releases import HEADER  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vllm", default="0.10.2")
+    ap.add_argument("--tree", type=Path, help="a vLLM source tree to build from instead of fetching --vllm (e.g. on the GPU machine)")
     ap.add_argument("--out", type=Path, default=Path(".gpu/libs"))
     ap.add_argument("--arch", default="9.0a")
     ap.add_argument("--jobs", type=int, default=None)
@@ -56,7 +57,7 @@ def main() -> None:
     args = ap.parse_args()
 
     console = Console(stderr=True)
-    tree = fetch_release(args.vllm, console=console)
+    tree = args.tree.resolve() if args.tree else fetch_release(args.vllm, console=console)
     path = tree / HEADER
     stock = path.read_text(encoding="utf-8")
     default = make_config(**load_config_file(args.config)) if args.config else make_config()

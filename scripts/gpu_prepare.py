@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from rich.console import Console  # noqa: E402
 
 from kvpatch import build as B  # noqa: E402
+from kvpatch.render_build import build_table  # noqa: E402
 from kvpatch.config import load_config_file, make_config  # noqa: E402
 from kvpatch.gpu.commands import marker_of  # noqa: E402
 from kvpatch.source.fetch import fetch_release  # noqa: E402
@@ -84,7 +85,7 @@ def main() -> None:
             lines.append(f"{r.name}={Path(r.library).name}:{r.prefix}")
             info[r.name] = {"marker": marker_of(v.header), "compile_flags": flags.get(r.name),
                             "archs": list(r.archs), "configs": len(r.configs), "vllm": args.vllm}  # fmt: skip
-        console.print(result.table())
+        console.print(build_table(result))
     (out / "libs.txt").write_text("\n".join(lines) + "\n")
     (out / "variants.json").write_text(json.dumps(info, indent=1) + "\n")
     (out / "build.json").write_text(json.dumps(builds, indent=1) + "\n")

@@ -319,3 +319,24 @@ def test_shim_serves_every_import_of_vllm_0_10_2s_test(vllm_release, tmp_path):
     assert got["vllm.utils.get_max_shared_memory_bytes"] == "function"
     assert got["tests.kernels.utils.opcheck"] == "function"
     assert got["vllm.attention.layer.Attention"] == "Missing"
+
+
+def test_shim_convert_fp8_works_on_the_flat_blocks_like_vllms_kernel():
+    """vLLM's test dequantises an fp8 key cache [blocks, heads, head/16, block, 16] into a
+    tensor shaped with the 16-bit x ([..., head/8, block, 8]): the op converts element by
+    element over the flat blocks, so the shapes need not match (they did not in the first
+    H200 run: 49 upstream tests failed for stock itself)."""
+    torch = pytest.importorskip("torch")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kvpatch_shim_under_test", Path(U.__file__).with_name("upstream_shim.py"))
+    shim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shim)
+    codes = torch.randint(0, 0x70, (3, 2, 4, 16, 16), dtype=torch.uint8)  # no NaN codes
+    out = torch.empty((3, 2, 8, 16, 8), dtype=torch.bfloat16)
+    shim.convert_fp8(out, codes, 2.0)
+    want = (codes.reshape(-1).view(torch.float8_e4m3fn).float() * 2.0).to(torch.bfloat16)
+    assert torch.equal(out.reshape(-1), want)
+    back = torch.empty_like(codes)
+    shim.convert_fp8(back, out, 2.0)
+    assert torch.equal(back, codes)

@@ -164,10 +164,15 @@ def convert_fp8(output, input, scale: float = 1.0, kv_dtype: str = "fp8") -> Non
     import torch
 
     f8 = torch.float8_e5m2 if kv_dtype == "fp8_e5m2" else torch.float8_e4m3fn
+    # vLLM's kernel converts element by element over the flat blocks (num_blocks x the
+    # source's block stride), whatever shapes the two tensors are viewed with: vLLM's own
+    # test passes a dequantised key cache shaped with the 16-bit x (8) for an fp8 cache (x 16).
+    n = int(input.shape[0]) * int(input.stride(0))
+    dst, src = output.reshape(-1)[:n], input.reshape(-1)[:n]
     if output.dtype == torch.uint8:
-        output.copy_((input.float() / float(scale)).to(f8).view(torch.uint8))
+        dst.copy_((src.float() / float(scale)).to(f8).view(torch.uint8))
     elif input.dtype == torch.uint8:
-        output.copy_((input.view(f8).float() * float(scale)).to(output.dtype))
+        dst.copy_((src.view(f8).float() * float(scale)).to(output.dtype))
     else:
         raise ValueError(f"convert_fp8: one side must be uint8 (got {output.dtype} and {input.dtype})")
 

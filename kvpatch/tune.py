@@ -113,16 +113,24 @@ def combine(ranked: dict[str, list[Score]], configs: dict[str, PatchConfig]) -> 
     from .errors import UsageError
 
     picked: dict[str, str] = {}
-    base_name = ranked["bf16"][0].name if "bf16" in ranked else next(iter(configs))
-    picked["bf16"] = base_name
+    # Only a candidate that validated bit-identical may be written; a dtype with none is off.
+    identical = {d: [s for s in v if s.bit_identical] for d, v in ranked.items()}
+    overrides: dict[str, Any] = {"fp32": "none", "bf16": "none", "fp16": "none"}
+    if identical.get("bf16"):
+        base_name = identical["bf16"][0].name
+    else:
+        base_name = next(iter(configs))
+        if "bf16" in ranked:
+            overrides["bf16"] = "off"
+    picked["bf16"] = base_name if overrides["bf16"] != "off" else "off"
     base = configs[base_name]
     # The candidates carry no rules; leaving "rules" out keeps the default per-instantiation
     # rules (the "off" ones that keep stock's code generation), which tune does not measure.
-    overrides: dict[str, Any] = {"fp32": "none", "bf16": "none", "fp16": "none"}
-    for s in ranked.get("fp16", []):
+    plain = {k: v for k, v in base.to_toml_dict().items() if k != "rules"}
+    for s in identical.get("fp16", []):
         cand = configs[s.name]
         settings = {k: getattr(cand, k) for k in OVERRIDABLE if getattr(cand, k) != getattr(base, k)}
-        options = {k: v for k, v in base.to_toml_dict().items() if k != "rules"} | overrides
+        options = plain | overrides
         options["fp16"] = ",".join(f"{k}={'auto' if v is None else v}" for k, v in settings.items()) or "none"
         try:
             cfg = make_config(**options)
@@ -130,7 +138,10 @@ def combine(ranked: dict[str, list[Score]], configs: dict[str, PatchConfig]) -> 
             continue
         picked["fp16"] = s.name
         return cfg, picked
-    return make_config(**({k: v for k, v in base.to_toml_dict().items() if k != "rules"} | overrides)), picked
+    if "fp16" in ranked:
+        overrides["fp16"] = "off"
+        picked["fp16"] = "off"
+    return make_config(**(plain | overrides)), picked
 
 
 @dataclass

@@ -77,3 +77,22 @@ def test_combine_skips_an_fp16_winner_that_clashes_with_the_base_helper() -> Non
     assert picked["fp16"] == "inline_kvhead_la2_el"
     assert cfg.for_dtype("fp16").issue == "inline" and cfg.for_dtype("fp16").lookahead == 2
     assert cfg.for_dtype("bf16").issue == "call" and cfg.for_dtype("bf16").cache_hint == "none"
+
+
+def test_combine_never_writes_a_candidate_that_failed_validation() -> None:
+    configs = candidates()
+    ranked = {
+        "bf16": [Score("inline_cta_la1_nh", "bf16", (1.5,), False), Score("call_cta_la2_nh", "bf16", (1.2,), True)],
+        "fp16": [Score("inline_kvhead_la1_nh", "fp16", (1.3,), False)],
+    }
+    cfg, picked = combine(ranked, configs)
+    assert picked == {"bf16": "call_cta_la2_nh", "fp16": "off"}
+    assert cfg.for_dtype("bf16").lookahead == 2 and cfg.for_dtype("bf16").issue == "call"
+    assert cfg.for_dtype("fp16").off and cfg.resolve("fp16", 128, 16).off
+
+
+def test_combine_turns_a_dtype_off_when_no_candidate_is_bit_identical() -> None:
+    ranked = {"bf16": [Score("inline_cta_la1_nh", "bf16", (1.5,), False)]}
+    cfg, picked = combine(ranked, candidates())
+    assert picked["bf16"] == "off" and cfg.resolve("bf16", 128, 16).off
+    assert not cfg.resolve("fp32", 128, 16).off

@@ -18,10 +18,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.syntax import Syntax
-from rich.table import Table
 
 from . import __version__
 from .config import PatchConfig, dump_config, load_config_file, make_config, parse_rules
+from .render import sites_table
 from .errors import KvpatchError, UsageError
 
 app = typer.Typer(
@@ -124,27 +124,10 @@ def apply(
         out.print(f"[green]{verb}[/] {header}", highlight=False)
         if report.previous:
             out.print(f"  previous: {escape('; '.join(report.previous))}", highlight=False)
-    out.print(_sites_table(report.sites, {s.kind: "yes" for s in report.sites if
+    out.print(sites_table(report.sites, {s.kind: "yes" for s in report.sites if
                                           (s.kind == "key" and cfg.k) or (s.kind == "value" and cfg.v)}))  # fmt: skip
     out.print(f"config: {cfg.marker()}", highlight=False)
     out.print("next: [bold]kvpatch diff[/]  |  [bold]kvpatch build --arch 9.0a[/]  |  [bold]kvpatch revert[/]")
-
-
-def _sites_table(sites, injected: dict[str, str]) -> Table:
-    """The sites, and at each what kvpatch injected there (its marker's configuration) or 'no'."""
-    table = Table(title="KV loop sites")
-    for col in ("site", "loop", "block number", "steps", "tile", "injected"):
-        table.add_column(col, overflow="fold")
-    for s in sites:
-        table.add_row(
-            s.kind,
-            f"line {s.line}",
-            f"line {s.block_number_line}",
-            escape(f"{s.loop_var} += {s.stride_expr}"),
-            escape(f"{s.cache_param}[{s.block_table_var}[...]]"),
-            escape(injected.get(s.kind, "no")),
-        )
-    return table
 
 
 # --------------------------------------------------------------------------- sites
@@ -164,7 +147,7 @@ def sites(vllm: VllmOpt = None, tree: TreeOpt = None, as_json: JsonOpt = False) 
         return
     out.print(f"{escape(str(report.header))}: {found.key.cache_param.split('_')[0]}/{found.value.cache_param.split('_')[0]} "
               f"sites in paged_attention_kernel (line {found.function_line})", highlight=False)  # fmt: skip
-    out.print(_sites_table(found, report.injected))
+    out.print(sites_table(found, report.injected))
     if report.injected and not report.intact:
         err.print("note: kvpatch's regions were changed after kvpatch wrote them", highlight=False)
 
@@ -263,7 +246,7 @@ def build(
     """Compile stock and patched kernels for an arch; report registers/spills; check the SASS."""
     from . import api
     from . import build as B
-    from .render_build import build_table
+    from .render import build_table
 
     if full:
         target = api.resolve_tree(tree, _cwd())
@@ -329,7 +312,7 @@ def validate(
 ) -> None:
     """GPU: patched == stock bit for bit over a configuration matrix (and stock ~= a float reference)."""
     from .gpu.commands import ValidateOptions, parse_bools, parse_heads, run_validate_command
-    from .render_gpu import print_upstream, print_validate
+    from .render import print_upstream, print_validate
 
     opts = ValidateOptions(
         tree=tree, cwd=_cwd(), arch=arch, libs=lib, variant_info=variant_info, quick=quick, full=full, paper=paper,
@@ -388,7 +371,7 @@ def bench(
 ) -> None:
     """GPU: time stock, the paper preset and the patched kernels side by side (warm and cold)."""
     from .gpu.commands import BenchOptions, parse_heads, run_bench_command
-    from .render_gpu import print_bench
+    from .render import print_bench
 
     opts = BenchOptions(
         tree=tree, cwd=_cwd(), arch=arch, libs=lib, variant_info=variant_info, variants=_variant_options(variant),
@@ -417,7 +400,7 @@ def tune(
 ) -> None:
     """GPU: sweep issue x scope x lookahead x cache-hint, validate and bench each on the tuning set, write the best as kvpatch.toml."""
     from .gpu.commands import TuneOptions, run_tune_command
-    from .render_gpu import tune_table
+    from .render import tune_table
 
     opts = TuneOptions(tree=tree, cwd=_cwd(), arch=arch, output=output, json_out=json_out, quick=quick, reps=reps,
                        rounds=rounds, jobs=jobs)  # fmt: skip

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from rich.console import Console  # noqa: E402
 
 from kvpatch import build as B  # noqa: E402
-from kvpatch.render_build import build_table  # noqa: E402
+from kvpatch.render import build_table  # noqa: E402
 from kvpatch.config import load_config_file, make_config  # noqa: E402
 from kvpatch.gpu.commands import marker_of  # noqa: E402
 from kvpatch.source.fetch import fetch_release  # noqa: E402

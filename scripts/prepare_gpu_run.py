@@ -23,7 +23,7 @@ from rich.console import Console
 
 from kvpatch import build as B
 from kvpatch.config import make_config
-from kvpatch.render_build import build_table
+from kvpatch.render import build_table
 from kvpatch.source.fetch import HEADER, fetch_release
 
 SETS = {

@@ -43,7 +43,7 @@ from kvpatch.config import make_config
 from kvpatch.errors import BuildError, UsageError
 from kvpatch.gpu.launch import Kernels
 from kvpatch.patch.markers import unpatch
-from kvpatch.render_build import build_table
+from kvpatch.render import build_table
 
 # kvpatch.build re-exports functions named like two of its modules (toolchain, plan)
 TOOLCHAIN = importlib.import_module("kvpatch.build.toolchain")

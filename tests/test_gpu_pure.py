@@ -53,7 +53,7 @@ def test_gpu_commands_import_without_the_build_side():
     code = (
         "import sys\n"
         "for m in ('git', 'clang', 'clang.cindex', 'torch'): sys.modules[m] = None\n"
-        "import kvpatch.cli, kvpatch.gpu.commands, kvpatch.render_gpu\n"
+        "import kvpatch.cli, kvpatch.gpu.commands, kvpatch.render\n"
         "from kvpatch.gpu.validate import vllm_sizes\n"
         "assert vllm_sizes('/nonexistent')[0][0] == 32\n"
         "print('ok')\n"
@@ -650,7 +650,7 @@ def test_bench_report_json_and_tables(tmp_path):
     assert {s["scope"] for s in d["summary"]} == {"dispatched", "v1", "v2"}
     from rich.console import Console
 
-    from kvpatch.render_gpu import print_bench
+    from kvpatch.render import print_bench
 
     c = Console(record=True, width=250)
     print_bench(rep, c)

@@ -521,7 +521,8 @@ def test_priority_capability_and_one_event_per_window():
 
 from kvpatch.prefetch import decode as D  # noqa: E402
 from kvpatch.prefetch.models import MODELS, ModelShape  # noqa: E402
-from kvpatch.prefetch.report import DecodeReport, render_decode  # noqa: E402
+from kvpatch.prefetch.report import DecodeReport
+from kvpatch.render import render_decode  # noqa: E402
 
 TINY = ModelShape("tiny", hidden=64, heads=4, kv_heads=2, head_size=16, intermediate=96)
 

@@ -14,7 +14,7 @@ The modules, in the order :func:`build` runs them:
 * :mod:`.compile`: :func:`build` (cache, lock, parallel nvcc, link) and
   :mod:`.inspect` (registers/spills from ``ptxas -v``, ``UBLKPF`` from the SASS)
   produce a :class:`BuildResult` (:mod:`.result`, data only; the table is
-  :func:`kvpatch.render_build.build_table`).
+  :func:`kvpatch.render.build_table`).
 * :mod:`.full` is ``kvpatch build --full``: vLLM's own editable install.
 
 A build whose result is in the cache costs a libclang parse and a hash. Nothing here

@@ -1,5 +1,5 @@
 """What a build produced, as data: per kernel, per variant, per build. Rendering lives
-in :mod:`kvpatch.render_build`; ``to_dict``/``from_dict`` are ``result.json``'s form."""
+in :mod:`kvpatch.render`; ``to_dict``/``from_dict`` are ``result.json``'s form."""
 
 from __future__ import annotations
 

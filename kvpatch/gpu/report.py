@@ -1,4 +1,4 @@
-"""Result types of validate and bench: data and JSON only (rich tables: kvpatch.render_gpu)."""
+"""Result types of validate and bench: data and JSON only (rich tables: kvpatch.render)."""
 
 from __future__ import annotations
 

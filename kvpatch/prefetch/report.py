@@ -13,7 +13,7 @@ from typing import Any
 MiB = 1 << 20
 
 
-def _verdict(speedup: dict[str, float]) -> str:
+def verdict_of(speedup: dict[str, float]) -> str:
     """'faster' / 'slower' when the whole min..max interval is above / below 1.00."""
     if speedup["min"] > 1.0:
         return "faster"
@@ -22,7 +22,7 @@ def _verdict(speedup: dict[str, float]) -> str:
     return "noise"
 
 
-def _fmt_speedup(s: dict[str, float]) -> str:
+def fmt_interval(s: dict[str, float]) -> str:
     return f"{s['median']:.3f} [{s['min']:.3f}..{s['max']:.3f}]"
 
 
@@ -68,7 +68,7 @@ class DecodeReport:
             geo = 1.0
             for s in sp:
                 geo *= s["median"]
-            verdicts = [_verdict(s) for s in sp]
+            verdicts = [verdict_of(s) for s in sp]
             out[name] = {
                 "geomean": geo ** (1 / len(sp)),
                 "min": min(s["median"] for s in sp),
@@ -117,7 +117,7 @@ class DecodeReport:
             v = p["variants"]
             row = [p["model"], p["dtype"], str(p["batch"]), str(p["context"]), p["kernel"],
                    f"{v['stock']['step_us']['median']:.1f}", f"{v['stock']['tokens_per_s']:.0f}"]  # fmt: skip
-            row += [_fmt_speedup(v[n]["speedup"]) for n in self.variants[1:]]
+            row += [fmt_interval(v[n]["speedup"]) for n in self.variants[1:]]
             row += [f"{100 * v['stock']['attention_share']:.0f}%", f"{p['cap_bytes'] / MiB:.0f}",
                     "yes" if p["all_identical"] else "NO"]  # fmt: skip
             rows.append(row)
@@ -187,32 +187,3 @@ class DecodeReport:
         fig.savefig(str(path), dpi=120)
         plt.close(fig)
         return str(path)
-
-
-def render_decode(report: DecodeReport | dict[str, Any]) -> Any:
-    """A rich Table of the report (print it with ``rich.console.Console().print``)."""
-    from rich.table import Table
-
-    if isinstance(report, dict):
-        report = DecodeReport.from_dict(report)
-    table = Table(title=f"decode step: {report.env.get('gpu', '?')}, {report.mode} L2, {report.layers} layers "
-                        f"(speedup over stock, median [min..max] over {report.rounds} rounds)")  # fmt: skip
-    for col in ("model", "dtype", "B", "ctx", "kernel", "stock us", "tok/s"):
-        table.add_column(col, justify="right")
-    for name in report.variants[1:]:
-        table.add_column(name, justify="right")
-    for col in ("attn share", "cap MiB", "identical"):
-        table.add_column(col, justify="right")
-    for p in report.points:
-        v = p["variants"]
-        cells = [p["model"], p["dtype"], str(p["batch"]), str(p["context"]), p["kernel"],
-                 f"{v['stock']['step_us']['median']:.1f}", f"{v['stock']['tokens_per_s']:.0f}"]  # fmt: skip
-        for name in report.variants[1:]:
-            s = v[name]["speedup"]
-            style = {"faster": "green", "slower": "red", "noise": ""}[_verdict(s)]
-            text = _fmt_speedup(s)
-            cells.append(f"[{style}]{text}[/{style}]" if style else text)
-        cells += [f"{100 * v['stock']['attention_share']:.0f}%", f"{p['cap_bytes'] / MiB:.0f}",
-                  "yes" if p["all_identical"] else "[red]NO[/red]"]  # fmt: skip
-        table.add_row(*cells)
-    return table

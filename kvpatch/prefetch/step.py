@@ -22,21 +22,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from ..dtypes import QUERY_DTYPES
+from ..gpu.dispatch import PARTITION_SIZE, V1_MAX_SEQ_LEN, V1_MIN_PARALLELISM, dispatched_kernel  # noqa: F401  (vLLM's rule, one place)
 from .models import ModelShape
 from .options import BLOCK_SIZE, FORK_POINTS, JOIN_POINTS
 
-PARTITION_SIZE = 512
-V1_MAX_SEQ_LEN = 8192
-V1_MIN_PARALLELISM = 512
-_DTYPES = {"fp16": ("float16", 2), "bf16": ("bfloat16", 2)}
-
-
-def dispatched_kernel(num_seqs: int, num_heads: int, max_seq_len: int) -> str:
-    """vLLM's rule (paged_attn.py): v1 iff max_seq_len <= 8192 and (one partition or
-    num_seqs * num_heads > 512)."""
-    partitions = -(-max_seq_len // PARTITION_SIZE)
-    v1 = max_seq_len <= V1_MAX_SEQ_LEN and (partitions == 1 or num_seqs * num_heads > V1_MIN_PARALLELISM)
-    return "v1" if v1 else "v2"
+#: The decode step runs fp16 and bf16: (torch dtype name, element size) from kvpatch.dtypes.
+_DTYPES = {name: (QUERY_DTYPES[name].torch, QUERY_DTYPES[name].size) for name in ("fp16", "bf16")}
 
 
 

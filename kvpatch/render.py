@@ -1,16 +1,66 @@
-"""Rich tables and summaries for the GPU commands (validate, bench, tune, validate --upstream).
+"""Every rich table and summary kvpatch prints, in one place.
 
-Result types carry data only (kvpatch.gpu.report, kvpatch.gpu.upstream, kvpatch.tune);
-these functions turn them into renderables. To be folded into kvpatch.render.
+Result types carry data only (:mod:`kvpatch.patch.sites`, :mod:`kvpatch.build.result`,
+:mod:`kvpatch.gpu.report`, :mod:`kvpatch.gpu.upstream`, :mod:`kvpatch.tune`,
+:mod:`kvpatch.prefetch.report`); these functions turn them into renderables, and the CLI
+prints them. User text (paths, markers) is escaped, never read as rich markup.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from .build.result import BuildResult
+    from .prefetch.report import DecodeReport
+
+
+# --------------------------------------------------------------------------- apply / sites
+
+
+def sites_table(sites, injected: dict[str, str]) -> Table:
+    """The sites, and at each what kvpatch injected there (its marker's configuration) or 'no'."""
+    table = Table(title="KV loop sites")
+    for col in ("site", "loop", "block number", "steps", "tile", "injected"):
+        table.add_column(col, overflow="fold")
+    for s in sites:
+        table.add_row(
+            s.kind,
+            f"line {s.line}",
+            f"line {s.block_number_line}",
+            escape(f"{s.loop_var} += {s.stride_expr}"),
+            escape(f"{s.cache_param}[{s.block_table_var}[...]]"),
+            escape(injected.get(s.kind, "no")),
+        )
+    return table
+
+
+# --------------------------------------------------------------------------- build
+
+
+def build_table(result: BuildResult) -> Table:
+    """One row per kernel of every variant; the caption names the compile flags."""
+    table = Table(title=f"kvpatch build ({result.elapsed:.1f} s)")
+    for name, justify in (("variant", "left"), ("arch", "left"), ("kernel", "left"), ("config", "left"),
+                          ("regs", "right"), ("spill st/ld", "right"), ("stack", "right"),
+                          ("UBLKPF", "center"), ("check", "center")):  # fmt: skip
+        table.add_column(name, justify=justify)
+    for v in result.variants:
+        for k in v.kernels:
+            table.add_row(
+                escape(v.name), k.arch, k.kernel, k.config, str(k.registers), f"{k.spill_stores}/{k.spill_loads}",
+                str(k.stack_bytes), "yes" if k.has_prefetch else "-", "[green]ok[/]" if k.ok else "[red]FAIL[/]",
+            )  # fmt: skip
+    if result.vllm_flags:
+        table.caption = escape("vLLM's nvcc flags: " + " ".join(result.vllm_flags))
+    return table
+
+
+# --------------------------------------------------------------------------- validate / bench / tune
 
 
 def fmt_speedup(x: float, match: bool | None = None, verdict: str | None = None) -> str:
@@ -158,4 +208,36 @@ def tune_table(report: Any, top: int = 4) -> Table:
     for dtype, ranked in report.ranked.items():
         for i, s in enumerate(ranked[:top], 1):
             table.add_row(dtype, str(i), s.name, "yes" if s.bit_identical else "NO", f"{s.worst:.3f}", f"{s.geomean:.3f}")
+    return table
+
+
+# --------------------------------------------------------------------------- bench-decode
+
+
+def render_decode(report: DecodeReport | dict[str, Any]) -> Any:
+    """A rich Table of a decode-step report (print it with ``rich.console.Console().print``)."""
+    from .prefetch.report import MiB, DecodeReport, fmt_interval, verdict_of
+
+    if isinstance(report, dict):
+        report = DecodeReport.from_dict(report)
+    table = Table(title=f"decode step: {report.env.get('gpu', '?')}, {report.mode} L2, {report.layers} layers "
+                        f"(speedup over stock, median [min..max] over {report.rounds} rounds)")  # fmt: skip
+    for col in ("model", "dtype", "B", "ctx", "kernel", "stock us", "tok/s"):
+        table.add_column(col, justify="right")
+    for name in report.variants[1:]:
+        table.add_column(name, justify="right")
+    for col in ("attn share", "cap MiB", "identical"):
+        table.add_column(col, justify="right")
+    for p in report.points:
+        v = p["variants"]
+        cells = [p["model"], p["dtype"], str(p["batch"]), str(p["context"]), p["kernel"],
+                 f"{v['stock']['step_us']['median']:.1f}", f"{v['stock']['tokens_per_s']:.0f}"]  # fmt: skip
+        for name in report.variants[1:]:
+            s = v[name]["speedup"]
+            style = {"faster": "green", "slower": "red", "noise": ""}[verdict_of(s)]
+            text = fmt_interval(s)
+            cells.append(f"[{style}]{text}[/{style}]" if style else text)
+        cells += [f"{100 * v['stock']['attention_share']:.0f}%", f"{p['cap_bytes'] / MiB:.0f}",
+                  "yes" if p["all_identical"] else "[red]NO[/red]"]  # fmt: skip
+        table.add_row(*cells)
     return table

@@ -3,6 +3,7 @@ cache for the network tests, and an nvcc helper for the PTX checks."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -47,8 +48,45 @@ def fixture_text(name: str = STOCK) -> str:
     return (FIXTURES / name).read_text(encoding="utf-8")
 
 
+def golden_diff(name: str) -> str:
+    """A golden file: the unified diff the fixture header gets from one configuration."""
+    return (GOLDEN / f"{name}.diff").read_text(encoding="utf-8")
+
+
+@functools.cache
 def golden_text(name: str) -> str:
-    return (GOLDEN / f"{name}.cuh").read_text(encoding="utf-8")
+    """The patched fixture header a golden diff describes (the diff applied to the fixture)."""
+    return apply_unified_diff(fixture_text(), golden_diff(name))
+
+
+def apply_unified_diff(text: str, diff: str) -> str:
+    """``text`` with a one-file unified diff applied; its context and removed lines are checked."""
+    old = text.splitlines(keepends=True)
+    out: list[str] = []
+    pos = 0
+    lines = diff.splitlines(keepends=True)
+    i = 0
+    while i < len(lines):
+        m = re.match(r"@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@", lines[i])
+        i += 1
+        if not m:
+            continue
+        start = int(m.group(1)) - (0 if m.group(2) == "0" else 1)
+        out += old[pos:start]
+        pos = start
+        while i < len(lines) and not lines[i].startswith("@@"):
+            line = lines[i]
+            i += 1
+            tag, body = line[:1], line[1:]
+            if tag == "\\":  # "No newline at end of file": the line before has none
+                out[-1] = out[-1].removesuffix("\n")
+                continue
+            if tag in (" ", "-"):
+                assert old[pos] == body, f"the golden diff does not apply at line {pos + 1}"
+                pos += 1
+            if tag in (" ", "+"):
+                out.append(body)
+    return "".join(out + old[pos:])
 
 
 def git(cwd: Path, *args: str, text: bool = True) -> str | bytes:

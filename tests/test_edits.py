@@ -1,7 +1,7 @@
 """kvpatch.patch.plan: the emitted CUDA, shown literally (golden files), and the edit algebra.
 
-The golden files under tests/fixtures/golden/ are the fixture header patched with each
-configuration below; read them to see exactly what kvpatch injects. After a deliberate
+The golden files under tests/fixtures/golden/ are the diffs the fixture header gets from
+each configuration below; read them to see exactly what kvpatch injects. After a deliberate
 change to the templates, regenerate them with
 
     KVPATCH_REGEN_GOLDEN=1 pytest tests/test_edits.py
@@ -25,6 +25,7 @@ from kvpatch.config import make_config
 from kvpatch.patch.plan import Edit, apply, patch, plan, unpatch
 from kvpatch.errors import PatchError
 from kvpatch.source.fetch import HEADER
+from kvpatch.source.workspace import unified_diff
 from kvpatch.patch.sites import find_sites
 
 #: golden file name -> configuration options
@@ -52,11 +53,15 @@ def stock() -> str:
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_golden(name: str, stock: str, header_path: str) -> None:
+    """Each golden file is the diff (before -> after) the fixture gets from one configuration."""
     result = patch(stock, header_path, make_config(**CONFIGS[name]))
-    golden = GOLDEN / f"{name}.cuh"
+    diff = unified_diff(stock, result.patched, HEADER)
+    golden = GOLDEN / f"{name}.diff"
     if REGEN:
-        golden.write_text(result.patched, encoding="utf-8")
-    assert result.patched == golden.read_text(encoding="utf-8")
+        golden.write_text(diff, encoding="utf-8")
+        pytest.skip(f"regenerated {golden.name}: review it with git diff")
+    assert diff == golden.read_text(encoding="utf-8")
+    assert result.patched == golden_text(name)
     assert result.stock == stock
     assert result.previous == ()
 

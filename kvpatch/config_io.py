@@ -1,0 +1,141 @@
+"""``kvpatch.toml`` and the marker text: reading, writing and parsing back a configuration.
+
+:func:`load_config_file` reads a file into :func:`kvpatch.config.make_config`'s options
+(one-line errors for what TOML or kvpatch refuses), :func:`dump_config` writes what it reads
+back, and :func:`config_from_marker` is the exact inverse of :meth:`PatchConfig.marker`.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from .config import DEFAULT_OVERRIDES, DTYPES, PatchConfig, Selector, make_config, parse_override
+from .errors import UsageError
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """Read a ``kvpatch.toml``: keys at top level or under ``[kvpatch]`` (not both); '-' or '_'.
+
+    Every problem is a :class:`UsageError` (exit 2) in one line: a missing, unreadable
+    or non-UTF-8 file, a directory, invalid TOML, keys beside ``[kvpatch]``, and a key
+    given twice in its two spellings (``cache-hint`` and ``cache_hint``).
+    """
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise UsageError(f"config file {path} is a directory") from None
+    except OSError as e:
+        raise UsageError(f"cannot read config file {path}: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"config file {path} is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"invalid TOML in {path}: {e}") from None
+    except ValueError as e:  # e.g. an integer of thousands of digits
+        raise UsageError(f"invalid TOML in {path}: {str(e).splitlines()[0][:100]}") from None
+    if "kvpatch" in data:
+        table = data["kvpatch"]
+        if not isinstance(table, dict):
+            raise UsageError(f"invalid config file {path}: [kvpatch] must be a table")
+        beside = sorted(k for k in data if k != "kvpatch")
+        if beside:
+            raise UsageError(f"invalid config file {path}: key(s) {', '.join(beside)} outside [kvpatch] "
+                             "(put every setting under [kvpatch], or use no [kvpatch] table)")  # fmt: skip
+    else:
+        table = data
+    return {_key(k, path): (_table(v, path, k) if isinstance(v, dict) else v) for k, v in _unique(table, path).items()}
+
+
+def _key(key: Any, path: Path) -> str:
+    return str(key).replace("-", "_")
+
+
+def _unique(table: dict[str, Any], path: Path, where: str = "") -> dict[str, Any]:
+    """``table``, refusing a key given in both spellings ('cache-hint' and 'cache_hint')."""
+    seen: dict[str, str] = {}
+    for key in table:
+        norm = str(key).replace("-", "_")
+        if norm in seen:
+            raise UsageError(f"invalid config file {path}: {where}{seen[norm]!r} and {key!r} are the same setting; keep one")
+        seen[norm] = str(key)
+    return table
+
+
+def _table(value: dict[str, Any], path: Path, name: str) -> dict[str, Any]:
+    if str(name) == "rules":  # rule selectors are kept as written; their settings are tables too
+        return {str(a): (_table(b, path, f"rules.{a}") if isinstance(b, dict) else b) for a, b in value.items()}
+    return {_key(a, path): b for a, b in _unique(value, path, f"[{name}] ").items()}
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    return f'"{value}"'
+
+
+def dump_config(cfg: PatchConfig) -> str:
+    """``kvpatch.toml`` text that :func:`load_config_file` reads back to ``cfg``."""
+    lines = ["[kvpatch]"]
+    tables = []
+    for key, value in cfg.to_toml_dict().items():
+        if isinstance(value, dict):
+            tables.append((key, value))
+            continue
+        lines.append(f"{key.replace('_', '-')} = {_toml_value(value)}")
+    for name, table in tables:
+        lines.append("")
+        lines.append(f"[kvpatch.{name}]")
+        if name == "rules":
+            lines += [f'"{sel}" = {{ ' + ", ".join(f"{k.replace('_', '-')} = {_toml_value(v)}" for k, v in items.items()) + " }"
+                      for sel, items in table.items()]  # fmt: skip
+            continue
+        lines += [f"{k.replace('_', '-')} = {_toml_value(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+#: marker word -> configuration key, where they differ.
+_MARKER_KEYS = {"hint": "cache_hint"}
+
+
+def config_from_marker(text: str) -> PatchConfig:
+    """The configuration a marker's text (:meth:`PatchConfig.marker`) was written for.
+
+    The inverse of ``marker()``: ``config_from_marker(cfg.marker()) == cfg``. Raises
+    :class:`UsageError` for text ``marker()`` cannot have written.
+    """
+    options: dict[str, Any] = {}
+    dtypes: dict[str, Any] = {d: "none" for d in DTYPES}
+    # every rule the marker does not name is absent: default rules too
+    rules: dict[str, Any] = {sel: "none" for sel, _ in DEFAULT_OVERRIDES if sel not in DTYPES}
+    for word in text.split():
+        if word == "control":
+            options["control"] = True
+            continue
+        selector, colon, items = word.partition(":")
+        if colon and (selector in DTYPES or "/" in selector):
+            settings = parse_override(items)
+            if selector in DTYPES:
+                dtypes[selector] = settings
+            else:
+                rules[str(Selector.parse(selector))] = settings
+            continue
+        key, eq, value = word.partition("=")
+        if not eq or key in options:
+            raise UsageError(f"not a kvpatch marker: {text[:80]!r}")
+        options[_MARKER_KEYS.get(key, key)] = value
+    if options.get("preset") == "paper":
+        cfg = make_config(**options)
+    else:
+        cfg = make_config(**options, **dtypes, rules=rules)
+    if cfg.marker() != " ".join(text.split()):
+        raise UsageError(f"not a kvpatch marker: {text[:80]!r}")
+    return cfg

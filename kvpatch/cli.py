@@ -20,7 +20,8 @@ from rich.markup import escape
 from rich.syntax import Syntax
 
 from . import __version__
-from .config import PatchConfig, dump_config, load_config_file, make_config, parse_rules
+from .config import dump_config, parse_rules
+from .config_io import config_from_options, variant_configs
 from .render import sites_table
 from .errors import KvpatchError, UsageError
 
@@ -60,16 +61,6 @@ TreeOpt = Annotated[
     typer.Option("--tree", help="An existing vLLM checkout (default: the tree of the last apply here)."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-
-
-def config_from_options(config_file: Optional[Path], **options) -> PatchConfig:
-    """A config file's values, overridden by options given on the command line."""
-    values = load_config_file(config_file) if config_file else {}
-    given = {k: v for k, v in options.items() if v is not None}
-    if isinstance(values.get("rules"), dict) and isinstance(given.get("rules"), dict):
-        given["rules"] = {**values["rules"], **given["rules"]}  # --rule adds to the file's rules
-    values.update(given)
-    return make_config(**values)
 
 
 def _cwd() -> Path:
@@ -220,16 +211,6 @@ def _csv(text: Optional[str], kind=str) -> Optional[list]:
         raise UsageError(f"invalid list {text!r}") from None
 
 
-def _variant_options(variant: list[str]) -> dict[str, PatchConfig]:
-    extra: dict[str, PatchConfig] = {}
-    for item in variant:
-        name, sep, path = item.partition("=")
-        if not sep or not name.isidentifier():
-            raise UsageError(f"invalid --variant {item!r}: use NAME=config.toml")
-        extra[name] = make_config(**load_config_file(Path(path)))
-    return extra
-
-
 @app.command()
 def build(
     tree: TreeOpt = None,
@@ -374,7 +355,7 @@ def bench(
     from .render import print_bench
 
     opts = BenchOptions(
-        tree=tree, cwd=_cwd(), arch=arch, libs=lib, variant_info=variant_info, variants=_variant_options(variant),
+        tree=tree, cwd=_cwd(), arch=arch, libs=lib, variant_info=variant_info, variants=variant_configs(variant),
         paper=paper, control=control, point_set=point_set, quick=quick, dtypes=_csv(dtypes),
         batches=_csv(batches, int), contexts=_csv(contexts, int), heads=parse_heads(heads) if heads else None,
         head_sizes=_csv(head_sizes, int), block_sizes=_csv(block_sizes, int), kv_cache_dtypes=_csv(kv), seed=seed,
@@ -409,6 +390,62 @@ def tune(
     out.print(f"picked: {report.picked}")
     out.print(f"wrote {output}: {report.config.marker()}")
     out.print(f"next: [bold]kvpatch apply --tree {report.tree} --config {output}[/]")
+
+
+# --------------------------------------------------------------------------- bench-decode
+
+
+@app.command("bench-decode")
+def bench_decode(
+    lib: Annotated[list[str], typer.Option("--lib", help="NAME=PATH.so:PREFIX (repeatable; 'stock' required). Default: build stock+patched from --tree.")] = [],  # noqa: B006
+    tree: TreeOpt = None,
+    arch: ArchOpt = "9.0a",
+    models: Annotated[Optional[str], typer.Option(help="llama-3.1-8b,llama-3.2-1b (default both).")] = None,
+    dtypes: Annotated[Optional[str], typer.Option(help="bf16,fp16 (default both).")] = None,
+    batches: Annotated[Optional[str], typer.Option(help="Default 1,4,16,64.")] = None,
+    contexts: Annotated[Optional[str], typer.Option(help="Default 1024,4096,16384.")] = None,
+    layers: Annotated[int, typer.Option(help="Decoder layers per step.")] = 8,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds (spread = min..max over them).")] = 5,
+    reps: Annotated[Optional[int], typer.Option(help="Timed replays per variant and round (default: ~0.15 s a round).")] = None,
+    wpf: Annotated[Optional[str], typer.Option("--wpf", help="A whole prefetch configuration, e.g. 'cap=1:32,4:16;grid=132;hint=evict_normal'.")] = None,
+    cap: Annotated[Optional[str], typer.Option(help="Weight-prefetch cap: per-batch MiB '1:32,4:32,8:16', one MiB value, 'off' or 'default'.")] = None,
+    grid: Annotated[Optional[str], typer.Option(help="Prefetch CTAs, or 'auto' (one per MiB, 4..32).")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="Prefetch threads per CTA (multiple of 32).")] = None,
+    chunk: Annotated[Optional[int], typer.Option(help="Bytes per bulk prefetch (multiple of 16).")] = None,
+    hint: Annotated[Optional[str], typer.Option(help="evict_last, evict_normal, evict_first or none.")] = None,
+    fork: Annotated[Optional[str], typer.Option(help="Fork the prefetch at 'attn' (before attention) or 'qkv' (before the QKV GEMM).")] = None,
+    join: Annotated[Optional[str], typer.Option(help="Join once per 'step' or before each 'oproj'.")] = None,
+    priority: Annotated[Optional[str], typer.Option(help="Side stream priority: high, normal or an int.")] = None,
+    prefetch_lib: Annotated[Optional[Path], typer.Option("--prefetch-lib", help="A built prefetch library (default: build one).")] = None,
+    cold: Annotated[bool, typer.Option("--cold", help="Flush L2 (read+write 3x L2) before every step.")] = False,
+    micro: Annotated[bool, typer.Option("--micro", help="Also run the GEMM-after-idle micro-benchmark.")] = False,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the report here.")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of the speedups here.")] = None,
+) -> None:
+    """GPU: a model-shaped decode step (CUDA graph): stock, patched, and both with the L2 weight prefetch."""
+    from .prefetch.decode import bench_decode_cli
+
+    def build(dtype_list, head_sizes):
+        from . import api
+
+        api.require_cuda()
+        result = api.build(tree=tree, cwd=_cwd(), archs=arch, console=err, dtypes=dtype_list, head_sizes=head_sizes,
+                           block_sizes=[16], kv_cache_dtypes=["auto"])  # fmt: skip
+        return api.load_libraries(result)
+
+    _, text, code = bench_decode_cli(
+        lib_args=lib, build=build, models=models, dtypes=dtypes, batches=batches, contexts=contexts, layers=layers,
+        rounds=rounds, reps=reps, prefetch_lib=str(prefetch_lib) if prefetch_lib else None, cold=cold, micro=micro,
+        json_path=str(json_out) if json_out else None, plot_path=str(plot) if plot else None,
+        say=lambda m: err.print(m, highlight=False, soft_wrap=True), wpf=wpf, cap=cap, grid=grid, threads=threads,
+        chunk=chunk, hint=hint, fork=fork, join=join, priority=priority,
+    )  # fmt: skip
+    out.print(text, highlight=False, soft_wrap=True)
+    if code:
+        raise KvpatchError("bench-decode: outputs differ from stock", exit_code=code)
+
+
+# --------------------------------------------------------------------------- the entry point
 
 
 def _one_line(message: str, code: int) -> NoReturn:
@@ -467,56 +504,3 @@ def run() -> None:
     if code == 130:
         _one_line(INTERRUPTED, 130)
     sys.exit(code if isinstance(code, int) else 0)
-
-
-# --------------------------------------------------------------------------- bench-decode
-
-
-@app.command("bench-decode")
-def bench_decode(
-    lib: Annotated[list[str], typer.Option("--lib", help="NAME=PATH.so:PREFIX (repeatable; 'stock' required). Default: build stock+patched from --tree.")] = [],  # noqa: B006
-    tree: TreeOpt = None,
-    arch: ArchOpt = "9.0a",
-    models: Annotated[Optional[str], typer.Option(help="llama-3.1-8b,llama-3.2-1b (default both).")] = None,
-    dtypes: Annotated[Optional[str], typer.Option(help="bf16,fp16 (default both).")] = None,
-    batches: Annotated[Optional[str], typer.Option(help="Default 1,4,16,64.")] = None,
-    contexts: Annotated[Optional[str], typer.Option(help="Default 1024,4096,16384.")] = None,
-    layers: Annotated[int, typer.Option(help="Decoder layers per step.")] = 8,
-    rounds: Annotated[int, typer.Option(help="Interleaved rounds (spread = min..max over them).")] = 5,
-    reps: Annotated[Optional[int], typer.Option(help="Timed replays per variant and round (default: ~0.15 s a round).")] = None,
-    wpf: Annotated[Optional[str], typer.Option("--wpf", help="A whole prefetch configuration, e.g. 'cap=1:32,4:16;grid=132;hint=evict_normal'.")] = None,
-    cap: Annotated[Optional[str], typer.Option(help="Weight-prefetch cap: per-batch MiB '1:32,4:32,8:16', one MiB value, 'off' or 'default'.")] = None,
-    grid: Annotated[Optional[str], typer.Option(help="Prefetch CTAs, or 'auto' (one per MiB, 4..32).")] = None,
-    threads: Annotated[Optional[int], typer.Option(help="Prefetch threads per CTA (multiple of 32).")] = None,
-    chunk: Annotated[Optional[int], typer.Option(help="Bytes per bulk prefetch (multiple of 16).")] = None,
-    hint: Annotated[Optional[str], typer.Option(help="evict_last, evict_normal, evict_first or none.")] = None,
-    fork: Annotated[Optional[str], typer.Option(help="Fork the prefetch at 'attn' (before attention) or 'qkv' (before the QKV GEMM).")] = None,
-    join: Annotated[Optional[str], typer.Option(help="Join once per 'step' or before each 'oproj'.")] = None,
-    priority: Annotated[Optional[str], typer.Option(help="Side stream priority: high, normal or an int.")] = None,
-    prefetch_lib: Annotated[Optional[Path], typer.Option("--prefetch-lib", help="A built prefetch library (default: build one).")] = None,
-    cold: Annotated[bool, typer.Option("--cold", help="Flush L2 (read+write 3x L2) before every step.")] = False,
-    micro: Annotated[bool, typer.Option("--micro", help="Also run the GEMM-after-idle micro-benchmark.")] = False,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the report here.")] = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of the speedups here.")] = None,
-) -> None:
-    """GPU: a model-shaped decode step (CUDA graph): stock, patched, and both with the L2 weight prefetch."""
-    from .prefetch.decode import bench_decode_cli
-
-    def build(dtype_list, head_sizes):
-        from . import api
-
-        api.require_cuda()
-        result = api.build(tree=tree, cwd=_cwd(), archs=arch, console=err, dtypes=dtype_list, head_sizes=head_sizes,
-                           block_sizes=[16], kv_cache_dtypes=["auto"])  # fmt: skip
-        return api.load_libraries(result)
-
-    _, text, code = bench_decode_cli(
-        lib_args=lib, build=build, models=models, dtypes=dtypes, batches=batches, contexts=contexts, layers=layers,
-        rounds=rounds, reps=reps, prefetch_lib=str(prefetch_lib) if prefetch_lib else None, cold=cold, micro=micro,
-        json_path=str(json_out) if json_out else None, plot_path=str(plot) if plot else None,
-        say=lambda m: err.print(m, highlight=False, soft_wrap=True), wpf=wpf, cap=cap, grid=grid, threads=threads,
-        chunk=chunk, hint=hint, fork=fork, join=join, priority=priority,
-    )  # fmt: skip
-    out.print(text, highlight=False, soft_wrap=True)
-    if code:
-        raise KvpatchError("bench-decode: outputs differ from stock", exit_code=code)

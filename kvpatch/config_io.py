@@ -139,3 +139,24 @@ def config_from_marker(text: str) -> PatchConfig:
     if cfg.marker() != " ".join(text.split()):
         raise UsageError(f"not a kvpatch marker: {text[:80]!r}")
     return cfg
+
+
+def config_from_options(config_file: Path | None, **options) -> PatchConfig:
+    """A config file's values, overridden by options given on the command line."""
+    values = load_config_file(config_file) if config_file else {}
+    given = {k: v for k, v in options.items() if v is not None}
+    if isinstance(values.get("rules"), dict) and isinstance(given.get("rules"), dict):
+        given["rules"] = {**values["rules"], **given["rules"]}  # --rule adds to the file's rules
+    values.update(given)
+    return make_config(**values)
+
+
+def variant_configs(variant: list[str]) -> dict[str, PatchConfig]:
+    """``--variant NAME=config.toml`` items -> {name: configuration}."""
+    extra: dict[str, PatchConfig] = {}
+    for item in variant:
+        name, sep, path = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise UsageError(f"invalid --variant {item!r}: use NAME=config.toml")
+        extra[name] = make_config(**load_config_file(Path(path)))
+    return extra

@@ -799,6 +799,27 @@ def test_launch_argument_order_matches_kernels():
     assert got["alibi_slopes"] is inp.alibi_slopes and got["v_scale"] is inp.v_scale
 
 
+def test_scale_by_value_kernels_get_host_numbers_not_tensors():
+    """vLLM 0.6.4's kernels take k/v scale by value: the launcher passes the host values, so
+    no launch reads a device tensor back (a sync that bench would time)."""
+    pytest.importorskip("torch")
+    _, v2 = _kernels_params()
+
+    class Rec:
+        scale_by_value = True
+
+        def v2(self, *a):
+            self.args = a
+
+    inp = I.make_inputs(dtype="fp16", kv_cache_dtype="fp8", head_size=32, block_size=16, num_heads=4,
+                        num_kv_heads=2, seq_lens=[600], alibi=False, seed=0, device="cpu")
+    r = Rec()
+    Ln.launch(r, "v2", inp, Ln.make_buffers(inp, "v2"))
+    got = dict(zip(v2, r.args))
+    assert (got["k_scale"], got["v_scale"]) == (inp.k_scale_value, inp.v_scale_value)
+    assert isinstance(got["k_scale"], float) and isinstance(got["v_scale"], float)
+
+
 # --------------------------------------------------------------------------- the honest method (issue 8, part 1)
 
 

@@ -121,10 +121,15 @@ class Kernels:
                 raise ValueError(f"{name} must be int32, not {t.dtype}")
         num_seqs, num_heads, head_size = (int(s) for s in query.shape)
         device = query.device
-        k_scale = self._scale(k_scale, device)  # tensors now, alive until the launch
-        v_scale = self._scale(v_scale, device)
-        k_ptr, k_val = k_scale.data_ptr(), float(k_scale.item()) if self.scale_by_value else 1.0
-        v_ptr, v_val = v_scale.data_ptr(), float(v_scale.item()) if self.scale_by_value else 1.0
+        if self.scale_by_value and not isinstance(k_scale, torch.Tensor) and not isinstance(v_scale, torch.Tensor):
+            # vLLM 0.6.4's kernels take the scales by value: host numbers need no device
+            # tensor and no sync (the pointers are not read by those kernels).
+            k_ptr, k_val, v_ptr, v_val = None, float(k_scale), None, float(v_scale)
+        else:
+            k_scale = self._scale(k_scale, device)  # tensors now, alive until the launch
+            v_scale = self._scale(v_scale, device)
+            k_ptr, k_val = k_scale.data_ptr(), float(k_scale.item()) if self.scale_by_value else 1.0
+            v_ptr, v_val = v_scale.data_ptr(), float(v_scale.item()) if self.scale_by_value else 1.0
         with torch.cuda.device(device):
             stream = torch.cuda.current_stream(device).cuda_stream
             rc = fn(
@@ -307,9 +312,13 @@ def launch(lib: Any, kernel: str, inp: "AttentionInputs", bufs: OutputBuffers) -
 
 def make_launcher(lib: Any, kernel: str, inp: "AttentionInputs", bufs: OutputBuffers) -> Callable[[], None]:
     """A zero-argument closure doing :func:`launch` with its arguments bound (for timing loops)."""
+    # Kernels that take the scales by value (vLLM 0.6.4) get the host numbers: reading a
+    # device tensor's value would sync on every launch and time the sync, not the kernel.
+    by_value = getattr(lib, "scale_by_value", False)
+    k_scale, v_scale = (inp.k_scale_value, inp.v_scale_value) if by_value else (inp.k_scale, inp.v_scale)
     tail = (
         inp.query, inp.key_cache, inp.value_cache, inp.num_kv_heads, inp.scale, inp.block_tables, inp.seq_lens,
-        inp.block_size, inp.max_seq_len, inp.alibi_slopes, inp.kv_cache_dtype, inp.k_scale, inp.v_scale,
+        inp.block_size, inp.max_seq_len, inp.alibi_slopes, inp.kv_cache_dtype, k_scale, v_scale,
     )  # fmt: skip
     if check_kernel(kernel) == "v1":
         fn, args = lib.v1, (bufs.out, *tail)

@@ -1,10 +1,15 @@
-"""kvpatch: patch vLLM's PagedAttention decode kernel with an L2 bulk prefetch.
+"""kvpatch: stage memory in L2 ahead of use on Hopper GPUs.
 
-The pipeline, each step a pure function in its own module:
-``parse`` (libclang) -> ``sites`` (where the key/value loops are) -> ``edits``
-(templates rendered into byte-offset insertions, applied and re-validated).
-``fetch`` and ``workspace`` are the I/O edges; ``api`` composes them; ``cli`` is
-a thin shell over ``api``.
+* :mod:`kvpatch.patch` -- the pure pipeline that patches vLLM's PagedAttention header:
+  ``parse`` (libclang) -> ``sites`` (the key/value loops) -> ``plan`` (templates rendered
+  into byte-offset ``edits``, applied and re-parsed); ``markers`` finds earlier injections.
+* :mod:`kvpatch.source` -- the I/O edge: releases, fetching (git, else the sdist), the tree.
+* :mod:`kvpatch.build` -- nvcc builds of stock and patched kernels, SASS checks.
+* :mod:`kvpatch.gpu` -- validation (bit-identity, vLLM's own test) and benchmarks on a GPU.
+* :mod:`kvpatch.prefetch` -- the L2 weight-prefetch runtime and the decode-step benchmark.
+
+``api`` composes them, ``render`` draws every table, ``cli`` is a thin Typer shell. Importing
+kvpatch does no I/O.
 """
 
 __version__ = "0.1.0"

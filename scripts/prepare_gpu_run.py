@@ -6,7 +6,7 @@
 Each ``--variant NAME=key=value,...`` is a patch configuration (empty: the default).
 ``stock`` is always built. Libraries are copied into ``--out`` with ``libs.txt``
 (one ``NAME=PATH:PREFIX`` per line, paths relative to the repository root, the form
-``python -m kvpatch.gpu.bench --lib`` takes) and ``variants.json`` (each variant's
+``kvpatch bench --lib`` takes) and ``variants.json`` (each variant's
 configuration), so that a command on the GPU machine needs nothing but this folder.
 nvcc here is the same 13.0 as on the lent H200, whose SASS matched instruction for
 instruction (see ../shared/NOTES.md).

@@ -75,6 +75,9 @@ def regenerate(out: Path, console: Console | None = None) -> list[Path]:
 
 
 if __name__ == "__main__":
-    target = Path(sys.argv[1] if len(sys.argv) > 1 else "patches")
-    for p in regenerate(target, Console(stderr=True)):
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Regenerate patches/: the default patch of each header revision.")
+    ap.add_argument("out", nargs="?", type=Path, default=Path("patches"), help="the folder to write (default: patches)")
+    for p in regenerate(ap.parse_args().out, Console(stderr=True)):
         print(p)

@@ -10,6 +10,9 @@ a proof of different results (docs/tuning.md: it found the bf16 ALiBi instantiat
 loop nvcc stops unswitching; fp16 differs in count and is bit-identical).
 """
 import collections, gzip, json, re, sys
+
+if len(sys.argv) != 3:
+    sys.exit("usage: python scripts/sass_fp_ops.py BUILD.json OUT.json")
 d = json.load(open(sys.argv[1]))
 FP = re.compile(r"(FFMA|FADD|FMUL|HFMA2(?!\.MMA)|HADD2|HMUL2|FMNMX|MUFU|F2F|FSEL)")
 def sigs(v):

@@ -21,6 +21,29 @@ from .step import _DTYPES
 MiB = 1 << 20
 
 
+def _setup(device: Any, prefetch_library: Any, dtype: str, idle_us: float) -> tuple:
+    """What both micro-benchmarks need: the device, the prefetch library (built for this GPU
+    if not given), the torch dtype, the L2 size, a 3x-L2 flush buffer and the idle kernel's
+    ``torch.cuda._sleep`` cycles."""
+    import torch
+
+    from .kernel import PrefetchLibrary, archs_for_capability, build_prefetch_library
+
+    dev = torch.device(device)
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if not isinstance(prefetch_library, PrefetchLibrary):
+        major, minor = torch.cuda.get_device_capability(dev)
+        prefetch_library = PrefetchLibrary(prefetch_library or os.environ.get("KVPATCH_PREFETCH_LIB") or build_prefetch_library(archs_for_capability(major, minor)))
+    dt = getattr(torch, _DTYPES[dtype][0])
+    props = torch.cuda.get_device_properties(dev)
+    l2 = int(getattr(props, "L2_cache_size", 0)) or 50 * MiB
+    flush_buf = torch.empty(3 * l2, dtype=torch.uint8, device=dev)
+    khz = getattr(props, "clock_rate", None) or 1_980_000
+    cycles = int(idle_us * khz / 1e3)
+    return dev, prefetch_library, dt, l2, flush_buf, cycles
+
+
 def run_micro_gemm(
     prefetch_library: Any = None,
     *,
@@ -40,20 +63,8 @@ def run_micro_gemm(
     import torch
 
     from .controller import PrefetchController
-    from .kernel import PrefetchLibrary, archs_for_capability, build_prefetch_library
 
-    dev = torch.device(device)
-    if dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    major, minor = torch.cuda.get_device_capability(dev)
-    if not isinstance(prefetch_library, PrefetchLibrary):
-        prefetch_library = PrefetchLibrary(prefetch_library or os.environ.get("KVPATCH_PREFETCH_LIB") or build_prefetch_library(archs_for_capability(major, minor)))
-    dt = getattr(torch, _DTYPES[dtype][0])
-    props = torch.cuda.get_device_properties(dev)
-    l2 = int(getattr(props, "L2_cache_size", 0)) or 50 * MiB
-    flush_buf = torch.empty(3 * l2, dtype=torch.uint8, device=dev)
-    khz = getattr(props, "clock_rate", None) or 1_980_000
-    cycles = int(idle_us * khz / 1e3)
+    dev, prefetch_library, dt, l2, flush_buf, cycles = _setup(device, prefetch_library, dtype, idle_us)
     results = []
     for label, n, k in shapes:
         W = torch.randn(n, k, device=dev, dtype=torch.float32).to(dt)
@@ -143,20 +154,8 @@ def run_micro_prefetch(
     import torch
 
     from .controller import PrefetchController
-    from .kernel import PrefetchLibrary, archs_for_capability, build_prefetch_library
 
-    dev = torch.device(device)
-    if dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    if not isinstance(prefetch_library, PrefetchLibrary):
-        major, minor = torch.cuda.get_device_capability(dev)
-        prefetch_library = PrefetchLibrary(prefetch_library or os.environ.get("KVPATCH_PREFETCH_LIB") or build_prefetch_library(archs_for_capability(major, minor)))
-    dt = getattr(torch, _DTYPES[dtype][0])
-    props = torch.cuda.get_device_properties(dev)
-    l2 = int(getattr(props, "L2_cache_size", 0)) or 50 * MiB
-    flush_buf = torch.empty(3 * l2, dtype=torch.uint8, device=dev)
-    khz = getattr(props, "clock_rate", None) or 1_980_000
-    cycles = int(idle_us * khz / 1e3)
+    dev, prefetch_library, dt, l2, flush_buf, cycles = _setup(device, prefetch_library, dtype, idle_us)
     elem = torch.empty((), dtype=dt).element_size()
     x = torch.randn(1, k, device=dev, dtype=torch.float32).to(dt)
     weights: dict[int, Any] = {}

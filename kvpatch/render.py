@@ -216,7 +216,8 @@ def tune_table(report: Any, top: int = 4) -> Table:
 
 def render_decode(report: DecodeReport | dict[str, Any]) -> Any:
     """A rich Table of a decode-step report (print it with ``rich.console.Console().print``)."""
-    from .prefetch.report import MiB, DecodeReport, fmt_interval, verdict_of
+    from .prefetch.options import MiB
+    from .prefetch.report import DecodeReport, fmt_interval, verdict_of
 
     if isinstance(report, dict):
         report = DecodeReport.from_dict(report)

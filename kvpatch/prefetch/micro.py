@@ -16,9 +16,8 @@ import os
 import statistics
 from typing import Any, Mapping, Sequence
 
+from .options import MiB
 from .step import _DTYPES
-
-MiB = 1 << 20
 
 
 def _setup(device: Any, prefetch_library: Any, dtype: str, idle_us: float) -> tuple:

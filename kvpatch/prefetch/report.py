@@ -10,16 +10,13 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-MiB = 1 << 20
+from ..gpu.stats import verdict
+from .options import MiB
 
 
 def verdict_of(speedup: dict[str, float]) -> str:
-    """'faster' / 'slower' when the whole min..max interval is above / below 1.00."""
-    if speedup["min"] > 1.0:
-        return "faster"
-    if speedup["max"] < 1.0:
-        return "slower"
-    return "noise"
+    """'faster' / 'slower' / 'noise' of a {median, min, max} speedup: kvpatch's one rule."""
+    return verdict(speedup["min"], speedup["max"])
 
 
 def fmt_interval(s: dict[str, float]) -> str:

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from ..gpu.stats import geomean
 from .options import MiB, WeightPrefetch, caps_text
 
 SWEEP_MODEL = "llama-3.1-8b"
@@ -87,10 +88,6 @@ def micro_configs() -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- scoring (pure)
 
 
-def geomean(values: Sequence[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
-
-
 def ratios(points: Sequence[Mapping[str, Any]], variant: str, batches: Sequence[int]) -> list[dict[str, float]]:
     """``speedup_vs_library`` (median/min/max over rounds) of ``variant`` at the points of ``batches``."""
     out = []
@@ -103,7 +100,8 @@ def ratios(points: Sequence[Mapping[str, Any]], variant: str, batches: Sequence[
 
 def score(points: Sequence[Mapping[str, Any]], variants: Sequence[str], batches: Sequence[int]) -> float:
     """Geomean of the median ``speedup_vs_library`` of ``variants`` over the points of ``batches``."""
-    return geomean([r["median"] for name in variants for r in ratios(points, name, batches)])
+    medians = [r["median"] for name in variants for r in ratios(points, name, batches)]
+    return geomean(medians) if medians else math.nan
 
 
 def pick_knobs(points: Sequence[Mapping[str, Any]], configs: Mapping[str, WeightPrefetch], batches: Sequence[int] = (1, 4)) -> tuple[WeightPrefetch, dict[str, Any]]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 
 from kvpatch import build as B
-from kvpatch.config import make_config
+from kvpatch.config import make_config, parse_override
 from kvpatch.render import build_table
 from kvpatch.source.fetch import HEADER, fetch_release
 
@@ -39,15 +39,9 @@ SETS = {
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
+    """``NAME=key=value,...`` -> (name, options), the settings read as ``--fp16`` reads its own."""
     name, _, rest = text.partition("=")
-    options = {}
-    for item in filter(None, rest.split(",")):
-        key, _, value = item.partition("=")
-        key = key.replace("-", "_")
-        options[key] = {"true": True, "false": False}.get(value, value)
-        if key in ("lookahead", "align") or (key == "size" and value != "auto"):
-            options[key] = int(value)
-    return name, options
+    return name, parse_override(rest)
 
 
 def main() -> None:

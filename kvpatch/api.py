@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from .config import PatchConfig
 from .errors import PatchError, UsageError
+from .machine import Machine, differences
 from .patch.plan import Injected, Result, inspect, patch
 from .patch.sites import Sites, find_sites
 from .source.fetch import check_release, fetch_release, normalize_version, release_tag
@@ -27,6 +28,9 @@ class ApplyReport:
     config: PatchConfig
     result: Result
     before: str  # the header as apply found it
+    #: where the configuration's rules were tuned (None: unknown), and how this machine differs
+    tuned_on: Machine | None = None
+    machine_differences: tuple[str, ...] = field(default=())
 
     @property
     def changed(self) -> bool:
@@ -51,6 +55,8 @@ class ApplyReport:
             "previous": list(self.previous),
             "sites": asdict(self.sites),
             "edits": [{"offset": e.offset, "length": e.length, "what": e.what} for e in self.result.edits],
+            "tuned_on": self.tuned_on.to_dict() if self.tuned_on is not None else None,
+            "machine_differences": list(self.machine_differences),
         }
 
 
@@ -88,12 +94,15 @@ def _edited_regions(found: Injected, header: Path) -> PatchError:
 
 
 def apply(*, vllm: str | None, tree: Path | None, cfg: PatchConfig, cwd: Path,
-          remote: str | None = None, force: bool = False, console: Console) -> ApplyReport:  # fmt: skip
+          remote: str | None = None, force: bool = False, console: Console,
+          tuned: Machine | None = None, here: Machine | None = None) -> ApplyReport:  # fmt: skip
     """Patch the tree's header with ``cfg``; idempotent; refuses edits kvpatch did not make.
 
     Under the workspace lock: fetch and check out (``--vllm``), read the header,
     refuse edits inside kvpatch's regions and outside them (unless ``force``), then
-    write the header and ``state.json`` as one step.
+    write the header and ``state.json`` as one step. With ``tuned`` (where the
+    configuration was tuned), the report lists how this machine (``here``, default
+    :func:`kvpatch.machine.local`) differs from it.
     """
     version = _check_target(vllm, tree)
     target = resolve_tree(tree, cwd) if tree is not None else None
@@ -112,7 +121,12 @@ def apply(*, vllm: str | None, tree: Path | None, cfg: PatchConfig, cwd: Path,
         state = State(tree=str(target.root), version=version, config=cfg.to_toml_dict(), marker=cfg.marker(),
                       stock_sha256=sha256(result.stock))  # fmt: skip
         write_header_and_state(target, current, result.patched, state, cwd)
-    return ApplyReport(target, version, cfg, result, current)
+    diffs: tuple[str, ...] = ()
+    if tuned is not None:
+        from .machine import local
+
+        diffs = tuple(differences(tuned, here if here is not None else local()))
+    return ApplyReport(target, version, cfg, result, current, tuned, diffs)
 
 
 def _state_or_none(cwd: Path) -> State | None:

@@ -21,7 +21,7 @@ from rich.syntax import Syntax
 
 from . import __version__
 from .config import dump_config, parse_rules
-from .config_io import config_from_options, variant_configs
+from .config_io import config_and_tuned, variant_configs
 from .render import sites_table
 from .errors import KvpatchError, UsageError
 
@@ -97,27 +97,32 @@ def apply(
     """Fetch a vLLM release (or use --tree), locate the key/value loop sites, inject the prefetch."""
     from . import api
 
-    cfg = config_from_options(
+    cfg, tuned = config_and_tuned(
         config, preset=preset, lookahead=lookahead, size=size, align=align, caches=caches,
         cache_hint=cache_hint, placement=placement, scope=scope, control=control, issue=issue, quantized=quantized,
         fp16=fp16, bf16=bf16, fp32=fp32, rules=parse_rules(rule) if rule else None,
     )  # fmt: skip
     report = api.apply(vllm=vllm, tree=tree, cfg=cfg, cwd=_cwd(), remote=remote or None,
-                       force=force, console=err)  # fmt: skip
+                       force=force, console=err, tuned=tuned)  # fmt: skip
+    for line in report.machine_differences:
+        err.print(f"[yellow]warning:[/] tuned on another machine: {escape(line)} (re-run kvpatch tune here)",
+                  highlight=False, soft_wrap=True)  # fmt: skip
     if as_json:
         out.print_json(json.dumps(report.to_json()))
         return
     header = escape(str(report.tree.header))
     if not report.changed:
-        out.print(f"[green]already applied[/] ({cfg.marker()}): {header}", highlight=False)
+        out.print(f"[green]already applied[/] ({escape(cfg.marker())}): {header}", highlight=False, soft_wrap=True)
     else:
         verb = "replaced" if report.previous else "patched"
         out.print(f"[green]{verb}[/] {header}", highlight=False)
         if report.previous:
-            out.print(f"  previous: {escape('; '.join(report.previous))}", highlight=False)
+            out.print(f"  previous: {escape('; '.join(report.previous))}", highlight=False, soft_wrap=True)
     out.print(sites_table(report.sites, {s.kind: "yes" for s in report.sites if
                                           (s.kind == "key" and cfg.k) or (s.kind == "value" and cfg.v)}))  # fmt: skip
-    out.print(f"config: {cfg.marker()}", highlight=False)
+    out.print(f"config: {escape(cfg.marker())}", highlight=False, soft_wrap=True)
+    if report.tuned_on is not None:
+        out.print(f"tuned on: {escape(report.tuned_on.describe())}", highlight=False)
     out.print("next: [bold]kvpatch diff[/]  |  [bold]kvpatch build --arch 9.0a[/]  |  [bold]kvpatch revert[/]")
 
 
@@ -193,8 +198,8 @@ def show_config(
     config: Annotated[Optional[Path], typer.Option("--config", help="kvpatch.toml to read.")] = None,
     preset: Annotated[Optional[str], typer.Option(help="default | paper.")] = None,
 ) -> None:
-    """Print the effective configuration as kvpatch.toml text."""
-    sys.stdout.write(dump_config(config_from_options(config, preset=preset)))
+    """Print the effective configuration as kvpatch.toml text (with where its rules were tuned)."""
+    sys.stdout.write(dump_config(*config_and_tuned(config, preset=preset)))
 
 
 # --------------------------------------------------------------------------- build / validate / bench
@@ -369,27 +374,37 @@ def bench(
 
 
 @app.command()
+@app.command("tune")
 def tune(
     tree: TreeOpt = None,
     arch: ArchOpt = "9.0a",
-    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the best configuration.")] = Path("kvpatch.toml"),
+    lib: Annotated[list[str], typer.Option("--lib", help="Prebuilt NAME=PATH.so:PREFIX (repeatable): 'stock' and the candidates; nothing is built.")] = [],  # noqa: B006
+    variant_info: Annotated[Optional[Path], typer.Option("--variant-info", help="JSON of NAME -> {marker: ...}: the candidates' configurations (with --lib).")] = None,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the tuned configuration.")] = Path("kvpatch.toml"),
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the ranking and the bench data here.")] = None,
-    quick: Annotated[bool, typer.Option(help="Bench 8 points of the tuning set instead of 24.")] = False,
+    quick: Annotated[bool, typer.Option(help="Bench batch 2/32 x context 512/12288 of the tuning set (48 points) instead of 108.")] = False,
     reps: Annotated[int, typer.Option(help="Timed launches per point, candidate and round.")] = 20,
-    rounds: Annotated[int, typer.Option(help="Interleaved rounds.")] = 2,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds (the spread a verdict uses).")] = 3,
+    policy: Annotated[str, typer.Option(help="strict (no tuning point slower than stock beyond noise) | geomean (only the geomean's interval above 1.00).")] = "strict",
+    fallback: Annotated[str, typer.Option(help="What instantiations tune does not measure get: off | base (the base settings).")] = "off",
     jobs: Annotated[Optional[int], typer.Option(help="Parallel nvcc processes (default: CPU count).")] = None,
+    from_json: Annotated[Optional[Path], typer.Option("--from", help="Choose again from a saved tune JSON (--json of an earlier tune; .gz too): no GPU, nothing built.")] = None,
+    exclude: Annotated[list[str], typer.Option("--exclude", help="With --from: count CANDIDATE@SELECTOR (shell patterns, e.g. 'inline_*@bf16/256/16/auto/v1') as a validation failure (repeatable).")] = [],  # noqa: B006
 ) -> None:
-    """GPU: sweep issue x scope x lookahead x cache-hint, validate and bench each on the tuning set, write the best as kvpatch.toml."""
+    """GPU: per instantiation (fp16/bf16 x head 64/128/256 x block 16/32), sweep issue x scope x lookahead, keep the fastest bit-identical candidate or off; write kvpatch.toml with the machine it was tuned on."""
     from .gpu.commands import TuneOptions, run_tune_command
     from .render import tune_table
 
-    opts = TuneOptions(tree=tree, cwd=_cwd(), arch=arch, output=output, json_out=json_out, quick=quick, reps=reps,
-                       rounds=rounds, jobs=jobs)  # fmt: skip
+    opts = TuneOptions(tree=tree, cwd=_cwd(), arch=arch, libs=lib, variant_info=variant_info, output=output,
+                       json_out=json_out, quick=quick, reps=reps, rounds=rounds, policy=policy, fallback=fallback,
+                       jobs=jobs, from_json=from_json, exclude=exclude)  # fmt: skip
     report = run_tune_command(opts, console=err, progress=_progress)
     out.print(tune_table(report))
-    out.print(f"picked: {report.picked}")
-    out.print(f"wrote {output}: {report.config.marker()}")
-    out.print(f"next: [bold]kvpatch apply --tree {report.tree} --config {output}[/]")
+    out.print(f"wrote {escape(str(output))}: {escape(report.config.marker())}", highlight=False, soft_wrap=True)
+    if report.machine is not None:
+        out.print(f"tuned on: {escape(report.machine.describe())}", highlight=False)
+    if report.tree:
+        out.print(f"next: [bold]kvpatch apply --tree {escape(report.tree)} --config {escape(str(output))}[/]")
 
 
 # --------------------------------------------------------------------------- bench-decode

@@ -14,6 +14,7 @@ from typing import Any
 
 from .dtypes import QUERY_DTYPES
 from .errors import UsageError
+from .machine import Machine
 
 CACHES = ("k", "v", "kv")
 CACHE_HINTS = ("none", "evict_last", "evict_first", "evict_normal")
@@ -51,49 +52,81 @@ PAPER = dict(lookahead=1, size=4096, align=16, cache_hint="none", placement="sta
 DTYPES = tuple(QUERY_DTYPES)
 #: KV-cache kinds a rule can select: the query dtype's own (``auto``) or quantized (``fp8``).
 RULE_KV = ("auto", "fp8")
+#: Kernels a rule can select: paged_attention_v1 (PARTITION_SIZE 0) or v2 (partitioned).
+RULE_KERNELS = ("v1", "v2")
 #: Settings a rule may change (the others fix where the code goes), and ``off``: the
 #: selected instantiations get no prefetch at all and compile exactly as stock.
 OVERRIDABLE = ("lookahead", "size", "align", "cache_hint", "scope", "issue", "control", "off")
 
-#: The default rules, from the H200 + nvcc 13.0 measurements in docs/tuning.md:
-#: * fp16 gains most when only one CTA per KV head prefetches, with inline asm (fp16
-#:   outputs stay bit-identical with it); bf16 and fp32 take the base settings (call).
-#: * ``off`` (compiled exactly as stock) where every issue form changes stock's
-#:   floating-point code generation -- bf16 head 32/80 block 32: vLLM's own kernel test saw
-#:   them differ from stock with ALiBi -- and where the default was slower than stock on
-#:   the tuning set (geomean over its points below 1.0: fp16 head 256 block 16, bf16 head
-#:   64 block 32; benchmarks/results/runA-1).
-DEFAULT_OVERRIDES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = tuple(sorted((
-    ("fp16", (("scope", "kv-head"), ("issue", "inline"))),
-    ("bf16/32/32", (("off", True),)),
-    ("bf16/80/32", (("off", True),)),
-    ("bf16/64/32", (("off", True),)),
-    ("fp16/256/16", (("off", True),)),
-)))  # fmt: skip
+#: The default rules: ``kvpatch tune`` on an H200 with nvcc 13.0 (vLLM 0.10.2's kernels,
+#: vLLM's flags, policy strict; benchmarks/results/tune-4), chosen again without a GPU
+#: (``kvpatch tune --from``) after vLLM's own test found bf16 head 256 block 16 v1 with
+#: inline asm not bit-identical (benchmarks/results/tune-5, docs/tuning.md), written as
+#: tune wrote them. Per kernel (v1/v2) of each tuned instantiation -- fp16/bf16 x head
+#: 64/128/256 x block 16/32, auto cache -- the fastest candidate that was bit-identical
+#: to stock there and slower than stock at none of its tuning points, else ``off``; every
+#: instantiation it did not measure (other head/block sizes, fp32) is ``off`` by the
+#: per-dtype rules. fp8 caches are skipped by ``quantized=skip``.
+DEFAULT_OVERRIDES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
+    ('bf16', (('off', True),)),
+    ('bf16/128/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('issue', 'call'))),
+    ('bf16/128/16/auto/v2', (('lookahead', 1), ('scope', 'cta'), ('issue', 'call'))),
+    ('bf16/128/32/auto', (('off', True),)),
+    ('bf16/256/16/auto', (('off', True),)),
+    ('bf16/256/32/auto', (('off', True),)),
+    ('bf16/64/16/auto/v1', (('lookahead', 1), ('scope', 'cta'), ('issue', 'inline'))),
+    ('bf16/64/16/auto/v2', (('lookahead', 2), ('scope', 'cta'), ('issue', 'call'))),
+    ('bf16/64/32/auto', (('off', True),)),
+    ('fp16', (('off', True),)),
+    ('fp16/128/16/auto/v1', (('lookahead', 2), ('scope', 'cta'), ('issue', 'inline'))),
+    ('fp16/128/16/auto/v2', (('lookahead', 2), ('scope', 'kv-head'), ('issue', 'inline'))),
+    ('fp16/128/32/auto/v1', (('lookahead', 2), ('scope', 'kv-head'), ('issue', 'call'))),
+    ('fp16/128/32/auto/v2', (('lookahead', 1), ('scope', 'kv-head'), ('issue', 'inline'))),
+    ('fp16/256/16/auto/v1', (('off', True),)),
+    ('fp16/256/16/auto/v2', (('lookahead', 2), ('scope', 'kv-head'), ('issue', 'inline'))),
+    ('fp16/256/32/auto/v1', (('off', True),)),
+    ('fp16/256/32/auto/v2', (('lookahead', 1), ('scope', 'kv-head'), ('issue', 'inline'))),
+    ('fp16/64/16/auto/v1', (('lookahead', 1), ('scope', 'cta'), ('issue', 'inline'))),
+    ('fp16/64/16/auto/v2', (('off', True),)),
+    ('fp16/64/32/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('issue', 'inline'))),
+    ('fp16/64/32/auto/v2', (('lookahead', 2), ('scope', 'kv-head'), ('issue', 'call'))),
+    ('fp32', (('off', True),)),
+)  # fmt: skip
+
+
+#: Where DEFAULT_OVERRIDES were measured; ``apply`` warns when its machine differs.
+DEFAULT_TUNED_ON = Machine(
+    gpu="NVIDIA H200", driver="580.159.04", nvcc="13.0.88", arch="sm_90a",
+    flags="-std=c++17 -O2 -g -DNDEBUG --expt-relaxed-constexpr -DENABLE_FP8",
+    note="2026-11-30, vLLM 0.10.2, tuning set, policy strict, excluding inline_*@bf16/256/16/auto/v1 (benchmarks/results/tune-5)",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Selector:
-    """Which kernel instantiations a rule applies to: ``dtype[/head[/block[/kv]]]``.
+    """Which kernels a rule applies to: ``dtype[/head[/block[/kv[/kernel]]]]``.
 
     Each part is a value or ``*``; ``bf16/80/32`` is bf16 queries, head size 80, block
-    size 32, any KV cache; ``*/*/32/fp8`` every fp8-cache kernel of block size 32. The
-    generated code tests the parts with ``if constexpr`` on the kernel's own template
-    parameters, so each instantiation compiles only the settings that select it.
+    size 32, any KV cache, both kernels; ``*/*/32/fp8`` every fp8-cache kernel of block
+    size 32; ``fp16/256/16/auto/v2`` only the v2 (partitioned) kernel of that
+    instantiation. The generated code tests the parts with ``if constexpr`` on the
+    kernel's own template parameters (the kernel by ``PARTITION_SIZE``, 0 in v1), so each
+    kernel compiles only the settings that select it.
     """
 
     dtype: str | None = None
     head_size: int | None = None
     block_size: int | None = None
     kv_cache: str | None = None
+    kernel: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> Selector:
         parts = [p.strip() for p in str(text).strip().split("/")]
-        if not 1 <= len(parts) <= 4 or any(not p for p in parts):
-            raise UsageError(f"invalid selector {text!r}: use dtype[/head[/block[/kv]]], e.g. bf16/80/32 or */*/32")
-        parts += ["*"] * (4 - len(parts))
-        dtype, head, block, kv = (None if p == "*" else p for p in parts)
+        if not 1 <= len(parts) <= 5 or any(not p for p in parts):
+            raise UsageError(f"invalid selector {text!r}: use dtype[/head[/block[/kv[/kernel]]]], e.g. bf16/80/32 or */*/32")
+        parts += ["*"] * (5 - len(parts))
+        dtype, head, block, kv, kernel = (None if p == "*" else p for p in parts)
         if dtype is not None and dtype not in DTYPES:
             raise UsageError(f"invalid selector {text!r}: dtype {dtype!r} is not one of {', '.join(DTYPES)}, *")
         sizes = []
@@ -103,26 +136,32 @@ class Selector:
             sizes.append(None if value is None else int(value))
         if kv is not None and kv not in RULE_KV:
             raise UsageError(f"invalid selector {text!r}: kv-cache {kv!r} is not one of {', '.join(RULE_KV)}, *")
-        sel = cls(dtype, sizes[0], sizes[1], kv)
+        if kernel is not None and kernel not in RULE_KERNELS:
+            raise UsageError(f"invalid selector {text!r}: kernel {kernel!r} is not one of {', '.join(RULE_KERNELS)}, *")
+        sel = cls(dtype, sizes[0], sizes[1], kv, kernel)
         if sel == cls():
             raise UsageError(f"invalid selector {text!r}: it selects everything; set the option itself instead")
         return sel
 
     def __str__(self) -> str:
         parts = [self.dtype or "*", *(str(x) if x is not None else "*" for x in (self.head_size, self.block_size)),
-                 self.kv_cache or "*"]  # fmt: skip
+                 self.kv_cache or "*", self.kernel or "*"]  # fmt: skip
         while parts and parts[-1] == "*":
             parts.pop()
         return "/".join(parts)
 
     @property
     def specificity(self) -> int:
-        return sum(x is not None for x in (self.dtype, self.head_size, self.block_size, self.kv_cache))
+        return sum(x is not None for x in (self.dtype, self.head_size, self.block_size, self.kv_cache, self.kernel))
 
-    def matches(self, dtype: str, head_size: int, block_size: int, kv_cache: str = "auto") -> bool:
+    def matches(self, dtype: str, head_size: int, block_size: int, kv_cache: str = "auto",
+                kernel: str | None = None) -> bool:  # fmt: skip
+        """Whether it selects these kernels; with ``kernel`` None (both kernels), a selector
+        naming one kernel does not match."""
         kv = "auto" if kv_cache == "auto" else "fp8"
         return all(want is None or want == have for want, have in
-                   ((self.dtype, dtype), (self.head_size, head_size), (self.block_size, block_size), (self.kv_cache, kv)))  # fmt: skip
+                   ((self.dtype, dtype), (self.head_size, head_size), (self.block_size, block_size), (self.kv_cache, kv),
+                    (self.kernel, kernel)))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -187,10 +226,12 @@ class PatchConfig:
         """The settings of the rule with this selector text (else the base ones); no rules left."""
         return replace(self, **dict(dict(self.overrides).get(str(Selector.parse(selector)), ())), overrides=())
 
-    def resolve(self, dtype: str, head_size: int, block_size: int, kv_cache: str = "auto") -> PatchConfig:
-        """What one instantiation gets: the first matching rule of :meth:`variants`, else the base."""
+    def resolve(self, dtype: str, head_size: int, block_size: int, kv_cache: str = "auto",
+                kernel: str | None = None) -> PatchConfig:  # fmt: skip
+        """What one kernel gets: the first matching rule of :meth:`variants`, else the base
+        (``kernel`` None: the rules that do not name a kernel)."""
         for selector, cfg in self.variants():
-            if selector is None or Selector.parse(selector).matches(dtype, head_size, block_size, kv_cache):
+            if selector is None or Selector.parse(selector).matches(dtype, head_size, block_size, kv_cache, kernel):
                 return cfg
         raise AssertionError("unreachable: the base settings match everything")
 
@@ -238,13 +279,16 @@ class PatchConfig:
     def to_toml_dict(self) -> dict[str, Any]:
         """The configuration as a ``kvpatch.toml`` table (``size`` 'auto' for None).
 
-        Every dtype appears: a table of its settings, or ``"none"`` for no overrides.
+        Complete: every dtype appears (a table of its settings, or ``"none"``), every rule,
+        and ``inherit_rules = false``, so reading it back gives this configuration whatever
+        kvpatch's default rules are then.
         """
         d = asdict(self)
         d["size"] = "auto" if self.size is None else self.size
         del d["overrides"], d["off"]
         if self.preset == "paper":
             return d
+        d["inherit_rules"] = False
         given = dict(self.overrides)
         for dtype in DTYPES:
             items = given.get(dtype)
@@ -310,7 +354,7 @@ def make_config(**options: Any) -> PatchConfig:
     values; giving any of those explicitly alongside it is an error rather than a
     silent override.
     """
-    known = ({f.name for f in fields(PatchConfig)} - {"overrides", "off"}) | set(DTYPES) | {"rules"}
+    known = ({f.name for f in fields(PatchConfig)} - {"overrides", "off"}) | set(DTYPES) | {"rules", "inherit_rules"}
     unknown = sorted(set(options) - known)
     if unknown:
         raise UsageError(f"unknown configuration key(s): {', '.join(unknown)}")
@@ -347,7 +391,7 @@ def make_config(**options: Any) -> PatchConfig:
         clash = sorted(k for k, fixed in PAPER.items() if k in given and getattr(cfg, k) != fixed)
         if clash:
             raise UsageError(f"--preset paper fixes {', '.join(clash)}; drop those options")
-        if any(d in given for d in (*DTYPES, "rules")):
+        if any(d in given for d in (*DTYPES, "rules", "inherit_rules")):
             raise UsageError("--preset paper takes no per-dtype settings or rules")
         return replace(cfg, preset="paper", overrides=(), **PAPER)
     return replace(cfg, overrides=_overrides(cfg, given))
@@ -404,8 +448,13 @@ def _rule_settings(name: str, value: Any) -> dict[str, Any]:
 
 
 def _overrides(base: PatchConfig, given: dict[str, Any]) -> tuple:
-    """Validated rules: the defaults, changed by the per-dtype tables and ``rules`` given."""
-    result = dict(DEFAULT_OVERRIDES)
+    """Validated rules: the defaults (none with ``inherit_rules`` false: a complete table,
+    as :meth:`PatchConfig.to_toml_dict` writes it), changed by the per-dtype tables and
+    ``rules`` given."""
+    inherit = given.get("inherit_rules", True)
+    if not isinstance(inherit, bool):
+        raise UsageError(f"invalid inherit-rules {inherit!r}: expected true or false")
+    result = dict(DEFAULT_OVERRIDES) if inherit else {}
     requested: dict[str, Any] = {d: given[d] for d in DTYPES if d in given}
     rules = given.get("rules")
     if rules is not None:
@@ -419,7 +468,7 @@ def _overrides(base: PatchConfig, given: dict[str, Any]) -> tuple:
                 requested[key] = value
         else:
             raise UsageError(f"invalid rules {rules!r}: a table of selector = settings, or 'none'")
-    plain = {**base.to_toml_dict(), **{d: "none" for d in DTYPES}, "rules": "none"}
+    plain = {**base.to_toml_dict(), **{d: "none" for d in DTYPES}, "rules": "none", "inherit_rules": False}
     for key, value in requested.items():
         settings = _rule_settings(key, value)
         if not settings:
@@ -439,5 +488,14 @@ def _overrides(base: PatchConfig, given: dict[str, Any]) -> tuple:
     return overrides
 
 
-# kvpatch.toml and the marker text, read and written (kept importable from here).
-from .config_io import config_from_marker, dump_config, load_config_file  # noqa: E402,F401
+_FROM_CONFIG_IO = ("config_from_marker", "dump_config", "load_config_file")
+
+
+def __getattr__(name: str) -> Any:
+    """kvpatch.toml and the marker text, read and written (kept importable from here;
+    imported on use so that importing ``kvpatch.config_io`` first works too)."""
+    if name in _FROM_CONFIG_IO:
+        from . import config_io
+
+        return getattr(config_io, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

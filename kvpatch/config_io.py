@@ -11,12 +11,19 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from .config import DEFAULT_OVERRIDES, DTYPES, PatchConfig, Selector, make_config, parse_override
+from .config import DEFAULT_TUNED_ON, DTYPES, PatchConfig, Selector, make_config, parse_override
 from .errors import UsageError
+from .machine import Machine
 
 
 def load_config_file(path: Path) -> dict[str, Any]:
-    """Read a ``kvpatch.toml``: keys at top level or under ``[kvpatch]`` (not both); '-' or '_'.
+    """:func:`read_config_file`'s options (the ``[kvpatch.tuned]`` record checked and left out)."""
+    return read_config_file(path)[0]
+
+
+def read_config_file(path: Path) -> tuple[dict[str, Any], Machine | None]:
+    """Read a ``kvpatch.toml``: keys at top level or under ``[kvpatch]`` (not both); '-' or '_';
+    returns ``(options for make_config, the [kvpatch.tuned] machine record or None)``.
 
     Every problem is a :class:`UsageError` (exit 2) in one line: a missing, unreadable
     or non-UTF-8 file, a directory, invalid TOML, keys beside ``[kvpatch]``, and a key
@@ -50,7 +57,9 @@ def load_config_file(path: Path) -> dict[str, Any]:
                              "(put every setting under [kvpatch], or use no [kvpatch] table)")  # fmt: skip
     else:
         table = data
-    return {_key(k, path): (_table(v, path, k) if isinstance(v, dict) else v) for k, v in _unique(table, path).items()}
+    options = {_key(k, path): (_table(v, path, k) if isinstance(v, dict) else v) for k, v in _unique(table, path).items()}
+    tuned = options.pop("tuned", None)
+    return options, (None if tuned is None else Machine.from_dict(tuned, f"[kvpatch.tuned] in {path}"))
 
 
 def _key(key: Any, path: Path) -> str:
@@ -82,8 +91,8 @@ def _toml_value(value: Any) -> str:
     return f'"{value}"'
 
 
-def dump_config(cfg: PatchConfig) -> str:
-    """``kvpatch.toml`` text that :func:`load_config_file` reads back to ``cfg``."""
+def dump_config(cfg: PatchConfig, tuned: Machine | None = None) -> str:
+    """``kvpatch.toml`` text that :func:`read_config_file` reads back to ``(cfg, tuned)``."""
     lines = ["[kvpatch]"]
     tables = []
     for key, value in cfg.to_toml_dict().items():
@@ -99,7 +108,22 @@ def dump_config(cfg: PatchConfig) -> str:
                       for sel, items in table.items()]  # fmt: skip
             continue
         lines += [f"{k.replace('_', '-')} = {_toml_value(v)}" for k, v in table.items()]
+    if tuned is not None:
+        lines += ["", "[kvpatch.tuned]"] + [f"{k} = {_toml_string(v)}" for k, v in tuned.to_dict().items()]
     return "\n".join(lines) + "\n"
+
+
+def _toml_string(value: str) -> str:
+    """A TOML basic string (quotes, backslashes and control characters escaped)."""
+    out = []
+    for ch in value:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
 
 
 #: marker word -> configuration key, where they differ.
@@ -114,8 +138,7 @@ def config_from_marker(text: str) -> PatchConfig:
     """
     options: dict[str, Any] = {}
     dtypes: dict[str, Any] = {d: "none" for d in DTYPES}
-    # every rule the marker does not name is absent: default rules too
-    rules: dict[str, Any] = {sel: "none" for sel, _ in DEFAULT_OVERRIDES if sel not in DTYPES}
+    rules: dict[str, Any] = {}  # every rule the marker does not name is absent (inherit_rules=False)
     for word in text.split():
         if word == "control":
             options["control"] = True
@@ -135,7 +158,7 @@ def config_from_marker(text: str) -> PatchConfig:
     if options.get("preset") == "paper":
         cfg = make_config(**options)
     else:
-        cfg = make_config(**options, **dtypes, rules=rules)
+        cfg = make_config(**options, **dtypes, rules=rules, inherit_rules=False)
     if cfg.marker() != " ".join(text.split()):
         raise UsageError(f"not a kvpatch marker: {text[:80]!r}")
     return cfg
@@ -143,12 +166,22 @@ def config_from_marker(text: str) -> PatchConfig:
 
 def config_from_options(config_file: Path | None, **options) -> PatchConfig:
     """A config file's values, overridden by options given on the command line."""
-    values = load_config_file(config_file) if config_file else {}
+    return config_and_tuned(config_file, **options)[0]
+
+
+def config_and_tuned(config_file: Path | None, **options) -> tuple[PatchConfig, Machine | None]:
+    """:func:`config_from_options` and where its rules were tuned: the file's
+    ``[kvpatch.tuned]``; without a file, the shipped default's machine (for the default
+    preset); None when unknown (a file without the record, the paper preset)."""
+    values, tuned = read_config_file(config_file) if config_file else ({}, None)
     given = {k: v for k, v in options.items() if v is not None}
     if isinstance(values.get("rules"), dict) and isinstance(given.get("rules"), dict):
         given["rules"] = {**values["rules"], **given["rules"]}  # --rule adds to the file's rules
     values.update(given)
-    return make_config(**values)
+    cfg = make_config(**values)
+    if config_file is None and cfg.preset == "default":
+        tuned = DEFAULT_TUNED_ON
+    return cfg, (tuned if cfg.preset == "default" else None)
 
 
 def variant_configs(variant: list[str]) -> dict[str, PatchConfig]:

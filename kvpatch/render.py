@@ -201,13 +201,17 @@ def print_upstream(report: Any, console: Console, *, limit: int = 20) -> None:
         console.print(f"note: {escape(line)}", highlight=False)
 
 
-def tune_table(report: Any, top: int = 4) -> Table:
-    table = Table(title="kvpatch tune: best candidates per dtype (dispatched kernel, warm + cold)")
-    for col in ("dtype", "rank", "candidate", "bit-identical", "worst", "geomean"):
+def tune_table(report: Any, top: int = 3) -> Table:
+    """Per tuned instantiation: what was picked, and the best candidates (dispatched kernel, warm + cold)."""
+    table = Table(title=f"kvpatch tune (policy {report.policy}): per instantiation, the pick and the best candidates")
+    for col in ("instantiation", "picked", "candidate", "bit-identical", "slower", "worst", "geomean [interval]"):
         table.add_column(col)
-    for dtype, ranked in report.ranked.items():
-        for i, s in enumerate(ranked[:top], 1):
-            table.add_row(dtype, str(i), s.name, "yes" if s.bit_identical else "NO", f"{s.worst:.3f}", f"{s.geomean:.3f}")
+    for inst, pick in report.picks.items():
+        for i, s in enumerate(pick.ranked[:top]):
+            lo, hi = s.geomean_interval
+            table.add_row(inst if i == 0 else "", pick.name if i == 0 else "", s.name,
+                          "yes" if s.bit_identical else "NO", str(s.slower), f"{s.worst:.3f}",
+                          f"{s.geomean:.3f} [{lo:.3f}..{hi:.3f}]")  # fmt: skip
     return table
 
 

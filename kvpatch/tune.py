@@ -1,23 +1,35 @@
-"""``kvpatch tune``: sweep the template's settings on a GPU and keep the best per dtype.
+"""``kvpatch tune``: sweep the template's settings on a GPU and keep the best per kernel.
 
-The pieces, pure except :func:`run_tune`:
+Settings are chosen per *kernel*: one of the two kernels (v1, v2) of one instantiation
+(query dtype, head size, block size, auto cache) of vLLM's template, named by its rule
+selector (``fp16/128/16/auto/v2``); the two kernels of an instantiation compile from the
+same loop but schedule it differently, and measure differently. The pieces, pure except
+:func:`run_tune`:
 
-* :func:`candidates` is the grid: every combination of ``issue``, ``scope``,
-  ``lookahead`` and ``cache_hint`` (the settings a dtype can take on its own), each a
-  uniform configuration (the same for every dtype).
-* :func:`score` reduces a bench report to, per candidate and dtype, the speedups over
-  stock on the kernel vLLM dispatches at each point of the ``tuning`` point set
-  (:mod:`kvpatch.gpu.points`), warm and cold.
-* :func:`choose` ranks, per dtype: bit-identical candidates first, then those never
-  slower than stock, then by geometric mean, then by the worst point; and :func:`combine` turns the winners into one configuration:
-  base settings = the bf16 winner (they serve bf16 and fp32), ``[kvpatch.fp16]`` = the
-  fp16 winner, keeping the rule that the dtypes calling the helper share align and
-  cache-hint.
+* :func:`candidates` is the grid: every combination of ``issue``, ``scope`` and
+  ``lookahead``, each a uniform configuration without rules (cache hint, size, align
+  and placement stay the base's, so every kernel that calls the helper shares it).
+* :func:`validation_failures` maps a validate report to, per candidate, the
+  kernels where it was not bit-identical to stock.
+* :func:`score` reduces a bench report to one :class:`Score` per candidate and
+  kernel: the speedups over stock at the tuning points where vLLM dispatches that
+  kernel (warm and cold), each point's verdict against its interval, and the
+  geomean with its interval over rounds.
+* :func:`choose` picks per kernel. A candidate *qualifies* when it is
+  bit-identical there, its geomean interval lies above 1.00 and (policy ``strict``,
+  the default) no point is slower than stock beyond noise; the qualifying one with
+  the best geomean wins, else the kernel is ``off`` (compiled as stock).
+  Policy ``geomean`` drops the per-point condition.
+* :func:`combine` writes the picks as one configuration: the base settings, a rule
+  per tuned instantiation (or one per kernel where v1 and v2 differ), and ``off``
+  for every instantiation it did not measure (the ``fallback``), since nothing says
+  the prefetch helps there.
 
-:func:`run_tune` builds every candidate in one parallel build, validates each on the
-quick matrix (bit-identical to stock, ALiBi included), benches them side by side on
-the tuning set (the held-out set is never shown to tune), and returns a :class:`TuneReport` whose ``config`` ``kvpatch apply --config``
-takes once written with :func:`kvpatch.config.dump_config`.
+:func:`run_tune` validates every candidate (bit-identical to stock on each tuned
+instantiation, ALiBi on and off, GQA and MHA, both kernels), benches them side by
+side on the ``tuning`` point set (never the headline or held-out sets), and returns
+a :class:`TuneReport` whose configuration ``kvpatch apply --config`` takes once
+written with :func:`kvpatch.config_io.dump_config`, with the machine it was tuned on.
 """
 
 from __future__ import annotations
@@ -27,43 +39,67 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
-from .config import PatchConfig, make_config
-from .gpu.stats import geomean
+from .config import DTYPES, PatchConfig, make_config
+from .gpu.stats import SLOWER, geomean
 
-#: The grid: (setting, values). 16 candidates.
+#: The grid: (setting, values). 8 candidates.
 GRID: tuple[tuple[str, tuple[Any, ...]], ...] = (
     ("issue", ("inline", "call")),
     ("scope", ("cta", "kv-head")),
     ("lookahead", (1, 2)),
-    ("cache_hint", ("none", "evict_last")),
 )
-TUNED_DTYPES = ("fp16", "bf16")
+POLICIES = ("strict", "geomean")
+#: What an instantiation tune did not measure gets.
+FALLBACKS = ("off", "base")
+
+
+def candidate_name(cfg: PatchConfig) -> str:
+    """``inline_kvhead_la1``: the grid settings of a configuration."""
+    return f"{cfg.issue}_{cfg.scope.replace('-', '')}_la{cfg.lookahead}"
 
 
 def candidates(base: PatchConfig | None = None, grid=GRID) -> dict[str, PatchConfig]:
-    """``name -> uniform configuration`` for every combination of the grid."""
-    base = base if base is not None else make_config()
-    out: dict[str, PatchConfig] = {}
+    """``name -> uniform configuration`` (no rules) for every combination of the grid."""
+    base = replace(base if base is not None else make_config(), overrides=())
     keys = [k for k, _ in grid]
+    out: dict[str, PatchConfig] = {}
     for values in itertools.product(*(v for _, v in grid)):
-        settings = dict(zip(keys, values))
-        cfg = replace(base, overrides=(), **settings)
-        name = "_".join(
-            [settings["issue"], settings["scope"].replace("-", ""), f"la{settings['lookahead']}",
-             "el" if settings["cache_hint"] == "evict_last" else "nh"]
-        )  # fmt: skip
-        out[name] = cfg
+        cfg = replace(base, **dict(zip(keys, values)))
+        out[candidate_name(cfg)] = cfg
+    return out
+
+
+def validation_failures(report: Any) -> dict[str, set[str]]:
+    """``{candidate: {kernel selector, ...}}`` where it failed a validate report's cases.
+
+    A case where stock itself failed counts against every candidate: bit-identity with
+    a stock that did not run correctly proves nothing.
+    """
+    from .gpu.points import kernel_selector
+
+    out: dict[str, set[str]] = {}
+    for r in report.results:
+        c = r.case
+        inst = kernel_selector(c.dtype, c.head_size, c.block_size, c.kv_cache_dtype, c.kernel)
+        for name, vc in r.variants.items():
+            if vc.status == "fail" or r.reasons:
+                out.setdefault(name, set()).add(inst)
     return out
 
 
 @dataclass(frozen=True)
 class Score:
-    """One candidate on one dtype: its speedups at the dispatched points, warm + cold."""
+    """One candidate on one kernel (``selector``: ``fp16/128/16/auto/v1``): its speedups at
+    the tuning points where vLLM dispatches that kernel."""
 
     name: str
-    dtype: str
+    selector: str
     speedups: tuple[float, ...]
     bit_identical: bool
+    #: points whose interval lies below 1.00
+    slower: int = 0
+    #: per round, the speedup at each point (for the geomean's interval); may be empty
+    rounds: tuple[tuple[float, ...], ...] = ()
 
     @property
     def worst(self) -> float:
@@ -73,123 +109,235 @@ class Score:
     def geomean(self) -> float:
         return geomean(self.speedups) if self.speedups else math.nan
 
+    @property
+    def geomean_interval(self) -> tuple[float, float]:
+        """min..max over rounds of the round's geomean (the geomean itself without rounds)."""
+        per_round = [geomean(r) for r in self.rounds if r and all(x > 0 for x in r)]
+        if not per_round:
+            return self.geomean, self.geomean
+        return min(per_round), max(per_round)
+
+    def qualifies(self, policy: str = "strict") -> bool:
+        if not self.bit_identical or not self.speedups:
+            return False
+        if policy == "strict" and self.slower:
+            return False
+        return self.geomean_interval[0] > 1.0
+
     def key(self) -> tuple:
-        """Sort key, best first: bit-identical, never slower than stock, geomean, worst."""
-        return (not self.bit_identical, self.worst < 1.0, -self.geomean, -self.worst)
+        """Sort key, best first: bit-identical, fewer slower points, geomean, worst."""
+        return (not self.bit_identical, self.slower, -self.geomean, -self.worst)
 
 
 def score(bench: dict, failures: dict[str, set[str]]) -> list[Score]:
-    """Scores from a bench report's JSON dict and, per candidate, the dtypes that failed validation."""
-    speedups: dict[tuple[str, str], list[float]] = {}
+    """Scores from a bench report's JSON dict and :func:`validation_failures`."""
+    from .gpu.points import kernel_selector
+
+    acc: dict[tuple[str, str], list[dict]] = {}
     for r in bench["results"]:
         if not r["dispatched"]:
             continue
-        dtype = r["point"]["dtype"]
+        p = r["point"]
+        inst = kernel_selector(p["dtype"], p.get("head_size", 128), p.get("block_size", 16),
+                               p.get("kv_cache_dtype", "auto"), r["kernel"])  # fmt: skip
         for name, timing in r["variants"].items():
             if name != bench["baseline"]:
-                speedups.setdefault((name, dtype), []).append(timing["speedup"])
-    return [
-        Score(name, dtype, tuple(sp), dtype not in failures.get(name, set()))
-        for (name, dtype), sp in sorted(speedups.items())
-    ]
+                acc.setdefault((name, inst), []).append(timing)
+    out = []
+    for (name, inst), timings in sorted(acc.items()):
+        per_round = [t.get("speedup_rounds") or () for t in timings]
+        n_rounds = min(len(r) for r in per_round) if per_round else 0
+        rounds = tuple(tuple(r[i] for r in per_round) for i in range(n_rounds))
+        out.append(Score(name, inst, tuple(t["speedup"] for t in timings), inst not in failures.get(name, set()),
+                         sum(t.get("verdict") == SLOWER for t in timings), rounds))  # fmt: skip
+    return out
 
 
-def choose(scores: Iterable[Score]) -> dict[str, list[Score]]:
-    """Per dtype, the candidates ranked best first."""
-    ranked: dict[str, list[Score]] = {}
+@dataclass(frozen=True)
+class Pick:
+    """What :func:`choose` decided for one kernel: the winner (None: ``off``) and the ranking."""
+
+    selector: str
+    winner: Score | None
+    ranked: tuple[Score, ...]
+
+    @property
+    def name(self) -> str:
+        return self.winner.name if self.winner is not None else "off"
+
+
+def choose(scores: Iterable[Score], policy: str = "strict") -> dict[str, Pick]:
+    """Per kernel, the best qualifying candidate (see the module docstring), or off."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}: choose {', '.join(POLICIES)}")
+    by_inst: dict[str, list[Score]] = {}
     for s in scores:
-        ranked.setdefault(s.dtype, []).append(s)
-    return {d: sorted(v, key=Score.key) for d, v in ranked.items()}
+        by_inst.setdefault(s.selector, []).append(s)
+    picks = {}
+    for inst, ss in sorted(by_inst.items()):
+        ranked = tuple(sorted(ss, key=Score.key))
+        ok = sorted((s for s in ss if s.qualifies(policy)), key=lambda s: (-s.geomean, -s.worst))
+        picks[inst] = Pick(inst, ok[0] if ok else None, ranked)
+    return picks
 
 
-def combine(ranked: dict[str, list[Score]], configs: dict[str, PatchConfig]) -> tuple[PatchConfig, dict[str, str]]:
-    """One configuration from the per-dtype winners, and which candidate each dtype got.
+def combine(picks: dict[str, Pick], configs: dict[str, PatchConfig], *, fallback: str = "off") -> PatchConfig:
+    """One configuration: the base settings; per tuned instantiation one rule
+    (``fp16/128/16/auto``) when its two kernels got the same pick, else one per kernel
+    (``.../v1``, ``.../v2``; a kernel tune did not measure gets the other's); and for
+    every other instantiation ``fallback``: ``off`` (a rule per dtype) or ``base`` (the
+    base settings). No other rule survives."""
+    if fallback not in FALLBACKS:
+        raise ValueError(f"unknown fallback {fallback!r}: choose {', '.join(FALLBACKS)}")
+    keys = [k for k, _ in GRID]
+    # the candidates' shared settings, with the grid's keys at kvpatch's base values
+    default = make_config()
+    base = replace(next(iter(configs.values())), overrides=(), **{k: getattr(default, k) for k in keys})
+    plain = {k: v for k, v in base.to_toml_dict().items() if k not in ("rules", "inherit_rules", *DTYPES)}
 
-    Base settings come from the bf16 winner; fp16 gets its own table unless it won
-    with the same settings. If the fp16 winner would clash with the base on the
-    helper's align/hint, the next fp16 candidate that does not is taken.
-    """
-    from .config import OVERRIDABLE
-    from .errors import UsageError
+    def settings(pick: Pick) -> Any:
+        if pick.winner is None:
+            return "off"
+        cand = configs[pick.winner.name]
+        return {k: getattr(cand, k) for k in keys}
 
-    picked: dict[str, str] = {}
-    # Only a candidate that validated bit-identical may be written; a dtype with none is off.
-    identical = {d: [s for s in v if s.bit_identical] for d, v in ranked.items()}
-    overrides: dict[str, Any] = {"fp32": "none", "bf16": "none", "fp16": "none"}
-    if identical.get("bf16"):
-        base_name = identical["bf16"][0].name
-    else:
-        base_name = next(iter(configs))
-        if "bf16" in ranked:
-            overrides["bf16"] = "off"
-    picked["bf16"] = base_name if overrides["bf16"] != "off" else "off"
-    base = configs[base_name]
-    # The candidates carry no rules; leaving "rules" out keeps the default per-instantiation
-    # rules (the "off" ones that keep stock's code generation), which tune does not measure.
-    plain = {k: v for k, v in base.to_toml_dict().items() if k != "rules"}
-    for s in identical.get("fp16", []):
-        cand = configs[s.name]
-        settings = {k: getattr(cand, k) for k in OVERRIDABLE if getattr(cand, k) != getattr(base, k)}
-        options = plain | overrides
-        options["fp16"] = ",".join(f"{k}={'auto' if v is None else v}" for k, v in settings.items()) or "none"
-        try:
-            cfg = make_config(**options)
-        except UsageError:
-            continue
-        picked["fp16"] = s.name
-        return cfg, picked
-    if "fp16" in ranked:
-        overrides["fp16"] = "off"
-        picked["fp16"] = "off"
-    return make_config(**(plain | overrides)), picked
+    by_inst: dict[str, dict[str, Any]] = {}
+    for sel, pick in picks.items():
+        inst, _, kernel = sel.rpartition("/")
+        by_inst.setdefault(inst, {})[kernel] = settings(pick)
+    rules: dict[str, Any] = {}
+    for inst, per_kernel in sorted(by_inst.items()):
+        values = list(per_kernel.values())
+        if all(v == values[0] for v in values):
+            rules[inst] = values[0]
+        else:
+            for kernel, value in per_kernel.items():
+                rules[f"{inst}/{kernel}"] = value
+    dtypes = {d: ("off" if fallback == "off" else "none") for d in DTYPES}
+    return make_config(**plain, **dtypes, rules=rules, inherit_rules=False)
 
 
 @dataclass
 class TuneReport:
     config: PatchConfig
-    picked: dict[str, str]
-    ranked: dict[str, list[Score]]
+    picks: dict[str, Pick]
+    policy: str
     failures: dict[str, set[str]]
+    #: the machine it ran on (kvpatch.machine.Machine)
+    machine: Any = None
+    #: the configuration each other policy would have written (marker text)
+    alternatives: dict[str, str] = field(default_factory=dict)
     bench: dict = field(repr=False, default_factory=dict)
     tree: str | None = None  # the tree tuned (for the next command)
+
+    @property
+    def picked(self) -> dict[str, str]:
+        return {inst: p.name for inst, p in self.picks.items()}
 
     def to_json(self) -> dict:
         return {
             "config": self.config.to_toml_dict(),
             "marker": self.config.marker(),
+            "policy": self.policy,
             "picked": self.picked,
-            "validation_failures": {k: sorted(v) for k, v in self.failures.items()},
+            "alternatives": self.alternatives,
+            "machine": self.machine.to_dict() if self.machine is not None else None,
+            "validation_failures": {k: sorted(v) for k, v in sorted(self.failures.items())},
             "ranking": {
-                d: [
-                    {"name": s.name, "bit_identical": s.bit_identical, "worst": s.worst, "geomean": s.geomean}
-                    for s in v
+                inst: [
+                    {"name": s.name, "bit_identical": s.bit_identical, "slower": s.slower, "worst": s.worst,
+                     "geomean": s.geomean, "geomean_interval": list(s.geomean_interval),
+                     "qualifies": s.qualifies(self.policy)}
+                    for s in p.ranked
                 ]
-                for d, v in self.ranked.items()
-            },
+                for inst, p in self.picks.items()
+            },  # fmt: skip
             "bench": self.bench,
         }
 
 
+def tune_validate_matrix(instantiations: Iterable[tuple[str, int, int]]) -> list:
+    """Each tuned (dtype, head, block): v1 and v2, ALiBi on/off, GQA 8/2 and MHA 4/4,
+    a short context (17) and one over three v2 partitions (1500), auto cache."""
+    from .gpu import validate as V
+
+    out = []
+    for dtype, head, block in sorted(set(instantiations)):
+        out += V.validate_matrix(dtypes=(dtype,), kv_cache_dtypes=("auto",), head_sizes=(head,),
+                                 block_sizes=(block,), contexts=(17, 1500))  # fmt: skip
+    return out
+
+
 def run_tune(libs: dict, configs: dict[str, PatchConfig], *, quick: bool, reps: int, rounds: int,
-             progress=None, variant_info: dict | None = None) -> TuneReport:  # fmt: skip
+             policy: str = "strict", fallback: str = "off", progress=None, variant_info: dict | None = None,
+             machine: Any = None) -> TuneReport:  # fmt: skip
     """Validate, bench on the tuning set and choose, on a GPU; ``libs`` holds 'stock' and
-    one library per candidate (``quick``: the tuning set's batch 1/64 x context 1k/16k)."""
+    one library per candidate (``quick``: batch 2/32 x context 512/12288 of the tuning set)."""
     from .gpu import bench as Bn
     from .gpu import points as P
     from .gpu import validate as V
 
-    report = V.run_validate(libs, V.quick_matrix(), seed=0)
-    failures: dict[str, set[str]] = {}
-    for line in report.failures:
-        name, _, rest = line.partition(":")
-        dtype = rest.split("q=", 1)[1].split()[0] if "q=" in rest else "?"
-        failures.setdefault(name.strip(), set()).add(dtype)
     points = P.point_set("tuning")
     if quick:
-        points = [p for p in points if p.batch in (1, 64) and p.context in (1024, 16384)]
-    bench = Bn.run_bench(libs, points, reps=reps, rounds=rounds, variant_info=variant_info,
-                         point_set_name="tuning", progress=progress)
+        points = [p for p in points if p.batch in (2, 32) and p.context in (512, 12288)]
+    matrix = tune_validate_matrix((p.dtype, p.head_size, p.block_size) for p in points)
+    failures = validation_failures(V.run_validate(libs, matrix, seed=0))
+    bench = Bn.run_bench(libs, points, reps=reps, rounds=rounds, kernels=("dispatched",), variant_info=variant_info,
+                         point_set_name="tuning", progress=progress)  # fmt: skip
     data = bench.to_dict()
-    ranked = choose(score(data, failures))
-    config, picked = combine(ranked, configs)
-    return TuneReport(config, picked, ranked, failures, data)
+    scores = score(data, failures)
+    picks = choose(scores, policy)
+    config = combine(picks, configs, fallback=fallback)
+    alternatives = {p: combine(choose(scores, p), configs, fallback=fallback).marker() for p in POLICIES if p != policy}
+    return TuneReport(config, picks, policy, failures, machine, alternatives, data)
+
+
+# --------------------------------------------------------------------------- choosing again, without a GPU
+
+
+def parse_exclusions(items: Iterable[str]) -> list[tuple[str, str]]:
+    """``['inline_*@bf16/256/16/auto/v1']`` -> ``[('inline_*', 'bf16/256/16/auto/v1')]``: shell
+    patterns of candidate names and kernel selectors to count as validation failures."""
+    from .errors import UsageError
+
+    out = []
+    for item in items:
+        cand, sep, sel = str(item).partition("@")
+        if not sep or not cand.strip() or not sel.strip():
+            raise UsageError(f"invalid --exclude {item!r}: use CANDIDATE@SELECTOR, e.g. 'inline_*@bf16/256/16/auto/v1'")
+        out.append((cand.strip(), sel.strip()))
+    return out
+
+
+def rechoose(data: dict, *, policy: str = "strict", fallback: str = "off", exclude: Iterable[str] = (),
+             machine: Any = None) -> TuneReport:  # fmt: skip
+    """A :class:`TuneReport` from a saved tune JSON (:meth:`TuneReport.to_json`): the same bench
+    data and validation results, chosen again under ``policy``/``fallback``, with the
+    ``exclude`` patterns (:func:`parse_exclusions`) added as validation failures -- e.g.
+    what ``validate --upstream`` found on a kernel after tune ran."""
+    import fnmatch
+
+    from .config_io import config_from_marker
+    from .errors import UsageError
+
+    try:
+        bench = data["bench"]
+        failures = {k: set(v) for k, v in data.get("validation_failures", {}).items()}
+        info = bench["variant_info"]
+        configs = {n: config_from_marker(str(i.get("marker", ""))) for n, i in info.items() if n != bench["baseline"]}
+    except (KeyError, TypeError, AttributeError):
+        raise UsageError("not a kvpatch tune JSON (no bench data, variant info or validation results)") from None
+    if not configs:
+        raise UsageError("the tune JSON holds no candidates")
+    scores = score(bench, failures)
+    for cand, sel in parse_exclusions(exclude):
+        hits = [s for s in scores if fnmatch.fnmatchcase(s.name, cand) and fnmatch.fnmatchcase(s.selector, sel)]
+        if not hits:
+            raise UsageError(f"--exclude {cand}@{sel} matches no candidate and kernel of the tune data")
+        for s in hits:
+            failures.setdefault(s.name, set()).add(s.selector)
+    scores = score(bench, failures)
+    picks = choose(scores, policy)
+    config = combine(picks, configs, fallback=fallback)
+    alternatives = {p: combine(choose(scores, p), configs, fallback=fallback).marker() for p in POLICIES if p != policy}
+    return TuneReport(config, picks, policy, failures, machine, alternatives, bench)

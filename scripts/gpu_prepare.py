@@ -42,7 +42,8 @@ from kvpatch.render import build_table  # noqa: E402
 from kvpatch.config import load_config_file, make_config  # noqa: E402
 from kvpatch.gpu.commands import marker_of  # noqa: E402
 from kvpatch.source.fetch import fetch_release  # noqa: E402
-from kvpatch.source.releases import HEADER  # noqa: E402
+from kvpatch.machine import local  # noqa: E402
+from kvpatch.source.releases import HEADER, revision_of  # noqa: E402
 
 
 def main() -> None:
@@ -55,6 +56,15 @@ def main() -> None:
     ap.add_argument("--config", type=Path, help="kvpatch.toml for 'patched' (default: kvpatch's default)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=config.toml")
     ap.add_argument("--no-tree", action="store_true", help="do not copy the release tree beside the libraries")
+    ap.add_argument("--tune", action="store_true",
+                    help="build what `kvpatch tune --lib` takes instead: stock and every candidate of the grid, "
+                         "for the tuned instantiations only")
+    ap.add_argument("--kernels", choices=("full", "tuned"), default="full",
+                    help="stock + patched: vLLM's full kernel set, or the tuned instantiations with auto and fp8 caches")
+    ap.add_argument("--no-small", action="store_true", help="no paper/control variants")
+    ap.add_argument("--variant-kernels", choices=("headline", "tuned"), default="headline",
+                    help="what paper/control/--variant are built for: the headline shapes, or the tuned "
+                         "instantiations with auto and fp8 caches (what the held-out set runs)")
     args = ap.parse_args()
 
     console = Console(stderr=True)
@@ -62,18 +72,31 @@ def main() -> None:
     path = tree / HEADER
     stock = path.read_text(encoding="utf-8")
     default = make_config(**load_config_file(args.config)) if args.config else make_config()
-    small = {"paper": make_config(preset="paper"), "control": replace(default, control=True)}
+    small = {} if args.no_small else {"paper": make_config(preset="paper"), "control": replace(default, control=True)}
     for item in args.variant:
         name, _, toml = item.partition("=")
         small[name] = make_config(**load_config_file(Path(toml)))
-    full_variants = B.patched_variants(stock, str(path), {"patched": default})
-    small_variants = B.patched_variants(stock, str(path), small)[1:]
-    specs = [B.make_spec(tree, full_variants, args.arch, all_kernels=True)]
-    if small_variants:
+    if args.tune:
+        from kvpatch.gpu.commands import tune_build_spec
+        from kvpatch.tune import candidates
+
+        specs = [tune_build_spec(tree, B.patched_variants(stock, str(path), candidates(default)), args.arch)]
+        small = {}
+    else:
+        full_variants = B.patched_variants(stock, str(path), {"patched": default})
+        if args.kernels == "full":
+            specs = [B.make_spec(tree, full_variants, args.arch, all_kernels=True)]
+        else:
+            specs = [_tuned_spec(tree, full_variants, args.arch)]
+    small_variants = B.patched_variants(stock, str(path), small)[1:] if small else []
+    if small_variants and args.variant_kernels == "headline":
         specs.append(B.make_spec(tree, small_variants, args.arch, dtypes=["fp16", "bf16"], head_sizes=[128],
                                  block_sizes=[16], kv_cache_dtypes=["auto"]))  # fmt: skip
+    elif small_variants:
+        specs.append(_tuned_spec(tree, small_variants, args.arch))
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
+    nvcc = local().nvcc
     lines, info, builds = [], {}, []
     for spec in specs:
         result = B.build(spec, jobs=args.jobs, console=console)
@@ -84,16 +107,25 @@ def main() -> None:
             dest.write_bytes(lzma.compress(Path(r.library).read_bytes(), preset=6))
             lines.append(f"{r.name}={Path(r.library).name}:{r.prefix}")
             info[r.name] = {"marker": marker_of(v.header), "compile_flags": flags.get(r.name),
-                            "archs": list(r.archs), "configs": len(r.configs), "vllm": args.vllm}  # fmt: skip
+                            "archs": list(r.archs), "configs": len(r.configs), "vllm": revision_of(stock) or args.vllm,
+                            "nvcc": nvcc}  # fmt: skip
         console.print(build_table(result))
     (out / "libs.txt").write_text("\n".join(lines) + "\n")
     (out / "variants.json").write_text(json.dumps(info, indent=1) + "\n")
     (out / "build.json").write_text(json.dumps(builds, indent=1) + "\n")
     if not args.no_tree:
-        dest = out.parent / f"vllm-{args.vllm}"
+        dest = out.parent / f"vllm-{revision_of(stock) or args.vllm}"
         copy_slim_tree(tree, dest)
         console.print(f"tree (the files the GPU run reads): {dest}")
     print("\n".join(lines))
+
+
+def _tuned_spec(tree: Path, variants: list, arch: str):
+    """The tuned instantiations (fp16/bf16 x head 64/128/256 x block 16/32), auto and fp8 caches."""
+    from kvpatch.gpu import points as P
+
+    return B.make_spec(tree, variants, arch, dtypes=list(P.TUNING_DTYPES), head_sizes=list(P.TUNING_HEAD_SIZES),
+                       block_sizes=list(P.TUNING_BLOCK_SIZES), kv_cache_dtypes=["auto", "fp8"])  # fmt: skip
 
 
 def copy_slim_tree(tree: Path, dest: Path) -> None:

@@ -14,7 +14,8 @@
 #
 # Environment: OUT (default ./gpu-out), TREE (the vLLM release files), PYTHON (python3),
 # WORKERS (pytest-xdist workers for upstream, in all; default 8),
-# HEADLINE_REPS / HELDOUT_REPS (50 / 30), ROUNDS (3).
+# HEADLINE_REPS / HELDOUT_REPS (50 / 30), ROUNDS (3), HEADLINE_KERNELS (v1,v2 or dispatched),
+# HELDOUT_NAMES (the libraries the held-out bench compares; default stock,patched).
 # Budget on an H200 (16 cores): upstream ~3 min beside full ~1 min; headline ~1.5 min
 # (4 variants, both kernels); heldout ~2.5 min (stock + patched, dispatched kernel only).
 set -uo pipefail
@@ -27,6 +28,8 @@ PY=${PYTHON:-python3}
 ROUNDS=${ROUNDS:-3}
 HEADLINE_REPS=${HEADLINE_REPS:-50}
 HELDOUT_REPS=${HELDOUT_REPS:-30}
+HEADLINE_KERNELS=${HEADLINE_KERNELS:-v1,v2}
+HELDOUT_NAMES=${HELDOUT_NAMES:-stock,patched}
 NPROC=$(nproc 2>/dev/null || echo 4)
 # 8 in all (4 per library, both at once): 14 ran the H200 out of memory (vLLM's test
 # allocates caches of several GiB per worker); expandable segments cut fragmentation.
@@ -67,6 +70,7 @@ mkdir -p "$LIBS_DIR"
 LIBS_DIR=$(cd "$LIBS_DIR" && pwd)
 ALL=()
 PAIR=()
+HELD=()
 while IFS= read -r line; do
     [[ -z "$line" || "$line" == \#* ]] && continue
     name=${line%%=*}
@@ -82,6 +86,7 @@ while IFS= read -r line; do
     [[ -f "$src" ]] || { echo "error: $src (from $LIBDIR/libs.txt) not found" >&2; exit 2; }
     ALL+=(--lib "$name=$(cd "$(dirname "$src")" && pwd)/$(basename "$src"):$prefix")
     [[ "$name" == stock || "$name" == patched ]] && PAIR+=(--lib "$name=$(cd "$(dirname "$src")" && pwd)/$(basename "$src"):$prefix")
+    [[ ",$HELDOUT_NAMES," == *",$name,"* ]] && HELD+=(--lib "$name=$(cd "$(dirname "$src")" && pwd)/$(basename "$src"):$prefix")
 done < "$LIBDIR/libs.txt"
 INFO=()
 [[ -f "$LIBDIR/variants.json" ]] && INFO=(--variant-info "$LIBDIR/variants.json")
@@ -123,15 +128,15 @@ fi
 PLOT_OK=$($PY -c "import importlib.util; print(int(importlib.util.find_spec('matplotlib') is not None))")
 plot() { [[ "$PLOT_OK" == 1 ]] && echo "--plot" "$1"; }
 if has headline; then
-    say "bench --set headline (all variants, v1 + v2, warm + cold)"
-    "${KV[@]}" bench --set headline "${ALL[@]}" "${INFO[@]}" --reps "$HEADLINE_REPS" --rounds "$ROUNDS" \
+    say "bench --set headline (all variants, kernels $HEADLINE_KERNELS, warm + cold)"
+    "${KV[@]}" bench --set headline "${ALL[@]}" "${INFO[@]}" --kernels "$HEADLINE_KERNELS" --reps "$HEADLINE_REPS" --rounds "$ROUNDS" \
         --json "$OUT/bench-headline.json" $(plot "$OUT/bench-headline.png") > "$OUT/bench-headline.log" 2>&1
     rc=$?; [[ $rc -ne 0 ]] && RC=$rc
     say "headline: rc $rc"
 fi
 if has heldout; then
-    say "bench --set heldout (stock vs patched, the dispatched kernel, warm + cold)"
-    "${KV[@]}" bench --set heldout "${PAIR[@]}" "${INFO[@]}" --kernels dispatched --reps "$HELDOUT_REPS" \
+    say "bench --set heldout ($HELDOUT_NAMES, the dispatched kernel, warm + cold)"
+    "${KV[@]}" bench --set heldout "${HELD[@]}" "${INFO[@]}" --kernels dispatched --reps "$HELDOUT_REPS" \
         --rounds "$ROUNDS" --json "$OUT/bench-heldout.json" $(plot "$OUT/bench-heldout.png") \
         > "$OUT/bench-heldout.log" 2>&1
     rc=$?; [[ $rc -ne 0 ]] && RC=$rc

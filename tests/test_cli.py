@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import STOCK, fixture_text, git, golden_text, make_tree
+from kvpatch.config import make_config
 from kvpatch.source.fetch import HEADER
 
 KVPATCH = str(Path(sys.executable).parent / "kvpatch")
@@ -28,7 +29,9 @@ def kvpatch_env(cwd: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-DEFAULT_MARKER = "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call quantized=skip bf16/32/32:off bf16/64/32:off bf16/80/32:off fp16:scope=kv-head,issue=inline fp16/256/16:off"
+#: The default rules as the marker writes them (the shipped tuned table, kvpatch.config.DEFAULT_OVERRIDES).
+DEFAULT_RULES = make_config().marker().split(" quantized=skip", 1)[1]
+DEFAULT_MARKER = "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call quantized=skip" + DEFAULT_RULES
 
 
 def kvpatch(*args: str, cwd: Path, columns: int = 400, env: dict[str, str] | None = None,
@@ -104,7 +107,7 @@ def test_apply_another_config_replaces_the_injection(git_tree: Path, header: Pat
 
 
 def test_apply_with_a_config_file(git_tree: Path, header: Path, work: Path) -> None:
-    (work / "kvpatch.toml").write_text('[kvpatch]\nplacement = "end"\nscope = "kv-head"\n')
+    (work / "kvpatch.toml").write_text('[kvpatch]\nplacement = "end"\nscope = "kv-head"\ninherit-rules = false\n')
     proc = kvpatch("apply", "--tree", str(git_tree), "--config", "kvpatch.toml", cwd=work)
     assert proc.returncode == 0, proc.stderr
     assert header.read_text() == golden_text("placement-end-scope-kv-head")
@@ -114,7 +117,7 @@ def test_options_override_the_config_file(git_tree: Path, header: Path, work: Pa
     (work / "kvpatch.toml").write_text('lookahead = 3\ncache-hint = "evict_last"\n')
     proc = kvpatch("apply", "--tree", str(git_tree), "--config", "kvpatch.toml", "--lookahead", "2", cwd=work)
     assert proc.returncode == 0, proc.stderr
-    marker = "lookahead=2 size=auto align=16 caches=kv hint=evict_last placement=start scope=cta issue=call quantized=skip bf16/32/32:off bf16/64/32:off bf16/80/32:off fp16:scope=kv-head,issue=inline fp16/256/16:off"
+    marker = "lookahead=2 size=auto align=16 caches=kv hint=evict_last placement=start scope=cta issue=call quantized=skip" + DEFAULT_RULES
     assert f"config: {marker}" in proc.stdout.splitlines()
     assert header.read_text().count(f"// kvpatch:begin key {marker}\n") == 1
 

@@ -150,11 +150,12 @@ def test_paper_preset_refuses_size_auto() -> None:
 @pytest.mark.parametrize(
     "options, marker",
     [
-        ({}, "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call quantized=skip bf16/32/32:off bf16/64/32:off bf16/80/32:off fp16:scope=kv-head,issue=inline fp16/256/16:off"),
+        ({"inherit_rules": False}, "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call quantized=skip"),
         (
             {"lookahead": 2, "size": 8192, "align": 128, "caches": "v", "cache_hint": "evict_first",
-             "placement": "end", "scope": "kv-head", "control": True},
-            "lookahead=2 size=8192 align=128 caches=v hint=evict_first placement=end scope=kv-head issue=call quantized=skip control bf16/32/32:off bf16/64/32:off bf16/80/32:off fp16:scope=kv-head,issue=inline fp16/256/16:off",
+             "placement": "end", "scope": "kv-head", "control": True, "inherit_rules": False,
+             "fp16": "scope=kv-head,issue=inline", "rules": {"bf16/80/32": "off"}},
+            "lookahead=2 size=8192 align=128 caches=v hint=evict_first placement=end scope=kv-head issue=call quantized=skip control bf16/80/32:off fp16:scope=kv-head,issue=inline",
         ),
         ({"preset": "paper"}, "preset=paper caches=kv"),
         ({"preset": "paper", "control": True}, "preset=paper caches=kv control"),
@@ -184,8 +185,9 @@ def test_different_configs_have_different_markers(a: dict, b: dict) -> None:
 # --------------------------------------------------------------------------- kvpatch.toml
 
 
-def test_dump_config_of_the_defaults() -> None:
-    assert dump_config(make_config()) == (
+def test_dump_config_writes_a_complete_table() -> None:
+    cfg = make_config(inherit_rules=False, fp16="scope=kv-head,issue=inline", rules={"bf16/80/32": "off", "fp16/64/16/auto/v2": "lookahead=2"})
+    assert dump_config(cfg) == (
         "[kvpatch]\n"
         'preset = "default"\n'
         "lookahead = 1\n"
@@ -198,6 +200,7 @@ def test_dump_config_of_the_defaults() -> None:
         'issue = "call"\n'
         "control = false\n"
         'quantized = "skip"\n'
+        "inherit-rules = false\n"
         'bf16 = "none"\n'
         'fp32 = "none"\n'
         "\n"
@@ -206,11 +209,25 @@ def test_dump_config_of_the_defaults() -> None:
         'issue = "inline"\n'
         "\n"
         "[kvpatch.rules]\n"
-        '"bf16/32/32" = { off = true }\n'
-        '"bf16/64/32" = { off = true }\n'
         '"bf16/80/32" = { off = true }\n'
-        '"fp16/256/16" = { off = true }\n'
+        '"fp16/64/16/auto/v2" = { lookahead = 2 }\n'
     )
+
+
+def test_a_dumped_file_reads_back_the_same_whatever_the_default_rules(tmp_path, monkeypatch) -> None:
+    """inherit-rules = false: a written file is complete, so a later kvpatch with other default rules
+    reads it back unchanged (and the shipped default round-trips too)."""
+    import kvpatch.config as C
+
+    path = tmp_path / "kvpatch.toml"
+    for cfg in (make_config(), make_config(inherit_rules=False, issue="inline")):
+        path.write_text(dump_config(cfg))
+        monkeypatch.setattr(C, "DEFAULT_OVERRIDES", (("fp32", (("lookahead", 3),)), ("*/*/8", (("off", True),))))
+        assert make_config(**load_config_file(path)) == cfg
+        monkeypatch.undo()
+    assert make_config(**load_config_file(path)) == make_config(inherit_rules=False, issue="inline")
+    with pytest.raises(UsageError, match="invalid inherit-rules"):
+        make_config(inherit_rules="no")
 
 
 @pytest.mark.parametrize(
@@ -281,11 +298,11 @@ def test_per_dtype_settings_apply_to_their_dtype_only() -> None:
     cfg = make_config(bf16="lookahead=2,issue=inline,cache-hint=evict_last")
     assert cfg.for_dtype("bf16").lookahead == 2 and cfg.for_dtype("bf16").cache_hint == "evict_last"
     assert cfg.for_dtype("fp32").lookahead == 1 and cfg.for_dtype("fp32").cache_hint == "none"
-    assert cfg.for_dtype("fp16").scope == "kv-head"  # the default fp16 settings stay
+    assert cfg.for_dtype("fp16").off  # the default fp16 rule (off: fp16 kernels tune did not measure) stays
 
 
 def test_none_clears_a_dtypes_settings() -> None:
-    cfg = make_config(fp16="none", rules="none", issue="inline")
+    cfg = make_config(fp16="none", bf16="none", fp32="none", rules="none", issue="inline")
     assert cfg.overrides == ()
     assert cfg.marker() == "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=inline quantized=skip"
 

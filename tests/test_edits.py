@@ -28,16 +28,18 @@ from kvpatch.source.fetch import HEADER
 from kvpatch.source.workspace import unified_diff
 from kvpatch.patch.sites import find_sites
 
-#: golden file name -> configuration options
+#: golden file name -> configuration options. Only "default" carries the shipped rule table;
+#: the others are uniform (no rules), so each shows its own option's effect on the template.
+_UNIFORM = {"inherit_rules": False}
 CONFIGS: dict[str, dict] = {
     "default": {},
     "paper": {"preset": "paper"},
-    "caches-k": {"caches": "k"},
-    "lookahead2-size8192-align128": {"lookahead": 2, "size": 8192, "align": 128},
-    "evict-last": {"cache_hint": "evict_last"},
-    "placement-end-scope-kv-head": {"placement": "end", "scope": "kv-head"},
-    "control": {"control": True},
-    "issue-call-evict-first": {"issue": "call", "cache_hint": "evict_first"},
+    "caches-k": {"caches": "k", **_UNIFORM},
+    "lookahead2-size8192-align128": {"lookahead": 2, "size": 8192, "align": 128, **_UNIFORM},
+    "evict-last": {"cache_hint": "evict_last", **_UNIFORM},
+    "placement-end-scope-kv-head": {"placement": "end", "scope": "kv-head", **_UNIFORM},
+    "control": {"control": True, **_UNIFORM},
+    "issue-call-evict-first": {"issue": "call", "cache_hint": "evict_first", **_UNIFORM},
 }
 
 REGEN = os.environ.get("KVPATCH_REGEN_GOLDEN") == "1"
@@ -66,11 +68,13 @@ def test_golden(name: str, stock: str, header_path: str) -> None:
     assert result.previous == ()
 
 
-def test_golden_default_injection_reads_as_expected(stock: str) -> None:
-    """The key-loop injection of the default configuration, spelled out (before -> after):
-    kernels with a quantized cache get none, nor do the instantiations the default turns
-    off (bf16 head 32/64/80 block 32, fp16 head 256 block 16); fp16 kernels get the
-    inline, one-CTA-per-KV-head prefetch; the others call the helper."""
+def test_a_rule_table_injection_reads_as_expected(stock: str, header_path: str) -> None:
+    """The key-loop injection of a table shaped like the shipped default, spelled out
+    (before -> after): quantized caches get none; the most specific rule comes first and
+    a kernel part tests PARTITION_SIZE (0 in v1); a dtype ``off`` rule catches the rest
+    of that dtype; the base settings (call the helper) serve the others."""
+    cfg = make_config(inherit_rules=False, fp16="off",
+                      rules={"fp16/128/16/auto/v2": "issue=inline,lookahead=2", "fp16/128/16/auto/v1": "off"})  # fmt: skip
     before = (
         "    const int64_t physical_block_number =\n"
         "        static_cast<int64_t>(block_table[block_idx]);\n"
@@ -80,21 +84,15 @@ def test_golden_default_injection_reads_as_expected(stock: str) -> None:
     after = (
         "    const int64_t physical_block_number =\n"
         "        static_cast<int64_t>(block_table[block_idx]);\n"
-        "    // kvpatch:begin key lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call quantized=skip bf16/32/32:off bf16/64/32:off bf16/80/32:off fp16:scope=kv-head,issue=inline fp16/256/16:off\n"
+        "    // kvpatch:begin key lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call quantized=skip fp16:off fp16/128/16/auto/v1:off fp16/128/16/auto/v2:lookahead=2,issue=inline\n"
         "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(USE_ROCM)\n"
         "    if constexpr (kvpatch_is_same<cache_t, scalar_t>::value) {\n"
-        "      if constexpr (kvpatch_is_same<scalar_t, __nv_bfloat16>::value && HEAD_SIZE == 32 && BLOCK_SIZE == 32) {\n"
+        "      if constexpr (kvpatch_is_same<scalar_t, uint16_t>::value && HEAD_SIZE == 128 && BLOCK_SIZE == 16 && kvpatch_is_same<cache_t, scalar_t>::value && PARTITION_SIZE == 0) {\n"
         "        // off: no prefetch, these kernels compile as stock\n"
-        "      } else if constexpr (kvpatch_is_same<scalar_t, __nv_bfloat16>::value && HEAD_SIZE == 64 && BLOCK_SIZE == 32) {\n"
-        "        // off: no prefetch, these kernels compile as stock\n"
-        "      } else if constexpr (kvpatch_is_same<scalar_t, __nv_bfloat16>::value && HEAD_SIZE == 80 && BLOCK_SIZE == 32) {\n"
-        "        // off: no prefetch, these kernels compile as stock\n"
-        "      } else if constexpr (kvpatch_is_same<scalar_t, uint16_t>::value && HEAD_SIZE == 256 && BLOCK_SIZE == 16) {\n"
-        "        // off: no prefetch, these kernels compile as stock\n"
-        "      } else if constexpr (kvpatch_is_same<scalar_t, uint16_t>::value) {\n"
+        "      } else if constexpr (kvpatch_is_same<scalar_t, uint16_t>::value && HEAD_SIZE == 128 && BLOCK_SIZE == 16 && kvpatch_is_same<cache_t, scalar_t>::value && PARTITION_SIZE != 0) {\n"
         "        {\n"
-        "          const int kvpatch_next = block_idx + 1 * NUM_WARPS;\n"
-        "          if (lane == 0 && kvpatch_next < end_block_idx && head_idx % num_queries_per_kv == 0) {\n"
+        "          const int kvpatch_next = block_idx + 2 * NUM_WARPS;\n"
+        "          if (lane == 0 && kvpatch_next < end_block_idx) {\n"
         "            const int64_t kvpatch_block = static_cast<int64_t>(block_table[kvpatch_next]);\n"
         "            {\n"
         "              const cache_t* kvpatch_tile = k_cache + kvpatch_block * kv_block_stride + kv_head_idx * kv_head_stride;\n"
@@ -102,6 +100,8 @@ def test_golden_default_injection_reads_as_expected(stock: str) -> None:
         "            }\n"
         "          }\n"
         "        }\n"
+        "      } else if constexpr (kvpatch_is_same<scalar_t, uint16_t>::value) {\n"
+        "        // off: no prefetch, these kernels compile as stock\n"
         "      } else {\n"
         "        {\n"
         "          const int kvpatch_next = block_idx + 1 * NUM_WARPS;\n"
@@ -121,7 +121,10 @@ def test_golden_default_injection_reads_as_expected(stock: str) -> None:
         "    for (int i = 0; i < BLOCK_SIZE / WARP_SIZE + 1; i++) {\n"
     )
     assert stock.count(before) == 1
-    assert golden_text("default").count(after) == 1
+    assert patch(stock, header_path, cfg).patched.count(after) == 1
+    # the shipped default has this shape: per-kernel rules first, then the dtype "off" rules
+    default = golden_text("default")
+    assert default.count("PARTITION_SIZE == 0") >= 2 and "kvpatch_is_same<scalar_t, float>::value) {" in default
 
 
 def test_goldens_differ_from_each_other() -> None:
@@ -333,7 +336,7 @@ def test_validation_failure_raises_and_writes_nothing(
     before = (tree / HEADER).read_bytes()
     monkeypatch.setattr(edits, "render", _broken_render(edits.render, pattern, replacement))
     with pytest.raises(PatchError, match=message):
-        cfg = make_config(issue="inline", fp16="none")  # one asm per loop, no helper call
+        cfg = make_config(issue="inline", inherit_rules=False)  # one asm per loop, no helper call
         api.apply(vllm=None, tree=tree, cfg=cfg, cwd=tmp_path, console=Console(quiet=True))
     assert (tree / HEADER).read_bytes() == before
     assert sorted(p.name for p in (tree / HEADER).parent.iterdir()) == ["attention_kernels.cuh"]

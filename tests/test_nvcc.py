@@ -114,17 +114,22 @@ def test_stock_header_has_no_prefetch(tree: Path, stock: str, nvcc_ptx) -> None:
     assert "cp.async.bulk" not in ptx
 
 
+#: uniform settings with fp16 inline (no shipped rule table): every dtype prefetches
+_U = {"inherit_rules": False, "fp16": "scope=kv-head,issue=inline"}
+
+
 @pytest.mark.parametrize(
     "options, expected",
     [
-        # one K and one V tile: 16 * 128 * sizeof(cache_t); fp16 inline, bf16/fp32 through the helper
-        ({}, lambda d: [("", AUTO[d])] * 2),
+        # one K and one V tile: 16 * 128 * sizeof(cache_t). The shipped table at head 128 block 16:
+        # fp16 inline, bf16 through the helper, fp32 off (not tuned)
+        ({}, lambda d: [] if d == "fp32" else [("", AUTO[d])] * 2),
         ({"preset": "paper"}, lambda d: [("", "4096")] * 2),
-        ({"caches": "k"}, lambda d: [("", AUTO[d])]),
-        ({"lookahead": 2, "size": 8192, "align": 128}, lambda d: [("", "8192")] * 2),
-        ({"cache_hint": "evict_last"}, lambda d: [(".L2::cache_hint", AUTO[d])] * 2),
-        ({"placement": "end", "scope": "kv-head"}, lambda d: [("", AUTO[d])] * 2),
-        ({"control": True}, lambda d: [("", AUTO[d])] * 2),  # compiled in, never executed
+        ({"caches": "k", **_U}, lambda d: [("", AUTO[d])]),
+        ({"lookahead": 2, "size": 8192, "align": 128, **_U}, lambda d: [("", "8192")] * 2),
+        ({"cache_hint": "evict_last", **_U}, lambda d: [(".L2::cache_hint", AUTO[d])] * 2),
+        ({"placement": "end", "scope": "kv-head", **_U}, lambda d: [("", AUTO[d])] * 2),
+        ({"control": True, **_U}, lambda d: [("", AUTO[d])] * 2),  # compiled in, never executed
     ],
     ids=["default", "paper", "caches-k", "lookahead2-size8192-align128", "evict-last", "end-kv-head", "control"],
 )
@@ -162,5 +167,5 @@ def test_reformatted_header_still_compiles_with_the_prefetch(reformatted_header,
     text = patch(reformatted, str(tree / HEADER), make_config()).patched
     ptx = nvcc_ptx(tree / "csrc", text, "sm_90a")
     found = prefetches(ptx)
-    assert distinct(found) == distinct(each(lambda d: [("", AUTO[d])]))
+    assert distinct(found) == distinct(each(lambda d: [] if d == "fp32" else [("", AUTO[d])]))
     assert found[("v1", "fp16")] == found[("v2", "fp16")] == [("", "4096")] * 2

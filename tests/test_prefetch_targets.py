@@ -65,7 +65,7 @@ constexpr int TABLE = 400;     // entries past every end_block_idx used: an over
 
 #define volatile(...) (kvpatch_record(kvpatch_tile))
 #define asm
-template <typename scalar_t, typename cache_t, int HEAD_SIZE, int BLOCK_SIZE>
+template <typename scalar_t, typename cache_t, int HEAD_SIZE, int BLOCK_SIZE, int PARTITION_SIZE = 0>
 static void key_loop(int NUM_WARPS, int warp_idx, int lane, int start_block_idx, int end_block_idx,
                      int head_idx, int num_queries_per_kv, int kv_head_idx, int64_t kv_block_stride,
                      int64_t kv_head_stride, const int* block_table, const cache_t* k_cache,
@@ -168,30 +168,40 @@ def _cases(dtypes: list[str], lanes=(0, 1), heads=((0, 4), (1, 4), (0, 1))) -> l
     return [(d, nw, w, lane, s, e, h, q) for d in dtypes for nw, w, s, e in LOOPS for lane in lanes for h, q in heads]
 
 
+_U = {"inherit_rules": False}  # uniform settings: no shipped rule table
+
+
 @pytest.mark.parametrize("kind", ["key", "value"])
 @pytest.mark.parametrize(
     "options",
-    [{}, {"lookahead": 2}, {"lookahead": 3}, {"placement": "end"}, {"issue": "inline"},
-     {"quantized": "prefetch"}, {"fp16": "none", "scope": "kv-head"}],
-    ids=["default", "lookahead2", "lookahead3", "placement-end", "inline", "quantized-prefetch", "kv-head-all"],
+    [{**_U, "fp16": "scope=kv-head,issue=inline"}, {**_U, "lookahead": 2}, {**_U, "lookahead": 3},
+     {**_U, "placement": "end"}, {**_U, "issue": "inline"}, {**_U, "quantized": "prefetch"},
+     {**_U, "scope": "kv-head"}, {**_U, "rules": {"bf16/8/2/auto/v2": "off", "fp16/8/2/auto/v1": "off"}}, {}],
+    ids=["per-dtype", "lookahead2", "lookahead3", "placement-end", "inline", "quantized-prefetch", "kv-head-all",
+         "kernel-rules", "shipped-default"],
 )  # fmt: skip
 def test_prefetch_targets_the_block_read_lookahead_iterations_later(tmp_path, kind, options):
+    """The harness is the v1 kernel (PARTITION_SIZE 0) of head 8 / block 2: a rule for v2 or
+    another size must not reach it, one for v1 must; the shipped default (untuned sizes) is off."""
     cfg = make_config(**options)
     exe = _harness(tmp_path, kind, **options)
     cases = _cases(["fp16", "bf16", "fp32", "fp8"])
     for case, (reads, targets) in zip(cases, _run(exe, cases)):
         dtype, nw, warp, lane, start, end, head, qpk = case
-        settings = cfg.for_dtype("fp16" if dtype == "fp8" else dtype)  # fp8: an fp16 kernel, uint8_t cache
+        q, kv = ("fp16", "fp8") if dtype == "fp8" else (dtype, "auto")  # fp8: an fp16 kernel, uint8_t cache
+        settings = cfg.resolve(q, 8, 2, kv, "v1")
         scope_ok = settings.scope == "cta" or head % qpk == 0
         quantized_ok = dtype != "fp8" or cfg.quantized == "prefetch"
-        want = _expected(settings.lookahead, nw, warp, start, end, lane == 0 and scope_ok and quantized_ok)
+        on = lane == 0 and scope_ok and quantized_ok and not settings.off
+        want = _expected(settings.lookahead, nw, warp, start, end, on)
         assert (reads, targets) == want, f"{kind} loop, {case}"
-    # the harness saw prefetches at all (lane 0, first query head, an fp16/bf16 loop of many blocks)
-    assert any(t for _, t in _run(exe, [("bf16", 4, 0, 0, 0, 17, 0, 4)]))
+    # the harness saw prefetches exactly when a bf16 v1 kernel of this size is on
+    seen = any(t for _, t in _run(exe, [("bf16", 4, 0, 0, 0, 17, 0, 4)]))
+    assert seen == (not cfg.resolve("bf16", 8, 2, "auto", "v1").off)
 
 
 @pytest.mark.parametrize("kind", ["key", "value"])
-@pytest.mark.parametrize("options", [{"control": True}, {"control": True, "issue": "inline", "fp16": "none"}],
+@pytest.mark.parametrize("options", [{"control": True, **_U}, {"control": True, "issue": "inline", **_U}],
                          ids=["control", "control-inline"])  # fmt: skip
 def test_control_prefetches_nothing(tmp_path, kind, options):
     exe = _harness(tmp_path, kind, **options)

@@ -80,8 +80,9 @@ def test_patch_validates_and_round_trips(options: dict, release: tuple[str, str,
     cfg = make_config(**options)
     result = patch(text, path, cfg)  # raises unless the re-parse validates
     prefetch = "cp.async.bulk.prefetch.L2.global [%0], %1;"
-    # the paper: one asm per site; the default: fp16's inline asm per site + the helper's
-    assert result.patched.count(prefetch) == (2 if cfg.preset == "paper" else 3)
+    # the paper: one asm per site; a rule table: each inline rule's asm per site + the helper's
+    inline_rules = sum(c.issue == "inline" and not c.off for _, c in cfg.variants())
+    assert result.patched.count(prefetch) == (2 if cfg.preset == "paper" else 2 * inline_rules + 1)
     # One guarded region per site; the paper preset adds a guarded next-block
     # declaration per site, the default a guarded helper region.
     guards = 4 if cfg.preset == "paper" else 3

@@ -28,6 +28,9 @@ from kvpatch.source.releases import HEADER
         ("fp16/64/*/*", "fp16/64", 2),
         ("*/128/16/fp8", "*/128/16/fp8", 3),
         (" fp32 / 256 ", "fp32/256", 2),
+        ("fp16/256/16/auto/v2", "fp16/256/16/auto/v2", 5),
+        ("*/*/*/*/v1", "*/*/*/*/v1", 1),
+        ("bf16/64/*/*/*", "bf16/64", 2),
     ],
 )
 def test_selector_canonical_form(text: str, canonical: str, specificity: int) -> None:
@@ -44,7 +47,8 @@ def test_selector_canonical_form(text: str, canonical: str, specificity: int) ->
         ("bf16/eighty", "head size 'eighty' is not a number"),
         ("bf16/80/0", "block size '0' is not a number"),
         ("bf16/80/32/fp4", "kv-cache 'fp4' is not one of"),
-        ("bf16/80/32/auto/x", "use dtype"),
+        ("bf16/80/32/auto/x", "kernel 'x' is not one of"),
+        ("bf16/80/32/auto/v1/x", "use dtype"),
         ("bf16//32", "use dtype"),
         ("*", "selects everything"),
     ],
@@ -63,15 +67,44 @@ def test_matches() -> None:
     assert not Selector.parse("*/*/*/fp8").matches("fp16", 128, 16, "auto")
 
 
+def test_a_kernel_part_selects_one_of_the_two_kernels() -> None:
+    sel = Selector.parse("fp16/256/16/auto/v2")
+    assert sel.matches("fp16", 256, 16, "auto", "v2") and not sel.matches("fp16", 256, 16, "auto", "v1")
+    assert not sel.matches("fp16", 256, 16, "auto")  # asked for both kernels: a v2-only rule does not answer
+    cfg = make_config(inherit_rules=False, rules={"fp16/256/16/auto/v1": "off", "fp16/256/16": "issue=call,scope=cta"})
+    assert cfg.resolve("fp16", 256, 16, "auto", "v1").off
+    assert cfg.resolve("fp16", 256, 16, "auto", "v2").issue == "call"
+    assert cfg.resolve("fp16", 256, 16).issue == "call"
+    assert [sel for sel, _ in cfg.variants()][0] == "fp16/256/16/auto/v1"  # the most specific first
+
+
 # --------------------------------------------------------------------------- resolution
 
 
-def test_default_rules_turn_off_the_bf16_instantiations_that_change_code_generation() -> None:
+def test_the_default_is_the_tuned_table_with_everything_else_off() -> None:
     cfg = make_config()
-    assert cfg.resolve("bf16", 80, 32).off and cfg.resolve("bf16", 32, 32).off
-    assert not cfg.resolve("bf16", 80, 16).off and cfg.resolve("bf16", 80, 16).issue == "call"
-    assert cfg.resolve("fp16", 80, 32).issue == "inline"  # the fp16 rule, not an off one
-    assert cfg.resolve("fp32", 128, 16) == cfg.for_dtype("fp32")
+    # tuned kernels: what tune picked per kernel (benchmarks/results/tune-5)
+    v2 = cfg.resolve("fp16", 128, 16, "auto", "v2")
+    assert (v2.issue, v2.scope, v2.lookahead) == ("inline", "kv-head", 2)
+    assert cfg.resolve("fp16", 256, 16, "auto", "v1").off and not cfg.resolve("fp16", 256, 16, "auto", "v2").off
+    # bf16 head 128 block 16: only the call form kept stock's ALiBi rounding (random slopes)
+    assert cfg.resolve("bf16", 128, 16, "auto", "v1").issue == "call" and cfg.resolve("bf16", 128, 16, "auto", "v2").issue == "call"
+    assert cfg.resolve("bf16", 128, 32, "auto", "v1").off and cfg.resolve("bf16", 128, 32, "auto", "v2").off
+    # untuned: other head/block sizes (the bf16 32/80 block 32 ALiBi cases among them), fp32, fp8 caches
+    assert cfg.resolve("bf16", 80, 32).off and cfg.resolve("bf16", 32, 32).off and cfg.resolve("bf16", 80, 16).off
+    assert cfg.resolve("fp32", 128, 16, "auto", "v1").off and cfg.resolve("fp16", 128, 16, "fp8", "v2").off
+
+
+def test_the_shipped_default_is_what_tune_wrote_on_the_h200() -> None:
+    """DEFAULT_OVERRIDES and DEFAULT_TUNED_ON are the committed output of `kvpatch tune` (raw data beside it)."""
+    from kvpatch.config import DEFAULT_TUNED_ON
+    from kvpatch.config_io import read_config_file
+
+    root = Path(__file__).resolve().parents[1]
+    options, tuned = read_config_file(root / "benchmarks/results/tune-5/kvpatch.toml")
+    assert make_config(**options) == make_config()
+    facts = ("gpu", "driver", "nvcc", "arch", "flags")
+    assert [getattr(tuned, f) for f in facts] == [getattr(DEFAULT_TUNED_ON, f) for f in facts]
 
 
 def test_the_most_specific_rule_wins_whatever_the_order() -> None:
@@ -86,13 +119,15 @@ def test_the_most_specific_rule_wins_whatever_the_order() -> None:
 
 def test_rules_none_drops_the_default_rules_but_not_the_dtype_tables() -> None:
     cfg = make_config(rules="none")
-    assert [sel for sel, _ in cfg.overrides] == ["fp16"]
-    assert not cfg.resolve("bf16", 80, 32).off
+    assert [sel for sel, _ in cfg.overrides] == ["bf16", "fp16", "fp32"]
+    assert cfg.resolve("bf16", 128, 16).off and cfg.resolve("fp16", 64, 16, "auto", "v1").off
 
 
 def test_a_rule_set_to_none_removes_that_rule() -> None:
-    cfg = make_config(rules={"bf16/80/32": "none"})
-    assert not cfg.resolve("bf16", 80, 32).off and cfg.resolve("bf16", 32, 32).off
+    cfg = make_config(rules={"bf16/128/32/auto": "none"})
+    assert cfg.resolve("bf16", 128, 32).off  # the bf16 rule (off) takes over
+    cfg = make_config(bf16="none", rules={"bf16/128/32/auto": "none"})
+    assert not cfg.resolve("bf16", 128, 32).off and cfg.resolve("bf16", 64, 32).off
 
 
 @pytest.mark.parametrize(
@@ -129,8 +164,9 @@ def test_rules_round_trip_through_toml(tmp_path: Path) -> None:
 
 
 def test_marker_names_every_rule() -> None:
-    cfg = make_config(rules={"*/*/8": "off"})
-    assert cfg.marker().endswith("*/*/8:off bf16/32/32:off bf16/64/32:off bf16/80/32:off fp16:scope=kv-head,issue=inline fp16/256/16:off")
+    cfg = make_config(rules={"*/*/8": "off"}, inherit_rules=False, fp16="scope=kv-head", bf16="off")
+    assert cfg.marker().endswith("quantized=skip */*/8:off bf16:off fp16:scope=kv-head")
+    assert all(f" {sel}:" in make_config().marker() for sel, _ in make_config().overrides)
 
 
 def test_branch_conditions_use_the_kernels_template_parameters(stock_sites) -> None:
@@ -139,6 +175,9 @@ def test_branch_conditions_use_the_kernels_template_parameters(stock_sites) -> N
     assert branch_condition("*/*/16/fp8", stock_sites) == "BLOCK_SIZE == 16 && !kvpatch_is_same<cache_t, scalar_t>::value"
     assert branch_condition("fp32/*/*/auto", stock_sites) == (
         "kvpatch_is_same<scalar_t, float>::value && kvpatch_is_same<cache_t, scalar_t>::value")
+    assert branch_condition("*/*/*/*/v1", stock_sites) == "PARTITION_SIZE == 0"
+    assert branch_condition("fp16/256/16/*/v2", stock_sites) == (
+        "kvpatch_is_same<scalar_t, uint16_t>::value && HEAD_SIZE == 256 && BLOCK_SIZE == 16 && PARTITION_SIZE != 0")
 
 
 @pytest.fixture(scope="module")
@@ -187,11 +226,51 @@ def _ptx(tmp: Path, csrc: Path, header: str, head: int, block: int) -> str:
 def test_an_off_instantiation_compiles_to_stocks_exact_ptx(vllm_release: Callable[[str], Path], tmp_path: Path) -> None:
     tree = vllm_release("0.10.2")
     stock = (tree / HEADER).read_text(encoding="utf-8")
-    patched = patch(stock, str(tree / HEADER), make_config()).patched
+    patched = patch(stock, str(tree / HEADER), make_config(bf16="none", rules={"bf16/80/32": "off"})).patched
     csrc = tree / "csrc"
     off_stock = _ptx(tmp_path / "s80", csrc, stock, 80, 32)
     off_patched = _ptx(tmp_path / "p80", csrc, patched, 80, 32)
     assert "cp.async.bulk.prefetch" not in off_patched
-    assert off_patched == off_stock  # bf16/80/32 is off by default: not one instruction differs
+    assert off_patched == off_stock  # bf16/80/32 is off: not one instruction differs
     on_patched = _ptx(tmp_path / "p16", csrc, patched, 80, 16)  # the same dtype and head, block 16: prefetches
     assert re.search(r"call\.uni[^;]*kvpatch_prefetch_l2", on_patched.replace("\n", " ")) or "cp.async.bulk.prefetch" in on_patched
+
+
+def _entries(ptx: str) -> dict[str, str]:
+    """PTX text per kernel entry: ``{'v1': ..., 'v2': ...}`` (the mangled names hold the kernel's name)."""
+    out = {}
+    for chunk in ptx.split(".entry ")[1:]:
+        name = chunk.split("(", 1)[0]
+        out["v1" if "paged_attention_v1_kernel" in name else "v2"] = chunk
+    return out
+
+
+@pytest.mark.nvcc
+@pytest.mark.network
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_a_kernel_rule_prefetches_in_one_kernel_only(vllm_release: Callable[[str], Path], tmp_path: Path) -> None:
+    """``bf16/128/16/auto/v1=off`` with bf16 on: v1 compiles as stock's v1, v2 prefetches (inline asm, so the
+    instruction sits in the v2 entry itself)."""
+    tree = vllm_release("0.10.2")
+    stock = (tree / HEADER).read_text(encoding="utf-8")
+    cfg = make_config(bf16="issue=inline", rules={"bf16/128/16/auto/v1": "off"})
+    patched = patch(stock, str(tree / HEADER), cfg).patched
+    csrc = tree / "csrc"
+    got = _entries(_ptx(tmp_path / "p", csrc, patched, 128, 16))
+    want = _entries(_ptx(tmp_path / "s", csrc, stock, 128, 16))
+    assert "cp.async.bulk.prefetch" not in got["v1"] and got["v1"] == want["v1"]
+    assert "cp.async.bulk.prefetch" in got["v2"]
+
+
+def test_the_readme_table_of_the_default_is_the_default() -> None:
+    """README's per-kernel table is generated from nothing but must say what DEFAULT_OVERRIDES says."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    cfg = make_config()
+    for dtype in ("fp16", "bf16"):
+        for kernel in ("v1", "v2"):
+            cells = []
+            for head in (64, 128, 256):
+                for block in (16, 32):
+                    c = cfg.resolve(dtype, head, block, "auto", kernel)
+                    cells.append("off" if c.off else f"{c.issue} {c.scope} la{c.lookahead}")
+            assert f"| {dtype} {kernel} | " + " | ".join(cells) + " |" in readme, (dtype, kernel, cells)

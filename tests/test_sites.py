@@ -96,10 +96,12 @@ def test_lines_and_offsets_point_at_the_code(fixture: tuple[str, Sites]) -> None
 
 def test_reformatted_fixture_patches_and_round_trips(header_path: str) -> None:
     text = fixture_text(REFORMATTED)
-    for cfg in (make_config(), make_config(preset="paper"), make_config(placement="end", scope="kv-head")):
+    inline_rules = sum(c.issue == "inline" and not c.off for _, c in make_config().variants())
+    for cfg, asms in ((make_config(), 2 * inline_rules + 1), (make_config(preset="paper"), 2),
+                      (make_config(placement="end", scope="kv-head", inherit_rules=False), 1)):  # fmt: skip
         patched = patch(text, header_path, cfg).patched
-        # paper: one asm per loop; default: fp16's inline asm per loop + the helper's
-        assert patched.count("cp.async.bulk.prefetch.L2.global") == (2 if cfg.preset == "paper" else 3)
+        # paper: one asm per loop; a rule table: each inline rule's asm per loop + the helper's
+        assert patched.count("cp.async.bulk.prefetch.L2.global") == asms
         assert patch(patched, header_path, cfg).patched == patched
         assert unpatch(patched, header_path) == (text, (cfg.marker(),))
 

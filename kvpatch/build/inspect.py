@@ -138,7 +138,8 @@ def inspect_variant(p: VariantPlan, tools: Inspector, step: Callable[[str, Calla
         if desc is None:
             continue
         expect = (desc["kernel"] != "reduce" and code_major(arch) >= 9
-                  and p.variant.expects_prefetch(desc["dtype"], desc["kv_cache_dtype"], desc["head_size"], desc["block_size"]))  # fmt: skip
+                  and p.variant.expects_prefetch(desc["dtype"], desc["kv_cache_dtype"], desc["head_size"],
+                                                desc["block_size"], desc["kernel"]))  # fmt: skip
         res = usage.get((arch, sym), {"registers": 0, "spill_stores": 0, "spill_loads": 0, "stack_bytes": 0})
         kernels.append(KernelInfo(arch=arch, **desc, **res, has_prefetch=has, expect_prefetch=expect, symbol=sym))
     kernels.sort(key=_kernel_order)

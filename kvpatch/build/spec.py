@@ -53,11 +53,12 @@ class Variant:
         """A header patched with ``cfg``, expecting the SASS that configuration gives."""
         return cls(name, header, expect_prefetch=True, quantized_prefetch=cfg.quantized == "prefetch", config=cfg)
 
-    def expects_prefetch(self, dtype: str, kv_cache_dtype: str, head_size: int, block_size: int) -> bool:
-        """Whether this instantiation's v1/v2 kernels must hold the prefetch (on sm_90+)."""
+    def expects_prefetch(self, dtype: str, kv_cache_dtype: str, head_size: int, block_size: int,
+                         kernel: str | None = None) -> bool:  # fmt: skip
+        """Whether this instantiation's ``kernel`` (v1 or v2) must hold the prefetch (on sm_90+)."""
         if not self.has_prefetch or (kv_cache_dtype != "auto" and not self.quantized_prefetch):
             return False
-        return self.config is None or not self.config.resolve(dtype, head_size, block_size, kv_cache_dtype).off
+        return self.config is None or not self.config.resolve(dtype, head_size, block_size, kv_cache_dtype, kernel).off
 
     @property
     def prefix(self) -> str:

@@ -68,6 +68,15 @@ def alibi_slopes_list(num_heads: int) -> list[float]:
     return slopes
 
 
+def random_alibi_slopes(num_heads: int, rng: random.Random) -> list[float]:
+    """The model slopes, each scaled by a random factor in [0.55, 1.45): the same magnitudes,
+    but not powers of two. With power-of-two slopes, ``slope * (token - seq_len + 1)`` is
+    exact, so a kernel whose compiler fused the ALiBi multiply-add and one that did not
+    give the same bits; a random slope (vLLM's kernel test draws them with randn) makes
+    that difference visible, which is what a bit-identity check is for."""
+    return [s * rng.uniform(0.55, 1.45) for s in alibi_slopes_list(num_heads)]
+
+
 # --------------------------------------------------------------------------- fp8 bytes
 
 
@@ -249,7 +258,8 @@ def make_inputs(
 ) -> AttentionInputs:
     """Fresh random inputs for one call: randn query, a random pool of ``num_blocks``
     (default: exactly what the sequences need plus ``spare_blocks``), a scattered
-    block table with one spare column, random fp8 scales (1.0 for ``auto``).
+    block table with one spare column, random fp8 scales (1.0 for ``auto``), and with
+    ``alibi`` random non-power-of-two slopes (:func:`random_alibi_slopes`).
 
     Pass ``kv_pool`` to reuse existing caches (the bench's shared pool)."""
     import torch
@@ -281,7 +291,7 @@ def make_inputs(
         v_scale_value = rng.uniform(0.25, 2.0)
     else:
         k_scale_value = v_scale_value = 1.0
-    slopes = torch.tensor(alibi_slopes_list(num_heads), dtype=torch.float32, device=device) if alibi else None
+    slopes = torch.tensor(random_alibi_slopes(num_heads, rng), dtype=torch.float32, device=device) if alibi else None
     return AttentionInputs(
         query=query,
         key_cache=key_cache,

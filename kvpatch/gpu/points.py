@@ -1,17 +1,21 @@
 """Bench points and the named point sets: what ``tune`` sees and what it never sees.
 
-* ``tuning``: what ``kvpatch tune`` chooses on: GQA 32/8, head 128, block 16, auto
-  cache, fp16 + bf16, batch 1/4/16/64 x context 1k/4k/16k, seed 0 (24 points).
-* ``headline``: the README's table: the same shapes, drawn with seed 1 (other KV
-  data and block tables than tune saw; the shapes are the tuning shapes, so this is
-  the published comparison, not the held-out proof).
-* ``heldout``: shapes users run that tune never saw, each with its own seed (101+):
-  one factor changed at a time around the tuning shape -- head 64, head 256, block
-  32, GQA 64/8, GQA 8/1 (a TP-8 shard of a 70B model), MHA 32/32, fp8 cache -- plus
-  the tuning shape itself on a new seed; each for fp16 and bf16 at the full batch
-  1/4/16/64 x context 1k/4k/16k grid (8 shapes x 2 dtypes x 12 = 192 points). Not
-  sampled: combinations of two changed factors (e.g. head 256 with block 32). Points
-  whose KV does not fit the GPU are skipped at run time and listed in the report.
+* ``tuning``: what ``kvpatch tune`` chooses on, per instantiation: every (dtype, head
+  size, block size) it tunes -- fp16 + bf16 x head 64/128/256 x block 16/32, auto
+  cache, GQA 32/8 -- at batch 2/8/32 x context 512/2048/12288, seed 0 (108 points).
+  Batches and contexts are off the published grid on purpose, and they reach both
+  kernels (v1 at context 512 and at batch 32 x 2048, v2 elsewhere).
+* ``headline``: the README's table: GQA 32/8, head 128, block 16, auto cache, fp16 +
+  bf16, batch 1/4/16/64 x context 1k/4k/16k, seed 1 (24 points). Tune saw this
+  instantiation, never these batches, contexts or data.
+* ``heldout``: shapes users run, each with its own seed (101+): one factor changed
+  at a time around the headline shape -- head 64, head 256, block 32, GQA 64/8, GQA
+  8/1 (a TP-8 shard of a 70B model), MHA 32/32, fp8 cache -- plus the headline shape
+  itself on a new seed; each for fp16 and bf16 at the full batch 1/4/16/64 x context
+  1k/4k/16k grid (8 shapes x 2 dtypes x 12 = 192 points). No (batch, context, seed)
+  of it is a tuning point, and the head layouts and the fp8 cache are ones tune never
+  ran. Not sampled: combinations of two changed factors (e.g. head 256 with block
+  32). Points whose KV does not fit the GPU are skipped at run time and listed.
 """
 
 from __future__ import annotations
@@ -26,6 +30,14 @@ from .inputs import DTYPES, cache_elem_size, check_kv_cache_dtype
 
 DEFAULT_BATCHES = (1, 4, 16, 64)
 DEFAULT_CONTEXTS = (1024, 4096, 16384)
+#: The instantiations ``kvpatch tune`` tunes (each gets its own setting, or ``off``) and
+#: the batch x context grid it measures each on; instantiations outside it get the
+#: shipped default's fallback.
+TUNING_DTYPES = ("fp16", "bf16")
+TUNING_HEAD_SIZES = (64, 128, 256)
+TUNING_BLOCK_SIZES = (16, 32)
+TUNING_BATCHES = (2, 8, 32)
+TUNING_CONTEXTS = (512, 2048, 12288)
 POINT_SETS = ("tuning", "headline", "heldout")
 
 
@@ -124,7 +136,7 @@ def make_points(
 
 #: The held-out shapes: (what changed, make_points keywords), one factor at a time.
 HELDOUT_SHAPES: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("tuning shape, new seed", {}),
+    ("headline shape, new seed", {}),
     ("head 64", {"head_size": 64}),
     ("head 256", {"head_size": 256}),
     ("block 32", {"block_size": 32}),
@@ -138,7 +150,7 @@ HELDOUT_SHAPES: tuple[tuple[str, dict[str, Any]], ...] = (
 def point_set(name: str, *, dtypes: Sequence[str] = ("fp16", "bf16")) -> list[BenchPoint]:
     """The named set (see the module docstring)."""
     if name == "tuning":
-        return make_points(dtypes=dtypes, seed=0)
+        return tuning_points(dtypes=[d for d in dtypes if d in TUNING_DTYPES])
     if name == "headline":
         return make_points(dtypes=dtypes, seed=1)
     if name == "heldout":
@@ -147,6 +159,20 @@ def point_set(name: str, *, dtypes: Sequence[str] = ("fp16", "bf16")) -> list[Be
             pts += make_points(dtypes=dtypes, seed=101 + i, **kw)
         return pts
     raise ValueError(f"unknown point set {name!r}: choose {', '.join(POINT_SETS)}")
+
+
+def tuning_points(*, dtypes: Sequence[str] = TUNING_DTYPES, head_sizes: Sequence[int] = TUNING_HEAD_SIZES,
+                  block_sizes: Sequence[int] = TUNING_BLOCK_SIZES, batches: Sequence[int] = TUNING_BATCHES,
+                  contexts: Sequence[int] = TUNING_CONTEXTS) -> list[BenchPoint]:  # fmt: skip
+    """The tuning set (or part of it): dtype x head x block x batch x context, GQA 32/8, seed 0."""
+    return [p for hs in head_sizes for bs in block_sizes
+            for p in make_points(dtypes=dtypes, batches=batches, contexts=contexts, head_size=hs, block_size=bs, seed=0)]  # fmt: skip
+
+
+def kernel_selector(dtype: str, head_size: int, block_size: int, kv_cache_dtype: str, kernel: str) -> str:
+    """``'fp16/128/16/auto/v2'``: the rule selector of exactly one kernel of one instantiation."""
+    kv = "auto" if kv_cache_dtype == "auto" else "fp8"
+    return f"{dtype}/{head_size}/{block_size}/{kv}/{kernel}"
 
 
 def quick_points() -> list[BenchPoint]:

@@ -36,7 +36,7 @@ def _auto_size(sites: Sites) -> str:
 def branch_condition(selector: str, sites: Sites) -> str:
     """The ``if constexpr`` condition that picks a rule's instantiations, in the kernel's own
     template parameters: ``bf16/80/32`` -> ``kvpatch_is_same<scalar_t, __nv_bfloat16>::value
-    && HEAD_SIZE == 80 && BLOCK_SIZE == 32``."""
+    && HEAD_SIZE == 80 && BLOCK_SIZE == 32``; a kernel part tests ``PARTITION_SIZE`` (0 in v1)."""
     sel = Selector.parse(selector)
     terms = []
     if sel.dtype is not None:
@@ -48,6 +48,8 @@ def branch_condition(selector: str, sites: Sites) -> str:
     if sel.kv_cache is not None:
         same = f"kvpatch_is_same<{sites.cache_type}, {sites.scalar_type}>::value"
         terms.append(same if sel.kv_cache == "auto" else f"!{same}")
+    if sel.kernel is not None:
+        terms.append(f"{sites.partition_size_param} {'==' if sel.kernel == 'v1' else '!='} 0")
     return " && ".join(terms)
 
 

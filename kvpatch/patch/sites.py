@@ -73,6 +73,7 @@ class Sites:
     scalar_type: str  # 'scalar_t': the query/output type the kernels are instantiated with
     head_size_param: str  # 'HEAD_SIZE' (a template parameter)
     block_size_param: str  # 'BLOCK_SIZE' (a template parameter)
+    partition_size_param: str  # 'PARTITION_SIZE' (a template parameter: 0 in the v1 kernel)
     lane_var: str  # 'lane'
     head_var: str  # 'head_idx'
     queries_per_kv_var: str  # 'num_queries_per_kv'
@@ -403,6 +404,7 @@ def sites_of(p: Parsed) -> Sites:
         scalar_type=names["scalar_type"],
         head_size_param="HEAD_SIZE",
         block_size_param="BLOCK_SIZE",
+        partition_size_param="PARTITION_SIZE",
         lane_var=names["lane"],
         head_var=head,
         queries_per_kv_var=qpk,

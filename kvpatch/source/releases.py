@@ -29,3 +29,11 @@ def release_tuple(version: str) -> tuple[int, ...]:
 def carries_header(version: str) -> bool:
     """Whether a release is in the range that ships the header."""
     return FIRST <= release_tuple(version)[:3] <= LAST
+
+
+def revision_of(stock_header: str) -> str | None:
+    """The representative release of a stock header's revision (by md5), or None if unknown."""
+    import hashlib
+
+    digest = hashlib.md5(stock_header.encode("utf-8")).hexdigest()
+    return next((rep for rep, _, md5 in REVISIONS if digest.startswith(md5)), None)

@@ -257,14 +257,16 @@ class TuneReport:
 
 
 def tune_validate_matrix(instantiations: Iterable[tuple[str, int, int]]) -> list:
-    """Each tuned (dtype, head, block): v1 and v2, ALiBi on/off, GQA 8/2 and MHA 4/4,
-    a short context (17) and one over three v2 partitions (1500), auto cache."""
+    """Each tuned (dtype, head, block): v1 and v2, a short context (17) and one over three v2
+    partitions (1500), auto cache; without ALiBi GQA 8/2 and MHA 4/4 with 3 sequences, with
+    ALiBi (random slopes) GQA 32/8 and MHA 16/16 with 8 (:data:`kvpatch.gpu.validate.ALIBI_HEADS`)."""
     from .gpu import validate as V
 
     out = []
     for dtype, head, block in sorted(set(instantiations)):
-        out += V.validate_matrix(dtypes=(dtype,), kv_cache_dtypes=("auto",), head_sizes=(head,),
-                                 block_sizes=(block,), contexts=(17, 1500))  # fmt: skip
+        one = dict(dtypes=(dtype,), kv_cache_dtypes=("auto",), head_sizes=(head,), block_sizes=(block,), contexts=(17, 1500))
+        out += V.validate_matrix(**one, alibi=(False,))
+        out += V.validate_matrix(**one, alibi=(True,), heads=V.ALIBI_HEADS, num_seqs=V.ALIBI_NUM_SEQS)
     return out
 
 

@@ -591,7 +591,9 @@ def test_full_matrix_covers_every_vllm_instantiation(tmp_path):
                         assert (d, "auto", h, b, k, al) in configs
                         assert ((d, "fp8", h, b, k, al) in configs) == (h % 16 == 0)
     assert len(m) == 2 * len(configs) == 1224
-    assert {(c.num_heads, c.num_kv_heads) for c in m} == {(8, 2), (4, 4)}
+    assert {(c.num_heads, c.num_kv_heads, c.num_seqs) for c in m if not c.alibi} == {(8, 2, 3), (4, 4, 3)}
+    # ALiBi: more heads and sequences, so a v1 kernel's 16-bit outputs show a fused-vs-unfused ulp
+    assert {(c.num_heads, c.num_kv_heads, c.num_seqs) for c in m if c.alibi} == {(32, 8, 8), (16, 16, 8)}
     assert {c.context for c in m} == set(V.FULL_SHORT_CONTEXTS + V.FULL_LONG_CONTEXTS)
     # each configuration: one short context and one spanning several v2 partitions, both head layouts
     per = {}

@@ -331,7 +331,10 @@ def rechoose(data: dict, *, policy: str = "strict", fallback: str = "off", exclu
         raise UsageError("not a kvpatch tune JSON (no bench data, variant info or validation results)") from None
     if not configs:
         raise UsageError("the tune JSON holds no candidates")
-    scores = score(bench, failures)
+    try:
+        scores = score(bench, failures)
+    except (KeyError, TypeError, AttributeError, ValueError):
+        raise UsageError("the tune JSON's bench results are not what kvpatch tune writes") from None
     for cand, sel in parse_exclusions(exclude):
         hits = [s for s in scores if fnmatch.fnmatchcase(s.name, cand) and fnmatch.fnmatchcase(s.selector, sel)]
         if not hits:

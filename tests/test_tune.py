@@ -242,6 +242,10 @@ def test_rechoose_refuses_bad_exclusions(exclude, message) -> None:
         rechoose(_saved_report(), exclude=exclude)
     with pytest.raises(UsageError, match="not a kvpatch tune JSON"):
         rechoose({"picked": {}})
+    broken = _saved_report()
+    broken["bench"]["results"] = [{"dispatched": True, "point": {}}]
+    with pytest.raises(UsageError, match="bench results are not"):
+        rechoose(broken)
 
 
 def test_tune_from_a_saved_json_needs_no_gpu(tmp_path) -> None:

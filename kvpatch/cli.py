@@ -83,6 +83,7 @@ def apply(
     cache_hint: Annotated[Optional[str], typer.Option(help="none | evict_last | evict_first | evict_normal.")] = None,
     placement: Annotated[Optional[str], typer.Option(help="start (after the block number is read) | end (after the block's work).")] = None,
     scope: Annotated[Optional[str], typer.Option(help="cta (every CTA prefetches) | kv-head (one CTA per KV head under GQA).")] = None,
+    min_group: Annotated[Optional[int], typer.Option("--min-group", help="Prefetch only where >= N query heads share a KV head (a runtime test; 1 = always; MHA has 1).")] = None,
     control: Annotated[Optional[bool], typer.Option("--control/--no-control", help="Compile the prefetch but never run it (for measurements).")] = None,
     issue: Annotated[Optional[str], typer.Option(help="call (an out-of-line helper; keeps stock's code generation) | inline (asm in the loop).")] = None,
     quantized: Annotated[Optional[str], typer.Option(help="skip (fp8-cache kernels stay stock, the default) | prefetch.")] = None,
@@ -99,8 +100,8 @@ def apply(
 
     cfg, tuned = config_and_tuned(
         config, preset=preset, lookahead=lookahead, size=size, align=align, caches=caches,
-        cache_hint=cache_hint, placement=placement, scope=scope, control=control, issue=issue, quantized=quantized,
-        fp16=fp16, bf16=bf16, fp32=fp32, rules=parse_rules(rule) if rule else None,
+        cache_hint=cache_hint, placement=placement, scope=scope, min_group=min_group, control=control, issue=issue,
+        quantized=quantized, fp16=fp16, bf16=bf16, fp32=fp32, rules=parse_rules(rule) if rule else None,
     )  # fmt: skip
     report = api.apply(vllm=vllm, tree=tree, cfg=cfg, cwd=_cwd(), remote=remote or None,
                        force=force, console=err, tuned=tuned)  # fmt: skip

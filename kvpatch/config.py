@@ -42,7 +42,9 @@ MAX_LOOKAHEAD = 1024
 #: (and, for a numeric size, at the size: a window shorter than the rounding can miss
 #: the tile entirely).
 MAX_ALIGN = 4096
-_LIMITS = {"lookahead": MAX_LOOKAHEAD, "align": MAX_ALIGN, "size": MAX_SIZE}
+#: ``num_queries_per_kv`` of any model is far below this.
+MAX_MIN_GROUP = 1024
+_LIMITS = {"lookahead": MAX_LOOKAHEAD, "align": MAX_ALIGN, "size": MAX_SIZE, "min_group": MAX_MIN_GROUP}
 
 #: What ``--preset paper`` fixes: the paper's 4096-byte, one-ahead prefetch.
 PAPER = dict(lookahead=1, size=4096, align=16, cache_hint="none", placement="start", scope="cta", issue="inline",
@@ -56,7 +58,7 @@ RULE_KV = ("auto", "fp8")
 RULE_KERNELS = ("v1", "v2")
 #: Settings a rule may change (the others fix where the code goes), and ``off``: the
 #: selected instantiations get no prefetch at all and compile exactly as stock.
-OVERRIDABLE = ("lookahead", "size", "align", "cache_hint", "scope", "issue", "control", "off")
+OVERRIDABLE = ("lookahead", "size", "align", "cache_hint", "scope", "min_group", "issue", "control", "off")
 
 #: The default rules: ``kvpatch tune`` on an H200 with nvcc 13.0 (vLLM 0.10.2's kernels,
 #: vLLM's flags, policy strict; benchmarks/results/tune-4), chosen again without a GPU
@@ -189,6 +191,9 @@ class PatchConfig:
     #: Which CTAs prefetch: every CTA (``cta``) or, under GQA, only the first of the
     #: query heads sharing a KV head (``kv-head``), so each tile is requested once.
     scope: str = "cta"
+    #: Prefetch only where at least this many query heads share a KV head
+    #: (``num_queries_per_kv >= N``, a runtime test); 1: always. MHA has 1, GQA 32/8 has 4.
+    min_group: int = 1
     #: How the instruction is emitted: ``inline`` asm in the loop body, or a ``call`` to
     #: an out-of-line (``__noinline__``) device function holding the asm. Inline asm in
     #: a loop stops nvcc from unswitching that loop, which changes code generation
@@ -269,6 +274,7 @@ class PatchConfig:
             f"hint={self.cache_hint}",
             f"placement={self.placement}",
             f"scope={self.scope}",
+            *([f"min-group={self.min_group}"] if self.min_group != 1 else []),
             f"issue={self.issue}",
             f"quantized={self.quantized}",
         ]
@@ -369,6 +375,11 @@ def make_config(**options: Any) -> PatchConfig:
             raise UsageError(f"invalid lookahead {_short(la)}: at most {MAX_LOOKAHEAD} "
                              "(block_idx + lookahead * NUM_WARPS must stay within int)")  # fmt: skip
         cfg = replace(cfg, lookahead=la)
+    if "min_group" in given:
+        mg = _int("min_group", given["min_group"])
+        if not 1 <= mg <= MAX_MIN_GROUP:
+            raise UsageError(f"invalid min-group {_short(mg)}: must be 1..{MAX_MIN_GROUP}")
+        cfg = replace(cfg, min_group=mg)
     if "size" in given:
         cfg = replace(cfg, size=_parse_size(given["size"]))
     if "align" in given:

@@ -197,6 +197,7 @@ def test_dump_config_writes_a_complete_table() -> None:
         'cache-hint = "none"\n'
         'placement = "start"\n'
         'scope = "cta"\n'
+        "min-group = 1\n"
         'issue = "call"\n'
         "control = false\n"
         'quantized = "skip"\n'
@@ -362,3 +363,18 @@ def test_upper_bounds(options: dict, message: str) -> None:
 def test_the_bounds_themselves_are_accepted() -> None:
     cfg = make_config(lookahead=1024, align=4096, size=1_048_560)
     assert (cfg.lookahead, cfg.align, cfg.size) == (1024, 4096, 1_048_560)
+
+
+@pytest.mark.parametrize("value", [0, -1, 1025, "x", 2.0])
+def test_min_group_bounds(value) -> None:
+    with pytest.raises(UsageError, match="min-group|min_group"):
+        make_config(min_group=value)
+
+
+def test_min_group_is_in_the_marker_only_when_set() -> None:
+    from kvpatch.config_io import config_from_marker
+
+    assert "min-group" not in make_config().marker()
+    cfg = make_config(min_group=2, fp16="min-group=8")
+    assert " min-group=2 " in cfg.marker() and "fp16:min_group=8" in cfg.marker()
+    assert config_from_marker(cfg.marker()) == cfg and cfg.for_dtype("fp16").min_group == 8

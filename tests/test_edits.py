@@ -40,6 +40,7 @@ CONFIGS: dict[str, dict] = {
     "placement-end-scope-kv-head": {"placement": "end", "scope": "kv-head", **_UNIFORM},
     "control": {"control": True, **_UNIFORM},
     "issue-call-evict-first": {"issue": "call", "cache_hint": "evict_first", **_UNIFORM},
+    "min-group-2": {"min_group": 2, **_UNIFORM},
 }
 
 REGEN = os.environ.get("KVPATCH_REGEN_GOLDEN") == "1"

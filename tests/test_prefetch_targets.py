@@ -176,9 +176,10 @@ _U = {"inherit_rules": False}  # uniform settings: no shipped rule table
     "options",
     [{**_U, "fp16": "scope=kv-head,issue=inline"}, {**_U, "lookahead": 2}, {**_U, "lookahead": 3},
      {**_U, "placement": "end"}, {**_U, "issue": "inline"}, {**_U, "quantized": "prefetch"},
-     {**_U, "scope": "kv-head"}, {**_U, "rules": {"bf16/8/2/auto/v2": "off", "fp16/8/2/auto/v1": "off"}}, {}],
+     {**_U, "scope": "kv-head"}, {**_U, "rules": {"bf16/8/2/auto/v2": "off", "fp16/8/2/auto/v1": "off"}}, {},
+     {**_U, "min_group": 2}, {**_U, "scope": "kv-head", "bf16": "min-group=4,issue=inline"}],
     ids=["per-dtype", "lookahead2", "lookahead3", "placement-end", "inline", "quantized-prefetch", "kv-head-all",
-         "kernel-rules", "shipped-default"],
+         "kernel-rules", "shipped-default", "min-group-2", "bf16-min-group-4"],
 )  # fmt: skip
 def test_prefetch_targets_the_block_read_lookahead_iterations_later(tmp_path, kind, options):
     """The harness is the v1 kernel (PARTITION_SIZE 0) of head 8 / block 2: a rule for v2 or
@@ -192,7 +193,7 @@ def test_prefetch_targets_the_block_read_lookahead_iterations_later(tmp_path, ki
         settings = cfg.resolve(q, 8, 2, kv, "v1")
         scope_ok = settings.scope == "cta" or head % qpk == 0
         quantized_ok = dtype != "fp8" or cfg.quantized == "prefetch"
-        on = lane == 0 and scope_ok and quantized_ok and not settings.off
+        on = lane == 0 and scope_ok and quantized_ok and not settings.off and qpk >= settings.min_group
         want = _expected(settings.lookahead, nw, warp, start, end, on)
         assert (reads, targets) == want, f"{kind} loop, {case}"
     # the harness saw prefetches exactly when a bf16 v1 kernel of this size is on

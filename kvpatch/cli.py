@@ -375,7 +375,6 @@ def bench(
 
 
 @app.command()
-@app.command("tune")
 def tune(
     tree: TreeOpt = None,
     arch: ArchOpt = "9.0a",

@@ -287,11 +287,24 @@ def run_tune(libs: dict, configs: dict[str, PatchConfig], *, quick: bool, reps: 
     bench = Bn.run_bench(libs, points, reps=reps, rounds=rounds, kernels=("dispatched",), variant_info=variant_info,
                          point_set_name="tuning", progress=progress)  # fmt: skip
     data = bench.to_dict()
-    scores = score(data, failures)
+    return _report(score(data, failures), configs, failures, data, policy=policy, fallback=fallback, machine=machine)
+
+
+def _report(scores: list[Score], configs: dict[str, PatchConfig], failures: dict[str, set[str]], bench: dict, *,
+            policy: str, fallback: str, machine: Any) -> TuneReport:  # fmt: skip
+    """Choose under ``policy``, combine, and note what each other policy would have written."""
     picks = choose(scores, policy)
     config = combine(picks, configs, fallback=fallback)
     alternatives = {p: combine(choose(scores, p), configs, fallback=fallback).marker() for p in POLICIES if p != policy}
-    return TuneReport(config, picks, policy, failures, machine, alternatives, data)
+    return TuneReport(config, picks, policy, failures, machine, alternatives, bench)
+
+
+def candidate_configs(variant_info: dict[str, dict], baseline: str = "stock") -> dict[str, PatchConfig]:
+    """``{name: configuration}`` of every library but ``baseline``, from its marker
+    (:func:`kvpatch.config_io.config_from_marker`; UsageError for one that has none)."""
+    from .config_io import config_from_marker
+
+    return {n: config_from_marker(str(i.get("marker", ""))) for n, i in variant_info.items() if n != baseline}
 
 
 # --------------------------------------------------------------------------- choosing again, without a GPU
@@ -319,14 +332,12 @@ def rechoose(data: dict, *, policy: str = "strict", fallback: str = "off", exclu
     what ``validate --upstream`` found on a kernel after tune ran."""
     import fnmatch
 
-    from .config_io import config_from_marker
     from .errors import UsageError
 
     try:
         bench = data["bench"]
         failures = {k: set(v) for k, v in data.get("validation_failures", {}).items()}
-        info = bench["variant_info"]
-        configs = {n: config_from_marker(str(i.get("marker", ""))) for n, i in info.items() if n != bench["baseline"]}
+        configs = candidate_configs(bench["variant_info"], bench["baseline"])
     except (KeyError, TypeError, AttributeError):
         raise UsageError("not a kvpatch tune JSON (no bench data, variant info or validation results)") from None
     if not configs:
@@ -336,13 +347,10 @@ def rechoose(data: dict, *, policy: str = "strict", fallback: str = "off", exclu
     except (KeyError, TypeError, AttributeError, ValueError):
         raise UsageError("the tune JSON's bench results are not what kvpatch tune writes") from None
     for cand, sel in parse_exclusions(exclude):
-        hits = [s for s in scores if fnmatch.fnmatchcase(s.name, cand) and fnmatch.fnmatchcase(s.selector, sel)]
+        hits = {i for i, s in enumerate(scores) if fnmatch.fnmatchcase(s.name, cand) and fnmatch.fnmatchcase(s.selector, sel)}
         if not hits:
             raise UsageError(f"--exclude {cand}@{sel} matches no candidate and kernel of the tune data")
-        for s in hits:
-            failures.setdefault(s.name, set()).add(s.selector)
-    scores = score(bench, failures)
-    picks = choose(scores, policy)
-    config = combine(picks, configs, fallback=fallback)
-    alternatives = {p: combine(choose(scores, p), configs, fallback=fallback).marker() for p in POLICIES if p != policy}
-    return TuneReport(config, picks, policy, failures, machine, alternatives, bench)
+        for i in hits:
+            failures.setdefault(scores[i].name, set()).add(scores[i].selector)
+            scores[i] = replace(scores[i], bit_identical=False)
+    return _report(scores, configs, failures, bench, policy=policy, fallback=fallback, machine=machine)

@@ -406,17 +406,15 @@ def tune_build_spec(root: Path, variants: list, arch: str) -> Any:
 
 
 def _prebuilt_candidates(o: TuneOptions) -> tuple[Libraries, dict[str, Any]]:
-    from ..config_io import config_from_marker
+    from ..tune import candidate_configs
 
     libs = prebuilt(o.libs, o.variant_info)
     if "stock" not in libs.libs:
         raise UsageError("kvpatch tune --lib: one library must be named 'stock'")
     configs = {}
     for name, info in libs.info.items():
-        if name == "stock":
-            continue
         try:
-            configs[name] = config_from_marker(str(info.get("marker", "")))
+            configs.update(candidate_configs({name: info}))
         except UsageError:
             raise UsageError(f"kvpatch tune --lib: no configuration for {name!r} (give --variant-info with its marker)") from None
     if not configs:

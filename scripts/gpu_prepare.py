@@ -122,10 +122,9 @@ def main() -> None:
 
 def _tuned_spec(tree: Path, variants: list, arch: str):
     """The tuned instantiations (fp16/bf16 x head 64/128/256 x block 16/32), auto and fp8 caches."""
-    from kvpatch.gpu import points as P
+    from kvpatch.gpu.commands import tune_build_spec
 
-    return B.make_spec(tree, variants, arch, dtypes=list(P.TUNING_DTYPES), head_sizes=list(P.TUNING_HEAD_SIZES),
-                       block_sizes=list(P.TUNING_BLOCK_SIZES), kv_cache_dtypes=["auto", "fp8"])  # fmt: skip
+    return tune_build_spec(tree, variants, arch, kv_cache_dtypes=("auto", "fp8"))
 
 
 def copy_slim_tree(tree: Path, dest: Path) -> None:

@@ -396,13 +396,14 @@ class TuneOptions:
     exclude: list[str] = field(default_factory=list)
 
 
-def tune_build_spec(root: Path, variants: list, arch: str) -> Any:
-    """What tune builds: every tuned instantiation of the tuning set (auto cache), v1 + v2."""
+def tune_build_spec(root: Path, variants: list, arch: str, kv_cache_dtypes: Sequence[str] = ("auto",)) -> Any:
+    """What tune builds: every tuned instantiation of the tuning set, v1 + v2 (auto cache;
+    with fp8 too, what the held-out set runs)."""
     from .. import build as B
     from . import points as P
 
     return B.make_spec(root, variants, arch, dtypes=list(P.TUNING_DTYPES), head_sizes=list(P.TUNING_HEAD_SIZES),
-                       block_sizes=list(P.TUNING_BLOCK_SIZES), kv_cache_dtypes=["auto"])  # fmt: skip
+                       block_sizes=list(P.TUNING_BLOCK_SIZES), kv_cache_dtypes=list(kv_cache_dtypes))  # fmt: skip
 
 
 def _prebuilt_candidates(o: TuneOptions) -> tuple[Libraries, dict[str, Any]]:

@@ -129,12 +129,20 @@ def _write(path: Optional[Path], text: str) -> None:
 
 
 @dataclass
-class ValidateOptions:
+class LibraryOptions:
+    """What validate, bench and tune share: the tree to build from (or prebuilt ``libs``,
+    NAME=f.so:PREFIX, with their configurations in ``variant_info``), the working
+    directory and the arch."""
+
     tree: Optional[Path] = None
     cwd: Path = field(default_factory=Path.cwd)
     arch: str = "9.0a"
     libs: list[str] = field(default_factory=list)
     variant_info: Optional[Path] = None
+
+
+@dataclass
+class ValidateOptions(LibraryOptions):
     quick: bool = False
     full: bool = False
     paper: bool = False
@@ -271,12 +279,7 @@ def _upstream(o: ValidateOptions, libs: Libraries, progress: Any) -> Any:
 
 
 @dataclass
-class BenchOptions:
-    tree: Optional[Path] = None
-    cwd: Path = field(default_factory=Path.cwd)
-    arch: str = "9.0a"
-    libs: list[str] = field(default_factory=list)
-    variant_info: Optional[Path] = None
+class BenchOptions(LibraryOptions):
     variants: dict[str, Any] = field(default_factory=dict)  # extra NAME -> PatchConfig (when building)
     paper: bool = True
     control: bool = False
@@ -375,14 +378,10 @@ def run_bench_command(o: BenchOptions, *, console: Any = None, progress: Any = N
 
 
 @dataclass
-class TuneOptions:
-    tree: Optional[Path] = None
-    cwd: Path = field(default_factory=Path.cwd)
-    arch: str = "9.0a"
-    #: prebuilt NAME=f.so:PREFIX (stock + one per candidate); their configurations come
-    #: from ``variant_info`` markers. Empty: build the grid's candidates from ``tree``.
-    libs: list[str] = field(default_factory=list)
-    variant_info: Optional[Path] = None
+class TuneOptions(LibraryOptions):
+    """``libs``: stock + one library per candidate, their configurations from the
+    ``variant_info`` markers; empty: build the grid's candidates from ``tree``."""
+
     output: Path = Path("kvpatch.toml")
     json_out: Optional[Path] = None
     quick: bool = False

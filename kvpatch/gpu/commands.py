@@ -427,7 +427,6 @@ def run_tune_command(o: TuneOptions, *, console: Any = None, progress: Any = Non
     from .. import api
     from .. import tune as T
     from ..build.arch import parse_arch_list
-    from ..config_io import dump_config
     from ..machine import local
     from ..source.releases import revision_of
 
@@ -466,9 +465,7 @@ def run_tune_command(o: TuneOptions, *, console: Any = None, progress: Any = Non
     report = T.run_tune(libs.libs, configs, quick=o.quick, reps=o.reps, rounds=o.rounds, policy=o.policy,
                         fallback=o.fallback, progress=progress, variant_info=libs.info, machine=machine)  # fmt: skip
     report.tree = tree
-    write_atomic(o.output, dump_config(report.config, machine))
-    _write(o.json_out, json.dumps(report.to_json(), indent=1) + "\n")
-    return report
+    return _write_tune(o, report)
 
 
 def _rechoose_command(o: TuneOptions) -> Any:
@@ -476,7 +473,6 @@ def _rechoose_command(o: TuneOptions) -> Any:
     import gzip
 
     from .. import tune as T
-    from ..config_io import dump_config
     from ..machine import Machine
 
     path = Path(o.from_json)
@@ -491,8 +487,14 @@ def _rechoose_command(o: TuneOptions) -> Any:
     if machine is not None:
         extra = f"chosen again from {path.name}, policy {o.policy}" + (f", excluding {', '.join(o.exclude)}" if o.exclude else "")
         machine = replace(machine, note="; ".join(x for x in (machine.note, extra) if x))
-    report = T.rechoose(data, policy=o.policy, fallback=o.fallback, exclude=o.exclude, machine=machine)
-    write_atomic(o.output, dump_config(report.config, machine))
+    return _write_tune(o, T.rechoose(data, policy=o.policy, fallback=o.fallback, exclude=o.exclude, machine=machine))
+
+
+def _write_tune(o: TuneOptions, report: Any) -> Any:
+    """What every tune writes: the configuration with its machine, and the JSON if asked."""
+    from ..config_io import dump_config
+
+    write_atomic(o.output, dump_config(report.config, report.machine))
     _write(o.json_out, json.dumps(report.to_json(), indent=1) + "\n")
     return report
 

@@ -88,7 +88,7 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
-    return f'"{value}"'
+    return _toml_string(str(value))
 
 
 def dump_config(cfg: PatchConfig, tuned: Machine | None = None) -> str:

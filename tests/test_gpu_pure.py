@@ -33,6 +33,13 @@ needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed (
 # --------------------------------------------------------------------------- import hygiene
 
 
+def _runs_ok(code: str) -> None:
+    """``code`` runs in a fresh interpreter and prints ``ok``."""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "ok"
+
+
 def test_package_imports_without_torch_numpy_matplotlib():
     code = (
         "import sys\n"
@@ -43,9 +50,7 @@ def test_package_imports_without_torch_numpy_matplotlib():
         "assert uses_v1(64, 32, 1024)\n"
         "print('ok')\n"
     )
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
-    assert p.stdout.strip() == "ok"
+    _runs_ok(code)
 
 
 def test_gpu_commands_import_without_the_build_side():
@@ -58,9 +63,7 @@ def test_gpu_commands_import_without_the_build_side():
         "assert vllm_sizes('/nonexistent')[0][0] == 32\n"
         "print('ok')\n"
     )
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
-    assert p.stdout.strip() == "ok"
+    _runs_ok(code)
 
 
 # --------------------------------------------------------------------------- dispatch

@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from .config import PatchConfig
 from .errors import PatchError, UsageError
-from .machine import Machine, differences
+from .machine import Machine, differences, local
 from .patch.plan import Injected, Result, inspect, patch
 from .patch.sites import Sites, find_sites
 from .source.fetch import check_release, fetch_release, normalize_version, release_tag
@@ -123,8 +123,6 @@ def apply(*, vllm: str | None, tree: Path | None, cfg: PatchConfig, cwd: Path,
         write_header_and_state(target, current, result.patched, state, cwd)
     diffs: tuple[str, ...] = ()
     if tuned is not None:
-        from .machine import local
-
         diffs = tuple(differences(tuned, here if here is not None else local()))
     return ApplyReport(target, version, cfg, result, current, tuned, diffs)
 

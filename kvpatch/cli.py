@@ -382,7 +382,7 @@ def tune(
     variant_info: Annotated[Optional[Path], typer.Option("--variant-info", help="JSON of NAME -> {marker: ...}: the candidates' configurations (with --lib).")] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the tuned configuration.")] = Path("kvpatch.toml"),
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the ranking and the bench data here.")] = None,
-    quick: Annotated[bool, typer.Option(help="Bench batch 2/32 x context 512/12288 of the tuning set (48 points) instead of 108.")] = False,
+    quick: Annotated[bool, typer.Option(help="Bench batch 2/32 x context 512/12288 of the tuning set (144 points) instead of 324.")] = False,
     reps: Annotated[int, typer.Option(help="Timed launches per point, candidate and round.")] = 20,
     rounds: Annotated[int, typer.Option(help="Interleaved rounds (the spread a verdict uses).")] = 3,
     policy: Annotated[str, typer.Option(help="strict (no tuning point slower than stock beyond noise) | geomean (only the geomean's interval above 1.00).")] = "strict",

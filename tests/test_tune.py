@@ -192,7 +192,7 @@ def test_run_tune_validates_each_instantiation_benches_the_tuning_set_and_never_
     report = run_tune({"stock": None}, configs, quick=True, reps=1, rounds=1)
     assert seen["kernels"] == ("dispatched",) and {p.seed for p in seen["points"]} == {0}
     assert {P.kernel_selector(p.dtype, p.head_size, p.block_size, "auto", p.dispatched) for p in seen["points"]} == set(report.picked)
-    assert len(seen["points"]) == 12 * 4 and {c.alibi for c in seen["matrix"]} == {True, False}
+    assert len(seen["points"]) == 12 * 4 * 3 and {c.alibi for c in seen["matrix"]} == {True, False}
     assert {(c.num_heads, c.num_kv_heads) for c in seen["matrix"] if not c.alibi} == {(8, 2), (4, 4)}
     assert {(c.num_heads, c.num_kv_heads, c.num_seqs) for c in seen["matrix"] if c.alibi} == {(32, 8, 8), (16, 16, 8)}
     for inst, name in report.picked.items():

@@ -161,7 +161,7 @@ FULL_SAMPLING = (
     "instantiates (fp8 only for head sizes that are multiples of 16: its key cache packs 16 bytes), "
     "each twice: a short context (1 or 17, alternating) with one head layout and a multi-partition "
     "context (513, 1500 or 2100, rotating) with the other (GQA 8/2 and MHA 4/4 alternate, 3 sequences; "
-    "with ALiBi, random non-power-of-two slopes, GQA 32/8 and MHA 16/16, 8 sequences)"
+    "with ALiBi, standard-normal slopes as in vLLM's test, GQA 32/8 and MHA 16/16, 8 sequences)"
 )
 
 

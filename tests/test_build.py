@@ -112,7 +112,9 @@ def variants_0102(tree_0102) -> tuple[Variant, Variant]:
 
 @pytest.fixture(scope="session")
 def spec_9a(tree_0102, variants_0102) -> BuildSpec:
-    return make_spec(tree_0102, variants_0102, "9.0a", dtypes=ALL_DTYPES)
+    # head 64 block 16: the default has all three forms there (fp16 v1 inline asm, bf16 a call
+    # to the helper, fp16 v2 and fp32 off)
+    return make_spec(tree_0102, variants_0102, "9.0a", dtypes=ALL_DTYPES, head_sizes=[64])
 
 
 @pytest.fixture(scope="session")
@@ -484,10 +486,11 @@ def test_problems_report_missing_and_unexpected_prefetch():
 def test_build_sm90a_prefetch_only_in_patched(built_9a, tree_0102):
     stock, patched = built_9a.variants
     assert built_9a.problems() == []
-    # the default at head 128 block 16: fp16 inline asm, bf16 a call to the helper (so an empty
-    # helper fails this), fp32 off (not tuned)
+    # the default at head 64 block 16: fp16 v1 inline asm, bf16 v1 and v2 a call to the helper
+    # (so an empty helper fails this), fp16 v2 off (no candidate was never-slower), fp32 off (not tuned)
+    on = {("v1", "fp16"), ("v1", "bf16"), ("v2", "bf16")}
     assert [(k.kernel, k.dtype, k.has_prefetch) for k in patched.kernels] == [
-        (kernel, dtype, kernel != "reduce" and dtype != "fp32") for kernel in ("v1", "v2", "reduce") for dtype in ALL_DTYPES
+        (kernel, dtype, (kernel, dtype) in on) for kernel in ("v1", "v2", "reduce") for dtype in ALL_DTYPES
     ]
     assert all(k.has_prefetch == k.expect_prefetch for k in patched.kernels)
     assert not any(k.has_prefetch for k in stock.kernels)
@@ -570,7 +573,7 @@ def test_build_table(built_9a):
     out = io.StringIO()
     Console(file=out, width=200).print(build_table(built_9a))
     text = out.getvalue()
-    assert "kvpatch build (" in text and "bf16/auto/128/16" in text and "fp32/128" in text
+    assert "kvpatch build (" in text and "bf16/auto/64/16" in text and "fp32/64" in text
     assert "vLLM's nvcc flags: -std=c++17 -O2 -g -DNDEBUG --expt-relaxed-constexpr -DENABLE_FP8" in text
 
 
@@ -598,7 +601,7 @@ def test_runtime_loads_without_torch(built_9a):
     stock, patched = built_9a.variants
     k = Kernels(stock.library, stock.prefix)
     p = Kernels.from_build(patched)
-    assert k.configs == ("fp16/auto/128/16", "bf16/auto/128/16", "fp32/auto/128/16") == p.configs
+    assert k.configs == ("fp16/auto/64/16", "bf16/auto/64/16", "fp32/auto/64/16") == p.configs
     assert not k.scale_by_value
     assert k.error_string(-1) == "configuration not built into this library"
     with pytest.raises(RuntimeError, match="no kvpatch_patched_abi_version"):

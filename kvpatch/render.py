@@ -123,7 +123,8 @@ def bench_tables(report: Any) -> list[Table]:
 
 def bench_summary_table(report: Any) -> Table:
     s = Table(title=f"{report.point_set} set, the dispatched kernel: speedup min / median / geomean; points "
-              "faster / within noise / slower (interval vs 1.00)", title_justify="left")  # fmt: skip
+              "faster / within noise / slower (interval vs 1.00; '(k stock code)': k of them run a kernel the "
+              "variant compiles exactly as stock, i.e. the bench's noise floor)", title_justify="left")  # fmt: skip
     for col in ("variant", "dtype", "mode", "n", "min", "median", "geomean", "faster", "noise", "slower", "flagged"):
         s.add_column(col, justify="left" if col in ("variant", "dtype", "mode") else "right")
     for row in report.summary:
@@ -131,8 +132,15 @@ def bench_summary_table(report: Any) -> Table:
             continue
         s.add_row(row["variant"], row["dtype"], row["mode"], str(row["n"]), f"{row['min']:.2f}",
                   fmt_speedup(row["median"]), f"{row['geomean']:.2f}", str(row["faster"]), str(row["noise"]),
-                  f"[red]{row['slower']}[/red]" if row["slower"] else "0", str(row["flagged"]))  # fmt: skip
+                  _slower_cell(row), str(row["flagged"]))  # fmt: skip
     return s
+
+
+def _slower_cell(row: dict) -> str:
+    if not row["slower"]:
+        return "0"
+    k = row.get("slower_stock_code")
+    return f"[red]{row['slower']}[/red]" + (f" ({k} stock code)" if k else "")
 
 
 def print_bench(report: Any, console: Console) -> None:

@@ -187,11 +187,12 @@ for name in ("bench-headline.json", "bench-heldout.json"):
           f"{b['flagged_rounds']}/{len(b['rounds'])} rounds power-capped/throttled, "
           f"{len(b['mismatches'])} mismatches, {len(b['skipped_points'])} points skipped")
     print(f"   {'variant':9s} {'dtype':5s} {'mode':5s} {'n':>3s} {'min':>5s} {'median':>6s} {'geomean':>7s} "
-          f"{'faster':>6s} {'noise':>5s} {'slower':>6s}")
+          f"{'faster':>6s} {'noise':>5s} {'slower':>6s} {'of them on stock code':>21s}")
     for r in b["summary"]:
         if r["scope"] == "dispatched":
+            sc = r.get("slower_stock_code")
             print(f"   {r['variant']:9s} {r['dtype']:5s} {r['mode']:5s} {r['n']:3d} {r['min']:5.2f} {r['median']:6.2f} "
-                  f"{r['geomean']:7.2f} {r['faster']:6d} {r['noise']:5d} {r['slower']:6d}")
+                  f"{r['geomean']:7.2f} {r['faster']:6d} {r['noise']:5d} {r['slower']:6d} {'?' if sc is None else sc:>21}")
     if b["point_set"] == "heldout":
         slow = {}
         for r in b["results"]:

@@ -878,6 +878,34 @@ def test_summary_counts_points_within_noise():
     assert t["verdict"] == "slower" and t["speedup_hi"] < 1.0
 
 
+def test_summary_says_which_slower_points_run_stock_code():
+    """A slower verdict on a kernel the variant compiles as stock (a rule turns it off, or an fp8
+    cache under quantized=skip) compares stock's code with itself: the summary counts those apart."""
+    import io
+
+    from rich.console import Console
+
+    from kvpatch.config import make_config
+    from kvpatch.render import bench_summary_table
+
+    names = ["stock", "v", "unknown"]
+    raw = {}
+    for dtype, kv in (("fp16", "auto"), ("bf16", "auto"), ("bf16", "fp8")):
+        p = P.BenchPoint(dtype, 4, 1024, kv_cache_dtype=kv)
+        slow = [[10.5], [10.6], [10.4]]
+        raw[(p, p.dispatched, "warm")] = {"stock": [[10.0]] * 3, "v": slow, "unknown": slow}
+    marker = make_config(inherit_rules=False, fp16="off").marker()
+    info = {"stock": {"marker": "stock"}, "v": {"marker": marker}, "unknown": {"compile_flags": []}}
+    rep = Rp.BenchReport("stock", names, Rp.finish_results(raw, names, 4e12), {}, {}, variant_info=info)
+    rows = {(r["variant"], r["dtype"]): r for r in rep.summary if r["scope"] == "dispatched"}
+    assert rows[("v", "fp16")]["slower"] == 1 and rows[("v", "fp16")]["slower_stock_code"] == 1  # fp16 off
+    assert rows[("v", "bf16")]["slower"] == 2 and rows[("v", "bf16")]["slower_stock_code"] == 1  # fp8: skipped
+    assert rows[("unknown", "bf16")]["slower"] == 2 and rows[("unknown", "bf16")]["slower_stock_code"] is None
+    out = io.StringIO()
+    Console(file=out, width=300).print(bench_summary_table(rep))
+    assert "2 (1 stock code)" in out.getvalue() and "1 (1 stock code)" in out.getvalue()
+
+
 def test_adaptive_reps():
     assert Tm.adaptive_reps(50, 100.0) == 50
     assert Tm.adaptive_reps(50, 30.0) == 50

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from . import stats
 from .points import BenchPoint
@@ -285,12 +285,49 @@ def finish_results(
     return out
 
 
-def summarize_results(results: Iterable[BenchResult], names: Sequence[str]) -> list[dict[str, Any]]:
+#: ``stock_code(variant, result)``: True where that variant compiles the result's kernel exactly
+#: as stock, False where it does not, None where it cannot say.
+StockCode = Callable[[str, "BenchResult"], "bool | None"]
+
+
+def stock_code_of(variant_info: Mapping[str, Any], baseline: str) -> StockCode:
+    """From each variant's configuration marker (``variant_info``): whether it compiles a
+    result's kernel as stock -- a rule turns it off, or its cache is quantized under
+    ``quantized=skip`` (what ``kvpatch build`` checks in the SASS). A timing there compares
+    stock's code with itself: it measures the bench's noise floor, not the patch."""
+    from ..build.spec import Variant
+    from ..config_io import config_from_marker
+    from ..errors import UsageError
+
+    variants: dict[str, Any] = {}
+    for name, info in variant_info.items():
+        marker = info.get("marker") if isinstance(info, Mapping) else info
+        if name == baseline or not isinstance(marker, str):
+            continue
+        try:
+            variants[name] = Variant.patched(name, "", config_from_marker(marker))
+        except UsageError:
+            continue
+
+    def stock_code(name: str, r: BenchResult) -> bool | None:
+        v = variants.get(name)
+        if v is None:
+            return None
+        p = r.point
+        return not v.expects_prefetch(p.dtype, p.kv_cache_dtype, p.head_size, p.block_size, r.kernel)
+
+    return stock_code
+
+
+def summarize_results(results: Iterable[BenchResult], names: Sequence[str],
+                      stock_code: StockCode | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """Speedup statistics per variant x dtype x mode x scope, where scope is
     ``dispatched`` (the kernel vLLM launches at each point: the headline), ``v1`` or
     ``v2`` (that kernel at every point). Each row also counts the points whose
     interval lies above 1.00 (faster), below it (slower) or across it (noise), and
-    the points timed in a power-capped or throttled round."""
+    the points timed in a power-capped or throttled round. With ``stock_code``,
+    ``slower_stock_code`` counts the slower points whose kernel the variant compiles
+    exactly as stock (None where it cannot say for every slower point)."""
     results = list(results)
     rows: list[dict[str, Any]] = []
     dtypes = list(dict.fromkeys(r.point.dtype for r in results))
@@ -314,6 +351,9 @@ def summarize_results(results: Iterable[BenchResult], names: Sequence[str]) -> l
                         row[verdict] = sum(t.verdict == verdict for t in v)
                     row["worst_hi"] = min(t.speedup_hi for t in v)
                     row["flagged"] = sum(r.flagged for r in sel)
+                    known = [stock_code(name, r) if stock_code else None
+                             for r in sel if r.variants[name].verdict == stats.SLOWER]  # fmt: skip
+                    row["slower_stock_code"] = None if None in known else sum(known)
                     rows.append(row)
     return rows
 
@@ -339,7 +379,7 @@ class BenchReport:
 
     @property
     def summary(self) -> list[dict[str, Any]]:
-        return summarize_results(self.results, self.variants)
+        return summarize_results(self.results, self.variants, stock_code_of(self.variant_info, self.baseline))
 
     @property
     def ok(self) -> bool:

@@ -392,7 +392,7 @@ def tune(
     exclude: Annotated[list[str], typer.Option("--exclude", help="With --from: count CANDIDATE@SELECTOR (shell patterns, e.g. 'inline_*@bf16/256/16/auto/v1') as a validation failure (repeatable).")] = [],  # noqa: B006
 ) -> None:
     """GPU: per instantiation (fp16/bf16 x head 64/128/256 x block 16/32), sweep issue x scope x lookahead, keep the fastest bit-identical candidate or off; write kvpatch.toml with the machine it was tuned on."""
-    from .gpu.commands import TuneOptions, run_tune_command
+    from .gpu.tune_command import TuneOptions, run_tune_command
     from .render import tune_table
 
     opts = TuneOptions(tree=tree, cwd=_cwd(), arch=arch, libs=lib, variant_info=variant_info, output=output,

@@ -77,7 +77,7 @@ def main() -> None:
         name, _, toml = item.partition("=")
         small[name] = make_config(**load_config_file(Path(toml)))
     if args.tune:
-        from kvpatch.gpu.commands import tune_build_spec
+        from kvpatch.gpu.tune_command import tune_build_spec
         from kvpatch.tune import candidates
 
         specs = [tune_build_spec(tree, B.patched_variants(stock, str(path), candidates(default)), args.arch)]
@@ -122,7 +122,7 @@ def main() -> None:
 
 def _tuned_spec(tree: Path, variants: list, arch: str):
     """The tuned instantiations (fp16/bf16 x head 64/128/256 x block 16/32), auto and fp8 caches."""
-    from kvpatch.gpu.commands import tune_build_spec
+    from kvpatch.gpu.tune_command import tune_build_spec
 
     return tune_build_spec(tree, variants, arch, kv_cache_dtypes=("auto", "fp8"))
 

@@ -1,0 +1,158 @@
+"""The body of ``kvpatch tune``: options in, one report out (``--from``: no GPU).
+
+Builds (or loads, ``--lib``) the grid's candidates, validates and benches them on the
+tuning set (:func:`kvpatch.tune.run_tune`), or chooses again from a saved tune JSON
+(:func:`kvpatch.tune.rechoose`), and writes the configuration with the machine it was
+tuned on (and the JSON if asked).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from ..errors import UsageError
+from ..fsutil import write_atomic
+from .commands import Libraries, LibraryOptions, built, prebuilt, write_if
+
+@dataclass
+class TuneOptions(LibraryOptions):
+    """``libs``: stock + one library per candidate, their configurations from the
+    ``variant_info`` markers; empty: build the grid's candidates from ``tree``."""
+
+    output: Path = Path("kvpatch.toml")
+    json_out: Optional[Path] = None
+    quick: bool = False
+    reps: int = 20
+    rounds: int = 3
+    policy: str = "strict"
+    fallback: str = "off"
+    jobs: Optional[int] = None
+    #: choose again from a saved tune JSON (no GPU, nothing built), with these exclusions
+    from_json: Optional[Path] = None
+    exclude: list[str] = field(default_factory=list)
+
+
+def tune_build_spec(root: Path, variants: list, arch: str, kv_cache_dtypes: Sequence[str] = ("auto",)) -> Any:
+    """What tune builds: every tuned instantiation of the tuning set, v1 + v2 (auto cache;
+    with fp8 too, what the held-out set runs)."""
+    from .. import build as B
+    from . import points as P
+
+    return B.make_spec(root, variants, arch, dtypes=list(P.TUNING_DTYPES), head_sizes=list(P.TUNING_HEAD_SIZES),
+                       block_sizes=list(P.TUNING_BLOCK_SIZES), kv_cache_dtypes=list(kv_cache_dtypes))  # fmt: skip
+
+
+def _prebuilt_candidates(o: TuneOptions) -> tuple[Libraries, dict[str, Any]]:
+    from ..tune import candidate_configs
+
+    libs = prebuilt(o.libs, o.variant_info)
+    if "stock" not in libs.libs:
+        raise UsageError("kvpatch tune --lib: one library must be named 'stock'")
+    configs = {}
+    for name, info in libs.info.items():
+        try:
+            configs.update(candidate_configs({name: info}))
+        except UsageError:
+            raise UsageError(f"kvpatch tune --lib: no configuration for {name!r} (give --variant-info with its marker)") from None
+    if not configs:
+        raise UsageError("kvpatch tune --lib: give stock and at least one candidate")
+    return libs, configs
+
+
+def run_tune_command(o: TuneOptions, *, console: Any = None, progress: Any = None) -> Any:
+    """``kvpatch tune``: build (or load) the candidates, validate, bench on the tuning set, write the best."""
+    from .. import api
+    from .. import tune as T
+    from ..build.arch import parse_arch_list
+    from ..machine import local
+    from ..source.releases import revision_of
+
+    if o.policy not in T.POLICIES:
+        raise UsageError(f"invalid --policy {o.policy!r}: choose {', '.join(T.POLICIES)}")
+    if o.fallback not in T.FALLBACKS:
+        raise UsageError(f"invalid --fallback {o.fallback!r}: choose {', '.join(T.FALLBACKS)}")
+    if o.from_json is not None:
+        return _rechoose_command(o)
+    if o.exclude:
+        raise UsageError("--exclude works with --from (a saved tune JSON)")
+    api.require_cuda()
+    tree = None
+    if o.libs:
+        libs, configs = _prebuilt_candidates(o)
+        flags = (libs.info.get("stock") or {}).get("compile_flags")
+        version = (libs.info.get("stock") or {}).get("vllm")
+    else:
+        from .. import build as B
+        from ..patch.plan import unpatch
+
+        target = api.resolve_tree(o.tree, o.cwd)
+        stock, _ = unpatch(target.read_header(), str(target.header))
+        configs = T.candidates(api.tree_config(target, o.cwd))
+        variants = B.patched_variants(stock, str(target.header), configs)
+        spec = tune_build_spec(target.root, variants, o.arch)
+        libs = built(B.build(spec, jobs=o.jobs, console=console), variants, spec)
+        flags, version, tree = None, revision_of(stock), str(target.root)
+    arch = ",".join(a.code for a in parse_arch_list(o.arch))
+    here = local(arch=arch)
+    import datetime as _dt
+
+    when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
+    machine = replace(here, flags=_semantic_flags(flags) or here.flags,
+                      note=f"{when}, vLLM {version or '?'}, tuning set, policy {o.policy}")  # fmt: skip
+    report = T.run_tune(libs.libs, configs, quick=o.quick, reps=o.reps, rounds=o.rounds, policy=o.policy,
+                        fallback=o.fallback, progress=progress, variant_info=libs.info, machine=machine)  # fmt: skip
+    report.tree = tree
+    return _write_tune(o, report)
+
+
+def _rechoose_command(o: TuneOptions) -> Any:
+    """``kvpatch tune --from tune.json``: the saved measurements, chosen again; writes the same files."""
+    import gzip
+
+    from .. import tune as T
+    from ..machine import Machine
+
+    path = Path(o.from_json)
+    try:
+        raw = path.read_bytes()
+        data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    except (OSError, ValueError, EOFError) as e:
+        raise UsageError(f"cannot read tune JSON {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} is not a kvpatch tune JSON")
+    machine = Machine.from_dict(data["machine"], f"machine in {path}") if isinstance(data.get("machine"), dict) else None
+    if machine is not None:
+        extra = f"chosen again from {path.name}, policy {o.policy}" + (f", excluding {', '.join(o.exclude)}" if o.exclude else "")
+        machine = replace(machine, note="; ".join(x for x in (machine.note, extra) if x))
+    return _write_tune(o, T.rechoose(data, policy=o.policy, fallback=o.fallback, exclude=o.exclude, machine=machine))
+
+
+def _write_tune(o: TuneOptions, report: Any) -> Any:
+    """What every tune writes: the configuration with its machine, and the JSON if asked."""
+    from ..config_io import dump_config
+
+    write_atomic(o.output, dump_config(report.config, report.machine))
+    write_if(o.json_out, json.dumps(report.to_json(), indent=1) + "\n")
+    return report
+
+
+def _semantic_flags(flags: Any) -> str | None:
+    """The flags that decide code generation, from a library's full compile line (no
+    include paths, -D renames, -Xcompiler/-Xptxas pairs or -gencode)."""
+    if not isinstance(flags, list):
+        return None
+    out, skip = [], False
+    for f in flags:
+        if skip:
+            skip = False
+            continue
+        if f in ("-Xcompiler", "-Xptxas"):
+            skip = True
+            continue
+        if f.startswith(("-I", "-gencode", "-Dvllm=")):
+            continue
+        out.append(f)
+    return " ".join(out)

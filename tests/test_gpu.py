@@ -59,7 +59,9 @@ def test_validate_trimmed(libs, tmp_path):
     assert rep.n_passed > 0, "nothing validated: " + "; ".join(rep.skipped[:5])
     assert rep.failures == [], "\n".join(rep.failures[:20])
     worst = rep.max_ref_error()
-    assert all(e < REF_TOLERANCE[k] for k, e in worst.items()), worst
+    assert all(e < REF_TOLERANCE[k] for k, e in worst.items() if not k.startswith("fp32")), worst
+    # fp32: within each case's tolerance (wider with ALiBi's large biases: reference.ref_tolerance)
+    assert all(r.ref_error < r.tolerance for r in rep.results if r.status != "skip"), worst
 
 
 def test_validate_detects_a_corrupted_output(libs):

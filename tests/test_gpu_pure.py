@@ -183,6 +183,38 @@ def test_validation_slopes_are_drawn_like_vllms_test():
     assert len(got) == 16 and min(got) < 0 < max(got) and not any(math.log2(abs(x)).is_integer() for x in got)
 
 
+@needs_torch
+def test_alibi_widens_the_reference_tolerance_by_the_float32_logit_rounding():
+    """Standard-normal slopes over long contexts make float32 logits of |slope| x thousands:
+    their rounding alone puts an exact float32 softmax beyond fp32's own 1e-4 against float64.
+    The tolerance grows with the largest bias, and covers that emulation."""
+    import random
+
+    assert R.ref_tolerance("fp32", "auto") == R.REF_TOLERANCE["fp32/auto"] == R.ref_tolerance("fp32", "auto", 10.0)
+    assert R.ref_tolerance("fp32", "auto", 3 * 2099) == pytest.approx(R.ALIBI_BIAS_TOLERANCE * 3 * 2099)
+    assert R.ref_tolerance("bf16", "fp8", 3 * 2099) == R.REF_TOLERANCE["bf16/fp8"]  # 16-bit: its own is wider
+    inp = I.make_inputs(dtype="fp32", kv_cache_dtype="auto", head_size=64, block_size=16, num_heads=4, num_kv_heads=4,
+                        seq_lens=[1500, 9], alibi=True, seed=2, device="cpu")
+    assert R.max_alibi_bias(inp) == pytest.approx(float(inp.alibi_slopes.abs().max()) * 1499)
+    inp_off = I.make_inputs(dtype="fp32", kv_cache_dtype="auto", head_size=64, block_size=16, num_heads=4, num_kv_heads=4,
+                            seq_lens=[1500], alibi=False, seed=2, device="cpu")
+    assert R.max_alibi_bias(inp_off) == 0.0
+    rng, gen = random.Random(5), torch.Generator().manual_seed(5)
+    beyond_base = 0
+    for _ in range(60):
+        L, d, s = 4096, 128, rng.gauss(0.0, 1.0)
+        q = torch.randn(d, dtype=torch.float64, generator=gen)
+        k = torch.randn(L, d, dtype=torch.float64, generator=gen) * 0.5
+        v = torch.randn(L, d, dtype=torch.float64, generator=gen)
+        pos = torch.arange(L, dtype=torch.float64) - (L - 1)
+        ref = torch.softmax((k @ q) / d**0.5 + s * pos, 0) @ v
+        l32 = (k.float() @ q.float()) / d**0.5 + torch.tensor(s, dtype=torch.float32) * pos.float()
+        err = float((torch.softmax(l32, 0) @ v.float()).double().sub(ref).norm() / ref.norm())
+        assert err < R.ref_tolerance("fp32", "auto", abs(s) * (L - 1))
+        beyond_base += err >= R.REF_TOLERANCE["fp32/auto"]
+    assert beyond_base > 0  # without the ALiBi term, stock would "fail" its own reference
+
+
 def test_e4m3_decoding():
     assert I.e4m3_value(0x00) == 0.0
     assert I.e4m3_value(0x80) == 0.0 and math.copysign(1, I.e4m3_value(0x80)) == -1

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from . import stats
 from .points import BenchPoint
-from .reference import REF_TOLERANCE
+from .reference import ALIBI_BIAS_TOLERANCE, REF_TOLERANCE
 
 if TYPE_CHECKING:  # pragma: no cover
     from .validate import ValidateCase
@@ -166,6 +166,7 @@ class ValidateReport:
             "mismatch_groups": self.mismatch_groups(),
             "max_ref_error": self.max_ref_error(),
             "tolerance": dict(REF_TOLERANCE),
+            "alibi_bias_tolerance": ALIBI_BIAS_TOLERANCE,
             "failures": self.failures,
             "skipped": self.skipped,
             "env": self.env,

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable, Sequence
 from . import launch as L
 from .dispatch import KERNELS, check_kernel
 from .inputs import DTYPES, KV_CACHE_DTYPES, cache_x, make_inputs
-from .reference import max_rel_l2_per_seq, reference_attention, ref_tolerance
+from .reference import max_alibi_bias, max_rel_l2_per_seq, reference_attention, ref_tolerance
 from .report import CaseResult, ValidateReport, VariantCheck
 
 #: Context lengths: one token, mid-block, just past one partition, and spanning 3-5
@@ -253,7 +253,7 @@ def check_case(libs: dict[str, Any], case: ValidateCase, *, seed: int, baseline:
     if not res.stock_deterministic and not res.stock_unwritten:
         res.reasons.append("two runs on the same inputs differ (a race?)")
     ref = reference_attention(inp)
-    res.tolerance = ref_tolerance(case.dtype, case.kv_cache_dtype)
+    res.tolerance = ref_tolerance(case.dtype, case.kv_cache_dtype, max_alibi_bias(inp))
     res.ref_error = max_rel_l2_per_seq(s1.out, ref)
     if not res.ref_error < res.tolerance:  # NaN fails too
         res.reasons.append(f"rel-L2 error vs reference {res.ref_error:.3g} >= {res.tolerance:g}")

@@ -16,8 +16,9 @@
   itself on a new seed; each for fp16 and bf16 at the full batch 1/4/16/64 x context
   1k/4k/16k grid (8 shapes x 2 dtypes x 12 = 192 points). No (batch, context, seed)
   of it is a tuning point; GQA 8/1 and the fp8 cache are shapes tune never ran (MHA
-  32/32 and GQA 64/8 it ran at other batches, contexts and data). Not sampled: combinations of two changed factors (e.g. head 256 with block
-  32). Points whose KV does not fit the GPU are skipped at run time and listed.
+  32/32 and GQA 64/8 it ran at other batches, contexts and data). Not sampled:
+  combinations of two changed factors (e.g. head 256 with block 32). Points whose KV
+  does not fit the GPU are skipped at run time and listed.
 """
 
 from __future__ import annotations

@@ -297,17 +297,14 @@ def stock_code_of(variant_info: Mapping[str, Any], baseline: str) -> StockCode:
     ``quantized=skip`` (what ``kvpatch build`` checks in the SASS). A timing there compares
     stock's code with itself: it measures the bench's noise floor, not the patch."""
     from ..build.spec import Variant
-    from ..config_io import config_from_marker
     from ..errors import UsageError
+    from ..tune import candidate_configs
 
     variants: dict[str, Any] = {}
     for name, info in variant_info.items():
-        marker = info.get("marker") if isinstance(info, Mapping) else info
-        if name == baseline or not isinstance(marker, str):
-            continue
         try:
-            variants[name] = Variant.patched(name, "", config_from_marker(marker))
-        except UsageError:
+            variants.update((n, Variant.patched(n, "", cfg)) for n, cfg in candidate_configs({name: info}, baseline).items())
+        except UsageError:  # no marker kvpatch can read: it cannot say
             continue
 
     def stock_code(name: str, r: BenchResult) -> bool | None:

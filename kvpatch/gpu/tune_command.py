@@ -8,6 +8,7 @@ tuned on (and the JSON if asked).
 
 from __future__ import annotations
 
+import datetime
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any, Optional, Sequence
 from ..errors import UsageError
 from ..fsutil import write_atomic
 from .commands import Libraries, LibraryOptions, built, prebuilt, write_if
+
 
 @dataclass
 class TuneOptions(LibraryOptions):
@@ -97,9 +99,7 @@ def run_tune_command(o: TuneOptions, *, console: Any = None, progress: Any = Non
         flags, version, tree = None, revision_of(stock), str(target.root)
     arch = ",".join(a.code for a in parse_arch_list(o.arch))
     here = local(arch=arch)
-    import datetime as _dt
-
-    when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     machine = replace(here, flags=_semantic_flags(flags) or here.flags,
                       note=f"{when}, vLLM {version or '?'}, tuning set, policy {o.policy}")  # fmt: skip
     report = T.run_tune(libs.libs, configs, quick=o.quick, reps=o.reps, rounds=o.rounds, policy=o.policy,

@@ -354,6 +354,7 @@ def bench(
     warm: Annotated[bool, typer.Option("--warm/--no-warm", help="Time with a warm L2.")] = True,
     cold: Annotated[bool, typer.Option("--cold/--no-cold", help="Time with the L2 flushed before each launch.")] = True,
     check: Annotated[bool, typer.Option("--check/--no-check", help="Check outputs bit-identical before timing.")] = True,
+    aa: Annotated[bool, typer.Option("--aa/--no-aa", help="Also time stock against itself (variant 'stock-aa'): the method's false verdicts.")] = False,
     device: Annotated[str, typer.Option("--device", hidden=True, help="torch device (tests: cpu).")] = "cuda",
 ) -> None:
     """GPU: time stock, the paper preset and the patched kernels side by side (warm and cold)."""
@@ -366,7 +367,7 @@ def bench(
         batches=_csv(batches, int), contexts=_csv(contexts, int), heads=parse_heads(heads) if heads else None,
         head_sizes=_csv(head_sizes, int), block_sizes=_csv(block_sizes, int), kv_cache_dtypes=_csv(kv), seed=seed,
         kernels=_csv(kernels) or ["v1", "v2"], reps=reps, rounds=rounds, warmup=warmup, warm=warm, cold=cold,
-        check=check, json_out=json_out, plot=plot, device=device,
+        check=check, aa=aa, json_out=json_out, plot=plot, device=device,
     )  # fmt: skip
     report = run_bench_command(opts, console=err, progress=_progress)
     print_bench(report, out)

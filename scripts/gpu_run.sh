@@ -15,7 +15,8 @@
 # Environment: OUT (default ./gpu-out), TREE (the vLLM release files), PYTHON (python3),
 # WORKERS (pytest-xdist workers for upstream, in all; default 8),
 # HEADLINE_REPS / HELDOUT_REPS (50 / 30), ROUNDS (3), HEADLINE_KERNELS (v1,v2 or dispatched),
-# HELDOUT_NAMES (the libraries the held-out bench compares; default stock,patched).
+# HELDOUT_NAMES (the libraries the held-out bench compares; default stock,patched),
+# AA=1 (both benches also time stock against itself: bench --aa, variant stock-aa).
 # Budget on an H200 (16 cores): upstream ~3 min beside full ~1 min; headline ~1.5 min
 # (4 variants, both kernels); heldout ~2.5 min (stock + patched, dispatched kernel only).
 set -uo pipefail
@@ -30,6 +31,7 @@ HEADLINE_REPS=${HEADLINE_REPS:-50}
 HELDOUT_REPS=${HELDOUT_REPS:-30}
 HEADLINE_KERNELS=${HEADLINE_KERNELS:-v1,v2}
 HELDOUT_NAMES=${HELDOUT_NAMES:-stock,patched}
+AA_FLAG=(); [[ "${AA:-0}" == 1 ]] && AA_FLAG=(--aa)
 NPROC=$(nproc 2>/dev/null || echo 4)
 # 8 in all (4 per library, both at once): 14 ran the H200 out of memory (vLLM's test
 # allocates caches of several GiB per worker); expandable segments cut fragmentation.
@@ -130,14 +132,14 @@ plot() { [[ "$PLOT_OK" == 1 ]] && echo "--plot" "$1"; }
 if has headline; then
     say "bench --set headline (all variants, kernels $HEADLINE_KERNELS, warm + cold)"
     "${KV[@]}" bench --set headline "${ALL[@]}" "${INFO[@]}" --kernels "$HEADLINE_KERNELS" --reps "$HEADLINE_REPS" --rounds "$ROUNDS" \
-        --json "$OUT/bench-headline.json" $(plot "$OUT/bench-headline.png") > "$OUT/bench-headline.log" 2>&1
+        "${AA_FLAG[@]}" --json "$OUT/bench-headline.json" $(plot "$OUT/bench-headline.png") > "$OUT/bench-headline.log" 2>&1
     rc=$?; [[ $rc -ne 0 ]] && RC=$rc
     say "headline: rc $rc"
 fi
 if has heldout; then
     say "bench --set heldout ($HELDOUT_NAMES, the dispatched kernel, warm + cold)"
     "${KV[@]}" bench --set heldout "${HELD[@]}" "${INFO[@]}" --kernels dispatched --reps "$HELDOUT_REPS" \
-        --rounds "$ROUNDS" --json "$OUT/bench-heldout.json" $(plot "$OUT/bench-heldout.png") \
+        --rounds "$ROUNDS" "${AA_FLAG[@]}" --json "$OUT/bench-heldout.json" $(plot "$OUT/bench-heldout.png") \
         > "$OUT/bench-heldout.log" 2>&1
     rc=$?; [[ $rc -ne 0 ]] && RC=$rc
     say "heldout: rc $rc"

@@ -753,6 +753,27 @@ def test_run_bench_on_cpu_with_fakes(tmp_path):
 
 
 @needs_torch
+def test_run_bench_aa_control_times_the_baseline_again():
+    """--aa adds stock's own kernels as one more variant: every slower verdict it gets is
+    counted as stock code (the method's false verdicts), and its outputs equal stock's."""
+    stock, other = FakeKernels(), FakeKernels()
+    pts = P.make_points(dtypes=("fp16",), batches=(1,), contexts=(16,), num_heads=4, num_kv_heads=2, head_size=32,
+                        block_size=16)
+    rep = B.run_bench({"stock": stock, "v": other}, pts, reps=2, warmup=1, rounds=2, device="cpu", l2_bytes=1 << 16,
+                      copy_bytes=1 << 16, kernels=("v1",), adaptive=False, aa=True, variant_info={"stock": {"so": "s.so"}})
+    assert rep.variants == ["stock", "v", B.AA]
+    assert rep.variant_info[B.AA] == {"so": "s.so", "marker": "stock", "aa_of": "stock"}
+    assert all(r.variants[B.AA].outputs_match for r in rep.results)
+    assert stock.calls == 2 * other.calls  # the A/A launches stock's kernels
+    assert all(Rp.stock_code_of(rep.variant_info, "stock")(B.AA, r) is True for r in rep.results)
+    row = next(r for r in rep.summary if r["variant"] == B.AA and r["scope"] == "dispatched")
+    assert row["slower_stock_code"] == row["slower"]
+    with pytest.raises(ValueError, match="A/A"):
+        B.run_bench({"stock": stock, B.AA: other}, pts, reps=1, rounds=1, device="cpu", l2_bytes=1 << 16,
+                    copy_bytes=1 << 16, aa=True)
+
+
+@needs_torch
 def test_bench_with_prebuilt_libs_on_cpu(monkeypatch, tmp_path, capsys):
     from kvpatch.gpu import bench as Bn
 
@@ -768,13 +789,13 @@ def test_bench_with_prebuilt_libs_on_cpu(monkeypatch, tmp_path, capsys):
     info.write_text(json.dumps({"patched": {"marker": "lookahead=2", "compile_flags": ["-O3"]}}))
     rc = run_cli("bench", "--lib", "stock=s.so:s", "--lib", "patched=p.so:p", "--device", "cpu", "--dtypes", "bf16",
                  "--batches", "1", "--contexts", "40", "--heads", "4/2", "--head-sizes", "32", "--reps", "2",
-                 "--rounds", "2", "--no-cold", "--json", str(tmp_path / "r.json"), "--variant-info", str(info),
+                 "--rounds", "2", "--no-cold", "--aa", "--json", str(tmp_path / "r.json"), "--variant-info", str(info),
                  *(["--plot", str(tmp_path / "r.png")] if _has_mpl() else []))
     assert rc == 0
     d = json.loads((tmp_path / "r.json").read_text())
     assert d["point_set"] == "custom" and d["variant_info"]["patched"]["marker"] == "lookahead=2"
     assert d["variant_info"]["patched"]["compile_flags"] == ["-O3"] and d["variant_info"]["stock"]["so"] == "s.so"
-    assert d["variant_info"]["stock"]["marker"] == "stock"
+    assert d["variant_info"]["stock"]["marker"] == "stock" and d["variants"] == ["stock", "patched", "stock-aa"]
     assert [p["head_size"] for p in d["settings"]["points"]] == [32]
     row = d["summary"][0]
     assert row["faster"] + row["noise"] + row["slower"] == row["n"]

@@ -25,6 +25,9 @@ Method (see NOTES.md and the device METHOD.md):
   power-capped or throttled, and so is every result timed in it.
 * Before timing, each variant's output is checked bit-identical to stock's
   (NaN-poisoned buffers); a mismatch is listed in ``mismatches``.
+* ``aa``: an A/A control, :data:`AA` -- the baseline's own kernels timed again as one more
+  variant, through its own buffers. Nothing differs but the slot in the rotation, so its
+  faster/slower counts are the method's false verdicts at these points and settings.
 """
 
 from __future__ import annotations
@@ -38,11 +41,13 @@ from .dispatch import KERNELS, PARTITION_SIZE
 from .env import SmiSampler, collect_env, nvidia_smi_query
 from .inputs import make_generator, make_inputs, make_kv_pool
 from .points import BenchPoint, pool_blocks, quick_points, point_set
-from .report import BenchReport, finish_results
+from .report import STOCK_MARKER, BenchReport, finish_results
 from .timing import L2Flush, Timer, adaptive_reps, l2_bytes_of, measure_copy_bandwidth, time_interleaved
 
 MODES = ("warm", "cold")
 EXIT_MISMATCH = 6
+#: The A/A control's variant name (it runs the baseline's code, and records stock's marker).
+AA = "stock-aa"
 
 #: Default repeat counts: 50 timed launches per variant per round (more for short
 #: kernels), 3 rounds, 5 untimed warm-up launches per variant before each round.
@@ -85,6 +90,7 @@ def run_bench(
     collect_environment: bool = True,
     sample_clocks: bool = True,
     progress: Callable[[str], None] | None = None,
+    aa: bool = False,
 ) -> BenchReport:
     """Time every variant of ``libs`` (name -> Kernels; ``baseline`` or the first is
     the reference) at ``points`` (default: the headline set). See the module docstring."""
@@ -92,6 +98,13 @@ def run_bench(
 
     t_start = time.perf_counter()
     names = L.order_variants(libs, baseline)
+    info = dict(variant_info or {})
+    if aa:
+        if AA in libs:
+            raise ValueError(f"a library is named {AA!r}, the A/A control's name: rename it")
+        libs = {**libs, AA: libs[names[0]]}
+        info[AA] = {**info.get(names[0], {}), "marker": STOCK_MARKER, "aa_of": names[0]}
+        names.append(AA)
     points = list(points) if points is not None else default_points()
     if not points:
         raise ValueError("no bench points")
@@ -112,7 +125,6 @@ def run_bench(
     say = progress or (lambda msg: None)
     timer = Timer(dev)
     l2 = int(l2_bytes or l2_bytes_of(dev))
-    info = dict(variant_info or {})
     env = collect_env(device, info) if collect_environment else {"variants": info}
 
     copy_n = int(copy_bytes or max(2**30, 32 * l2))

@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 from ..errors import KvpatchError, UsageError
 from ..fsutil import write_atomic
 from . import launch as L
+from .report import STOCK_MARKER
 
 MARKER_PREFIX = "// kvpatch:begin "
 
@@ -86,7 +87,7 @@ def prebuilt(lib_specs: Sequence[str], variant_info: Optional[Path] = None,
     extra = load_variant_info(variant_info)
     info = {s.name: {**L.lib_info(s.path, s.prefix), **extra.get(s.name, {})} for s in specs}
     for name, i in info.items():
-        i.setdefault("marker", "stock" if name == "stock" else "unknown (no --variant-info)")
+        i.setdefault("marker", STOCK_MARKER if name == "stock" else "unknown (no --variant-info)")
     try:
         libs = (loader or L.load_libs)(specs)
     except (RuntimeError, OSError) as e:
@@ -302,6 +303,7 @@ class BenchOptions(LibraryOptions):
     warm: bool = True
     cold: bool = True
     check: bool = True
+    aa: bool = False
     json_out: Optional[Path] = None
     plot: Optional[Path] = None
     device: str = "cuda"
@@ -365,7 +367,7 @@ def run_bench_command(o: BenchOptions, *, console: Any = None, progress: Any = N
     try:
         report = run_bench(libs.libs, points, reps=o.reps, warmup=o.warmup, rounds=o.rounds, warm=o.warm,
                            cold=o.cold, kernels=o.kernels, device=o.device, variant_info=libs.info,
-                           point_set_name=name, check_outputs=o.check, progress=progress)  # fmt: skip
+                           point_set_name=name, check_outputs=o.check, progress=progress, aa=o.aa)  # fmt: skip
     except ValueError as e:
         raise UsageError(str(e)) from None
     write_if(o.json_out, report.to_json())

@@ -286,6 +286,9 @@ def finish_results(
     return out
 
 
+#: The marker a library of stock's unpatched header records (``variant_info[name]["marker"]``).
+STOCK_MARKER = "stock"
+
 #: ``stock_code(variant, result)``: True where that variant compiles the result's kernel exactly
 #: as stock, False where it does not, None where it cannot say.
 StockCode = Callable[[str, "BenchResult"], "bool | None"]
@@ -294,20 +297,26 @@ StockCode = Callable[[str, "BenchResult"], "bool | None"]
 def stock_code_of(variant_info: Mapping[str, Any], baseline: str) -> StockCode:
     """From each variant's configuration marker (``variant_info``): whether it compiles a
     result's kernel as stock -- a rule turns it off, or its cache is quantized under
-    ``quantized=skip`` (what ``kvpatch build`` checks in the SASS). A timing there compares
-    stock's code with itself: it measures the bench's noise floor, not the patch."""
+    ``quantized=skip`` (what ``kvpatch build`` checks in the SASS), or its marker is
+    :data:`STOCK_MARKER` (bench's A/A control). A timing there compares stock's code with
+    itself: it measures the bench's noise floor, not the patch."""
     from ..build.spec import Variant
     from ..errors import UsageError
     from ..tune import candidate_configs
 
     variants: dict[str, Any] = {}
+    stock = {n for n, i in variant_info.items() if n != baseline and i.get("marker") == STOCK_MARKER}
     for name, info in variant_info.items():
+        if name in stock:
+            continue
         try:
             variants.update((n, Variant.patched(n, "", cfg)) for n, cfg in candidate_configs({name: info}, baseline).items())
         except UsageError:  # no marker kvpatch can read: it cannot say
             continue
 
     def stock_code(name: str, r: BenchResult) -> bool | None:
+        if name in stock:
+            return True
         v = variants.get(name)
         if v is None:
             return None

@@ -199,6 +199,14 @@ class PatchConfig:
                 return cfg
         raise AssertionError("unreachable: the base settings match everything")
 
+    def prefetches(self, dtype: str, head_size: int, block_size: int, kv_cache: str = "auto",
+                   kernel: str | None = None) -> bool:  # fmt: skip
+        """Whether the code generated for one kernel holds the prefetch: not where a rule
+        turns it off, nor on a quantized cache under ``quantized=skip`` (there it is stock's)."""
+        if kv_cache != "auto" and self.quantized != "prefetch":
+            return False
+        return not self.resolve(dtype, head_size, block_size, kv_cache, kernel).off
+
     def variants(self) -> list[tuple[str | None, PatchConfig]]:
         """``[(selector, settings), ..., (None, base settings)]``: what the template branches
         on, the most specific selectors first (an instantiation takes the first that matches)."""

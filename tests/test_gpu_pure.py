@@ -931,6 +931,37 @@ def test_summary_counts_points_within_noise():
     assert t["verdict"] == "slower" and t["speedup_hi"] < 1.0
 
 
+def test_bench_reports_need_no_libclang():
+    """The GPU machine runs bench/validate/tune on prebuilt libraries without libclang (or
+    git): reading variant markers into a summary must not import the build side."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import json, sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ("clang", "git"):
+                    raise ImportError(f"blocked: {name}")
+        sys.meta_path.insert(0, Block())
+        import kvpatch.cli, kvpatch.gpu.commands, kvpatch.gpu.tune_command, kvpatch.tune
+        from kvpatch.config import make_config
+        from kvpatch.gpu import points as P, report as Rp
+        p = P.BenchPoint("fp16", 4, 1024)
+        names = ["stock", "v"]
+        raw = {(p, p.dispatched, "warm"): {"stock": [[10.0]] * 3, "v": [[10.5], [10.6], [10.4]]}}
+        info = {"stock": {"marker": "stock"}, "v": {"marker": make_config(inherit_rules=False, fp16="off").marker()}}
+        rep = Rp.BenchReport("stock", names, Rp.finish_results(raw, names, 4e12), {}, {}, variant_info=info)
+        row = json.loads(rep.to_json())["summary"][0]
+        assert row["slower"] == 1 and row["slower_stock_code"] == 1, row
+        assert not [m for m in sys.modules if m.startswith(("clang", "git", "kvpatch.build"))]
+        print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
 def test_summary_says_which_slower_points_run_stock_code():
     """A slower verdict on a kernel the variant compiles as stock (a rule turns it off, or an fp8
     cache under quantized=skip) compares stock's code with itself: the summary counts those apart."""

@@ -58,7 +58,7 @@ class Variant:
         """Whether this instantiation's ``kernel`` (v1 or v2) must hold the prefetch (on sm_90+)."""
         if not self.has_prefetch or (kv_cache_dtype != "auto" and not self.quantized_prefetch):
             return False
-        return self.config is None or not self.config.resolve(dtype, head_size, block_size, kv_cache_dtype, kernel).off
+        return self.config is None or self.config.prefetches(dtype, head_size, block_size, kv_cache_dtype, kernel)
 
     @property
     def prefix(self) -> str:

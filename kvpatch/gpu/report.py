@@ -300,28 +300,27 @@ def stock_code_of(variant_info: Mapping[str, Any], baseline: str) -> StockCode:
     ``quantized=skip`` (what ``kvpatch build`` checks in the SASS), or its marker is
     :data:`STOCK_MARKER` (bench's A/A control). A timing there compares stock's code with
     itself: it measures the bench's noise floor, not the patch."""
-    from ..build.spec import Variant
     from ..errors import UsageError
     from ..tune import candidate_configs
 
-    variants: dict[str, Any] = {}
+    configs: dict[str, Any] = {}
     stock = {n for n, i in variant_info.items() if n != baseline and i.get("marker") == STOCK_MARKER}
     for name, info in variant_info.items():
         if name in stock:
             continue
         try:
-            variants.update((n, Variant.patched(n, "", cfg)) for n, cfg in candidate_configs({name: info}, baseline).items())
+            configs.update(candidate_configs({name: info}, baseline))
         except UsageError:  # no marker kvpatch can read: it cannot say
             continue
 
     def stock_code(name: str, r: BenchResult) -> bool | None:
         if name in stock:
             return True
-        v = variants.get(name)
-        if v is None:
+        cfg = configs.get(name)
+        if cfg is None:
             return None
         p = r.point
-        return not v.expects_prefetch(p.dtype, p.kv_cache_dtype, p.head_size, p.block_size, r.kernel)
+        return not cfg.prefetches(p.dtype, p.head_size, p.block_size, p.kv_cache_dtype, r.kernel)
 
     return stock_code
 

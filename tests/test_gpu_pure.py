@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -732,13 +733,13 @@ def test_run_bench_on_cpu_with_fakes(tmp_path):
     pts = P.make_points(dtypes=("fp16",), batches=(1, 2), contexts=(16, 600), num_heads=4, num_kv_heads=2,
                         head_size=32, block_size=16)
     msgs = []
-    rep = B.run_bench(libs, pts, reps=2, warmup=1, rounds=2, device="cpu", l2_bytes=1 << 16,
+    rep = B.run_bench(libs, pts, reps=3, warmup=1, rounds=2, device="cpu", l2_bytes=1 << 16,
                       copy_bytes=1 << 20, variant_info={"paper": {"preset": "paper"}}, progress=msgs.append)
     assert rep.variants == ["stock", "paper", "broken"]
     assert len(rep.results) == 4 * 2 * 2
     for r in rep.results:
         for n, t in r.variants.items():
-            assert len(t.samples_us) == 2 and all(len(s) == 2 for s in t.samples_us)
+            assert len(t.samples_us) == 2 and all(len(s) == 3 for s in t.samples_us)  # 2 rounds x 3 reps
             assert t.median_us > 0 and t.kv_bytes_per_s > 0
         assert r.variants["paper"].outputs_match is True and r.variants["broken"].outputs_match is False
     assert len(rep.mismatches) == 8 and all(m.startswith("broken: ") for m in rep.mismatches)
@@ -810,17 +811,28 @@ def _has_mpl() -> bool:
     return True
 
 
-def test_time_interleaved_rotates_and_counts():
+@pytest.mark.parametrize("n", range(1, 10))
+def test_carryover_order_puts_every_launcher_after_every_launcher_once(n):
+    order = Tm.carryover_order(n)
+    assert len(order) == n * n and all(order.count(i) == n for i in range(n))
+    pairs = {(order[k - 1], order[k]) for k in range(len(order))}  # cyclic: the last precedes the first
+    assert pairs == {(a, b) for a in range(n) for b in range(n)}
+
+
+def test_time_interleaved_balances_predecessors_and_counts():
     if torch is None:
         pytest.skip("torch is not installed")
     order = []
-    fns = [lambda i=i: order.append(i) for i in range(3)]
+    fns = [lambda i=i: (order.append(i), time.sleep(0.002 * i)) for i in range(3)]
     flushes = []
     us = Tm.time_interleaved(fns, reps=3, warmup=1, timer=Tm.Timer("cpu"), flush=lambda: flushes.append(1))
     assert [len(u) for u in us] == [3, 3, 3]
     assert order[:3] == [0, 1, 2]  # warm-up
-    assert order[3:] == [0, 1, 2, 1, 2, 0, 2, 0, 1]  # rotated per repeat
+    assert order[3:] == Tm.carryover_order(3) == [0, 0, 1, 0, 2, 1, 1, 2, 2]
     assert len(flushes) == 12
+    assert max(us[0]) < 1000 < min(us[1]) and max(us[1]) < 3500 < min(us[2])  # each time (us) is its own launcher's
+    us = Tm.time_interleaved(fns, reps=4, warmup=0, timer=Tm.Timer("cpu"))
+    assert [len(u) for u in us] == [6, 6, 6]  # reps rounded up to whole cycles
 
 
 @needs_torch
@@ -934,8 +946,6 @@ def test_summary_counts_points_within_noise():
 def test_bench_reports_need_no_libclang():
     """The GPU machine runs bench/validate/tune on prebuilt libraries without libclang (or
     git): reading variant markers into a summary must not import the build side."""
-    import subprocess
-    import sys
     import textwrap
 
     code = textwrap.dedent("""

@@ -821,3 +821,26 @@ def test_cli_bench_decode_help_and_bad_cap():
     assert bad.stderr.strip().count("\n") == 0 and "invalid cap" in bad.stderr, bad.stderr
     hint = _cli("bench-decode", "--lib", "stock=/nonexistent.so:p", "--hint", "sticky")
     assert hint.returncode == 2 and "hint" in hint.stderr and hint.stderr.strip().count("\n") == 0
+
+
+def test_decode_time_rounds_balances_order_and_keeps_each_launchers_times(monkeypatch):
+    """The decode step's timing loop on the CPU (host events stand in for CUDA events):
+    every launcher follows every launcher equally often, and each median is its own."""
+    torch = pytest.importorskip("torch")
+    import time
+
+    from kvpatch.gpu.timing import HostEvent, carryover_order
+    from kvpatch.prefetch import timing as PT
+
+    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing=True: HostEvent())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(PT, "smi", lambda *a, **k: None)
+    order = []
+    launchers = {name: (lambda i=i: (order.append(i), time.sleep(0.002 * i))) for i, name in enumerate("abc")}
+    flushes = []
+    medians, clocks = PT.time_rounds(launchers, rounds=2, reps=3, device="cpu", flush=lambda: flushes.append(1),
+                                     flushed=["c"])
+    timed = [order[3:12], order[15:24]]  # after each round's 3 warm-up launches
+    assert timed[0] == carryover_order(3) and sorted(timed[1]) == sorted(timed[0]) and timed[1] != timed[0]
+    assert len(flushes) == 2 * 3
+    assert medians["a"][0] < 1000 < medians["b"][0] < 3500 < medians["c"][0] and len(clocks) == 2

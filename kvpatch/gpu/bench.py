@@ -13,7 +13,8 @@ Method (see NOTES.md and the device METHOD.md):
 * warm: back-to-back launches; cold: :class:`~kvpatch.gpu.timing.L2Flush` (read and
   write a buffer of >= 2x L2, then read it) before each launch, outside the timed
   region (one CUDA event pair around the launch; for v2 that covers its two kernels).
-* Variants are interleaved within a round (rotated each repeat) so drift hits all
+* Variants are interleaved within a round (:func:`~kvpatch.gpu.timing.carryover_order`:
+  each follows each, itself included, equally often) so drift and carry-over hit all
   alike. Each (point, kernel, mode) runs ``rounds`` rounds spread over the run; a
   variant's time is the median of its per-round medians. Kernels under ~30 us get
   more timed launches (:func:`~kvpatch.gpu.timing.adaptive_reps`, probed on stock).
@@ -26,7 +27,7 @@ Method (see NOTES.md and the device METHOD.md):
 * Before timing, each variant's output is checked bit-identical to stock's
   (NaN-poisoned buffers); a mismatch is listed in ``mismatches``.
 * ``aa``: an A/A control, :data:`AA` -- the baseline's own kernels timed again as one more
-  variant, through its own buffers. Nothing differs but the slot in the rotation, so its
+  variant, through its own buffers. Nothing differs but the slots in the order, so its
   faster/slower counts are the method's false verdicts at these points and settings.
 """
 
@@ -239,7 +240,8 @@ def run_bench(
         "kernels": list(kernels), "device": str(dev), "l2_bytes": l2,
         "flush": flush.method if flush is not None else None, "pools": pools_info,
         "partition_size": PARTITION_SIZE, "points": [p.to_dict() for p in points],
-        "timing": "CUDA event pair around each launch; median of per-round medians; variants rotated per repeat; "
+        "timing": "CUDA event pair around each launch; median of per-round medians; variants in cycles where each "
+                  "follows each (itself included) once; "
                   "speedup interval = min..max over rounds of the per-round ratio of medians",
     }  # fmt: skip
     return BenchReport(baseline=names[0], variants=names, results=results, copy_bandwidth=copy_bw, settings=settings,

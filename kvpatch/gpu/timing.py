@@ -1,10 +1,11 @@
 """How kernels are timed: event pairs, interleaved variants, an honest L2 flush, copy bandwidth.
 
 * :func:`time_interleaved` times several launchers in one round: warm-up launches,
-  then ``reps`` repeats of all of them (order rotated every repeat, so drift hits
-  all alike), each launch alone between a CUDA event pair; a GPU-side sleep first
-  lets the host queue the whole round ahead, so small kernels are not timed with
-  host launch gaps.
+  then cycles of :func:`carryover_order`, in which every launcher follows every
+  launcher (itself included) equally often, so drift and what the previous kernel
+  left behind (its code in the instruction cache, its lines in L2) hit all alike;
+  each launch alone between a CUDA event pair; a GPU-side sleep first lets the host
+  queue the whole round ahead, so small kernels are not timed with host launch gaps.
 * :class:`L2Flush` makes "cold" cold: it READS and WRITES a buffer of at least twice
   the L2 (``buf.add_(1)``), then READS it once more (a sum), so the L2 ends full of
   clean lines of that buffer: the KV data is gone from L2, and no dirty line is left
@@ -84,6 +85,25 @@ class Timer:
         sleep(int(seconds * khz * 1e3))
 
 
+def carryover_order(n: int) -> list[int]:
+    """A cyclic order of ``n`` launchers, ``n * n`` long, in which each launcher directly
+    follows each launcher, itself included, exactly once (a de Bruijn sequence of order 2:
+    the Lyndon words of length 1 and 2 over ``range(n)``, concatenated in lexicographic order).
+
+    A plain rotation puts launcher ``i`` after ``i - 1`` almost always. The bench's A/A
+    control showed why that matters: stock's kernel timed right after the same kernel (the
+    A/A variant, next to it in the rotation) ran up to 0.5% faster than after another
+    library's, so the A/A came out "slower" than stock at a quarter of the points."""
+    if n < 1:
+        raise ValueError("no launchers")
+    order = []
+    for a in range(n):
+        order.append(a)
+        for b in range(a + 1, n):
+            order += [a, b]
+    return order
+
+
 def time_interleaved(
     launchers: Sequence[Callable[[], None]],
     *,
@@ -92,10 +112,13 @@ def time_interleaved(
     timer: Timer,
     flush: Callable[[], None] | None = None,
 ) -> list[list[float]]:
-    """One round: ``warmup`` untimed launches of each, then ``reps`` repeats of all
-    launchers (order rotated every repeat), each timed alone by an event pair;
-    ``flush`` runs before each launch, outside the pair. Returns us per launcher."""
+    """One round: ``warmup`` untimed launches of each, then ``ceil(reps / n)`` cycles of
+    :func:`carryover_order` (so each launcher is timed ``reps`` times, rounded up to a
+    multiple of ``n``), each launch timed alone by an event pair; ``flush`` runs before
+    each launch, outside the pair. Returns us per launcher, in the order they ran."""
     n = len(launchers)
+    cycle = carryover_order(n)
+    sequence = cycle * math.ceil(reps / n)
     t0 = time.perf_counter()
     for _ in range(warmup):
         for fn in launchers:
@@ -104,19 +127,19 @@ def time_interleaved(
             fn()
     host = (time.perf_counter() - t0) / max(1, warmup * n) + EVENT_COST_S
     timer.sync()
-    ev = timer.events(2 * reps * n)
-    timer.lead(min(MAX_LEAD_S, 1.3 * host * reps * n))
-    for r in range(reps):
-        for j in range(n):
-            i = (j + r) % n
-            if flush is not None:
-                flush()
-            k = 2 * (r * n + i)
-            ev[k].record()
-            launchers[i]()
-            ev[k + 1].record()
+    ev = timer.events(2 * len(sequence))
+    timer.lead(min(MAX_LEAD_S, 1.3 * host * len(sequence)))
+    for k, i in enumerate(sequence):
+        if flush is not None:
+            flush()
+        ev[2 * k].record()
+        launchers[i]()
+        ev[2 * k + 1].record()
     timer.sync()
-    return [[ev[2 * (r * n + i)].elapsed_time(ev[2 * (r * n + i) + 1]) * 1e3 for r in range(reps)] for i in range(n)]
+    out: list[list[float]] = [[] for _ in range(n)]
+    for k, i in enumerate(sequence):
+        out[i].append(ev[2 * k].elapsed_time(ev[2 * k + 1]) * 1e3)
+    return out
 
 
 def adaptive_reps(base_reps: int, kernel_us: float, *, short_us: float = SHORT_KERNEL_US,

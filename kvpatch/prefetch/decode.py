@@ -6,8 +6,8 @@ same step with the L2 weight prefetch of a :class:`~.options.WeightPrefetch`
 configuration (each layer's o_proj, gate/up and down weights, in that order, up to the
 per-batch cap; forked before attention by default, joined once per step).
 
-Method (issue 8): all variants of a point are timed interleaved (order rotated each
-repeat) in several rounds (:mod:`.timing`); a variant's time is the median of its
+Method (issue 8): all variants of a point are timed interleaved (each follows each,
+itself included, equally often) in several rounds (:mod:`.timing`); a variant's time is the median of its
 round medians, and its spread is min..max over rounds; speedups are per-round ratios
 to stock. Warm: replays back to back; cold: before each replay a buffer of 3x L2 is
 read and written (``add_``). Outputs are checked first: every variant's step output

@@ -13,6 +13,8 @@ import statistics
 import subprocess
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from ..gpu.timing import carryover_order
+
 
 def round_stats(rounds: Sequence[float]) -> dict[str, float]:
     return {"median": statistics.median(rounds), "min": min(rounds), "max": max(rounds)}
@@ -101,8 +103,10 @@ def time_rounds(
     flush: Callable[[], None] | None,
     flushed: Iterable[str] = (),
 ) -> tuple[dict[str, list[float]], list[dict[str, Any]]]:
-    """Interleaved timing: per round, ``reps`` repeats of every launcher (order rotated
-    per repeat and per round), each timed alone with an event pair; ``flush`` runs
+    """Interleaved timing: per round, ``reps`` launches of every launcher (rounded up to a
+    multiple of their number) in cycles of :func:`kvpatch.gpu.timing.carryover_order` (each
+    follows each, itself included, equally often; the start moves each round), each timed
+    alone with an event pair; ``flush`` runs
     before each launch of the ``flushed`` launchers, outside the pair. Returns
     per-launcher round medians (us) and nvidia-smi readings per round."""
     import torch
@@ -112,23 +116,24 @@ def time_rounds(
     n = len(names)
     medians: dict[str, list[float]] = {k: [] for k in names}
     clocks: list[dict[str, Any]] = []
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps * n)]
+    cycle = carryover_order(n)
+    sequence = cycle * -(-reps // n)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in sequence]
     idx = torch.device(device).index or 0
     for r in range(rounds):
         for name in names:  # untimed warm-up of this round
             launchers[name]()
         torch.cuda.synchronize(device)
         slots: dict[str, list[int]] = {k: [] for k in names}
-        for rep in range(reps):
-            for j in range(n):
-                name = names[(j + rep + r) % n]
-                if flush is not None and name in flushed:
-                    flush()
-                k = rep * n + j
-                events[k][0].record()
-                launchers[name]()
-                events[k][1].record()
-                slots[name].append(k)
+        start = (r * n) % len(sequence)
+        for k, i in enumerate(sequence[start:] + sequence[:start]):
+            name = names[i]
+            if flush is not None and name in flushed:
+                flush()
+            events[k][0].record()
+            launchers[name]()
+            events[k][1].record()
+            slots[name].append(k)
         torch.cuda.synchronize(device)
         for name in names:
             medians[name].append(statistics.median(events[k][0].elapsed_time(events[k][1]) * 1e3 for k in slots[name]))

@@ -85,7 +85,7 @@ def apply(
     scope: Annotated[Optional[str], typer.Option(help="cta (every CTA prefetches) | kv-head (one CTA per KV head under GQA).")] = None,
     min_group: Annotated[Optional[int], typer.Option("--min-group", help="Prefetch only where >= N query heads share a KV head (a runtime test; 1 = always; MHA has 1).")] = None,
     control: Annotated[Optional[bool], typer.Option("--control/--no-control", help="Compile the prefetch but never run it (for measurements).")] = None,
-    issue: Annotated[Optional[str], typer.Option(help="call (an out-of-line helper; keeps stock's code generation) | inline (asm in the loop).")] = None,
+    issue: Annotated[Optional[str], typer.Option(help="call (an out-of-line helper; keeps stock's code generation) | inline (asm in the loop) | split (inline, and the key loop runs as stock's copy when the ALiBi slope is not 0).")] = None,
     quantized: Annotated[Optional[str], typer.Option(help="skip (fp8-cache kernels stay stock, the default) | prefetch.")] = None,
     fp16: Annotated[Optional[str], typer.Option("--fp16", help="Settings for fp16 kernels only: 'scope=kv-head,issue=inline' (the default), or 'none'.")] = None,
     bf16: Annotated[Optional[str], typer.Option("--bf16", help="Settings for bf16 kernels only (key=value,...), or 'none'.")] = None,

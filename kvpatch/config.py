@@ -20,7 +20,7 @@ CACHE_HINTS = ("none", "evict_last", "evict_first", "evict_normal")
 PRESETS = ("default", "paper")
 PLACEMENTS = ("start", "end")
 SCOPES = ("cta", "kv-head")
-ISSUES = ("inline", "call")
+ISSUES = ("inline", "call", "split")
 QUANTIZED = ("skip", "prefetch")
 #: The settings that take one of a fixed set of words.
 CHOICES = {"caches": CACHES, "cache_hint": CACHE_HINTS, "placement": PLACEMENTS, "scope": SCOPES,
@@ -157,6 +157,9 @@ class PatchConfig:
     #: an out-of-line (``__noinline__``) device function holding the asm. Inline asm in
     #: a loop stops nvcc from unswitching that loop, which changes code generation
     #: (and the rounding of the ALiBi term in bf16/fp32); a call leaves it as stock.
+    #: ``split``: inline asm, and the key loop runs as stock's copy, without the prefetch,
+    #: whenever the head's ALiBi slope is not 0 (``if (slope != 0) <stock loop> else
+    #: <patched loop>``), so each copy can compile as stock's unswitched loop does.
     issue: str = "call"
     #: Compile the prefetch in but never execute it (its guard reads a block number
     #: < 0): separates the prefetch's own effect from the code-generation change.
@@ -212,6 +215,10 @@ class PatchConfig:
         on, the most specific selectors first (an instantiation takes the first that matches)."""
         ordered = sorted(self.overrides, key=lambda item: -Selector.parse(item[0]).specificity)
         return [(sel, self.for_selector(sel)) for sel, _ in ordered] + [(None, replace(self, overrides=()))]
+
+    @property
+    def uses_split(self) -> bool:
+        return any(c.issue == "split" and not c.off for _, c in self.variants())
 
     @property
     def uses_call(self) -> bool:

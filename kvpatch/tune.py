@@ -42,9 +42,9 @@ from typing import Any, Iterable
 from .config import DTYPES, PatchConfig, make_config
 from .gpu.stats import SLOWER, geomean
 
-#: The grid: (setting, values). 8 candidates.
+#: The grid: (setting, values). 12 candidates.
 GRID: tuple[tuple[str, tuple[Any, ...]], ...] = (
-    ("issue", ("inline", "call")),
+    ("issue", ("inline", "call", "split")),
     ("scope", ("cta", "kv-head")),
     ("lookahead", (1, 2)),
 )

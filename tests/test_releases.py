@@ -100,3 +100,22 @@ def test_reformatted_header_gives_the_same_names(reformatted_header: tuple[Path,
     assert after.key.line != before.key.line
     patched = patch(reformatted, path, make_config()).patched
     assert unpatch(patched, path)[0] == reformatted
+
+
+def test_split_copies_stocks_key_loop_and_round_trips(release: tuple[str, str, str]) -> None:
+    """issue=split on every revision: one region before the key loop whose copy is stock's
+    loop text byte for byte, behind the head's ALiBi slope; stripped back to stock exactly."""
+    from kvpatch.patch.plan import inspect
+
+    _, path, text = release
+    sites = find_sites(text, path)
+    assert sites.alibi_var == "alibi_slope"
+    assert sites.key.loop_text.startswith("for (int block_idx") and sites.key.loop_text.endswith("}")
+    result = patch(text, path, make_config(inherit_rules=False, issue="split"))
+    patched = result.patched
+    assert patched.count("// kvpatch:begin key-split ") == 1 and patched.count(sites.key.loop_text) == 1  # the other holds the prefetch
+    begin = patched.index("// kvpatch:begin key-split ")
+    assert patched.index("&& alibi_slope != 0) {", begin) < patched.index(sites.key.loop_text, begin)
+    assert unpatch(patched, path)[0] == text and inspect(patched, path).intact
+    # without split anywhere, no region and no copy: the shipped table's text is what it was
+    assert "key-split" not in patch(text, path, make_config()).patched

@@ -265,6 +265,109 @@ def test_a_kernel_rule_prefetches_in_one_kernel_only(vllm_release: Callable[[str
     assert "cp.async.bulk.prefetch" in got["v2"]
 
 
+def test_split_condition_follows_the_rules_first_match(stock_sites) -> None:
+    from kvpatch.patch.plan import split_condition
+
+    def cond(cfg):
+        branches = [(None if sel is None else branch_condition(sel, stock_sites), c) for sel, c in cfg.variants()]
+        return split_condition(branches, cfg, stock_sites)
+
+    bf16_128 = "kvpatch_is_same<scalar_t, __nv_bfloat16>::value && HEAD_SIZE == 128 && BLOCK_SIZE == 16"
+    assert cond(make_config(inherit_rules=False, issue="split", quantized="prefetch")) == "true"
+    assert cond(make_config(inherit_rules=False, issue="split")) == "kvpatch_is_same<cache_t, scalar_t>::value && (true)"
+    assert cond(make_config(inherit_rules=False, quantized="prefetch", rules={"bf16/128/16": "issue=split"})) == (
+        f"({bf16_128}) ? true : false")
+    # a more specific rule that turns it off wins over a less specific split
+    assert cond(make_config(inherit_rules=False, quantized="prefetch", rules={"bf16": "issue=split", "bf16/128/16": "off"})) == (
+        f"({bf16_128}) ? false : (kvpatch_is_same<scalar_t, __nv_bfloat16>::value) ? true : false")
+    assert cond(make_config()) == "kvpatch_is_same<cache_t, scalar_t>::value && (false)"  # the shipped table: never
+
+
+def test_split_needs_the_alibi_slope(stock_sites) -> None:
+    """The small fixture kernel has no ALiBi: issue=split refuses it in one line, the others patch."""
+    from conftest import fixture_text
+    from kvpatch.errors import PatchError
+
+    assert stock_sites.alibi_var is None
+    with pytest.raises(PatchError, match="issue=split: no variable initialised from the kernel's alibi_slopes"):
+        patch(fixture_text(), "/tmp/vllm/" + HEADER, make_config(inherit_rules=False, issue="split"))
+    patch(fixture_text(), "/tmp/vllm/" + HEADER, make_config(inherit_rules=False, issue="inline"))
+
+
+@pytest.mark.network
+def test_a_split_copy_that_is_not_stocks_loop_is_refused(vllm_release: Callable[[str], Path]) -> None:
+    from kvpatch.errors import PatchError
+    from kvpatch.patch.parse import parse_header
+    from kvpatch.patch.plan import validate
+
+    tree = vllm_release("0.10.2")
+    stock = (tree / HEADER).read_text(encoding="utf-8")
+    cfg = make_config(inherit_rules=False, issue="split")
+    good = patch(stock, str(tree / HEADER), cfg).patched
+    parsed = parse_header(stock, str(tree / HEADER))
+    validate(parsed, good, cfg)
+    at = good.index("// ALiBi: stock's loop, no prefetch")
+    at = good.index("static_cast<int64_t>(block_table[block_idx]);", at) + len("static_cast<int64_t>(block_table[block_idx]);")
+    tampered = good[:at] + ' asm volatile("");' + good[at:]
+    with pytest.raises(PatchError, match="copy of the key loop is not stock's loop"):
+        validate(parsed, tampered, cfg)
+    with pytest.raises(PatchError, match="split copy is missing"):
+        validate(parsed, patch(stock, str(tree / HEADER), make_config(inherit_rules=False, issue="inline")).patched, cfg)
+
+
+def _ffma(tmp: Path, csrc: Path, header: str, head: int = 128, block: int = 16) -> dict[str, int]:
+    """FFMA instructions per kernel in the SASS (ptxas, not the PTX: they differ by one)."""
+    from kvpatch.build.toolchain import find_cuda_tool
+
+    nvcc = Path(shutil.which("nvcc") or "nvcc")
+    ptxas, cuobjdump = find_cuda_tool("ptxas", nvcc), find_cuda_tool("cuobjdump", nvcc)
+    if ptxas is None or cuobjdump is None:
+        pytest.skip("ptxas or cuobjdump not found beside nvcc")
+    _ptx(tmp, csrc, header, head, block)
+    cubin = tmp / "tu.cubin"
+    subprocess.run([str(ptxas), "-arch=sm_90a", "-O3", str(tmp / "tu.ptx"), "-o", str(cubin)], check=True)
+    sass = subprocess.run([str(cuobjdump), "--dump-sass", str(cubin)], capture_output=True, text=True,
+                          check=True).stdout  # fmt: skip
+    out = {}
+    for chunk in sass.split("Function : ")[1:]:
+        name = chunk.split("\n", 1)[0]
+        out["v1" if "paged_attention_v1_kernel" in name else "v2"] = len(re.findall(r"\bFFMA\b", chunk))
+    assert set(out) == {"v1", "v2"}, sorted(out)
+    return out
+
+
+@pytest.mark.nvcc
+@pytest.mark.network
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_split_keeps_stocks_unswitched_loop_and_folds_away_where_off(vllm_release: Callable[[str], Path],
+                                                                       tmp_path: Path) -> None:  # fmt: skip
+    """bf16 head 128 block 16: stock's key loop is unswitched on the ALiBi slope (two copies
+    of its fma); inline asm in the loop stops that (and rounds the ALiBi term differently);
+    issue=split compiles to stock's fma again with the prefetch in both kernels. Where no
+    rule says split, the branch folds away: the PTX is exactly what it is without it."""
+    tree = vllm_release("0.10.2")
+    stock = (tree / HEADER).read_text(encoding="utf-8")
+    csrc = tree / "csrc"
+
+    def text(cfg) -> str:
+        return patch(stock, str(tree / HEADER), cfg).patched if cfg else stock
+
+    def ptx(name: str, cfg, head: int = 128, block: int = 16) -> str:
+        return _ptx(tmp_path / name, csrc, text(cfg), head, block)
+
+    split_cfg = make_config(inherit_rules=False, issue="split")
+    want = _ffma(tmp_path / "s-stock", csrc, text(None))
+    assert _ffma(tmp_path / "s-split", csrc, text(split_cfg)) == want
+    assert _ffma(tmp_path / "s-inline", csrc, text(make_config(inherit_rules=False, issue="inline"))) != want
+    assert all("cp.async.bulk.prefetch" in body for body in _entries(ptx("split", split_cfg)).values())
+    base = make_config(bf16="none", inherit_rules=False)
+    folded = ptx("folded", make_config(bf16="none", inherit_rules=False, rules={"bf16/80/32": "issue=split"}))
+    def same(text: str) -> str:  # the TU-content hash in internal symbol names
+        return re.sub(r"_INTERNAL_[0-9a-f]{8}_", "_INTERNAL_", text)
+
+    assert same(folded) == same(ptx("base", base))
+
+
 def test_the_readme_table_of_the_default_is_the_default() -> None:
     """README's per-kernel table is generated from nothing but must say what DEFAULT_OVERRIDES says."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")

@@ -30,7 +30,8 @@ SITE_NAMES = {
 def names(sites: Sites) -> dict:
     """Everything in ``sites`` that does not depend on layout (no lines, offsets, indents)."""
     layout = {"line", "block_number_line", "after_block_number", "body_indent", "body_last_end",
-              "inner_open", "inner_indent"}  # fmt: skip
+              "inner_open", "inner_indent", "loop_start", "loop_end", "before_loop", "loop_indent",
+              "loop_text"}  # fmt: skip
     out = {k: getattr(sites, k) for k in KERNEL_NAMES}
     for site in sites:
         out[site.kind] = {k: v for k, v in dataclasses.asdict(site).items() if k not in layout}
@@ -78,6 +79,10 @@ def test_lines_and_offsets_point_at_the_code(fixture: tuple[str, Sites]) -> None
     data = text.encode()
     for nth, site in enumerate(sites):
         assert site.line == line_of(text, "for (int block_idx", nth)
+        # the whole for statement, and the line break before its own line (issue=split)
+        assert data[site.loop_start :].startswith(b"for (int block_idx") and data[site.loop_end - 1 : site.loop_end] == b"}"
+        assert site.loop_text == data[site.loop_start : site.loop_end].decode()
+        assert data[site.before_loop : site.loop_start] == b"\n" + site.loop_indent.encode()
         assert site.block_number_line == line_of(text, "const int64_t physical_block_number", nth)
         # just past the ';' of the block-number declaration
         before = data[: site.after_block_number]

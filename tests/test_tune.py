@@ -14,8 +14,8 @@ from kvpatch.tune import Pick, Score, candidates, choose, combine, score, valida
 
 def test_the_grid_is_every_combination_uniform_and_shares_one_helper() -> None:
     grid = candidates()
-    assert len(grid) == 8
-    assert len({c.marker() for c in grid.values()}) == 8
+    assert len(grid) == 12
+    assert len({c.marker() for c in grid.values()}) == 12
     assert all(c.overrides == () for c in grid.values())
     assert grid["call_kvhead_la2"].scope == "kv-head" and grid["call_kvhead_la2"].lookahead == 2
     assert grid["inline_cta_la1"].issue == "inline"

@@ -19,10 +19,12 @@ from ..templating import render
 from .edits import Edit, apply
 from .markers import injections, strip, unpatch
 from .parse import Parsed, parse_header
-from .sites import Site, Sites, sites_of
+from .sites import ALIBI_PARAM, Site, Sites, sites_of
 
 #: The out-of-line prefetch function of ``issue=call`` (templates/inject/prefetch_helper.cuh.j2).
 HELPER = "kvpatch_prefetch_l2"
+#: The label of ``issue=split``'s region (templates/inject/split.cuh.j2).
+SPLIT_LABEL = "key-split"
 
 
 def _auto_size(sites: Sites) -> str:
@@ -53,6 +55,23 @@ def branch_condition(selector: str, sites: Sites) -> str:
     return " && ".join(terms)
 
 
+def split_condition(branches: list[tuple[str | None, PatchConfig]], cfg: PatchConfig, sites: Sites) -> str:
+    """The constant expression, in the kernel's template parameters, that is true for the
+    instantiations whose settings say ``issue=split`` (rules by first match, as the
+    prefetch's own ``if constexpr`` chain; ``quantized=skip``: never for a quantized cache)."""
+
+    def split(c: PatchConfig) -> str:
+        return "true" if c.issue == "split" and not c.off else "false"
+
+    expr = split(branches[-1][1])
+    for cond, c in reversed(branches[:-1]):
+        if split(c) != expr:  # a rule that gives what the rest gives anyway adds nothing
+            expr = f"({cond}) ? {split(c)} : {expr}"
+    if cfg.quantized == "skip":
+        expr = f"kvpatch_is_same<{sites.cache_type}, {sites.scalar_type}>::value && ({expr})"
+    return expr
+
+
 def _insertion(offset: int, body: str, what: str, newline: str = "\n") -> Edit:
     # Every injection starts with a newline right after the statement (or brace) it
     # follows and ends at the end of its last line, so deleting
@@ -81,7 +100,21 @@ def plan(sites: Sites, cfg: PatchConfig) -> list[Edit]:
             offset = site.after_block_number if cfg.placement == "start" else site.body_last_end
             text = render("inject/prefetch.cuh.j2", i=site.body_indent, **ctx)
             edits.append(_insertion(offset, text, f"{site.kind} prefetch", sites.newline))
+            if site.kind == "key" and cfg.uses_split:
+                edits.append(_split(site, sites, cfg, branches))
     return edits
+
+
+def _split(site: Site, sites: Sites, cfg: PatchConfig, branches: list) -> Edit:
+    """``issue=split``'s branch before the key loop, holding a copy of stock's loop."""
+    if sites.alibi_var is None:
+        raise PatchError(f"issue=split: no variable initialised from the kernel's {ALIBI_PARAM} parameter")
+    if site.before_loop < 0:
+        raise PatchError(f"issue=split: the key loop at line {site.line} does not start its own line")
+    loop_text = site.loop_text.replace("\r\n", "\n")
+    text = render("inject/split.cuh.j2", i=site.loop_indent, sites=sites, cfg=cfg, loop_text=loop_text,
+                  split_cond=split_condition(branches, cfg, sites))  # fmt: skip
+    return _insertion(site.before_loop, text, "key split", sites.newline)
 
 
 @dataclass(frozen=True)
@@ -167,7 +200,15 @@ def validate(stock: Parsed, patched_text: str, cfg: PatchConfig) -> None:
     new_errors = _multiset_minus(patched.error_messages(), stock.error_messages())
     if new_errors:
         raise PatchError(f"the patched header has new diagnostics: {new_errors[0]}")
-    sites = sites_of(patched)
+    copies = tuple((j.start, j.end) for j in injections(patched) if j.label == SPLIT_LABEL)
+    if bool(copies) != (cfg.uses_split and cfg.k):
+        raise PatchError("after patching, the key loop's issue=split copy is " + ("unexpected" if copies else "missing"))
+    for start, end in copies:
+        copy = [n for n in patched.tu.cursor.walk_preorder() if n.kind == ci.CursorKind.FOR_STMT
+                and _in_file(patched, n) and start <= n.extent.start.offset < end]  # fmt: skip
+        if not copy or any(n.kind == ci.CursorKind.ASM_STMT or n.spelling == HELPER for n in copy[0].walk_preorder()):
+            raise PatchError("after patching, the issue=split copy of the key loop is not stock's loop")
+    sites = sites_of(patched, exclude=copies)
     for site in sites:
         wanted = cfg.k if site.kind == "key" else cfg.v
         loop = _loop_node(patched, site)
@@ -178,10 +219,13 @@ def validate(stock: Parsed, patched_text: str, cfg: PatchConfig) -> None:
             raise PatchError(f"after patching, the {site.kind} loop {state} the prefetch")
 
 
+def _in_file(p: Parsed, n: ci.Cursor) -> bool:
+    return bool(n.location.file and n.location.file.name == p.path)
+
+
 def _loop_node(p: Parsed, site: Site) -> ci.Cursor:
     for n in p.tu.cursor.walk_preorder():
-        if n.kind == ci.CursorKind.FOR_STMT and n.extent.start.line == site.line \
-                and n.location.file and n.location.file.name == p.path:  # fmt: skip
+        if n.kind == ci.CursorKind.FOR_STMT and n.extent.start.line == site.line and _in_file(p, n):
             return n
     raise PatchError(f"the {site.kind} loop vanished after patching")
 

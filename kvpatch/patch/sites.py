@@ -12,7 +12,9 @@ Everything is read off libclang's AST of ``paged_attention_kernel``:
   where the head offset is the sum of the terms that use only names declared
   outside the loop;
 * the lane variable is the one initialised as ``... % WARP_SIZE``, and the KV-head
-  index's initialiser ``<head> / <queries per kv>`` gives the GQA names.
+  index's initialiser ``<head> / <queries per kv>`` gives the GQA names;
+* the ALiBi slope is the variable whose initialiser reads the ``alibi_slopes``
+  parameter (``issue=split`` branches on it).
 
 Nothing is assumed about line numbers, formatting or comments: offsets are byte
 offsets into the text given, and every expression the templates need is the
@@ -31,6 +33,7 @@ from .parse import Parsed, parse_header
 K = ci.CursorKind
 FUNCTION = "paged_attention_kernel"
 CACHE_PARAMS = {"key": "k_cache", "value": "v_cache"}
+ALIBI_PARAM = "alibi_slopes"
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,14 @@ class Site:
     inner_open: int
     inner_var: str  # that loop's variable: 'j' (key) / 'i' (value)
     inner_indent: str
+    #: The whole ``for`` statement: [loop_start, loop_end) (``issue=split`` copies it).
+    loop_start: int = -1
+    loop_end: int = -1
+    #: Offset of the line break before the ``for``'s line, -1 when code precedes the
+    #: ``for`` on that line (``issue=split`` inserts its branch there).
+    before_loop: int = -1
+    loop_indent: str = ""
+    loop_text: str = ""  # the ``for`` statement's source, as written
 
 
 @dataclass(frozen=True)
@@ -80,6 +91,7 @@ class Sites:
     key: Site
     value: Site
     newline: str = "\n"  # the header's line ending: generated code follows it
+    alibi_var: str | None = None  # 'alibi_slope': the slope of the kernel's head (None: not found)
 
     def __iter__(self):
         return iter((self.key, self.value))
@@ -326,7 +338,20 @@ def _site(p: Parsed, kind: str, loop: _Loop, address: tuple[str, str, frozenset[
         inner_open=_after_trailing_comment(p, inner_body.extent.start.offset + 1),
         inner_var=inner_decls[0].spelling,
         inner_indent=_indent_at(p, inner_stmts[0].extent.start.offset) if inner_stmts else "",
+        loop_start=loop.node.extent.start.offset,
+        loop_end=loop.node.extent.end.offset,
+        before_loop=_own_line_break(p, loop.node.extent.start.offset),
+        loop_indent=_indent_at(p, loop.node.extent.start.offset),
+        loop_text=p.data[loop.node.extent.start.offset : loop.node.extent.end.offset].decode(),
     )
+
+
+def _own_line_break(p: Parsed, offset: int) -> int:
+    """The line break before ``offset``'s line when only blanks precede it there, else -1."""
+    start = p.data.rfind(b"\n", 0, offset)
+    if start < 0 or p.data[start + 1 : offset].strip():
+        return -1
+    return start - 1 if p.data[start - 1 : start] == b"\r" else start
 
 
 def _kernel_names(p: Parsed, fn: ci.Cursor, cache_param: ci.Cursor) -> dict[str, str]:
@@ -365,8 +390,9 @@ def find_sites(text: str, header_path: str) -> Sites:
     return sites_of(parse_header(text, header_path))
 
 
-def sites_of(p: Parsed) -> Sites:
-    """Locate both sites in an already parsed header."""
+def sites_of(p: Parsed, exclude: tuple[tuple[int, int], ...] = ()) -> Sites:
+    """Locate both sites in an already parsed header; loops that start inside an
+    ``exclude`` range ``[start, end)`` do not count (kvpatch's own ``issue=split`` copy)."""
     fn = _function(p)
     params = {c.spelling: c for c in fn.get_children() if c.kind == K.PARM_DECL}
     for cache in CACHE_PARAMS.values():
@@ -375,6 +401,8 @@ def sites_of(p: Parsed) -> Sites:
     loops: dict[str, list[_Loop]] = {"key": [], "value": []}
     for node in fn.walk_preorder():
         if node.kind != K.FOR_STMT:
+            continue
+        if any(a <= node.extent.start.offset < b for a, b in exclude):
             continue
         loop = _block_loop(p, node)
         if loop is None:
@@ -411,7 +439,18 @@ def sites_of(p: Parsed) -> Sites:
         key=key,
         value=value,
         newline="\r\n" if b"\r\n" in p.data else "\n",
+        alibi_var=_alibi_name(names["_inits"], params.get(ALIBI_PARAM)),
     )
+
+
+def _alibi_name(inits: dict[str, ci.Cursor], param: ci.Cursor | None) -> str | None:
+    """The variable initialised from the ``alibi_slopes`` parameter (the head's slope)."""
+    if param is None:
+        return None
+    for name, init in inits.items():
+        if any(r.spelling == ALIBI_PARAM for r in _refs(init)):
+            return name
+    return None
 
 
 def _gqa_names(p: Parsed, inits: dict[str, ci.Cursor], head_names: frozenset[str]) -> tuple[str, str]:

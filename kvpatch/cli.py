@@ -253,6 +253,8 @@ def build(
             out.print(f"{v.name}: {v.library}")
         out.print("Load with kvpatch.gpu.launch.Kernels(path, prefix); running them needs a CUDA GPU "
                   "and a CUDA build of torch ('kvpatch validate', 'kvpatch bench').")  # fmt: skip
+    for warning in result.split_warnings():
+        err.print(f"[yellow]warning:[/] {escape(warning)}")
     problems = result.problems()
     if problems:
         raise KvpatchError(f"SASS check failed: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""), exit_code=5)

@@ -9,22 +9,16 @@ HFMA2.MMA, HADD2, HMUL2, FMNMX, MUFU, F2F, FSEL) are the same. A difference is a
 a proof of different results (docs/tuning.md: it found the bf16 ALiBi instantiations whose
 loop nvcc stops unswitching; fp16 differs in count and is bit-identical).
 """
-import collections, gzip, json, re, sys
+import gzip, json, sys
+
+from kvpatch.build.inspect import scan_sass_kernels  # the FP ops counted: kvpatch.build.inspect.FP_OPS
 
 if len(sys.argv) != 3:
     sys.exit("usage: python scripts/sass_fp_ops.py BUILD.json OUT.json")
 d = json.load(open(sys.argv[1]))
-FP = re.compile(r"(FFMA|FADD|FMUL|HFMA2(?!\.MMA)|HADD2|HMUL2|FMNMX|MUFU|F2F|FSEL)")
 def sigs(v):
-    out, cur = {}, None
-    for line in gzip.open(v["sass"], "rt"):
-        m = re.match(r"\s*Function : (\S+)", line)
-        if m:
-            cur = m.group(1); out[cur] = collections.Counter(); continue
-        m = re.search(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line)
-        if cur and m and FP.match(m.group(1)):
-            out[cur][m.group(1)] += 1
-    return out
+    with gzip.open(v["sass"], "rt") as f:
+        return {sym: ops for (_, sym), (_, ops) in scan_sass_kernels(f).items()}
 vs = {v["name"]: v for v in d["variants"]}
 S, P = sigs(vs["stock"]), sigs(vs["patched"])
 key = lambda k: (k["kernel"], k["dtype"], k["kv_cache_dtype"], k["head_size"], k["block_size"])

@@ -448,6 +448,52 @@ def test_scan_sass():
     }
 
 
+def test_scan_sass_counts_floating_point_ops():
+    from kvpatch.build.inspect import scan_sass_kernels
+
+    sass = """\
+	code for sm_90a
+		Function : _Zk
+        /*0010*/                   FFMA R1, R2, R3, R4 ;
+        /*0020*/              @!P0 FFMA.FTZ R1, R2, R3, R4 ;
+        /*0030*/                   HFMA2.MMA R5, -RZ, RZ, 0, 0 ;
+        /*0040*/                   FMNMX R1, R2, R3, !PT ;
+        /*0050*/                   UBLKPF.L2 [UR4], UR5 ;
+        /*0060*/                   IMAD R1, R2, R3, R4 ;
+"""
+    assert scan_sass_kernels(sass.splitlines()) == {("sm_90a", "_Zk"): (True, {"FFMA": 2, "FMNMX": 1})}
+
+
+def test_split_warnings_compare_floating_point_ops_with_stock():
+    ops = (("FADD", 3), ("FFMA", 122))
+    stock = VariantResult("stock", "kvpatch_stock", "k", Path("."), Path("s.so"), (), Path("s.sass"), ("sm_90a",),
+                          ("bf16/auto/128/16",), (_kernel(dtype="bf16", fp_ops=ops, has_prefetch=False),), (), False)  # fmt: skip
+    same = replace(stock, name="split", kernels=(_kernel(dtype="bf16", fp_ops=ops, split=True),))
+    other = replace(same, name="other", kernels=(_kernel(dtype="bf16", fp_ops=(("FFMA", 244),), split=True),))
+    inline = replace(same, name="inline", kernels=(_kernel(dtype="bf16", fp_ops=(("FFMA", 61),)),))
+    result = B.BuildResult((stock, same, other, inline), 0.0)
+    assert result.split_warnings() == ["other: v1 bf16/auto/128/16 sm_90a: issue=split, but its floating-point SASS "
+                                       "differs from stock's: expect outputs with ALiBi to differ (check with 'kvpatch validate')"]  # fmt: skip
+    assert B.BuildResult((same, other), 0.0).split_warnings() == []  # no stock to compare with
+    again = VariantResult.from_dict(json.loads(json.dumps(other.to_dict())))
+    assert again.kernels == other.kernels
+
+
+@needs_nvcc
+def test_build_warns_where_split_does_not_compile_as_stock(tree_0102, build_cache):
+    """bf16 head 128: stock's key loop is unswitched on the ALiBi slope at block 16, not at 32.
+    With issue=split block 16 keeps stock's floating-point SASS; block 32 does not, and says so."""
+    stock = (tree_0102 / "csrc/attention/attention_kernels.cuh").read_text(encoding="utf-8")
+    variants = B.patched_variants(stock, str(tree_0102 / "csrc/attention/attention_kernels.cuh"),
+                                  {"split": make_config(inherit_rules=False, issue="split")})  # fmt: skip
+    spec = make_spec(tree_0102, variants, "9.0a", dtypes=["bf16"], head_sizes=[128], block_sizes=[16, 32])
+    result = B.build(spec, cache=build_cache, console=_quiet())
+    split = result.variant("split")
+    assert {(k.kernel, k.block_size) for k in split.kernels if k.split} == {("v1", 16), ("v2", 16), ("v1", 32), ("v2", 32)}
+    warned = {(w.split(": ")[1]) for w in result.split_warnings()}
+    assert warned == {"v1 bf16/auto/128/32 sm_90a", "v2 bf16/auto/128/32 sm_90a"}
+
+
 def test_describe_kernel():
     sigs = {
         "v1": KernelSignature("paged_attention_v1_kernel", ("scalar_t", "cache_t", "HEAD_SIZE", "BLOCK_SIZE", "NUM_THREADS", "KV_DTYPE", "IS_BLOCK_SPARSE"), ()),

@@ -47,20 +47,36 @@ _SASS_ARCH = re.compile(r"^\s*code for (sm_\w+)")
 _SASS_FUNCTION = re.compile(r"^\s*Function : (\S+)")
 
 
-def scan_sass(lines: Iterable[str]) -> dict[tuple[str, str], bool]:
-    """``cuobjdump --dump-sass`` lines -> ``{(arch, symbol): holds UBLKPF}``."""
-    out: dict[tuple[str, str], bool] = {}
+#: The floating-point SASS instructions counted per kernel (tensor-core MMA excluded): where
+#: ``issue=split`` compiles as stock, a kernel's counts equal stock's.
+FP_OPS = re.compile(r"(FFMA|FADD|FMUL|HFMA2(?!\.MMA)|HADD2|HMUL2|FMNMX|MUFU|F2F|FSEL)\b")
+_SASS_OPCODE = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")
+
+
+def scan_sass_kernels(lines: Iterable[str]) -> dict[tuple[str, str], tuple[bool, dict[str, int]]]:
+    """``cuobjdump --dump-sass`` lines -> ``{(arch, symbol): (holds UBLKPF, {FP op: count})}``."""
+    out: dict[tuple[str, str], tuple[bool, dict[str, int]]] = {}
     arch = ""
     current: tuple[str, str] | None = None
+    has, ops = False, {}
     for line in lines:
         if m := _SASS_ARCH.match(line):
             arch = m.group(1)
         elif m := _SASS_FUNCTION.match(line):
-            current = (arch, m.group(1))
-            out[current] = False
-        elif current is not None and PREFETCH_SASS in line:
-            out[current] = True
+            current, has, ops = (arch, m.group(1)), False, {}
+            out[current] = (has, ops)
+        elif current is not None:
+            if PREFETCH_SASS in line and not has:
+                has = True
+                out[current] = (has, ops)
+            if (op := _SASS_OPCODE.search(line)) and (fp := FP_OPS.match(op.group(1))):
+                ops[fp.group(1)] = ops.get(fp.group(1), 0) + 1
     return out
+
+
+def scan_sass(lines: Iterable[str]) -> dict[tuple[str, str], bool]:
+    """``cuobjdump --dump-sass`` lines -> ``{(arch, symbol): holds UBLKPF}``."""
+    return {k: has for k, (has, _) in scan_sass_kernels(lines).items()}
 
 
 def demangle(symbols: Sequence[str]) -> dict[str, str]:
@@ -120,7 +136,7 @@ def _template_args(text: str, start: int) -> list[str]:
 def inspect_variant(p: VariantPlan, tools: Inspector, step: Callable[[str, Callable[[], None]], None]) -> VariantResult:
     """Read registers from the ptxas logs and the prefetch from the SASS of a linked variant."""
     sass_path = p.dir / "kernels.sass.gz"
-    sass: dict[tuple[str, str], bool] = {}
+    sass: dict[tuple[str, str], tuple[bool, dict[str, int]]] = {}
 
     def dump() -> None:
         sass.update(dump_sass(tools, p.library, sass_path))
@@ -133,15 +149,19 @@ def inspect_variant(p: VariantPlan, tools: Inspector, step: Callable[[str, Calla
     sigs = dict(p.signatures)
     names = demangle(sorted({sym for _, sym in sass}))
     kernels = []
-    for (arch, sym), has in sorted(sass.items()):
+    for (arch, sym), (has, ops) in sorted(sass.items()):
         desc = describe_kernel(names[sym], sigs)
         if desc is None:
             continue
         expect = (desc["kernel"] != "reduce" and code_major(arch) >= 9
                   and p.variant.expects_prefetch(desc["dtype"], desc["kv_cache_dtype"], desc["head_size"],
                                                 desc["block_size"], desc["kernel"]))  # fmt: skip
+        cfg = p.variant.config
+        split = expect and cfg is not None and cfg.resolve(desc["dtype"], desc["head_size"], desc["block_size"],
+                                                           desc["kv_cache_dtype"], desc["kernel"]).issue == "split"  # fmt: skip
         res = usage.get((arch, sym), {"registers": 0, "spill_stores": 0, "spill_loads": 0, "stack_bytes": 0})
-        kernels.append(KernelInfo(arch=arch, **desc, **res, has_prefetch=has, expect_prefetch=expect, symbol=sym))
+        kernels.append(KernelInfo(arch=arch, **desc, **res, has_prefetch=has, expect_prefetch=expect, symbol=sym,
+                                  fp_ops=tuple(sorted(ops.items())), split=split))  # fmt: skip
     kernels.sort(key=_kernel_order)
     return VariantResult(
         name=p.variant.name,
@@ -177,7 +197,7 @@ def _kernel_order(k: KernelInfo) -> tuple:
     return (arch, list(KERNELS).index(k.kernel), dtype, kv, k.head_size, k.block_size)
 
 
-def dump_sass(tools: Inspector, library: Path, out: Path) -> dict[tuple[str, str], bool]:
+def dump_sass(tools: Inspector, library: Path, out: Path) -> dict[tuple[str, str], tuple[bool, dict[str, int]]]:
     """Stream ``cuobjdump --dump-sass`` into ``out`` (gzip: --all's SASS is ~300 MB) and scan it."""
     tmp = out.with_name(out.name + ".tmp")
     with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=3) as f:
@@ -192,7 +212,7 @@ def dump_sass(tools: Inspector, library: Path, out: Path) -> dict[tuple[str, str
                 f.write(line)
                 yield line
 
-        found = scan_sass(tee())
+        found = scan_sass_kernels(tee())
         err = proc.stderr.read()
         if proc.wait() != 0:
             raise BuildError(f"cuobjdump --dump-sass {library.name} failed: {first_error(err)}")

@@ -30,7 +30,7 @@ from .spec import BuildSpec, KernelConfig, Variant
 from .toolchain import Toolchain, toolchain
 
 #: Bump when the generated code or the cache layout changes: every cache key changes.
-BUILD_FORMAT = 3
+BUILD_FORMAT = 4
 #: Configurations per launcher translation unit: --all builds in parallel shards.
 CONFIGS_PER_SHARD = 8
 #: The torch headers vLLM's attention headers include; a build gets stand-ins (under stubs/).

@@ -29,6 +29,10 @@ class KernelInfo:
     has_prefetch: bool  # observed: the SASS holds UBLKPF
     expect_prefetch: bool  # expected: the variant's configuration prefetches here
     symbol: str  # mangled
+    #: Floating-point SASS instructions and their counts (:data:`kvpatch.build.inspect.FP_OPS`).
+    fp_ops: tuple[tuple[str, int], ...] = ()
+    #: Its configuration issues the prefetch with ``issue=split`` here.
+    split: bool = False
 
     @property
     def ok(self) -> bool:
@@ -116,7 +120,8 @@ class VariantResult:
             sass=Path(d["sass"]),
             archs=tuple(d["archs"]),
             configs=tuple(d["configs"]),
-            kernels=tuple(KernelInfo(**k) for k in d["kernels"]),
+            kernels=tuple(KernelInfo(**{**k, "fp_ops": tuple(tuple(x) for x in k.get("fp_ops", ()))})
+                          for k in d["kernels"]),  # fmt: skip
             steps=tuple(StepTime(**s) for s in d["steps"]),
             expect_prefetch=d["expect_prefetch"],
             compile_flags=tuple(d["compile_flags"]),
@@ -144,6 +149,21 @@ class BuildResult:
 
     def problems(self) -> list[str]:
         return [p for v in self.variants for p in v.problems()]
+
+    def split_warnings(self) -> list[str]:
+        """``issue=split`` kernels whose floating-point SASS differs from the 'stock' variant's
+        same kernel: there nvcc did not compile the two copies as stock's loop (stock's loop is
+        not unswitched on the ALiBi slope there, e.g. bf16 at block 32), so expect ALiBi
+        outputs to differ from stock's. Empty when the build has no 'stock' variant."""
+        stock = {(k.arch, k.kernel, k.config): k.fp_ops for v in self.variants if v.name == "stock" for k in v.kernels}
+        out = []
+        for v in self.variants:
+            for k in v.kernels:
+                ref = stock.get((k.arch, k.kernel, k.config))
+                if k.split and ref and k.fp_ops != ref:
+                    out.append(f"{v.name}: {k.label}: issue=split, but its floating-point SASS differs from stock's: "
+                               f"expect outputs with ALiBi to differ (check with 'kvpatch validate')")  # fmt: skip
+        return out
 
     def to_dict(self) -> dict:
         return {

@@ -136,8 +136,9 @@ def patch(text: str, header_path: str, cfg: PatchConfig) -> Result:
     """Inject ``cfg`` into ``text``, replacing any earlier injection, and validate.
 
     Validation re-parses the result: both chosen sites must again be found, each
-    must now contain an ``asm`` statement, and the patched header may carry no
-    error diagnostic the stock header did not.
+    must now contain an ``asm`` statement, the patched header may carry no error
+    diagnostic the stock header did not, and with ``issue=split`` the copy before the
+    key loop must be stock's key loop, byte for byte.
     """
     stock, previous = unpatch(text, header_path)
     stock_parsed = parse_header(stock, header_path)
@@ -203,10 +204,13 @@ def validate(stock: Parsed, patched_text: str, cfg: PatchConfig) -> None:
     copies = tuple((j.start, j.end) for j in injections(patched) if j.label == SPLIT_LABEL)
     if bool(copies) != (cfg.uses_split and cfg.k):
         raise PatchError("after patching, the key loop's issue=split copy is " + ("unexpected" if copies else "missing"))
+    if copies:
+        want = sites_of(stock).key.loop_text.replace("\r\n", "\n")
     for start, end in copies:
         copy = [n for n in patched.tu.cursor.walk_preorder() if n.kind == ci.CursorKind.FOR_STMT
                 and _in_file(patched, n) and start <= n.extent.start.offset < end]  # fmt: skip
-        if not copy or any(n.kind == ci.CursorKind.ASM_STMT or n.spelling == HELPER for n in copy[0].walk_preorder()):
+        text = patched.data[copy[0].extent.start.offset : copy[0].extent.end.offset].decode() if copy else ""
+        if text.replace("\r\n", "\n") != want:
             raise PatchError("after patching, the issue=split copy of the key loop is not stock's loop")
     sites = sites_of(patched, exclude=copies)
     for site in sites:

@@ -458,10 +458,11 @@ def test_scan_sass_counts_floating_point_ops():
         /*0020*/              @!P0 FFMA.FTZ R1, R2, R3, R4 ;
         /*0030*/                   HFMA2.MMA R5, -RZ, RZ, 0, 0 ;
         /*0040*/                   FMNMX R1, R2, R3, !PT ;
+        /*0045*/                   MUFU.RCP R6, R7 ;
         /*0050*/                   UBLKPF.L2 [UR4], UR5 ;
         /*0060*/                   IMAD R1, R2, R3, R4 ;
 """
-    assert scan_sass_kernels(sass.splitlines()) == {("sm_90a", "_Zk"): (True, {"FFMA": 2, "FMNMX": 1})}
+    assert scan_sass_kernels(sass.splitlines()) == {("sm_90a", "_Zk"): (True, {"FFMA": 2, "FMNMX": 1, "MUFU": 1})}
 
 
 def test_split_warnings_compare_floating_point_ops_with_stock():
@@ -471,9 +472,10 @@ def test_split_warnings_compare_floating_point_ops_with_stock():
     same = replace(stock, name="split", kernels=(_kernel(dtype="bf16", fp_ops=ops, split=True),))
     other = replace(same, name="other", kernels=(_kernel(dtype="bf16", fp_ops=(("FFMA", 244),), split=True),))
     inline = replace(same, name="inline", kernels=(_kernel(dtype="bf16", fp_ops=(("FFMA", 61),)),))
-    result = B.BuildResult((stock, same, other, inline), 0.0)
-    assert result.split_warnings() == ["other: v1 bf16/auto/128/16 sm_90a: issue=split, but its floating-point SASS "
-                                       "differs from stock's: expect outputs with ALiBi to differ (check with 'kvpatch validate')"]  # fmt: skip
+    moved = replace(same, name="moved", kernels=(_kernel(dtype="bf16", fp_ops=(("FADD", 5), ("FFMA", 122)), split=True),))
+    result = B.BuildResult((stock, same, other, inline, moved), 0.0)
+    assert result.split_warnings() == ["other: v1 bf16/auto/128/16 sm_90a: issue=split, but 244 FFMA in its SASS against "
+                                       "stock's 122: expect outputs with ALiBi to differ (check with 'kvpatch validate')"]  # fmt: skip
     assert B.BuildResult((same, other), 0.0).split_warnings() == []  # no stock to compare with
     again = VariantResult.from_dict(json.loads(json.dumps(other.to_dict())))
     assert again.kernels == other.kernels

@@ -47,8 +47,8 @@ _SASS_ARCH = re.compile(r"^\s*code for (sm_\w+)")
 _SASS_FUNCTION = re.compile(r"^\s*Function : (\S+)")
 
 
-#: The floating-point SASS instructions counted per kernel (tensor-core MMA excluded): where
-#: ``issue=split`` compiles as stock, a kernel's counts equal stock's.
+#: The floating-point SASS instructions counted per kernel (tensor-core MMA excluded); the
+#: ``issue=split`` check compares their FFMA (:meth:`~kvpatch.build.result.BuildResult.split_warnings`).
 FP_OPS = re.compile(r"(FFMA|FADD|FMUL|HFMA2(?!\.MMA)|HADD2|HMUL2|FMNMX|MUFU|F2F|FSEL)\b")
 _SASS_OPCODE = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")
 

@@ -90,7 +90,7 @@ def apply(
     fp16: Annotated[Optional[str], typer.Option("--fp16", help="Settings for fp16 kernels only: 'scope=kv-head,issue=inline' (the default), or 'none'.")] = None,
     bf16: Annotated[Optional[str], typer.Option("--bf16", help="Settings for bf16 kernels only (key=value,...), or 'none'.")] = None,
     fp32: Annotated[Optional[str], typer.Option("--fp32", help="Settings for fp32 kernels only (key=value,...), or 'none'.")] = None,
-    rule: Annotated[Optional[list[str]], typer.Option("--rule", help="Settings for the instantiations a selector picks: 'bf16/80/32=off', 'fp16/64=issue=call' (dtype[/head[/block[/kv]]], * for any; repeatable; SEL=none drops a default rule).")] = None,
+    rule: Annotated[Optional[list[str]], typer.Option("--rule", help="Settings for the instantiations a selector picks: 'bf16/80/32=off', 'fp16/64=issue=call' (dtype\\[/head\\[/block\\[/kv]]], * for any; repeatable; SEL=none drops a default rule).")] = None,
     remote: Annotated[str, typer.Option(help="git remote to fetch releases from.")] = "",
     force: Annotated[bool, typer.Option(help="Patch even if the header has local edits.")] = False,
     as_json: JsonOpt = False,

@@ -353,3 +353,22 @@ def test_config_command_prints_toml(work: Path) -> None:
     proc = kvpatch("config", cwd=work)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith('[kvpatch]\npreset = "default"\nlookahead = 1\n')
+
+
+def _commands() -> list[str]:
+    from kvpatch.cli import app
+
+    return sorted(c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands)
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_every_commands_help_renders(command: str) -> None:
+    """Rich reads '[...]' in help text as markup: unescaped, a bracket crashes --help
+    (it did for apply's --rule). Every command's help must print, brackets and all."""
+    env = {**os.environ, "COLUMNS": "250"}
+    r = subprocess.run([sys.executable, "-m", "kvpatch", command, "--help"], capture_output=True, text=True,
+                       env=env, timeout=60)  # fmt: skip
+    assert r.returncode == 0 and "Traceback" not in r.stdout + r.stderr, (r.stdout + r.stderr)[-1500:]
+    assert "Usage" in r.stdout
+    if command == "apply":
+        assert "dtype[/head[/block[/kv]]]" in r.stdout

@@ -458,7 +458,7 @@ def bench_decode(
         say=lambda m: err.print(m, highlight=False, soft_wrap=True), wpf=wpf, cap=cap, grid=grid, threads=threads,
         chunk=chunk, hint=hint, fork=fork, join=join, priority=priority,
     )  # fmt: skip
-    out.print(text, highlight=False, soft_wrap=True)
+    out.print(text, markup=False, highlight=False, soft_wrap=True)
     if code:
         raise KvpatchError("bench-decode: outputs differ from stock", exit_code=code)
 

@@ -17,6 +17,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from .errors import UsageError
+
 
 def resolve_target(path: Path) -> Path:
     """Where a write to ``path`` lands: symlinks (also dangling ones) followed."""
@@ -107,3 +109,72 @@ def write_if_different(path: str | os.PathLike[str], data: str | bytes) -> bool:
         pass
     write_atomic(path, raw)
     return True
+
+
+def output_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why :func:`write_atomic` could not write ``path``, checked before any work is done
+    (None: it can, as far as the file system says now). A commands' outputs are checked
+    first so that a bad path fails in a second, not after a long run."""
+    text = os.fspath(path)
+    if not text:
+        return "an empty path"
+    if text == "-":
+        return "'-' (stdout) is not supported here: give a file name"
+    try:
+        st = os.stat(text)
+    except (FileNotFoundError, NotADirectoryError):
+        st = None
+    except OSError as e:
+        return e.strerror or str(e)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        return "is a directory: give a file name"
+    if st is not None and not stat.S_ISREG(st.st_mode):  # a device or pipe: written in place
+        return None if os.access(text, os.W_OK) else "not writable"
+    parent = resolve_target(Path(text)).parent
+    while not parent.exists():  # write_atomic creates missing parents
+        if parent.parent == parent:
+            break
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    try:  # a real file, not os.access: root passes that check on read-only mounts and /proc
+        fd, probe = tempfile.mkstemp(prefix=".kvpatch-probe.", dir=parent)
+    except OSError as e:
+        return f"cannot create files in {parent}: {e.strerror or e}"
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
+
+def check_outputs(**paths: str | os.PathLike[str] | None) -> None:
+    """:func:`output_problem` for each named output (``json=...``; None: not asked for);
+    the first problem is a one-line :class:`UsageError` naming the option."""
+    for option, path in paths.items():
+        if path is None:
+            continue
+        why = output_problem(path)
+        if why is not None:
+            raise UsageError(f"--{option.replace('_', '-')} {os.fspath(path)!r}: {why}")
+
+
+def write_both(first: str | os.PathLike[str], first_data: str | bytes,
+               second: str | os.PathLike[str], second_data: str | bytes) -> None:  # fmt: skip
+    """Write two files as one step: the second is staged (a full disk fails here, before
+    anything changed), the first written, then the second renamed into place. A device
+    or pipe (``/dev/null``) is written in place, as :func:`write_atomic` does."""
+    try:
+        mode = os.stat(second).st_mode
+        special = not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+    except OSError:
+        special = False
+    if special:
+        write_atomic(first, first_data)
+        write_atomic(second, second_data)
+        return
+    staged = stage(second, second_data)
+    try:
+        write_atomic(first, first_data)
+        staged.commit()
+    finally:
+        staged.discard()

@@ -85,16 +85,16 @@ def bench_tables(report: Any) -> list[Table]:
         by_key.setdefault((r.point, r.kernel), {})[r.mode] = r
     bw = report.copy_bandwidth.get("bytes_per_s", 0) / 1e12
     t = Table(
-        title=f"{report.point_set} set: speedup over {report.baseline} (x) [min..max over rounds]; "
+        title=f"{escape(report.point_set)} set: speedup over {escape(report.baseline)} (x) [min..max over rounds]; "
         f"k* = the kernel vLLM dispatches; ~ = a power-capped/throttled round; copy BW {bw:.2f} TB/s",
         title_justify="left",
     )
     for col in ("point", "B", "ctx", "k"):
         t.add_column(col, justify="right" if col in ("B", "ctx") else "left")
     for m in modes:
-        t.add_column(f"{report.baseline}\n{m} us", justify="right")
+        t.add_column(escape(f"{report.baseline}\n{m} us"), justify="right")
         for n in others:
-            t.add_column(f"{n}\n{m}", justify="right")
+            t.add_column(escape(f"{n}\n{m}"), justify="right")
     t.add_column("KV\nTB/s", justify="right")
     for (point, kernel), per_mode in by_key.items():
         disp = "*" if kernel == point.dispatched else ""
@@ -122,7 +122,7 @@ def bench_tables(report: Any) -> list[Table]:
 
 
 def bench_summary_table(report: Any) -> Table:
-    s = Table(title=f"{report.point_set} set, the dispatched kernel: speedup min / median / geomean; points "
+    s = Table(title=f"{escape(report.point_set)} set, the dispatched kernel: speedup min / median / geomean; points "
               "faster / within noise / slower (interval vs 1.00; '(k stock code)': k of them run a kernel the "
               "variant compiles exactly as stock, i.e. the bench's noise floor)", title_justify="left")  # fmt: skip
     for col in ("variant", "dtype", "mode", "n", "min", "median", "geomean", "faster", "noise", "slower", "flagged"):
@@ -130,7 +130,7 @@ def bench_summary_table(report: Any) -> Table:
     for row in report.summary:
         if row["scope"] != "dispatched":
             continue
-        s.add_row(row["variant"], row["dtype"], row["mode"], str(row["n"]), f"{row['min']:.2f}",
+        s.add_row(escape(row["variant"]), row["dtype"], row["mode"], str(row["n"]), f"{row['min']:.2f}",
                   fmt_speedup(row["median"]), f"{row['geomean']:.2f}", str(row["faster"]), str(row["noise"]),
                   _slower_cell(row), str(row["flagged"]))  # fmt: skip
     return s
@@ -188,14 +188,14 @@ def print_validate(report: Any, console: Console, err: Console, *, limit: int = 
 def upstream_table(report: Any) -> Table:
     t = Table(title=f"vLLM {escape(report.release)}'s own test {escape(report.test_id)} (unchanged) per library",
               title_justify="left")  # fmt: skip
-    for col in ("library", "passed", "failed", "skipped", "errors", "outputs", f"== {report.baseline} bit for bit"):
+    for col in ("library", "passed", "failed", "skipped", "errors", "outputs", escape(f"== {report.baseline} bit for bit")):
         t.add_column(col, justify="left" if col == "library" else "right")
     for run in report.runs:
         same = report.identical.get(run.name)
         cell = "-" if same is None else f"{same['identical']}/{same['compared']}"
         if same is not None and same["identical"] != same["compared"]:
             cell = f"[red]{cell}[/red]"
-        t.add_row(run.name, str(run.passed), f"[red]{run.failed}[/red]" if run.failed else "0", str(run.skipped),
+        t.add_row(escape(run.name), str(run.passed), f"[red]{run.failed}[/red]" if run.failed else "0", str(run.skipped),
                   str(run.errors), str(run.outputs), cell)  # fmt: skip
     return t
 
@@ -217,7 +217,7 @@ def tune_table(report: Any, top: int = 3) -> Table:
     for inst, pick in report.picks.items():
         for i, s in enumerate(pick.ranked[:top]):
             lo, hi = s.geomean_interval
-            table.add_row(inst if i == 0 else "", pick.name if i == 0 else "", s.name,
+            table.add_row(escape(inst) if i == 0 else "", escape(pick.name) if i == 0 else "", escape(s.name),
                           "yes" if s.bit_identical else "NO", str(s.slower), f"{s.worst:.3f}",
                           f"{s.geomean:.3f} [{lo:.3f}..{hi:.3f}]")  # fmt: skip
     return table
@@ -233,17 +233,17 @@ def render_decode(report: DecodeReport | dict[str, Any]) -> Any:
 
     if isinstance(report, dict):
         report = DecodeReport.from_dict(report)
-    table = Table(title=f"decode step: {report.env.get('gpu', '?')}, {report.mode} L2, {report.layers} layers "
+    table = Table(title=f"decode step: {escape(str(report.env.get('gpu', '?')))}, {report.mode} L2, {report.layers} layers "
                         f"(speedup over stock, median [min..max] over {report.rounds} rounds)")  # fmt: skip
     for col in ("model", "dtype", "B", "ctx", "kernel", "stock us", "tok/s"):
         table.add_column(col, justify="right")
     for name in report.variants[1:]:
-        table.add_column(name, justify="right")
+        table.add_column(escape(name), justify="right")
     for col in ("attn share", "cap MiB", "identical"):
         table.add_column(col, justify="right")
     for p in report.points:
         v = p["variants"]
-        cells = [p["model"], p["dtype"], str(p["batch"]), str(p["context"]), p["kernel"],
+        cells = [escape(p["model"]), p["dtype"], str(p["batch"]), str(p["context"]), p["kernel"],
                  f"{v['stock']['step_us']['median']:.1f}", f"{v['stock']['tokens_per_s']:.0f}"]  # fmt: skip
         for name in report.variants[1:]:
             s = v[name]["speedup"]

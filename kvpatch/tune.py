@@ -39,7 +39,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
-from .config import DTYPES, PatchConfig, make_config
+from .config import DTYPES, RULE_KERNELS, PatchConfig, Selector, make_config
+from .errors import UsageError
 from .gpu.stats import SLOWER, geomean
 
 #: The grid: (setting, values). 12 candidates.
@@ -140,17 +141,36 @@ def score(bench: dict, failures: dict[str, set[str]]) -> list[Score]:
         p = r["point"]
         inst = kernel_selector(p["dtype"], p.get("head_size", 128), p.get("block_size", 16),
                                p.get("kv_cache_dtype", "auto"), r["kernel"])  # fmt: skip
+        _check_selector(inst)
         for name, timing in r["variants"].items():
             if name != bench["baseline"]:
                 acc.setdefault((name, inst), []).append(timing)
     out = []
     for (name, inst), timings in sorted(acc.items()):
-        per_round = [t.get("speedup_rounds") or () for t in timings]
+        per_round = [tuple(_speedup(x) for x in (t.get("speedup_rounds") or ())) for t in timings]
         n_rounds = min(len(r) for r in per_round) if per_round else 0
         rounds = tuple(tuple(r[i] for r in per_round) for i in range(n_rounds))
-        out.append(Score(name, inst, tuple(t["speedup"] for t in timings), inst not in failures.get(name, set()),
-                         sum(t.get("verdict") == SLOWER for t in timings), rounds))  # fmt: skip
+        out.append(Score(name, inst, tuple(_speedup(t["speedup"]) for t in timings),
+                         inst not in failures.get(name, set()), sum(t.get("verdict") == SLOWER for t in timings),
+                         rounds))  # fmt: skip
     return out
+
+
+def _speedup(x: Any) -> float:
+    """A measured speedup: a finite number > 0 (ValueError otherwise: the data is damaged)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not (0 < x < math.inf):
+        raise ValueError(f"invalid speedup {x!r}")
+    return float(x)
+
+
+def _check_selector(text: str) -> None:
+    """A measured kernel names one kernel exactly (no ``*``, every part valid)."""
+    try:
+        sel = Selector.parse(text)
+    except UsageError:
+        raise ValueError(f"invalid kernel {text!r}") from None
+    if sel.specificity != 5 or sel.kernel not in RULE_KERNELS:
+        raise ValueError(f"invalid kernel {text!r}")
 
 
 @dataclass(frozen=True)
@@ -313,14 +333,24 @@ def candidate_configs(variant_info: dict[str, dict], baseline: str = "stock") ->
 def parse_exclusions(items: Iterable[str]) -> list[tuple[str, str]]:
     """``['inline_*@bf16/256/16/auto/v1']`` -> ``[('inline_*', 'bf16/256/16/auto/v1')]``: shell
     patterns of candidate names and kernel selectors to count as validation failures."""
-    from .errors import UsageError
-
     out = []
     for item in items:
         cand, sep, sel = str(item).partition("@")
         if not sep or not cand.strip() or not sel.strip():
             raise UsageError(f"invalid --exclude {item!r}: use CANDIDATE@SELECTOR, e.g. 'inline_*@bf16/256/16/auto/v1'")
         out.append((cand.strip(), sel.strip()))
+    return out
+
+
+def _failures(raw: Any) -> dict[str, set[str]]:
+    """A saved ``validation_failures``: candidate name -> a list of kernel selectors."""
+    if not isinstance(raw, dict):
+        raise ValueError("validation_failures is not an object")
+    out = {}
+    for name, sels in raw.items():
+        if not isinstance(sels, list) or not all(isinstance(x, str) for x in sels):
+            raise ValueError(f"validation_failures[{name!r}] is not a list of kernels")
+        out[str(name)] = set(sels)
     return out
 
 
@@ -332,13 +362,11 @@ def rechoose(data: dict, *, policy: str = "strict", fallback: str = "off", exclu
     what ``validate --upstream`` found on a kernel after tune ran."""
     import fnmatch
 
-    from .errors import UsageError
-
     try:
         bench = data["bench"]
-        failures = {k: set(v) for k, v in data.get("validation_failures", {}).items()}
+        failures = _failures(data.get("validation_failures", {}))
         configs = candidate_configs(bench["variant_info"], bench["baseline"])
-    except (KeyError, TypeError, AttributeError):
+    except (KeyError, TypeError, AttributeError, ValueError):
         raise UsageError("not a kvpatch tune JSON (no bench data, variant info or validation results)") from None
     if not configs:
         raise UsageError("the tune JSON holds no candidates")
@@ -346,6 +374,11 @@ def rechoose(data: dict, *, policy: str = "strict", fallback: str = "off", exclu
         scores = score(bench, failures)
     except (KeyError, TypeError, AttributeError, ValueError):
         raise UsageError("the tune JSON's bench results are not what kvpatch tune writes") from None
+    if not scores:
+        raise UsageError("the tune JSON's bench holds no measured candidate kernel: nothing to choose from")
+    unknown = sorted({s.name for s in scores} - set(configs))
+    if unknown:
+        raise UsageError(f"the tune JSON measured {', '.join(map(repr, unknown))} but has no configuration for it")
     for cand, sel in parse_exclusions(exclude):
         hits = {i for i, s in enumerate(scores) if fnmatch.fnmatchcase(s.name, cand) and fnmatch.fnmatchcase(s.selector, sel)}
         if not hits:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import UsageError
 
@@ -48,8 +48,8 @@ class Arch:
 def parse_arch_list(text: str) -> list[Arch]:
     """Parse ``TORCH_CUDA_ARCH_LIST`` syntax: ``'8.0;9.0a'``, ``'8.0 9.0+PTX'``.
 
-    Entries are separated by ``;``, spaces or commas; duplicates are dropped, order
-    is kept. Raises :class:`UsageError` naming the first bad entry.
+    Entries are separated by ``;``, spaces or commas; duplicates are dropped (an SM
+    given with and without ``+PTX`` is one entry, with PTX), order is kept. Raises :class:`UsageError` naming the first bad entry.
     """
     entries = [e for e in re.split(r"[;,\s]+", text.strip()) if e]
     if not entries:
@@ -64,7 +64,10 @@ def parse_arch_list(text: str) -> list[Arch]:
             raise UsageError(f"invalid arch {entry!r}: the 'a' suffix exists for 9.0 and newer")
         if arch.suffix == "f" and arch.major < 10:
             raise UsageError(f"invalid arch {entry!r}: the 'f' suffix exists for 10.0 and newer")
-        if arch not in archs:
+        same = [i for i, a in enumerate(archs) if a.sm == arch.sm]
+        if same:  # '9.0a;9.0a+PTX': one target, with PTX if any entry asks for it
+            archs[same[0]] = replace(archs[same[0]], ptx=archs[same[0]].ptx or arch.ptx)
+        else:
             archs.append(arch)
     return archs
 

@@ -68,6 +68,20 @@ def _kernels_of(point: BenchPoint, kernels: Sequence[str]) -> list[str]:
     return list(kernels)
 
 
+def check_bench_options(*, reps: int, warmup: int, rounds: int, warm: bool, cold: bool,
+                        kernels: Sequence[str]) -> None:  # fmt: skip
+    """The timing options, checked before anything is built (ValueError, one line)."""
+    if not (warm or cold):
+        raise ValueError("neither warm nor cold timing selected")
+    if reps < 1 or rounds < 1 or warmup < 0:
+        raise ValueError("reps and rounds must be >= 1, warmup >= 0")
+    if not kernels:
+        raise ValueError("no kernels selected: v1, v2 or dispatched")
+    for k in kernels:
+        if k not in (*KERNELS, "dispatched"):
+            raise ValueError(f"unknown kernel {k!r}: v1, v2 or dispatched")
+
+
 def run_bench(
     libs: dict[str, Any],
     points: Sequence[BenchPoint] | None = None,
@@ -109,14 +123,8 @@ def run_bench(
     points = list(points) if points is not None else default_points()
     if not points:
         raise ValueError("no bench points")
+    check_bench_options(reps=reps, warmup=warmup, rounds=rounds, warm=warm, cold=cold, kernels=kernels)
     modes = [m for m, on in (("warm", warm), ("cold", cold)) if on]
-    if not modes:
-        raise ValueError("neither warm nor cold timing selected")
-    if reps < 1 or rounds < 1 or warmup < 0:
-        raise ValueError("reps and rounds must be >= 1, warmup >= 0")
-    for k in kernels:
-        if k not in (*KERNELS, "dispatched"):
-            raise ValueError(f"unknown kernel {k!r}: v1, v2 or dispatched")
     missing = sorted({f"{p.config} not built in {n}" for p in points for n in names
                       if L.is_built(libs[n], p.config) is False})  # fmt: skip
     if missing:

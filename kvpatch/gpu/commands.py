@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ..errors import KvpatchError, UsageError
-from ..fsutil import write_atomic
+from ..fsutil import check_outputs, write_atomic
 from . import launch as L
 from .report import STOCK_MARKER
 
@@ -44,6 +44,9 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
             raise UsageError(f"invalid heads {part!r}: use QUERY/KV, e.g. 32/8") from None
         if not sep:
             raise UsageError(f"invalid heads {part!r}: use QUERY/KV, e.g. 32/8")
+        q_heads, kv_heads = out[-1]
+        if q_heads < 1 or kv_heads < 1 or q_heads % kv_heads:
+            raise UsageError(f"invalid heads {part!r}: KV heads >= 1 and query heads a positive multiple of them")
     return out
 
 
@@ -80,10 +83,7 @@ class Libraries:
 def prebuilt(lib_specs: Sequence[str], variant_info: Optional[Path] = None,
              loader: Optional[Callable[[list[L.LibSpec]], dict[str, Any]]] = None) -> Libraries:  # fmt: skip
     """Libraries given on the command line, loaded as given (by ``loader``, default :func:`launch.load_libs`)."""
-    try:
-        specs = L.parse_lib_specs(lib_specs)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    specs = parse_libs(lib_specs)
     extra = load_variant_info(variant_info)
     info = {s.name: {**L.lib_info(s.path, s.prefix), **extra.get(s.name, {})} for s in specs}
     for name, i in info.items():
@@ -120,6 +120,23 @@ def _build(tree: Optional[Path], cwd: Path, arch: str, variants: list, console: 
     spec = B.make_spec(target.root, variants, arch, **kernel_options)
     result = B.build(spec, console=console)
     return built(result, variants, spec)
+
+
+def parse_libs(lib_specs: Sequence[str]) -> list[L.LibSpec]:
+    """``--lib`` values parsed (UsageError, one line): checked before the GPU is."""
+    try:
+        return L.parse_lib_specs(lib_specs)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def require_device(device: str) -> None:
+    """A CUDA GPU when the command runs on ``cuda`` (the tests run on ``cpu``): checked
+    before anything is built or loaded."""
+    if str(device).startswith("cuda"):
+        from .. import api
+
+        api.require_cuda()
 
 
 def write_if(path: Optional[Path], text: str) -> None:
@@ -216,13 +233,17 @@ def run_validate_command(o: ValidateOptions, *, console: Any = None, progress: A
     outcome = ValidateOutcome()
     if not o.matrix and not o.upstream:
         raise UsageError("--no-matrix leaves nothing to do without --upstream")
+    if o.workers is not None and o.workers < 1:
+        raise UsageError(f"--workers must be >= 1, not {o.workers}")
     cases, name, sampling = validate_cases(o)
+    check_outputs(json=o.json_out)
+    parse_libs(o.libs)
+    require_device(o.device)
     if o.libs:
         libs = prebuilt(o.libs, o.variant_info)
     else:
         from .. import api  # the build side (git, libclang) only when building
 
-        api.require_cuda()
         target = api.resolve_tree(o.tree, o.cwd)
         variants = api.variants_for(target, o.cwd, paper=o.paper)
         if o.upstream:  # vLLM's test needs its own sizes: build vLLM's full set
@@ -350,20 +371,27 @@ def bench_points(o: BenchOptions) -> tuple[list, str]:
 def run_bench_command(o: BenchOptions, *, console: Any = None, progress: Any = None) -> Any:
     """``kvpatch bench``: returns the :class:`~kvpatch.gpu.report.BenchReport` (JSON/plot written)."""
     points, name = bench_points(o)
+    from .bench import check_bench_options, run_bench
+
+    try:
+        check_bench_options(reps=o.reps, warmup=o.warmup, rounds=o.rounds, warm=o.warm, cold=o.cold,
+                            kernels=o.kernels)  # fmt: skip
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    check_outputs(json=o.json_out, plot=o.plot)
+    parse_libs(o.libs)
+    require_device(o.device)
     if o.libs:
         libs = prebuilt(o.libs, o.variant_info)
     else:
         from .. import api  # the build side (git, libclang) only when building
 
-        api.require_cuda()
         target = api.resolve_tree(o.tree, o.cwd)
         variants = api.variants_for(target, o.cwd, paper=o.paper, control=o.control, extra=o.variants)
         libs = _build(o.tree, o.cwd, o.arch, variants, console,
                       dtypes=sorted({p.dtype for p in points}), head_sizes=sorted({p.head_size for p in points}),
                       block_sizes=sorted({p.block_size for p in points}),
                       kv_cache_dtypes=sorted({p.kv_cache_dtype for p in points}))  # fmt: skip
-    from .bench import run_bench
-
     try:
         report = run_bench(libs.libs, points, reps=o.reps, warmup=o.warmup, rounds=o.rounds, warm=o.warm,
                            cold=o.cold, kernels=o.kernels, device=o.device, variant_info=libs.info,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
@@ -187,7 +188,17 @@ def parse_lib_spec(spec: str) -> LibSpec:
     path, colon, prefix = rest.rpartition(":")
     if not eq or not name.strip() or not colon or not path or not prefix.strip():
         raise ValueError(f"invalid library spec {spec!r}: expected NAME=path.so:prefix")
+    check_lib_name(name.strip())
     return LibSpec(name.strip(), path, prefix.strip())
+
+
+def check_lib_name(name: str) -> str:
+    """A library's name is a table column, a JSON key and part of derived names
+    (``stock-aa``, ``NAME+wpf``): letters, digits, ``_``, ``.`` and ``-``, first a letter
+    or digit (ValueError otherwise)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise ValueError(f"invalid library name {name!r}: use letters, digits, '_', '.' and '-'")
+    return name
 
 
 def parse_lib_specs(specs: Iterable[str]) -> list[LibSpec]:

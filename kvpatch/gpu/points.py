@@ -123,8 +123,8 @@ def make_points(
     seed: int = 0,
 ) -> list[BenchPoint]:
     """dtype x batch x context, in that nesting order."""
-    if num_kv_heads < 1 or num_heads % num_kv_heads:
-        raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+    if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
+        raise ValueError(f"heads {num_heads}/{num_kv_heads}: need >= 1 KV head and a positive multiple of it as query heads")
     for d in dtypes:
         if d not in DTYPES:
             raise ValueError(f"unknown dtype {d!r}: choose from {', '.join(DTYPES)}")

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..errors import UsageError
-from ..fsutil import write_atomic
-from .commands import Libraries, LibraryOptions, built, prebuilt, write_if
+from ..fsutil import check_outputs, write_atomic, write_both
+from .commands import Libraries, LibraryOptions, built, parse_libs, prebuilt
 
 
 @dataclass
@@ -76,10 +76,16 @@ def run_tune_command(o: TuneOptions, *, console: Any = None, progress: Any = Non
         raise UsageError(f"invalid --policy {o.policy!r}: choose {', '.join(T.POLICIES)}")
     if o.fallback not in T.FALLBACKS:
         raise UsageError(f"invalid --fallback {o.fallback!r}: choose {', '.join(T.FALLBACKS)}")
+    if o.reps < 1 or o.rounds < 1:
+        raise UsageError("--reps and --rounds must be >= 1")
+    if o.jobs is not None and o.jobs < 1:
+        raise UsageError(f"--jobs must be >= 1, not {o.jobs}")
+    check_outputs(output=o.output, json=o.json_out)
     if o.from_json is not None:
         return _rechoose_command(o)
     if o.exclude:
         raise UsageError("--exclude works with --from (a saved tune JSON)")
+    parse_libs(o.libs)
     api.require_cuda()
     tree = None
     if o.libs:
@@ -134,8 +140,11 @@ def _write_tune(o: TuneOptions, report: Any) -> Any:
     """What every tune writes: the configuration with its machine, and the JSON if asked."""
     from ..config_io import dump_config
 
-    write_atomic(o.output, dump_config(report.config, report.machine))
-    write_if(o.json_out, json.dumps(report.to_json(), indent=1) + "\n")
+    toml = dump_config(report.config, report.machine)
+    if o.json_out is None:
+        write_atomic(o.output, toml)
+        return report
+    write_both(o.output, toml, o.json_out, json.dumps(report.to_json(), indent=1) + "\n")
     return report
 
 

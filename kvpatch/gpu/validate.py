@@ -105,8 +105,8 @@ def _check(dtypes: Sequence[str], kv_cache_dtypes: Sequence[str], kernels: Seque
     for k in kernels:
         check_kernel(k)
     for qh, kvh in heads:
-        if kvh < 1 or qh % kvh:
-            raise ValueError(f"{qh} query heads are not a multiple of {kvh} KV heads")
+        if qh < 1 or kvh < 1 or qh % kvh:
+            raise ValueError(f"heads {qh}/{kvh}: need >= 1 KV head and a positive multiple of it as query heads")
     if any(c < 1 for c in contexts):
         raise ValueError("context lengths must be >= 1")
 

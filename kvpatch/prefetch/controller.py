@@ -30,6 +30,7 @@ by that adapter.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable, Mapping, Sequence
 
@@ -117,6 +118,13 @@ class RangeTable:
         return int(self.table.data_ptr()) if self.rows else 0
 
 
+def _check_grid(grid: Any) -> int | None:
+    """A launch grid: None (the default) or a positive number of CTAs (UsageError otherwise)."""
+    if grid is not None and (isinstance(grid, bool) or not isinstance(grid, int) or grid < 1):
+        raise UsageError(f"prefetch grid must be a positive number of CTAs, not {grid!r}")
+    return grid
+
+
 def default_grid(nbytes: int) -> int:
     """CTAs for a window of ``nbytes``: one per MiB, 4 to 32."""
     return max(MIN_GRID, min(MAX_GRID, math.ceil(nbytes / BYTES_PER_CTA)))
@@ -154,9 +162,7 @@ class PrefetchController:
         from .kernel import check_launch
 
         check_launch(threads, chunk, hint)
-        if grid is not None and (isinstance(grid, bool) or not isinstance(grid, int) or grid < 1):
-            raise UsageError(f"prefetch grid must be a positive number of CTAs, not {grid!r}")
-        self.grid = grid
+        self.grid = _check_grid(grid)
         #: Keyword arguments of every launch (only the knobs that were set).
         self.launch_options = {k: v for k, v in (("threads", threads), ("chunk", chunk), ("hint", hint)) if v is not None}
         self.enabled = bool(enabled)
@@ -221,6 +227,7 @@ class PrefetchController:
         Raises ``ValueError`` for a tensor not on the controller's device or a window
         added twice, and what :func:`weight_ranges` raises (non-positive cap ...).
         """
+        _check_grid(grid)
         if not self.enabled:
             return
         key = (point, layer)
@@ -248,7 +255,8 @@ class PrefetchController:
                 if ranges:
                     nbytes = total_bytes(ranges)
                     table = self.api.make_table(ranges, self.device)
-                    shared[cap] = RangeTable(tensors, ranges, table, grid or self.grid or default_grid(nbytes), cap)
+                    launch_grid = grid if grid is not None else self.grid if self.grid is not None else default_grid(nbytes)
+                    shared[cap] = RangeTable(tensors, ranges, table, launch_grid, cap)
                 else:
                     shared[cap] = None
             if shared[cap] is not None:
@@ -270,6 +278,12 @@ class PrefetchController:
             return buckets[None]
         if batch is None:
             raise ValueError(f"prefetch window {(point, layer)} has per-batch tables: pass batch=")
+        try:
+            ok = not isinstance(batch, bool) and operator.index(batch) >= 1
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"prefetch window {(point, layer)}: batch must be an int >= 1, not {batch!r}")
         bounds = sorted(b for b in buckets if b is not None and b >= batch)
         return buckets[bounds[0]] if bounds else None
 

@@ -28,7 +28,8 @@ import sys
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from ..errors import UsageError
+from ..errors import BuildError, KvpatchError, UsageError
+from ..fsutil import check_outputs
 from .micro import micro_table, run_micro_gemm, run_micro_prefetch  # noqa: F401  (re-exported)
 from .models import model_shape
 from .options import (  # noqa: F401  (re-exported: the public names of the benchmark)
@@ -185,7 +186,7 @@ def cuda_device(device: Any) -> Any:
 
     dev = torch.device(device)
     if dev.type != "cuda" or not torch.cuda.is_available():
-        raise RuntimeError("bench-decode needs a CUDA GPU and torch with CUDA")
+        raise BuildError("bench-decode needs a CUDA GPU and torch with CUDA")
     return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
@@ -336,7 +337,11 @@ def libraries_from_options(lib_args: Sequence[str] = (), libs_file: str | None =
                 specs += [parse_lib_arg(line.strip()) for line in f if line.strip() and not line.lstrip().startswith("#")]
     except (ValueError, OSError) as e:
         raise UsageError(str(e)) from None
-    if specs and "stock" not in [s[0] for s in specs]:
+    names = [s[0] for s in specs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise UsageError(f"--lib: library name(s) given twice: {', '.join(dup)}")
+    if specs and "stock" not in names:
         raise UsageError("--lib: one library must be named 'stock' (the baseline)")
     return specs
 
@@ -383,10 +388,15 @@ def bench_decode_cli(
         raise UsageError(str(e)) from None
     wpf = weight_prefetch_from_options(**prefetch_options)
     specs = libraries_from_options(lib_args, libs_file)
+    check_outputs(json=json_path, plot=plot_path, text=text_path)
     if specs:
         from ..gpu.launch import Kernels
 
-        libs: Mapping[str, Any] = {name: Kernels(path, prefix) for name, path, prefix in specs}
+        cuda_device("cuda")
+        try:
+            libs: Mapping[str, Any] = {name: Kernels(path, prefix) for name, path, prefix in specs}
+        except (RuntimeError, OSError) as e:
+            raise UsageError(str(e)) from None
     elif build is not None:
         head_sizes = sorted({model_shape(m).head_size for m in model_list})
         libs = build(dtype_list, head_sizes)
@@ -450,9 +460,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             wpf=a.wpf, cap=a.cap, grid=a.grid, threads=a.threads, chunk=a.chunk, hint=a.hint, fork=a.fork,
             join=a.join, priority=a.priority,
         )  # fmt: skip
-    except UsageError as e:
+    except KvpatchError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
     print(text)
     return rc
 

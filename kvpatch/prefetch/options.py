@@ -12,6 +12,8 @@ the side stream's priority. Its text form (``--wpf``, the sweep's labels) is
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
@@ -100,8 +102,10 @@ def parse_lib_arg(text: str) -> tuple[str, str, str]:
     """``NAME=path.so:PREFIX`` -> (name, path, prefix)."""
     name, eq, rest = text.partition("=")
     path, colon, prefix = rest.rpartition(":")
-    if not (eq and name and colon and path and prefix):
+    if not (eq and name.strip() and colon and path and prefix.strip()):
         raise ValueError(f"invalid library {text!r}: expected NAME=path.so:PREFIX")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name.strip()):
+        raise ValueError(f"invalid library name {name.strip()!r}: use letters, digits, '_', '.' and '-'")
     return name.strip(), path, prefix.strip()
 
 

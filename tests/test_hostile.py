@@ -1,0 +1,239 @@
+"""Hostile input to the measuring commands (validate, bench, tune, bench-decode) and the
+weight-prefetch API: each is refused in one line with the documented exit code, before
+any long work runs, and nothing is half-written. No GPU needed."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvpatch.errors import UsageError
+
+from test_tune import _saved_report
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - CI installs CPU torch
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="needs torch")
+
+
+def kvpatch(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvpatch", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300)  # fmt: skip
+
+
+def one_line(proc: subprocess.CompletedProcess, code: int, needle: str) -> None:
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------- output paths, checked first
+
+
+def test_output_problems(tmp_path: Path) -> None:
+    from kvpatch.fsutil import check_outputs, output_problem
+
+    afile = tmp_path / "f"
+    afile.write_text("x")
+    assert output_problem(tmp_path / "new" / "deeper" / "r.json") is None  # parents are created
+    assert output_problem(afile) is None and output_problem("/dev/null") is None
+    assert "is a directory" in output_problem(tmp_path)
+    assert "is not a directory" in output_problem(afile / "r.json")
+    assert "is not a directory" in output_problem(afile / "a" / "r.json")
+    assert output_problem("") == "an empty path" and "stdout" in output_problem("-")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        if os.geteuid() != 0:  # root writes anyway
+            assert "cannot create files" in output_problem(ro / "r.json")
+    finally:
+        ro.chmod(0o700)
+    assert "cannot create files" in output_problem("/proc/kvpatch-test.json")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".kvpatch-probe")]  # the probe is removed
+    with pytest.raises(UsageError, match=r"^--plot '.*': is a directory"):
+        check_outputs(json=None, plot=tmp_path)
+
+
+def test_write_both_writes_neither_when_the_second_cannot_be_staged(tmp_path: Path) -> None:
+    from kvpatch.fsutil import write_both
+
+    first = tmp_path / "kvpatch.toml"
+    first.write_text("# mine\n")
+    with pytest.raises(IsADirectoryError):
+        write_both(first, "new\n", tmp_path, "{}")
+    assert first.read_text() == "# mine\n"
+    write_both(first, "new\n", tmp_path / "t.json", "{}")
+    assert first.read_text() == "new\n" and (tmp_path / "t.json").read_text() == "{}"
+    write_both(first, "newer\n", "/dev/null", "{}")  # a device: written in place, not replaced
+    assert first.read_text() == "newer\n" and Path("/dev/null").is_char_device()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["validate", "--json", "."], "--json '.': is a directory"),
+    (["bench", "--plot", "f/x.png"], "is not a directory"),
+    (["bench", "--json", "/proc/r.json"], "cannot create files in /proc"),
+    (["bench-decode", "--lib", "stock=s.so:s", "--json", "."], "--json '.': is a directory"),
+])  # fmt: skip
+def test_a_bad_output_path_fails_before_any_work(args: list[str], needle: str, tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("a file")
+    one_line(kvpatch(*args, cwd=tmp_path), 2, needle)
+
+
+def test_tune_checks_both_outputs_first_and_writes_both_or_neither(tmp_path: Path) -> None:
+    (tmp_path / "t.json").write_text(json.dumps(_saved_report()))
+    (tmp_path / "kvpatch.toml").write_text("# my table\n")
+    (tmp_path / "d").mkdir()
+    one_line(kvpatch("tune", "--from", "t.json", "--json", "d", cwd=tmp_path), 2, "--json 'd': is a directory")
+    one_line(kvpatch("tune", "--from", "t.json", "-o", "d", cwd=tmp_path), 2, "--output 'd': is a directory")
+    one_line(kvpatch("tune", "--from", "t.json", "-o", "-", cwd=tmp_path), 2, "stdout")
+    assert (tmp_path / "kvpatch.toml").read_text() == "# my table\n"
+    ok = kvpatch("tune", "--from", "t.json", "--json", "again.json", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert "[kvpatch]" in (tmp_path / "kvpatch.toml").read_text()
+    assert json.loads((tmp_path / "again.json").read_text())["picked"] == _saved_report()["picked"]
+
+
+# --------------------------------------------------------------------------- options checked before building
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["bench", "--heads", "0/8"], "invalid heads '0/8'"),
+    (["bench", "--heads", "-32/8"], "invalid heads '-32/8'"),
+    (["validate", "--heads", "0/2"], "invalid heads '0/2'"),
+    (["bench", "--rounds", "0"], "reps and rounds must be >= 1"),
+    (["bench", "--reps", "0"], "reps and rounds must be >= 1"),
+    (["bench", "--warmup", "-1"], "warmup >= 0"),
+    (["bench", "--kernels", "v3"], "unknown kernel 'v3'"),
+    (["bench", "--no-warm", "--no-cold"], "neither warm nor cold"),
+    (["validate", "--workers", "0"], "--workers must be >= 1"),
+    (["tune", "--rounds", "0"], "--reps and --rounds must be >= 1"),
+    (["tune", "--jobs", "0"], "--jobs must be >= 1"),
+    (["bench", "--lib", "[/red]=s.so:s"], "invalid library name '[/red]'"),
+    (["bench-decode", "--lib", "stock=a.so:p", "--lib", "stock=b.so:q"], "given twice: stock"),
+    (["bench-decode", "--lib", "stock=a.so:p", "--lib", "x+wpf=b.so:q"], "invalid library name 'x+wpf'"),
+])  # fmt: skip
+def test_bad_measuring_options_are_usage_errors_before_the_gpu_check(args: list[str], needle: str,
+                                                                       tmp_path: Path) -> None:  # fmt: skip
+    """On this machine without a GPU, the same commands with good options fail with exit 5
+    (no GPU): exit 2 shows they were checked first."""
+    one_line(kvpatch(*args, cwd=tmp_path), 2, needle)
+
+
+@needs_torch
+@pytest.mark.skipif(torch is not None and torch.cuda.is_available(), reason="checks the machine without a GPU")
+@pytest.mark.parametrize("command", ["validate", "bench", "bench-decode"])
+def test_prebuilt_libraries_without_a_gpu_is_the_one_line_gpu_error(command: str, tmp_path: Path) -> None:
+    """Before: `validate --lib`/`bench --lib` crashed with a traceback, `bench-decode --lib` too."""
+    lib = tmp_path / "s.so"
+    lib.write_bytes(b"\x7fELF not really")
+    proc = kvpatch(command, "--lib", f"stock={lib}:kvpatch_stock", "--lib", f"patched={lib}:kvpatch_patched",
+                   cwd=tmp_path)  # fmt: skip
+    one_line(proc, 5, "GPU")
+
+
+# --------------------------------------------------------------------------- tune --from on damaged data
+
+
+def _damaged(how: str) -> dict:
+    data = copy.deepcopy(_saved_report())
+    results = data["bench"]["results"]
+    timing = results[0]["variants"]["inline_cta_la1"]
+    if how == "zero speedup":
+        timing["speedup"] = 0.0
+    elif how == "nan speedup":
+        timing["speedup"] = float("nan")
+    elif how == "string speedup":
+        timing["speedup"] = "1.5"
+    elif how == "null speedup":
+        timing["speedup"] = None
+    elif how == "string rounds":
+        timing["speedup_rounds"] = ["1.5", "1.4"]
+    elif how == "wildcard dtype":
+        for r in results:
+            r["point"]["dtype"] = "*"
+    elif how == "bad kernel":
+        results[0]["kernel"] = "v1/x"
+    elif how == "no info for a candidate":
+        del data["bench"]["variant_info"]["call_cta_la1"]
+    elif how == "failures as a string":
+        data["validation_failures"] = {"inline_cta_la1": "bf16/256/16/auto/v1"}
+    elif how == "no results":
+        data["bench"]["results"] = []
+    return data
+
+
+@pytest.mark.parametrize("how, needle", [
+    ("zero speedup", "bench results are not"),
+    ("nan speedup", "bench results are not"),
+    ("string speedup", "bench results are not"),
+    ("null speedup", "bench results are not"),
+    ("string rounds", "bench results are not"),
+    ("wildcard dtype", "bench results are not"),
+    ("bad kernel", "bench results are not"),
+    ("no info for a candidate", "has no configuration for it"),
+    ("failures as a string", "not a kvpatch tune JSON"),
+    ("no results", "nothing to choose from"),
+])  # fmt: skip
+def test_tune_from_damaged_data_is_refused(how: str, needle: str) -> None:
+    from kvpatch.tune import rechoose
+
+    with pytest.raises(UsageError, match=needle):
+        rechoose(_damaged(how))
+
+
+def test_tune_from_damaged_data_writes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "t.json").write_text(json.dumps(_damaged("nan speedup")))
+    one_line(kvpatch("tune", "--from", "t.json", "-o", "k.toml", cwd=tmp_path), 2, "bench results are not")
+    assert not (tmp_path / "k.toml").exists()
+
+
+def test_candidate_names_are_shown_literally(tmp_path: Path) -> None:
+    """A candidate named like rich markup is printed as written, not read as markup (it
+    crashed the table after writing the file)."""
+    data = _saved_report()
+    text = json.dumps(data).replace("call_cta_la1", "[bold]x[/bold]")
+    (tmp_path / "t.json").write_text(text)
+    proc = kvpatch("tune", "--from", "t.json", "-o", "k.toml", env={"COLUMNS": "250"}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "[bold]x[/bold]" in proc.stdout
+
+
+# --------------------------------------------------------------------------- arch lists, the weight-prefetch API
+
+
+def test_an_sm_given_with_and_without_ptx_is_one_target() -> None:
+    from kvpatch.build.arch import parse_arch_list
+
+    (one,) = parse_arch_list("9.0a;9.0a+PTX")
+    assert one.code == "sm_90a" and one.ptx
+    assert [a.code for a in parse_arch_list("9.0+PTX 9.0;8.0")] == ["sm_90", "sm_80"]
+    assert parse_arch_list("9.0+PTX 9.0")[0].ptx
+
+
+def test_prefetch_controller_checks_grid_and_batch_where_given() -> None:
+    from kvpatch.prefetch.controller import PrefetchController
+
+    from test_prefetch import FakeAPI, FakeLibrary, FakeTensor
+
+    api = FakeAPI()
+    ctl = PrefetchController("cuda:0", api=api, library=FakeLibrary(api))
+    w = FakeTensor(1 << 20, 1 << 16)
+    for bad in (-3, 0, "8", True, 2.0):
+        with pytest.raises(UsageError, match="prefetch grid"):
+            ctl.add("p", 0, [w], grid=bad)
+    ctl.add("p", 0, [w], batches={4: None, 16: None}, grid=5)
+    assert ctl.table("p", 0, 3).grid == 5
+    for bad in (0, -5, 1.5, "2", True):
+        with pytest.raises(ValueError, match="batch must be an int >= 1"):
+            ctl.fork("p", 0, bad)

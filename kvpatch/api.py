@@ -168,9 +168,31 @@ def diff(*, tree: Path | None, cwd: Path, console: Console | None = None) -> str
     """kvpatch's change to the tree's header as a unified diff ('' when stock)."""
     target = resolve_tree(tree, cwd)
     current = target.read_header()
-    found = inspect(current, str(target.header))
+    path = str(target.header)
+    found = inspect(current, path)
     report_state_mismatch(target, found, cwd, console)
-    return unified_diff(found.stock, current)
+    text = unified_diff(found.stock, current)
+    if text and console is not None:
+        for line in _diff_warnings(target, found, path, cwd):
+            console.print(escape(line), highlight=False, soft_wrap=True)
+    return text
+
+
+def _diff_warnings(target: Tree, found: Injected, path: str, cwd: Path) -> list[str]:
+    """Why a diff may not be what apply made, or may not apply to a pristine checkout:
+    edited regions (the patch carries the edits) and edits outside them (they are the
+    patch's context)."""
+    out = []
+    if not found.intact:
+        out.append(f"warning: kvpatch's regions in {target.header} were edited by hand; the patch carries "
+                   "those edits ('kvpatch apply --force' rewrites the regions)")  # fmt: skip
+    try:
+        check_no_local_edits(target, found.stock, unpatch=lambda text: inspect(text, path).stock,
+                             state=_state_or_none(cwd), note=lambda line: None)  # fmt: skip
+    except PatchError:
+        out.append(f"warning: {target.header} has edits kvpatch did not make; they are the patch's context, so "
+                   "it applies only to a checkout with the same edits")  # fmt: skip
+    return out
 
 
 def revert(*, tree: Path | None, cwd: Path, force: bool = False) -> tuple[Path, bool]:

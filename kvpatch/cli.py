@@ -9,6 +9,7 @@ check failure, or a missing tool; 6 a GPU check failed (bit mismatch).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -468,7 +469,7 @@ def bench_decode(
 
 def _one_line(message: str, code: int) -> NoReturn:
     """Print ``error: message`` (user text escaped, never read as rich markup) and exit."""
-    text = " ".join(str(message).split()) or "failed"
+    text = re.sub(r"[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]+", " ", str(message)).strip() or "failed"
     err.print(f"[red]error:[/] {escape(text)}", highlight=False, soft_wrap=True)
     sys.exit(code)
 
@@ -491,6 +492,11 @@ def run() -> None:
     turns a KeyboardInterrupt inside a command into ``Exit(130)``) instead of exiting,
     so the returned code is what this process must exit with.
     """
+    import os
+
+    for name in ("stdout", "stderr"):  # started with the stream closed (cmd >&-): write nowhere, do not crash
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115 - lives as long as the process
     try:
         code = app(standalone_mode=False)
     except KeyboardInterrupt:  # outside the command (typer converts one inside it)

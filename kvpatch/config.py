@@ -92,7 +92,7 @@ class Selector:
             raise UsageError(f"invalid selector {text!r}: dtype {dtype!r} is not one of {', '.join(DTYPES)}, *")
         sizes = []
         for what, value in (("head size", head), ("block size", block)):
-            if value is not None and not (value.isdigit() and 0 < int(value) <= 1024):
+            if value is not None and not (_digits(value) and 0 < int(value) <= 1024):
                 raise UsageError(f"invalid selector {text!r}: {what} {value!r} is not a number (or *)")
             sizes.append(None if value is None else int(value))
         if kv is not None and kv not in RULE_KV:
@@ -287,14 +287,20 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _digits(text: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` also takes '²' (which int() refuses) and '٣' (which
+    it reads as 3)."""
+    return text.isascii() and text.isdigit()
+
+
 def _parse_size(value: Any) -> int | None:
     if value is None or value == "auto":
         return None
     if isinstance(value, bool):
         raise UsageError(f"invalid size {value!r}: use 'auto' or a number of bytes")
-    if not (isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit())):
-        raise UsageError(f"invalid size {value!r}: use 'auto' or a number of bytes")
-    if isinstance(value, str) and len(value.strip()) > 12:
+    if not (isinstance(value, int) or (isinstance(value, str) and _digits(value.strip()))):
+        raise UsageError(f"invalid size {_short(value)}: use 'auto' or a number of bytes")
+    if isinstance(value, str) and len(value.strip().lstrip("0")) > 12:
         raise UsageError(f"invalid size {_short(value)}: at most {MAX_SIZE} bytes (cp.async.bulk.prefetch's limit)")
     size = int(value)
     if size <= 0 or size % 16:
@@ -314,8 +320,8 @@ def _int(name: str, value: Any) -> int:
     """An int, or a string of one; floats (2.5, and 2.0 too) and bools are refused."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
-        if len(value.strip()) > 12:  # no bound here is anywhere near 12 digits
+    if isinstance(value, str) and _digits(value.strip().removeprefix("+").removeprefix("-")):
+        if len(value.strip().lstrip("+-").lstrip("0")) > 12:  # no bound here is anywhere near 12 digits
             raise UsageError(f"invalid {name} {_short(value)}: at most {_LIMITS.get(name, 2**31 - 1)}")
         return int(value)
     raise UsageError(f"invalid {name} {_short(value)}: expected an integer")

@@ -187,6 +187,47 @@ def test_keyboard_interrupt_anywhere_exits_130(where: str, monkeypatch: pytest.M
     assert capsys.readouterr().err.strip().splitlines() == ["error: interrupted (Ctrl-C)"]
 
 
+def _interrupt_inside_libclangs_visitor(monkeypatch: pytest.MonkeyPatch, after: int) -> list[int]:
+    """Raise KeyboardInterrupt inside libclang's child-visitor callback (a ctypes callback,
+    where a real Ctrl-C lands most of the time) on its ``after``-th call."""
+    import clang.cindex as ci
+
+    real = ci.conf.lib.clang_getNullCursor  # the visitor calls it for every child
+    calls = [0]
+
+    def null_cursor(*args):
+        calls[0] += 1
+        if calls[0] == after:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(ci.conf.lib, "clang_getNullCursor", null_cursor)
+    return calls
+
+
+@pytest.mark.parametrize("after", [1, 50, 900, 1700])  # of ~1800 visits
+def test_ctrl_c_inside_a_libclang_walk_is_not_swallowed(after: int, header_path: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """ctypes prints and drops an exception raised in a callback and libclang stops
+    visiting: without the guard the walk ends early and find_sites works on part of the AST."""
+    from kvpatch.patch.sites import find_sites
+
+    calls = _interrupt_inside_libclangs_visitor(monkeypatch, after)
+    with pytest.raises(KeyboardInterrupt):
+        find_sites(fixture_text(STOCK), header_path)
+    assert calls[0] >= after
+
+
+def test_ctrl_c_inside_a_libclang_walk_during_apply_exits_130_and_writes_nothing(
+        tmp_path: Path, work: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # fmt: skip
+    tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
+    _interrupt_inside_libclangs_visitor(monkeypatch, 3000)
+    code, err = _run_cli(monkeypatch, capsys, work, "apply", "--tree", str(tree))
+    assert code == 130 and err.strip().splitlines() == ["error: interrupted (Ctrl-C)"], err
+    assert (tree / HEADER).read_text() == fixture_text(STOCK)
+    assert not (work / ".kvpatch/state.json").exists()
+
+
 def test_interrupted_write_leaves_the_old_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "f.txt"
     target.write_text("old\n")
@@ -290,6 +331,38 @@ def test_diff_output_through_a_symlink(applied: Path, work: Path, tmp_path: Path
     assert (work / "link.patch").is_symlink() and real.read_text().startswith("diff --git")
 
 
+@pytest.mark.parametrize("brk", ["\f", "\v", "\x1c", "\x85", "\u2028", "\u2029", "\r"],
+                         ids=["FF", "VT", "FS", "NEL", "LS", "PS", "CR"])  # fmt: skip
+def test_the_patch_applies_with_odd_line_breaks_near_a_site(brk: str, tmp_path: Path, work: Path) -> None:
+    """Characters str.splitlines breaks at but git does not: the patch split a comment there
+    and added 'No newline at end of file' lines that git apply and patch rejected."""
+    text = fixture_text(STOCK)
+    anchor = "const int64_t physical_block_number ="  # the line above each site: the hunks' context
+    assert text.count(anchor) == 2
+    text = text.replace(anchor, f"{anchor} /* odd{brk}break */").replace("value loops", f"value{brk}loops", 1)
+    tree = make_tree(tmp_path / "vllm", text)
+    pristine = make_tree(tmp_path / "pristine", text)
+    assert kvpatch("apply", "--tree", str(tree), cwd=work).returncode == 0
+    proc = kvpatch("diff", "-o", str(tmp_path / "k.patch"), cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    assert b"No newline" not in (tmp_path / "k.patch").read_bytes()
+    git(pristine, "apply", str(tmp_path / "k.patch"))
+    assert (pristine / HEADER).read_bytes() == (tree / HEADER).read_bytes()
+
+
+def test_diff_warns_when_the_header_was_edited_after_apply(applied: Path, work: Path) -> None:
+    header = applied / HEADER
+    assert kvpatch("diff", cwd=work).stderr == ""
+    header.write_text(header.read_text().replace("// Iterate over the key blocks", "// my edit", 1))
+    proc = kvpatch("diff", cwd=work)
+    assert proc.returncode == 0 and "has edits kvpatch did not make" in proc.stderr
+    assert proc.stdout.startswith("diff --git")
+    body = header.read_text()
+    start = body.index("// kvpatch:begin")
+    header.write_text(body[:start] + body[start:].replace("\n", "\n// hand\n", 2))
+    assert "regions in" in kvpatch("diff", cwd=work).stderr
+
+
 # --------------------------------------------------------------------------- 8. bounds through the CLI
 
 
@@ -300,12 +373,34 @@ def test_diff_output_through_a_symlink(applied: Path, work: Path, tmp_path: Path
         (["--lookahead", "9" * 5000], "--lookahead"),
         (["--align", str(2**64)], "at most 4096"),
         (["--size", "1048576"], "at most 1048560 bytes (cp.async.bulk.prefetch's limit)"),
+        (["--size", "00000000000016"], ""),  # zero-padded 16: fine, and no "at most" message
+        (["--size", "\u00b2"], "invalid size"),  # '2'.isdigit() but int() refuses it
+        (["--rule", "fp16/\u00b2=off"], "head size"),
+        (["--fp16", "lookahead=\u00b2"], "invalid lookahead"),
+        (["--fp16", "lookahead=\u0663"], "invalid lookahead"),  # Arabic-Indic 3: not read as 3
     ],
-    ids=["lookahead", "lookahead-5000-digits", "align", "size"],
+    ids=["lookahead", "lookahead-5000-digits", "align", "size", "size-zero-padded", "size-superscript",
+         "rule-superscript", "setting-superscript", "setting-arabic-indic"],
 )
 def test_out_of_range_values_are_refused(args: list[str], needle: str, tmp_path: Path, work: Path) -> None:
     tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
-    assert_one_line_error(kvpatch("apply", "--tree", str(tree), *args, cwd=work), 2, needle)
+    proc = kvpatch("apply", "--tree", str(tree), *args, cwd=work)
+    if not needle:
+        assert proc.returncode == 0, proc.stderr
+        return
+    assert_one_line_error(proc, 2, needle)
+    assert (tree / HEADER).read_text() == fixture_text(STOCK)
+
+
+def test_a_marker_with_odd_digits_is_not_a_crash(tmp_path: Path, work: Path) -> None:
+    """A hand-made marker pair whose setting int() cannot read ('2' as a superscript)."""
+    anchor = "  // Iterate over the key blocks"
+    text = fixture_text(STOCK).replace(anchor, "  // kvpatch:begin key lookahead=\u00b2\n  // kvpatch:end key\n" + anchor, 1)
+    tree = make_tree(tmp_path / "vllm", text)
+    for command in (["sites"], ["diff"], ["revert"], ["apply"]):
+        proc = kvpatch(*command, "--tree", str(tree), cwd=work)
+        assert "Traceback" not in proc.stderr and proc.returncode in (0, 2, 4), (command, proc.stderr)
+    assert kvpatch("revert", "--force", "--tree", str(tree), cwd=work).returncode == 0
     assert (tree / HEADER).read_text() == fixture_text(STOCK)
 
 
@@ -576,6 +671,33 @@ def test_a_tree_that_cannot_be_written_is_one_line(errno_: int, tmp_path: Path, 
 # --------------------------------------------------------------------------- tracebacks -> one line
 
 
+def test_tree_naming_a_loop_or_a_long_name_or_a_deleted_tree_is_a_usage_error(applied: Path, tmp_path: Path,
+                                                                               work: Path) -> None:  # fmt: skip
+    (tmp_path / "l1").symlink_to(tmp_path / "l2")
+    (tmp_path / "l2").symlink_to(tmp_path / "l1")
+    for command in ("sites", "apply", "diff", "revert"):
+        assert_one_line_error(kvpatch(command, "--tree", str(tmp_path / "l1"), cwd=work), 2, "cannot resolve")
+    assert_one_line_error(kvpatch("sites", "--tree", "a" * 5000, cwd=work), 2, "File name too long")
+    applied.rename(tmp_path / "moved")
+    for command in ("sites", "diff", "revert", "build"):
+        assert_one_line_error(kvpatch(command, cwd=work), 2, "is gone", "state.json")
+
+
+def test_a_closed_stdout_is_not_a_crash(applied: Path, work: Path) -> None:
+    for command in ("diff", "config", "sites"):
+        proc = subprocess.run(f"{KVPATCH} {command} >&-", shell=True, cwd=work, env=kvpatch_env(work),
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (command, proc.stderr)
+
+
+def test_broken_markers_say_how_to_get_a_stock_header_back(applied: Path, work: Path) -> None:
+    header = applied / HEADER
+    text = header.read_text()
+    header.write_text(text.replace("// kvpatch:end key\n", "", 1))
+    for command in (["revert", "--force"], ["apply", "--force", "--tree", str(applied)]):
+        assert_one_line_error(kvpatch(*command, cwd=work), 4, "markers are broken", "git checkout")
+
+
 def test_tree_naming_a_file_or_nothing_is_a_usage_error(tmp_path: Path, work: Path) -> None:
     (tmp_path / "file").write_text("x")
     assert_one_line_error(kvpatch("apply", "--tree", str(tmp_path / "file"), cwd=work), 2, "is not a directory")
@@ -616,8 +738,9 @@ def test_bad_config_files_are_one_line(content: bytes | None, needle: str, work:
 
 
 @pytest.mark.parametrize(
-    "content", [b"[]", b'{"tree": 1, "config": {}}', b'{"tree": "/x", "config": []}', b"\xff", b"{", None],
-    ids=["list", "tree-not-str", "config-not-dict", "not-utf8", "not-json", "directory"],
+    "content", [b"[]", b'{"tree": 1, "config": {}}', b'{"tree": "/x", "config": []}', b"\xff", b"{", None,
+                b'{"tree": "a\\u0000b", "version": null, "config": {}}'],
+    ids=["list", "tree-not-str", "config-not-dict", "not-utf8", "not-json", "directory", "tree-with-nul"],
 )
 def test_a_corrupt_state_file_is_one_line(content: bytes | None, work: Path) -> None:
     path = work / ".kvpatch/state.json"

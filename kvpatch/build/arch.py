@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import UsageError
 
-_ARCH_RE = re.compile(r"(?P<major>\d+)\.(?P<minor>\d)(?P<suffix>[af]?)(?P<ptx>\+PTX)?", re.IGNORECASE)
+_ARCH_RE = re.compile(r"(?P<major>[0-9]+)\.(?P<minor>[0-9])(?P<suffix>[af]?)(?P<ptx>\+PTX)?", re.IGNORECASE)
 
 
 @dataclass(frozen=True, order=True)

@@ -14,6 +14,7 @@ from typing import Mapping
 import clang.cindex as ci
 
 from ..errors import BuildError
+from ..patch.interrupts import interruptible
 from ..patch.parse import parse_header
 
 #: The kernels a variant library holds, by the short name reports use.
@@ -45,6 +46,7 @@ class KernelSignature:
         return next((p for p in self.params if p.name == name), None)
 
 
+@interruptible
 def kernel_signatures(text: str, header_path: str | Path) -> dict[str, KernelSignature]:
     """The v1, v2 and reduce kernels' signatures in ``text``, keyed ``'v1'``, ``'v2'``, ``'reduce'``.
 

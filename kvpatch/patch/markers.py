@@ -14,6 +14,7 @@ import clang.cindex as ci
 
 from ..errors import PatchError
 from .edits import Edit, apply
+from .interrupts import interruptible
 from .parse import Parsed, parse_header
 
 BEGIN = "// kvpatch:begin"
@@ -30,6 +31,13 @@ class Injection:
     marker: str  # the configuration text after the label
 
 
+def _broken(p: Parsed, what: str) -> str:
+    """A marker pair broken by hand: which lines are kvpatch's is unknown, so not even
+    ``--force`` can remove them; say how to get a stock header back."""
+    return (f"{what} in {p.path}: the markers are broken, so kvpatch cannot tell its lines from yours (not even "
+            "with --force); restore the header (git checkout -- FILE, or a copy) or mend the markers by hand")
+
+
 def injections(p: Parsed) -> list[Injection]:
     """kvpatch's marker pairs in the parsed header, from its comment tokens."""
     found: list[Injection] = []
@@ -40,25 +48,25 @@ def injections(p: Parsed) -> list[Injection]:
         text = tok.spelling
         if text.startswith(BEGIN):
             if open_ is not None:
-                raise PatchError(f"nested kvpatch markers at line {tok.location.line}")
+                raise PatchError(_broken(p, f"nested kvpatch markers at line {tok.location.line}"))
             label, _, marker = text[len(BEGIN) :].strip().partition(" ")
             start = tok.extent.start.offset
             while start > 0 and p.data[start - 1 : start] in (b" ", b"\t"):
                 start -= 1
             if p.data[start - 1 : start] != b"\n":
-                raise PatchError(f"kvpatch marker not on a line of its own at line {tok.location.line}")
+                raise PatchError(_broken(p, f"kvpatch marker not on a line of its own at line {tok.location.line}"))
             start -= 2 if p.data[start - 2 : start] == b"\r\n" else 1
             open_ = (start, label, marker)
         elif text.startswith(END):
             if open_ is None:
-                raise PatchError(f"unmatched '{END}' at line {tok.location.line}")
+                raise PatchError(_broken(p, f"unmatched '{END}' at line {tok.location.line}"))
             label = text[len(END) :].strip()
             if label != open_[1]:
-                raise PatchError(f"kvpatch markers do not match at line {tok.location.line}")
+                raise PatchError(_broken(p, f"kvpatch markers do not match at line {tok.location.line}"))
             found.append(Injection(open_[0], tok.extent.end.offset, open_[1], open_[2]))
             open_ = None
     if open_ is not None:
-        raise PatchError(f"unterminated '{BEGIN} {open_[1]}' marker")
+        raise PatchError(_broken(p, f"unterminated '{BEGIN} {open_[1]}' marker"))
     return found
 
 
@@ -67,6 +75,7 @@ def strip(p: Parsed) -> list[Edit]:
     return [Edit(j.start, j.end - j.start, "", f"strip {j.label}") for j in injections(p)]
 
 
+@interruptible
 def unpatch(text: str, header_path: str) -> tuple[str, tuple[str, ...]]:
     """``text`` without kvpatch's injections, and the markers that were removed."""
     parsed = parse_header(text, header_path)

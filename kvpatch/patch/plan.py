@@ -17,6 +17,7 @@ from ..dtypes import QUERY_DTYPES
 from ..errors import PatchError, UsageError
 from ..templating import render
 from .edits import Edit, apply
+from .interrupts import interruptible
 from .markers import injections, strip, unpatch
 from .parse import Parsed, parse_header
 from .sites import ALIBI_PARAM, Site, Sites, sites_of
@@ -132,6 +133,7 @@ class Result:
         return self.stock != self.patched
 
 
+@interruptible
 def patch(text: str, header_path: str, cfg: PatchConfig) -> Result:
     """Inject ``cfg`` into ``text``, replacing any earlier injection, and validate.
 
@@ -164,6 +166,7 @@ class Injected:
         return bool(self.labels)
 
 
+@interruptible
 def inspect(text: str, header_path: str) -> Injected:
     """Find kvpatch's regions in ``text`` and check them against a re-render.
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import clang.cindex as ci
 
 from ..errors import PatchError
+from .interrupts import interruptible
 from .parse import Parsed, parse_header
 
 K = ci.CursorKind
@@ -385,6 +386,7 @@ def _kernel_names(p: Parsed, fn: ci.Cursor, cache_param: ci.Cursor) -> dict[str,
     return {"cache_type": cache_type, "scalar_type": others[0], "lane": lane, "_inits": inits}
 
 
+@interruptible
 def find_sites(text: str, header_path: str) -> Sites:
     """Locate the key and value sites of ``text`` (the header at ``header_path``)."""
     return sites_of(parse_header(text, header_path))

@@ -56,7 +56,7 @@ def parse_caps(text: str) -> int | dict[int, int]:
     caps: dict[int, int] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         batch, sep, cap = item.partition(":")
-        if not sep or not batch.strip().isdigit() or int(batch) < 1:
+        if not sep or not (batch.strip().isascii() and batch.strip().isdigit()) or int(batch) < 1:
             raise ValueError(f"invalid cap {item!r}: use BATCH:MIB, e.g. 1:32,4:32,8:16")
         caps[int(batch)] = _mib(cap)
     if not caps:

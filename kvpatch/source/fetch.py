@@ -46,7 +46,7 @@ DEFAULT_INDEX = "https://pypi.org/simple"
 
 _IDENTITY = ("kvpatch", "kvpatch@localhost")
 
-_VERSION_RE = re.compile(r"v?(?P<release>\d+(?:\.\d+)+)(?:[.-]?post(?P<post>\d+))?", re.IGNORECASE)
+_VERSION_RE = re.compile(r"v?(?P<release>[0-9]+(?:\.[0-9]+)+)(?:[.-]?post(?P<post>[0-9]+))?", re.IGNORECASE)
 
 
 # --------------------------------------------------------------------------- versions

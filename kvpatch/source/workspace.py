@@ -150,14 +150,21 @@ def check_no_local_edits(tree: Tree, stock: str, *, unpatch: Callable[[str], str
          "header, so edits made outside kvpatch cannot be detected")  # fmt: skip
 
 
+def _lines(text: str) -> list[str]:
+    """Lines as git and patch see them: ended by ``\n`` only (``str.splitlines`` also
+    splits at form feeds, U+2028 and other breaks, which made patches git rejects)."""
+    parts = text.split("\n")
+    return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
 def unified_diff(stock: str, patched: str, path: str = HEADER) -> str:
     """A patch of ``stock`` -> ``patched`` that ``git apply`` and ``patch -p1`` accept."""
     if stock == patched:
         return ""
     lines = list(
         difflib.unified_diff(
-            stock.splitlines(keepends=True),
-            patched.splitlines(keepends=True),
+            _lines(stock),
+            _lines(patched),
             fromfile=f"a/{path}",
             tofile=f"b/{path}",
         )
@@ -209,7 +216,7 @@ class State:
                                "'kvpatch apply' again") from None  # fmt: skip
         ok = (
             isinstance(data, dict)
-            and isinstance(data.get("tree"), str) and data["tree"]
+            and isinstance(data.get("tree"), str) and data["tree"] and "\0" not in data["tree"]
             and isinstance(data.get("version"), (str, type(None)))
             and isinstance(data.get("config"), dict)
             and isinstance(data.get("marker"), (str, type(None)))
@@ -225,7 +232,15 @@ class State:
 def resolve_tree(tree: Path | None, cwd: Path) -> Tree:
     """``--tree`` if given, else the tree the last ``apply`` in ``cwd`` used."""
     if tree is not None:
-        path = (cwd / tree).resolve() if not tree.is_absolute() else tree.resolve()
+        try:
+            path = (cwd / tree).resolve() if not tree.is_absolute() else tree.resolve()
+            path.stat()
+        except FileNotFoundError:
+            pass  # said below
+        except (RuntimeError, OSError) as e:  # a symlink loop (RuntimeError on 3.11), a name too long
+            why = getattr(e, "strerror", None) or str(e).split(" from ")[0] or type(e).__name__
+            shown = str(tree) if len(str(tree)) <= 80 else str(tree)[:77] + "..."
+            raise UsageError(f"--tree {shown}: cannot resolve it ({why})") from None
         if not path.exists():
             raise UsageError(f"--tree {tree}: no such directory")
         if not path.is_dir():
@@ -234,6 +249,9 @@ def resolve_tree(tree: Path | None, cwd: Path) -> Tree:
     state = State.load(cwd)
     if state is None:
         raise UsageError("no tree: run 'kvpatch apply --vllm X' here first, or pass --tree PATH")
+    if not Path(state.tree).is_dir():
+        raise UsageError(f"the tree the last apply here used, {state.tree}, is gone (recorded in "
+                         f"{State.path(cwd)}): pass --tree PATH, or run 'kvpatch apply' again")  # fmt: skip
     return Tree(Path(state.tree))
 
 

@@ -401,7 +401,10 @@ def parse_override(text: str) -> dict[str, Any]:
         if not sep:
             raise UsageError(f"invalid per-dtype setting {item!r}: use key=value[,key=value...] or off")
         value = value.strip()
-        out[key.strip().replace("-", "_")] = {"true": True, "false": False}.get(value, value)
+        name = key.strip().replace("-", "_")
+        if name in out:
+            raise UsageError(f"invalid per-dtype setting {text!r}: {key.strip()} given twice")
+        out[name] = {"true": True, "false": False}.get(value, value)
     return out
 
 

@@ -38,7 +38,7 @@ def read_config_file(path: Path) -> tuple[dict[str, Any], Machine | None]:
     except OSError as e:
         raise UsageError(f"cannot read config file {path}: {e.strerror or e}") from None
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8").removeprefix("\ufeff")  # a BOM (Windows editors write one)
     except UnicodeDecodeError as e:
         raise UsageError(f"config file {path} is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
     try:
@@ -184,6 +184,11 @@ def config_and_tuned(config_file: Path | None, **options) -> tuple[PatchConfig, 
     return cfg, (tuned if cfg.preset == "default" else None)
 
 
+#: The variants ``kvpatch bench`` names itself (stock, the tree's patch, the presets; the A/A
+#: twin, ``stock-aa``, is no identifier).
+RESERVED_VARIANTS = ("stock", "patched", "paper", "control")
+
+
 def variant_configs(variant: list[str]) -> dict[str, PatchConfig]:
     """``--variant NAME=config.toml`` items -> {name: configuration}."""
     extra: dict[str, PatchConfig] = {}
@@ -191,5 +196,10 @@ def variant_configs(variant: list[str]) -> dict[str, PatchConfig]:
         name, sep, path = item.partition("=")
         if not sep or not name.isidentifier():
             raise UsageError(f"invalid --variant {item!r}: use NAME=config.toml")
+        if name in RESERVED_VARIANTS:
+            raise UsageError(f"invalid --variant {item!r}: {name!r} is one of bench's own variants "
+                             f"({', '.join(RESERVED_VARIANTS)}); pick another name")  # fmt: skip
+        if name in extra:
+            raise UsageError(f"--variant {name} given twice")
         extra[name] = make_config(**load_config_file(Path(path)))
     return extra

@@ -237,3 +237,48 @@ def test_prefetch_controller_checks_grid_and_batch_where_given() -> None:
     for bad in (0, -5, 1.5, "2", True):
         with pytest.raises(ValueError, match="batch must be an int >= 1"):
             ctl.fork("p", 0, bad)
+
+
+def test_weight_ranges_refuses_a_tensor_for_a_list_and_odd_caps() -> None:
+    from kvpatch.prefetch import weight_ranges
+
+    from test_prefetch import FakeTensor
+
+    w = FakeTensor(1 << 20, 4096)
+    w.data_ptr()  # a tensor-like: iterating it would walk its rows
+    with pytest.raises(ValueError, match="not a tensor"):
+        weight_ranges(w)
+    with pytest.raises(ValueError, match="expected tensors, got str"):
+        weight_ranges([w, "weight"])
+    for cap in ("4096", 4096.0, float("nan"), True):
+        with pytest.raises(ValueError, match="cap_bytes must be an int"):
+            weight_ranges([w], cap)
+    assert weight_ranges([w], 1024) == [(1 << 20, 1024)]
+
+
+@needs_torch
+@pytest.mark.skipif(torch is not None and torch.cuda.is_available(), reason="checks the machine without a GPU")
+def test_prefetch_controller_without_a_gpu_says_so() -> None:
+    from kvpatch.prefetch import PrefetchController
+
+    with pytest.raises(UsageError, match="no CUDA GPU visible.*enabled=False"):
+        PrefetchController("cuda")
+    assert PrefetchController("cuda", enabled=False).fork("p", 0) is False
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["bench-decode", "--lib", "stock=a.so:p", "--cap", "8;fork=qkv"], "invalid --cap '8;fork=qkv'"),
+    (["bench-decode", "--lib", "stock=a.so:p", "--hint", ""], "invalid --hint ''"),
+    (["bench", "--variant", "paper=k.toml"], "one of bench's own variants"),
+    (["bench", "--variant", "mine=k.toml", "--variant", "mine=k.toml"], "--variant mine given twice"),
+    (["apply", "--fp16", "lookahead=2,lookahead=3"], "lookahead given twice"),
+])  # fmt: skip
+def test_ambiguous_options_are_refused(args: list[str], needle: str, tmp_path: Path) -> None:
+    (tmp_path / "k.toml").write_text("lookahead = 2\n")
+    one_line(kvpatch(*args, cwd=tmp_path), 2, needle)
+
+
+def test_a_config_file_with_a_bom_is_read(tmp_path: Path) -> None:
+    (tmp_path / "k.toml").write_bytes(b"\xef\xbb\xbflookahead = 3\n")
+    proc = kvpatch("config", "--config", "k.toml", cwd=tmp_path)
+    assert proc.returncode == 0 and "lookahead = 3" in proc.stdout, proc.stderr

@@ -53,6 +53,9 @@ class TorchCudaAPI:
         d = torch.device(device)
         if d.type != "cuda":
             raise UsageError(f"PrefetchController needs a CUDA device, not {d}")
+        if not torch.cuda.is_available():
+            raise UsageError(f"PrefetchController: no CUDA GPU visible to torch {torch.__version__} (pass enabled=False "
+                             "to run without the prefetch)")  # fmt: skip
         return f"cuda:{d.index if d.index is not None else torch.cuda.current_device()}"
 
     def capability(self, device: str) -> tuple[int, int]:

@@ -319,8 +319,12 @@ def weight_prefetch_from_options(
     """The command line's prefetch options -> a :class:`WeightPrefetch` (``wpf``: the
     whole configuration as text, e.g. the sweep's pick; single options override it).
     Raises :class:`UsageError` with one line for any bad value."""
-    items = [f"{k}={v}" for k, v in (("cap", cap), ("grid", grid), ("threads", threads), ("chunk", chunk),
-                                     ("hint", hint), ("fork", fork), ("join", join), ("priority", priority)) if v is not None]  # fmt: skip
+    given = [(k, v) for k, v in (("cap", cap), ("grid", grid), ("threads", threads), ("chunk", chunk),
+                                 ("hint", hint), ("fork", fork), ("join", join), ("priority", priority)) if v is not None]  # fmt: skip
+    for k, v in given:
+        if str(v).strip() == "" or any(c in str(v) for c in ";="):
+            raise UsageError(f"invalid --{k} {str(v)!r}: one value (a whole configuration goes in --wpf)")
+    items = [f"{k}={v}" for k, v in given]
     try:
         base = WeightPrefetch.parse(wpf) if wpf else None
         return WeightPrefetch.parse(";".join(items), base)

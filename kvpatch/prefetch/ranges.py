@@ -19,6 +19,8 @@ extra bytes at either end belong to the same block.
 
 from __future__ import annotations
 
+import operator
+
 from typing import Any, Iterable, Sequence
 
 #: Every range starts and ends on a multiple of this (``cp.async.bulk`` needs 16).
@@ -99,12 +101,23 @@ def weight_ranges(tensors: Iterable[Any], cap_bytes: int | None = None, *, merge
     Raises ``ValueError`` for tensors on different devices, a cap below 16 bytes
     (zero or negative included) or negative strides.
     """
+    if hasattr(tensors, "data_ptr"):  # iterating a tensor walks its rows: surely not what was meant
+        raise ValueError("weight_ranges: pass a list of tensors, not a tensor (wrap it: [w])")
     tensors = list(tensors)
+    odd = [type(t).__name__ for t in tensors if not hasattr(t, "data_ptr")]
+    if odd:
+        raise ValueError(f"weight_ranges: expected tensors, got {', '.join(sorted(set(odd)))}")
     devices = sorted({_device_of(t) for t in tensors})
     if len(devices) > 1:
         raise ValueError(f"weight_ranges: tensors are on different devices ({', '.join(devices)}); one table serves one device")
     remaining: int | None = None
     if cap_bytes is not None:
+        try:
+            if isinstance(cap_bytes, bool):
+                raise TypeError
+            cap_bytes = operator.index(cap_bytes)
+        except TypeError:
+            raise ValueError(f"weight_ranges: cap_bytes must be an int number of bytes (or None), not {cap_bytes!r}") from None
         if int(cap_bytes) <= 0:
             raise ValueError(f"weight_ranges: cap_bytes must be positive (or None for no cap), not {cap_bytes}")
         remaining = _align_down(int(cap_bytes))

@@ -78,7 +78,7 @@ def _check_target(vllm: str | None, tree: Path | None) -> str | None:
         check_release(version)  # outside the supported range: refused here, no download
         return version
     if tree is None:
-        raise UsageError("which vLLM? pass --vllm X (e.g. v0.10.2) or --tree PATH")
+        raise UsageError("which vLLM? pass --vllm X (e.g. v0.10.2) or --tree PATH (later applies here reuse it)")
     return None
 
 
@@ -104,8 +104,12 @@ def apply(*, vllm: str | None, tree: Path | None, cfg: PatchConfig, cwd: Path,
     configuration was tuned), the report lists how this machine (``here``, default
     :func:`kvpatch.machine.local`) differs from it.
     """
-    version = _check_target(vllm, tree)
-    target = resolve_tree(tree, cwd) if tree is not None else None
+    state = _state_or_none(cwd) if vllm is None and tree is None else None
+    if state is not None:  # again: the tree the last apply here used
+        version, target = state.version, resolve_tree(None, cwd)
+    else:
+        version = _check_target(vllm, tree)
+        target: Tree | None = resolve_tree(tree, cwd) if tree is not None else None
     with workspace_lock(cwd):
         if target is None:
             target = _fetch_tree(version, cwd, remote, console)

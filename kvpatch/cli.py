@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.syntax import Syntax
 
 from . import __version__
-from .config import dump_config, parse_rules
+from .config import dump_config, parse_rules, unreached
 from .config_io import config_and_tuned, variant_configs
 from .render import sites_table
 from .errors import KvpatchError, UsageError
@@ -31,7 +31,7 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Patch vLLM's PagedAttention decode kernel with an L2 bulk prefetch of the next KV block.",
     epilog="Exit codes: 0 ok, 2 bad parameters, 3 fetch failed, 4 cannot patch, "
-    "5 build/tool failure, 6 GPU check failed, 1 other.",
+    "5 build/tool failure (no GPU too), 6 GPU check failed, 130 interrupted, 1 other.",
 )
 out = Console()
 err = Console(stderr=True)
@@ -88,10 +88,10 @@ def apply(
     control: Annotated[Optional[bool], typer.Option("--control/--no-control", help="Compile the prefetch but never run it (for measurements).")] = None,
     issue: Annotated[Optional[str], typer.Option(help="call (an out-of-line helper; keeps stock's code generation) | inline (asm in the loop) | split (inline, and the key loop runs as stock's copy when the ALiBi slope is not 0).")] = None,
     quantized: Annotated[Optional[str], typer.Option(help="skip (fp8-cache kernels stay stock, the default) | prefetch.")] = None,
-    fp16: Annotated[Optional[str], typer.Option("--fp16", help="Settings for fp16 kernels only: 'scope=kv-head,issue=inline' (the default), or 'none'.")] = None,
-    bf16: Annotated[Optional[str], typer.Option("--bf16", help="Settings for bf16 kernels only (key=value,...), or 'none'.")] = None,
-    fp32: Annotated[Optional[str], typer.Option("--fp32", help="Settings for fp32 kernels only (key=value,...), or 'none'.")] = None,
-    rule: Annotated[Optional[list[str]], typer.Option("--rule", help="Settings for the instantiations a selector picks: 'bf16/80/32=off', 'fp16/64=issue=call' (dtype\\[/head\\[/block\\[/kv]]], * for any; repeatable; SEL=none drops a default rule).")] = None,
+    fp16: Annotated[Optional[str], typer.Option("--fp16", help="Settings for the fp16 kernels no rule names: 'off' (the default), key=value,... (e.g. 'issue=inline,lookahead=2': turns them on), or 'none' (the base settings).")] = None,
+    bf16: Annotated[Optional[str], typer.Option("--bf16", help="As --fp16, for bf16 kernels.")] = None,
+    fp32: Annotated[Optional[str], typer.Option("--fp32", help="As --fp16, for fp32 kernels.")] = None,
+    rule: Annotated[Optional[list[str]], typer.Option("--rule", help="Settings for the instantiations a selector picks: 'bf16/80/32=off', 'fp16/64=issue=call' (dtype\\[/head\\[/block\\[/kv\\[/kernel]]]], kernel v1 or v2, * for any; the most specific rule decides a kernel; repeatable; SEL=none drops a default rule).")] = None,
     remote: Annotated[str, typer.Option(help="git remote to fetch releases from.")] = "",
     force: Annotated[bool, typer.Option(help="Patch even if the header has local edits.")] = False,
     as_json: JsonOpt = False,
@@ -99,11 +99,16 @@ def apply(
     """Fetch a vLLM release (or use --tree), locate the key/value loop sites, inject the prefetch."""
     from . import api
 
-    cfg, tuned = config_and_tuned(
-        config, preset=preset, lookahead=lookahead, size=size, align=align, caches=caches,
-        cache_hint=cache_hint, placement=placement, scope=scope, min_group=min_group, control=control, issue=issue,
-        quantized=quantized, fp16=fp16, bf16=bf16, fp32=fp32, rules=parse_rules(rule) if rule else None,
-    )  # fmt: skip
+    settings = dict(lookahead=lookahead, size=size, align=align, caches=caches, cache_hint=cache_hint,
+                    placement=placement, scope=scope, min_group=min_group, control=control, issue=issue)  # fmt: skip
+    rules = parse_rules(rule) if rule else None
+    cfg, tuned = config_and_tuned(config, preset=preset, quantized=quantized, fp16=fp16, bf16=bf16, fp32=fp32,
+                                  rules=rules, **settings)  # fmt: skip
+    if cfg.preset == "default":  # say which options the rules leave without effect
+        given = [k for k, v in settings.items() if v is not None]
+        selectors = [*(rules or {}), *(d for d, v in (("fp16", fp16), ("bf16", bf16), ("fp32", fp32)) if v is not None)]
+        for line in unreached(cfg, given, selectors):
+            err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
     report = api.apply(vllm=vllm, tree=tree, cfg=cfg, cwd=_cwd(), remote=remote or None,
                        force=force, console=err, tuned=tuned)  # fmt: skip
     for line in report.machine_differences:
@@ -395,7 +400,7 @@ def tune(
     from_json: Annotated[Optional[Path], typer.Option("--from", help="Choose again from a saved tune JSON (--json of an earlier tune; .gz too): no GPU, nothing built.")] = None,
     exclude: Annotated[list[str], typer.Option("--exclude", help="With --from: count CANDIDATE@SELECTOR (shell patterns, e.g. 'inline_*@bf16/256/16/auto/v1') as a validation failure (repeatable).")] = [],  # noqa: B006
 ) -> None:
-    """GPU: per instantiation (fp16/bf16 x head 64/128/256 x block 16/32), sweep issue x scope x lookahead, keep the fastest bit-identical candidate or off; write kvpatch.toml with the machine it was tuned on."""
+    """GPU: per kernel (v1, v2) of fp16/bf16 x head 64/128/256 x block 16/32, sweep 12 candidates (issue inline/call/split x scope x lookahead), keep the fastest bit-identical one never slower than stock, or off; write kvpatch.toml with the machine it was tuned on."""
     from .gpu.tune_command import TuneOptions, run_tune_command
     from .render import tune_table
 

@@ -10,9 +10,9 @@ generated code, which makes ``apply`` idempotent and lets a later ``apply`` or
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from typing import Any, Iterable, Sequence
 
-from .dtypes import QUERY_DTYPES
+from .dtypes import QUERY_DTYPES, VLLM_BLOCK_SIZES, VLLM_HEAD_SIZES
 from .errors import UsageError
 
 CACHES = ("k", "v", "kv")
@@ -480,6 +480,46 @@ def _overrides(base: PatchConfig, given: dict[str, Any]) -> tuple:
     if len(callers) > 1:
         raise UsageError("the kernels that use issue=call share one helper: give them the same align and cache-hint")
     return overrides
+
+
+#: Settings that apply to every kernel that prefetches (no rule sets them).
+GLOBAL_SETTINGS = ("caches", "placement")
+
+
+def unreached(cfg: PatchConfig, options: Iterable[str] = (), selectors: Iterable[str] = (),
+              head_sizes: Sequence[int] = VLLM_HEAD_SIZES, block_sizes: Sequence[int] = VLLM_BLOCK_SIZES) -> list[str]:  # fmt: skip
+    """The base settings (``options``: ``'lookahead'``...) and rules (``selectors``) that
+    change no kernel vLLM builds: a rule every one of whose kernels a more specific rule
+    decides; a setting every prefetching kernel takes from its own rule instead (or, with
+    no kernel prefetching, any setting). One line each, for a warning."""
+    kernels = [(d, h, b, kv, k) for d in DTYPES for h in head_sizes for b in block_sizes for kv in RULE_KV
+               for k in RULE_KERNELS]  # fmt: skip
+    rules = dict(cfg.overrides)
+    decided: dict[str | None, bool] = {}
+    reached: set[str] = set()
+    for d, h, b, kv, k in kernels:
+        if kv != "auto" and cfg.quantized != "prefetch":
+            continue  # stock's code: no setting reaches it
+        sel, settings = next((s, c) for s, c in cfg.variants()
+                             if s is None or Selector.parse(s).matches(d, h, b, kv, k))  # fmt: skip
+        decided[sel] = True
+        if settings.off:
+            continue
+        own = dict(rules.get(sel, ())) if sel is not None else {}
+        reached.update(o for o in options if o in GLOBAL_SETTINGS or o not in own)
+    out = []
+    for o in options:
+        if o not in reached:
+            flag = "--" + o.replace("_", "-")
+            out.append(f"{flag} changes no kernel: every kernel that prefetches takes {o.replace('_', '-')} from a rule "
+                       f"of its own, or none prefetches (set it in a rule, e.g. --rule fp16/64/16/auto/v1={o.replace('_', '-')}=...)")  # fmt: skip
+    for sel in selectors:
+        key = str(Selector.parse(sel))
+        if key in rules and not decided.get(key):
+            out.append(f"rule {key} changes no kernel: more specific rules decide every kernel it selects"
+                       + (" (or it selects fp8-cache kernels, stock under quantized=skip)" if cfg.quantized != "prefetch" else "")
+                       + "; name the kernels, e.g. dtype/head/block/auto/v1")  # fmt: skip
+    return out
 
 
 _FROM_CONFIG_IO = ("config_from_marker", "dump_config", "load_config_file")

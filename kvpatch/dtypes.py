@@ -88,3 +88,9 @@ def cache_elem_size(dtype: str, kv_cache: str) -> int:
     """Bytes per KV-cache element of a (query dtype, KV-cache dtype) pair."""
     kv = kv_cache_dtype(kv_cache)
     return kv.size if kv.size is not None else query_dtype(dtype).size
+
+
+#: The head sizes and block sizes vLLM instantiates its kernels for (every release with the
+#: header; a tree's own ``paged_attention_v1.cu`` is read where one is at hand).
+VLLM_HEAD_SIZES = (32, 64, 80, 96, 112, 120, 128, 192, 256)
+VLLM_BLOCK_SIZES = (8, 16, 32)

@@ -17,7 +17,7 @@ for sm_90a. Copies each library into ``--out`` xz-compressed (a full-set library
 * ``build.json``: the build result (registers, spills, SASS check per kernel).
 
 nvcc here is the same 13.0 as on the lent H200, whose SASS matched instruction for
-instruction (../shared/NOTES.md). The files of the release that the GPU run reads
+instruction (measured before this project's first GPU run). The files of the release that the GPU run reads
 (vLLM's kernel test and its helpers, vllm/utils, the launcher that lists the kernel
 set) are copied to ``--out``/../vllm-X (a few hundred kB: not the whole tree).
 """

@@ -322,6 +322,30 @@ def test_apply_without_a_target(work: Path) -> None:
     assert_one_line_error(kvpatch("apply", cwd=work), 2, "pass --vllm X")
 
 
+def test_apply_without_a_target_reuses_the_last_tree(git_tree: Path, header: Path, work: Path) -> None:
+    assert kvpatch("apply", "--tree", str(git_tree), "--preset", "paper", cwd=work).returncode == 0
+    assert kvpatch("revert", cwd=work).returncode == 0
+    proc = kvpatch("apply", cwd=work)
+    assert proc.returncode == 0 and proc.stdout.startswith(f"patched {header}"), proc.stderr
+    assert header.read_text() == golden_text("default")
+
+
+def test_apply_warns_about_options_and_rules_that_change_no_kernel(git_tree: Path, header: Path, work: Path) -> None:
+    """Under the shipped table every tuned kernel has its own rule and everything else is off."""
+    proc = kvpatch("apply", "--tree", str(git_tree), "--lookahead", "3", "--scope", "kv-head",
+                   "--rule", "bf16/128/16=issue=inline", "--rule", "fp16/64/8=issue=call", cwd=work)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1, proc.stderr  # fp16/64/8 turns kernels on, and they take lookahead and scope
+    assert "rule bf16/128/16 changes no kernel" in warned[0]
+    proc = kvpatch("apply", "--tree", str(git_tree), "--lookahead", "3", "--cache-hint", "evict_last",
+                   "--issue", "inline", cwd=work)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert [w.split(" changes")[0] for w in warned] == ["warning: --lookahead", "warning: --issue"], proc.stderr
+    assert kvpatch("apply", "--tree", str(git_tree), "--fp16", "lookahead=2", cwd=work).stderr == ""
+
+
 def test_tree_without_the_header(tmp_path: Path, work: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -371,4 +395,4 @@ def test_every_commands_help_renders(command: str) -> None:
     assert r.returncode == 0 and "Traceback" not in r.stdout + r.stderr, (r.stdout + r.stderr)[-1500:]
     assert "Usage" in r.stdout
     if command == "apply":
-        assert "dtype[/head[/block[/kv]]]" in r.stdout
+        assert "dtype[/head[/block[/kv[/kernel]]]]" in r.stdout

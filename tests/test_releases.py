@@ -1,4 +1,4 @@
-"""Real vLLM releases, one per distinct revision of the attention header (see NOTES.md):
+"""Real vLLM releases, one per distinct revision of the attention header (``source/releases.py``):
 the sites are where they were measured to be, and the patch validates and round-trips.
 
 Fetched once into a cache that survives between runs ($KVPATCH_CACHE, else pytest's
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.network
 
 #: md5 prefix of each representative release's header (kvpatch's own table).
 MD5 = {release: md5 for release, _, md5 in releases.REVISIONS}
-#: release -> (key loop line, value loop line, block-number lines), as NOTES.md measured.
+#: release -> (key loop line, value loop line, block-number lines), read off each release's header.
 REVISIONS = {
     "0.6.4": (227, 380, (257, 394)),
     "0.8.5": (227, 380, (257, 394)),

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
-from ..dtypes import KV_CACHE_ALIASES, KV_CACHE_DTYPES, QUERY_DTYPES
+from ..dtypes import KV_CACHE_ALIASES, KV_CACHE_DTYPES, QUERY_DTYPES, VLLM_BLOCK_SIZES, VLLM_HEAD_SIZES
 from ..errors import UsageError
 from ..source.releases import HEADER
 from .arch import Arch, parse_arch_list
@@ -24,9 +24,6 @@ DEFAULT_DTYPES = ("fp16", "bf16")
 DEFAULT_HEAD_SIZES = (128,)
 DEFAULT_BLOCK_SIZES = (16,)
 DEFAULT_KV_CACHE_DTYPES = ("auto",)
-#: What vLLM 0.6.4-0.22 instantiate, used when the tree's launcher cannot be read.
-VLLM_HEAD_SIZES = (32, 64, 80, 96, 112, 120, 128, 192, 256)
-VLLM_BLOCK_SIZES = (8, 16, 32)
 #: The launcher file whose dispatch names the head and block sizes vLLM instantiates.
 VLLM_LAUNCHER = "csrc/attention/paged_attention_v1.cu"
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from ..dtypes import VLLM_BLOCK_SIZES, VLLM_HEAD_SIZES
 from . import launch as L
 from .dispatch import KERNELS, check_kernel
 from .inputs import DTYPES, KV_CACHE_DTYPES, cache_x, make_inputs
@@ -49,9 +50,6 @@ ALIBI_HEADS = ((32, 8), (16, 16))
 ALIBI_NUM_SEQS = 8
 DEFAULT_HEAD_SIZES = (64, 128, 256)
 DEFAULT_BLOCK_SIZES = (16, 32)
-#: What vLLM's paged_attention_v1.cu instantiates when no tree says otherwise.
-VLLM_HEAD_SIZES = (32, 64, 80, 96, 112, 120, 128, 192, 256)
-VLLM_BLOCK_SIZES = (8, 16, 32)
 
 #: Exit code on a mismatch (the kvpatch CLI's "GPU check failed").
 EXIT_MISMATCH = 6

@@ -844,3 +844,75 @@ def test_decode_time_rounds_balances_order_and_keeps_each_launchers_times(monkey
     assert timed[0] == carryover_order(3) and sorted(timed[1]) == sorted(timed[0]) and timed[1] != timed[0]
     assert len(flushes) == 2 * 3
     assert medians["a"][0] < 1000 < medians["b"][0] < 3500 < medians["c"][0] and len(clocks) == 2
+
+
+def test_measure_point_keeps_every_controller_alive_while_its_graph_replays(monkeypatch) -> None:
+    """A CUDA graph holds no Python reference to the controller whose forks it captured.
+    measure_point dropped each controller but the last: the graphs of the others replayed
+    prefetches from freed device range tables (the weight-prefetch sweep's stage 1)."""
+    import gc
+    import weakref
+
+    import kvpatch.prefetch.controller as C
+    import kvpatch.prefetch.decode as D
+    from kvpatch.prefetch.models import ModelShape
+    from kvpatch.prefetch.options import WeightPrefetch
+    from kvpatch.prefetch.step import DecodeStep
+
+    class Ctl(C.PrefetchController):
+        def __init__(self, device, library=None, **kw):
+            api = FakeAPI()
+            super().__init__("cuda:0", library=FakeLibrary(api), api=api, **kw)
+
+    class Graph:  # what capture returns: no reference to what the captured work used
+        def __init__(self, fn):
+            defaults = fn.__defaults__ or ()
+            ctl = defaults[1] if len(defaults) > 1 else None
+            self.ctl = weakref.ref(ctl) if isinstance(ctl, C.PrefetchController) else None
+
+        def replay(self):
+            if self.ctl is not None:
+                replays.append(self.ctl() is not None)
+
+    replays: list[bool] = []
+
+    def time_rounds(launchers, **kw):
+        gc.collect()
+        for replay in launchers.values():
+            replay()
+        return {n: [1.0] for n in launchers}, []
+
+    monkeypatch.setattr(C, "PrefetchController", Ctl)
+    monkeypatch.setattr(D, "capture", lambda fn, device: (fn(), Graph(fn))[1])
+    monkeypatch.setattr(D, "time_rounds", time_rounds)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+
+    class Weights:
+        layers, dtype_name = 3, "bf16"
+        shape = ModelShape("tiny", hidden=64, heads=4, kv_heads=2, head_size=16, intermediate=96)
+
+        def prefetch_tensors(self, i):
+            return [FakeTensor(0x10000000 + i * 0x100000, 4096)]
+
+    class Step:
+        batch, context, kernel, w = 1, 16, "v1", Weights()
+        out = torch.zeros(4)
+        add_prefetch = DecodeStep.add_prefetch
+
+        def step(self, lib, ctl=None, fork="attn", join="step"):
+            if ctl is not None:
+                for i in range(self.w.layers):
+                    ctl.fork("attn", i, self.batch)
+                ctl.join()
+
+        def attention_only(self, lib):
+            pass
+
+    wpf = WeightPrefetch()
+    variants = [("stock", "stock", None), ("a+wpf", "stock", wpf), ("b+wpf", "stock", wpf), ("c+wpf", "stock", wpf)]
+    try:
+        D.measure_point(Step(), variants, {"stock": object()}, None, "cpu", rounds=1, reps=3, round_seconds=0.1,
+                        flush=lambda: None, cold=False)  # fmt: skip
+    except (AttributeError, KeyError, TypeError):
+        pass  # the report's environment needs a GPU; the replays are what this test reads
+    assert len(replays) >= 6 and all(replays), replays

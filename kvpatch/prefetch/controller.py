@@ -1,7 +1,8 @@
 """``PrefetchController``: L2 weight prefetches per (point, layer[, batch bucket]) on one
 side stream.
 
-Usage in a decode step (eager or inside ``torch.cuda.graph`` capture alike)::
+Usage in a decode step (``fork`` and ``join`` eager or inside ``torch.cuda.graph`` capture
+alike; ``add`` before capturing: it copies the table to the device)::
 
     ctl = PrefetchController(device, priority="high")
     ctl.add("attn->mlp", layer, [o_proj.weight, gate_up.weight], batches={1: 32 << 20, 4: 16 << 20})
@@ -21,6 +22,10 @@ Usage in a decode step (eager or inside ``torch.cuda.graph`` capture alike)::
   always rejoins it; call it once per step (or after the kernel that uses the data).
 * ``enabled=False``: every method is a no-op (nothing is created, no GPU needed), so
   call sites stay the same with prefetch off.
+* Lifetime: a captured graph holds no reference to the controller. Keep it (and so its
+  tables) alive as long as any graph that captured its forks may replay; dropped, its
+  tables go back to torch's allocator and the graph prefetches from whatever reuses them.
+* One controller serves one thread (``join`` rejoins what this controller forked).
 
 The stream/event calls go through a small adapter (:class:`TorchCudaAPI` by default)
 so tests can pass a fake and check the wiring without a GPU. torch is imported only

@@ -87,12 +87,15 @@ def measure_point(
     batch, weights = step.batch, step.w
     graphs: dict[str, Any] = {}
     windows: dict[str, Any] = {}
+    # A captured graph keeps no Python reference: each controller (its device range tables)
+    # must live as long as the graphs that launch from them are replayed, i.e. this call.
+    controllers: dict[str, Any] = {}
     for name, lib_name, wpf in variants:
         lib = libs[lib_name]
         if wpf is None:
             graphs[name] = capture(lambda lib=lib: step.step(lib), device)
             continue
-        ctl = PrefetchController(device, library=pf_lib, **wpf.controller_options())
+        ctl = controllers[name] = PrefetchController(device, library=pf_lib, **wpf.controller_options())
         step.add_prefetch(ctl, wpf.caps)
         windows[name] = ctl.table("attn", 0, batch)
         graphs[name] = capture(lambda lib=lib, ctl=ctl, wpf=wpf: step.step(lib, ctl, fork=wpf.fork, join=wpf.join), device)

@@ -278,6 +278,8 @@ def test_library_loads_and_reports_launch_errors(built):
     with pytest.raises(RuntimeError, match="kvpatch_l2_prefetch failed: .*error 1\\)"):
         lib.launch(0x1000, 1, 0, 0)  # grid 0: cudaErrorInvalidValue, before any CUDA call
     lib.launch(0, 0, 8, 0)  # no rows: nothing to do, no CUDA call
+    with pytest.raises(UsageError, match="32-bit"):
+        lib.launch(0x1000, 1, 2**32 + 8, 0)  # ctypes would pass 8
     lib.launch(0, 0, 8, 0, threads=256, chunk=16384, hint="none")  # the run-time options, same path
     with pytest.raises(RuntimeError, match="error 1\\)"):
         lib.launch(0x1000, 1, 0, 0, threads=64)

@@ -127,10 +127,25 @@ class RangeTable:
 
 
 def _check_grid(grid: Any) -> int | None:
-    """A launch grid: None (the default) or a positive number of CTAs (UsageError otherwise)."""
-    if grid is not None and (isinstance(grid, bool) or not isinstance(grid, int) or grid < 1):
-        raise UsageError(f"prefetch grid must be a positive number of CTAs, not {grid!r}")
+    """A launch grid: None (the default) or a number of CTAs, 1 .. 2**31-1 (the launcher
+    takes an int; UsageError otherwise)."""
+    if grid is not None and (isinstance(grid, bool) or not isinstance(grid, int) or not 1 <= grid < 2**31):
+        raise UsageError(f"prefetch grid must be a number of CTAs from 1 to 2**31-1, not {grid!r}")
     return grid
+
+
+def _count(value: Any, what: str, *, minimum: int) -> int:
+    """An int (a numpy or torch integer too; no bool, float or string) >= ``minimum``
+    (ValueError otherwise): batch sizes and byte counts are never rounded here."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        n = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{what} must be an int, not {value!r}") from None
+    if n < minimum:
+        raise ValueError(f"{what} must be {'positive' if minimum == 1 else f'>= {minimum}'}, not {n}")
+    return n
 
 
 def default_grid(nbytes: int) -> int:
@@ -171,6 +186,8 @@ class PrefetchController:
 
         check_launch(threads, chunk, hint)
         self.grid = _check_grid(grid)
+        if not isinstance(enabled, bool):  # 'false' from an environment variable is truthy
+            raise UsageError(f"enabled must be True or False, not {enabled!r}")
         #: Keyword arguments of every launch (only the knobs that were set).
         self.launch_options = {k: v for k, v in (("threads", threads), ("chunk", chunk), ("hint", hint)) if v is not None}
         self.enabled = bool(enabled)
@@ -193,10 +210,12 @@ class PrefetchController:
             )
         self.priority = self._priority(priority)
         self.stream = self.api.new_stream(self.device, self.priority)
-        if library is None or isinstance(library, (str, bytes)) or hasattr(library, "__fspath__"):
+        if library is None or isinstance(library, str) or hasattr(library, "__fspath__"):
             from .kernel import load_prefetch_library
 
             library = load_prefetch_library(library, capability=(major, minor))
+        elif not callable(getattr(library, "launch", None)):
+            raise UsageError(f"library must be a path or a loaded PrefetchLibrary, not {type(library).__name__}")
         self.library = library
 
     @staticmethod
@@ -241,18 +260,27 @@ class PrefetchController:
         key = (point, layer)
         if key in self._tables:
             raise ValueError(f"prefetch window {key} was already added; tables are immutable")
+        if hasattr(tensors, "data_ptr"):  # iterating a tensor walks its rows: surely not what was meant
+            raise ValueError(f"prefetch window {key}: pass a list of tensors, not a tensor (wrap it: [w])")
         tensors = tuple(tensors)
+        odd = sorted({type(t).__name__ for t in tensors if not hasattr(t, "data_ptr")})
+        if odd:
+            raise ValueError(f"prefetch window {key}: expected tensors, got {', '.join(odd)}")
         wrong = sorted({_device_name(t) for t in tensors if _device_name(t) != self.device})
         if wrong:
             raise ValueError(f"prefetch window {key}: tensors on {', '.join(wrong)}, this controller prefetches on {self.device}")
+        if cap_bytes is not None:
+            cap_bytes = _count(cap_bytes, f"prefetch window {key}: cap_bytes", minimum=1)
         if batches is None:
             caps: dict[int | None, int | None] = {None: cap_bytes}
         elif isinstance(batches, Mapping):
-            caps = {int(b): (None if c is None else int(c)) for b, c in batches.items()}
+            caps = {_count(b, f"prefetch window {key}: batch", minimum=1):
+                    (None if c is None else _count(c, f"prefetch window {key}: cap of batch {b!r}", minimum=0))
+                    for b, c in batches.items()}  # fmt: skip
+        elif isinstance(batches, (str, bytes)) or not isinstance(batches, Iterable):
+            raise ValueError(f"prefetch window {key}: batches must be None, batch sizes or {{batch: cap}}, not {batches!r}")
         else:
-            caps = {int(b): cap_bytes for b in batches}
-        if any(b is not None and b < 1 for b in caps):
-            raise ValueError(f"prefetch window {key}: batch sizes must be >= 1, not {sorted(b for b in caps if b is not None)}")
+            caps = {_count(b, f"prefetch window {key}: batch", minimum=1): cap_bytes for b in batches}
         shared: dict[int | None, RangeTable | None] = {}
         tables: dict[int | None, RangeTable] = {}
         for batch, cap in sorted(caps.items(), key=lambda kv: (kv[0] is not None, kv[0] or 0)):
@@ -279,6 +307,8 @@ class PrefetchController:
         """The table ``fork(point, layer, batch)`` would launch, or ``None``."""
         if not self.enabled:
             return None
+        if batch is not None:
+            batch = _count(batch, f"prefetch window {(point, layer)}: batch", minimum=1)
         buckets = self._tables.get((point, layer))
         if not buckets:
             return None
@@ -286,12 +316,6 @@ class PrefetchController:
             return buckets[None]
         if batch is None:
             raise ValueError(f"prefetch window {(point, layer)} has per-batch tables: pass batch=")
-        try:
-            ok = not isinstance(batch, bool) and operator.index(batch) >= 1
-        except TypeError:
-            ok = False
-        if not ok:
-            raise ValueError(f"prefetch window {(point, layer)}: batch must be an int >= 1, not {batch!r}")
         bounds = sorted(b for b in buckets if b is not None and b >= batch)
         return buckets[bounds[0]] if bounds else None
 

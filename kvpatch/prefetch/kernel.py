@@ -142,6 +142,8 @@ def check_sass(text: str, archs: Sequence[Arch]) -> dict[str, dict[str, int]]:
     report: dict[str, dict[str, int]] = {}
     for arch in archs:
         instrs = found.get(arch.code)
+        if instrs is None and arch.suffix == "f":  # cuobjdump names family SASS by its SM: sm_100
+            instrs = found.get(f"sm_{arch.major}{arch.minor}")
         if instrs is None:
             raise BuildError(f"prefetch library: no SASS for {arch.code} (found {', '.join(found) or 'none'})")
         bulk = sum(SASS_BULK in i for i in instrs)
@@ -156,6 +158,9 @@ def check_sass(text: str, archs: Sequence[Arch]) -> dict[str, dict[str, int]]:
 
 def check_launch(threads: int | None = None, chunk: int | None = None, hint: str | None = None) -> None:
     """:class:`UsageError` unless the per-launch options are ones the kernel takes."""
+    for name, value in (("threads", threads), ("chunk", chunk)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise UsageError(f"prefetch {name} must be an int, not {value!r}")
     if hint is not None and hint not in HINTS:
         raise UsageError(f"unknown prefetch hint {hint!r}: choose one of {', '.join(HINTS)}")
     if chunk is not None and not (16 <= chunk <= MAX_CHUNK and chunk % 16 == 0):
@@ -205,8 +210,9 @@ def build_prefetch_library(
         done = subprocess.run(argv, cwd=out, capture_output=True, text=True, check=False)
         write_atomic(out / "ptxas.log", done.stdout + done.stderr)
         if done.returncode != 0:
-            lines = [ln for ln in (done.stdout + done.stderr).splitlines() if "error" in ln.lower()] or ["(no output)"]
-            raise BuildError(f"nvcc failed building the L2 prefetch library: {lines[0].strip()}")
+            output = [ln.strip() for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
+            lines = [ln for ln in output if "error" in ln.lower() or "fatal" in ln.lower()] or output or ["(no output)"]
+            raise BuildError(f"nvcc failed building the L2 prefetch library: {lines[0]} (all of it: {out / 'ptxas.log'})")
         tools = B.find_inspector(tc.nvcc)
         dump = subprocess.run([str(tools.cuobjdump), "--dump-sass", tmp.name], cwd=out, capture_output=True, text=True, env=tools.env(), check=False)
         if dump.returncode != 0:
@@ -267,6 +273,8 @@ class PrefetchLibrary:
         """Launch on the stream whose ``cudaStream_t`` is ``stream_ptr``; raise on error.
         ``threads`` per CTA, ``chunk`` bytes per bulk prefetch and the eviction ``hint``
         override the built-in defaults for this launch (checked by :func:`check_launch`)."""
+        if not (-(2**31) <= int(rows) < 2**31 and -(2**31) <= int(grid) < 2**31):  # ctypes would wrap them
+            raise UsageError(f"prefetch launch: rows {rows} and grid {grid} must fit a 32-bit int")
         if threads is None and chunk is None and hint is None:
             rc = self._launch(table_ptr, int(rows), int(grid), stream_ptr)
         else:

@@ -158,7 +158,8 @@ def range_table(ranges: Sequence[tuple[int, int]], device: Any = "cpu") -> Any:
     import torch
 
     for address, size in ranges:
-        if address < 0 or address >= 2**63 or size <= 0 or address % ALIGN or size % ALIGN:
-            raise ValueError(f"bad range ({address:#x}, {size}): addresses and sizes must be positive multiples of {ALIGN}")
+        if address <= 0 or address >= 2**63 or size <= 0 or address % ALIGN or size % ALIGN:
+            raise ValueError(f"bad range ({address:#x}, {size}): addresses and sizes must be positive multiples of {ALIGN} "
+                             "(address 0: a meta tensor, or no storage?)")  # fmt: skip
     table = torch.tensor([list(r) for r in ranges], dtype=torch.int64).reshape(len(ranges), 2)
     return table.to(device).contiguous()

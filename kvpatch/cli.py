@@ -233,7 +233,7 @@ def build(
     kv_cache_dtypes: Annotated[Optional[str], typer.Option(help="auto,fp8 (default auto).")] = None,
     all_kernels: Annotated[bool, typer.Option("--all", help="vLLM's full set of configurations.")] = False,
     jobs: Annotated[Optional[int], typer.Option(help="Parallel nvcc processes (default: CPU count).")] = None,
-    full: Annotated[bool, typer.Option("--full", help="Run vLLM's own build of the patched tree instead.")] = False,
+    full: Annotated[bool, typer.Option("--full", help="Run vLLM's own build of the patched tree instead (pip install -e into this Python environment).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Compile stock and patched kernels for an arch; report registers/spills; check the SASS."""
@@ -242,6 +242,10 @@ def build(
     from .render import build_table
 
     if full:
+        selection = [f"--{n}" for n, v in (("dtypes", dtypes), ("head-sizes", head_sizes), ("block-sizes", block_sizes),
+                                            ("kv-cache-dtypes", kv_cache_dtypes)) if v is not None] + (["--all"] if all_kernels else [])  # fmt: skip
+        if selection:
+            raise UsageError(f"--full runs vLLM's own build (its whole kernel set): {', '.join(selection)} do not apply")
         target = api.resolve_tree(tree, _cwd())
         archs = B.parse_arch_list(arch)
         B.run_full_build(target.root, archs, jobs, console=err)

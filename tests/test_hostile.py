@@ -272,6 +272,7 @@ def test_prefetch_controller_without_a_gpu_says_so() -> None:
     (["bench", "--variant", "paper=k.toml"], "one of bench's own variants"),
     (["bench", "--variant", "mine=k.toml", "--variant", "mine=k.toml"], "--variant mine given twice"),
     (["apply", "--fp16", "lookahead=2,lookahead=3"], "lookahead given twice"),
+    (["build", "--full", "--dtypes", "fp16", "--all"], "--dtypes, --all do not apply"),
 ])  # fmt: skip
 def test_ambiguous_options_are_refused(args: list[str], needle: str, tmp_path: Path) -> None:
     (tmp_path / "k.toml").write_text("lookahead = 2\n")

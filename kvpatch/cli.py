@@ -34,7 +34,7 @@ app = typer.Typer(
     "5 build/tool failure (no GPU too), 6 GPU check failed, 130 interrupted, 1 other.",
 )
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # diagnostics: one line each, however long
 _DEBUG = {"on": False}
 
 

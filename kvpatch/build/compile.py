@@ -111,8 +111,10 @@ def load_cached(p: VariantPlan) -> tuple[VariantResult | None, str]:
         size, digest = file_digest(p.library)
     except OSError:
         return None, f"cached {p.library.name} is missing"
-    if size != result.library_bytes or digest != result.library_sha256:
+    if size != result.library_bytes:
         return None, f"cached {p.library.name} is damaged ({size} bytes, recorded {result.library_bytes})"
+    if digest != result.library_sha256:
+        return None, f"cached {p.library.name} is damaged (sha256 {digest[:12]}..., recorded {result.library_sha256[:12]}...)"
     return result, ""
 
 

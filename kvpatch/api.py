@@ -18,7 +18,7 @@ from .patch.plan import Injected, Result, inspect, patch
 from .patch.sites import Sites, find_sites
 from .source.fetch import check_release, fetch_release, normalize_version, release_tag
 from .source.workspace import STATE_DIR, State, Tree, check_no_local_edits, checkout, resolve_tree, sha256
-from .source.workspace import unified_diff, workspace_lock, write_atomic, write_header_and_state  # noqa: F401
+from .source.workspace import unified_diff, workspace_lock, write_header_and_state
 
 
 @dataclass(frozen=True)

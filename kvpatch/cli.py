@@ -3,7 +3,8 @@
 Exit codes: 0 success; 1 other failure; 2 invalid parameters or configuration;
 3 a release could not be fetched (unknown, unsupported, no network); 4 the source
 cannot be patched (sites not found, local edits, failed re-parse); 5 build or
-check failure, or a missing tool; 6 a GPU check failed (bit mismatch).
+check failure, or a missing tool (also: no GPU); 6 a GPU check failed (bit mismatch);
+130 interrupted (Ctrl-C). The codes live with the error types, kvpatch/errors.py.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from . import __version__
 from .config import dump_config, parse_rules, unreached
 from .config_io import config_and_tuned, variant_configs
 from .render import sites_table
-from .errors import KvpatchError, UsageError
+from .errors import BuildError, GpuCheckError, KvpatchError, UsageError
 
 app = typer.Typer(
     add_completion=False,
@@ -267,7 +268,7 @@ def build(
         err.print(f"[yellow]warning:[/] {escape(warning)}")
     problems = result.problems()
     if problems:
-        raise KvpatchError(f"SASS check failed: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""), exit_code=5)
+        raise BuildError(f"SASS check failed: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""), )
 
 
 LibOpt = Annotated[
@@ -335,7 +336,7 @@ def validate(
             why = f"{len(r.skipped)} configurations skipped (not built?); first: {r.skipped[0]}"
         else:
             why = "nothing was validated: every configuration was skipped (not built?)"
-        raise KvpatchError(why, exit_code=6)
+        raise GpuCheckError(why)
 
 
 @app.command()
@@ -384,7 +385,7 @@ def bench(
     report = run_bench_command(opts, console=err, progress=_progress)
     print_bench(report, out)
     if not report.ok:
-        raise KvpatchError("bench found outputs that differ from stock", exit_code=6)
+        raise GpuCheckError("bench found outputs that differ from stock")
 
 
 @app.command()
@@ -470,7 +471,7 @@ def bench_decode(
     )  # fmt: skip
     out.print(text, markup=False, highlight=False, soft_wrap=True)
     if code:
-        raise KvpatchError("bench-decode: outputs differ from stock", exit_code=code)
+        raise GpuCheckError("bench-decode: outputs differ from stock")
 
 
 # --------------------------------------------------------------------------- the entry point

@@ -164,13 +164,9 @@ def config_from_marker(text: str) -> PatchConfig:
     return cfg
 
 
-def config_from_options(config_file: Path | None, **options) -> PatchConfig:
-    """A config file's values, overridden by options given on the command line."""
-    return config_and_tuned(config_file, **options)[0]
-
-
 def config_and_tuned(config_file: Path | None, **options) -> tuple[PatchConfig, Machine | None]:
-    """:func:`config_from_options` and where its rules were tuned: the file's
+    """A config file's values overridden by the options given on the command line (``--rule``s
+    added to the file's rules), and where its rules were tuned: the file's
     ``[kvpatch.tuned]``; without a file, the shipped default's machine (for the default
     preset); None when unknown (a file without the record, the paper preset)."""
     values, tuned = read_config_file(config_file) if config_file else ({}, None)

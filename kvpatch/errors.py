@@ -40,3 +40,9 @@ class BuildError(KvpatchError):
     """Compiling or checking the kernels failed, or a tool is missing (exit 5)."""
 
     exit_code = 5
+
+
+class GpuCheckError(KvpatchError):
+    """A GPU check failed: outputs differ from stock's, or vLLM's own test failed (exit 6)."""
+
+    exit_code = 6

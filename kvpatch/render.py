@@ -64,13 +64,16 @@ def build_table(result: BuildResult) -> Table:
 
 
 def fmt_speedup(x: float, match: bool | None = None, verdict: str | None = None) -> str:
-    """A speedup, coloured by its verdict (interval above / below 1.00), ``!`` if the bits differ."""
+    """A speedup, coloured by its verdict (interval above / below 1.00: kvpatch.gpu.stats'
+    one rule), ``!`` if the bits differ; no verdict, no colour."""
+    from .gpu.stats import FASTER, SLOWER
+
     s = f"{x:.2f}"
     if match is False:
         return f"[red]{s}![/red]"
-    if verdict == "faster" or (verdict is None and x >= 1.02):
+    if verdict == FASTER:
         return f"[green]{s}[/green]"
-    if verdict == "slower" or (verdict is None and x <= 0.98):
+    if verdict == SLOWER:
         return f"[red]{s}[/red]"
     return s
 
@@ -228,6 +231,7 @@ def tune_table(report: Any, top: int = 3) -> Table:
 
 def render_decode(report: DecodeReport | dict[str, Any]) -> Any:
     """A rich Table of a decode-step report (print it with ``rich.console.Console().print``)."""
+    from .gpu.stats import FASTER, NOISE, SLOWER
     from .prefetch.options import MiB
     from .prefetch.report import DecodeReport, fmt_interval, verdict_of
 
@@ -247,7 +251,7 @@ def render_decode(report: DecodeReport | dict[str, Any]) -> Any:
                  f"{v['stock']['step_us']['median']:.1f}", f"{v['stock']['tokens_per_s']:.0f}"]  # fmt: skip
         for name in report.variants[1:]:
             s = v[name]["speedup"]
-            style = {"faster": "green", "slower": "red", "noise": ""}[verdict_of(s)]
+            style = {FASTER: "green", SLOWER: "red", NOISE: ""}[verdict_of(s)]
             text = fmt_interval(s)
             cells.append(f"[{style}]{text}[/{style}]" if style else text)
         cells += [f"{100 * v['stock']['attention_share']:.0f}%", f"{p['cap_bytes'] / MiB:.0f}",

@@ -1,6 +1,6 @@
 """Build variant libraries here (no GPU needed) for a run on a GPU machine.
 
-    python benchmarks/prepare.py --vllm 0.10.2 --out .gpu/run --set bench \
+    python scripts/prepare_gpu_run.py --vllm 0.10.2 --out .gpu/run --set bench \
         --variant patched= --variant kvhead=scope=kv-head,placement=end ...
 
 Each ``--variant NAME=key=value,...`` is a patch configuration (empty: the default).
@@ -29,7 +29,7 @@ from kvpatch.source.fetch import HEADER, fetch_release
 SETS = {
     # the bench's default matrix: GQA 32/8, head 128, block 16, fp16 + bf16, auto cache
     "bench": dict(dtypes=["fp16", "bf16"], head_sizes=[128], block_sizes=[16], kv_cache_dtypes=["auto"]),
-    # kvpatch validate's full matrix
+    # kvpatch validate's default matrix (not --full: that is every size vLLM builds)
     "validate": dict(dtypes=["fp16", "bf16", "fp32"], head_sizes=[64, 128, 256], block_sizes=[16, 32],
                      kv_cache_dtypes=["auto", "fp8"]),
     # spot checks: other head/block sizes and the fp8 cache

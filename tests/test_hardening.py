@@ -487,7 +487,7 @@ def test_dubious_ownership_is_not_skipped_silently(tmp_path: Path, work: Path) -
 
 
 def test_a_recorded_release_header_passes_without_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvpatch.source import workspace
+    from kvpatch.source import releases, workspace
 
     stock = fixture_text(STOCK)
     tree = make_tree(tmp_path / "plain", stock, commit=False)
@@ -496,7 +496,7 @@ def test_a_recorded_release_header_passes_without_git(tmp_path: Path, monkeypatc
     check(workspace.Tree(tree), stock)
     assert len(notes) == 1
     prefix = hashlib.md5(stock.encode()).hexdigest()[:8]
-    monkeypatch.setattr(workspace, "REVISIONS", (("9.9.9", "9.9.9", prefix),))
+    monkeypatch.setattr(releases, "REVISIONS", (("9.9.9", "9.9.9", prefix),))
     notes.clear()
     check(workspace.Tree(tree), stock)
     check(workspace.Tree(tree), stock.replace("\n", "\r\n"))

@@ -45,8 +45,6 @@ from .points import BenchPoint, pool_blocks, quick_points, point_set
 from .report import STOCK_MARKER, BenchReport, finish_results
 from .timing import L2Flush, Timer, adaptive_reps, l2_bytes_of, measure_copy_bandwidth, time_interleaved
 
-MODES = ("warm", "cold")
-EXIT_MISMATCH = 6
 #: The A/A control's variant name (it runs the baseline's code, and records stock's marker).
 AA = "stock-aa"
 

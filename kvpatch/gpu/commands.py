@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ..errors import KvpatchError, UsageError
+from ..errors import GpuCheckError, UsageError
 from ..fsutil import check_outputs, write_atomic
 from . import launch as L
 from .report import STOCK_MARKER
@@ -296,7 +296,7 @@ def _upstream(o: ValidateOptions, libs: Libraries, progress: Any) -> Any:
     try:
         return run_upstream(tree, libs.specs, out, release=tree.name, workers=o.workers, progress=progress)
     except UpstreamError as e:
-        raise KvpatchError(str(e), exit_code=6) from None
+        raise GpuCheckError(str(e)) from None
 
 
 # --------------------------------------------------------------------------- bench

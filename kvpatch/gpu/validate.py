@@ -51,9 +51,6 @@ ALIBI_NUM_SEQS = 8
 DEFAULT_HEAD_SIZES = (64, 128, 256)
 DEFAULT_BLOCK_SIZES = (16, 32)
 
-#: Exit code on a mismatch (the kvpatch CLI's "GPU check failed").
-EXIT_MISMATCH = 6
-
 
 @dataclass(frozen=True)
 class ValidateCase:

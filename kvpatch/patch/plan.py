@@ -232,7 +232,7 @@ def _in_file(p: Parsed, n: ci.Cursor) -> bool:
 
 def _loop_node(p: Parsed, site: Site) -> ci.Cursor:
     for n in p.tu.cursor.walk_preorder():
-        if n.kind == ci.CursorKind.FOR_STMT and n.extent.start.line == site.line and _in_file(p, n):
+        if n.kind == ci.CursorKind.FOR_STMT and n.extent.start.offset == site.loop_start and _in_file(p, n):
             return n
     raise PatchError(f"the {site.kind} loop vanished after patching")
 

@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from ..errors import BuildError, KvpatchError, UsageError
+from ..errors import BuildError, GpuCheckError, KvpatchError, UsageError
 from ..fsutil import check_outputs
 from .micro import micro_table, run_micro_gemm, run_micro_prefetch  # noqa: F401  (re-exported)
 from .models import model_shape
@@ -45,7 +45,7 @@ from .step import (  # noqa: F401  (re-exported)
 from .timing import capture, collect_env, power_capped, round_stats, smi, time_rounds  # noqa: F401
 
 #: Exit code when a variant's outputs differ from stock's.
-EXIT_MISMATCH = 6
+EXIT_MISMATCH = GpuCheckError.exit_code
 
 
 def resolve_prefetch_library(prefetch_library: Any, device: Any) -> Any:
@@ -337,17 +337,17 @@ def weight_prefetch_from_options(
 
 def libraries_from_options(lib_args: Sequence[str] = (), libs_file: str | None = None) -> list[tuple[str, str, str]]:
     """``--lib NAME=PATH.so:PREFIX`` (repeatable) and a libs.txt of such lines -> specs."""
+    from ..gpu.launch import parse_lib_specs
+
     try:
-        specs = [parse_lib_arg(x) for x in lib_args]
+        items = list(lib_args)
         if libs_file:
             with open(libs_file, encoding="utf-8") as f:
-                specs += [parse_lib_arg(line.strip()) for line in f if line.strip() and not line.lstrip().startswith("#")]
+                items += [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+        specs = [(s.name, s.path, s.prefix) for s in parse_lib_specs(items)]  # names unique, as bench's
     except (ValueError, OSError) as e:
-        raise UsageError(str(e)) from None
+        raise UsageError(f"--lib: {e}") from None
     names = [s[0] for s in specs]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise UsageError(f"--lib: library name(s) given twice: {', '.join(dup)}")
     if specs and "stock" not in names:
         raise UsageError("--lib: one library must be named 'stock' (the baseline)")
     return specs

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from ..config import MAX_SIZE
 from ..errors import BuildError, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -53,9 +54,9 @@ HINTS = ("evict_last", "evict_normal", "evict_first", "none")
 HINT_CODES = {"evict_last": 0, "evict_normal": 1, "evict_first": 2, "none": 3}
 #: Threads per CTA a launch may ask for (``kvpatch_l2_prefetch_ex``).
 MAX_THREADS = 1024
-#: The largest chunk one bulk prefetch is given here (the PTX size operand is a u32
-#: multiple of 16; 4 KiB is what the seed and the KV patch use).
-MAX_CHUNK = 1 << 20
+#: The largest chunk one bulk prefetch is given: the instruction's size limit, the same
+#: one the KV patch's ``--size`` has (kvpatch.config.MAX_SIZE, 2^20 - 16).
+MAX_CHUNK = MAX_SIZE
 #: SASS per arch family: the bulk prefetch, and the per-line prefetches.
 SASS_BULK = "UBLKPF"
 SASS_LINE = re.compile(r"\bCCTL\.E\.(PF2|PML2)\b")
@@ -100,6 +101,7 @@ class PrefetchKernelSpec:
             hint_code=HINT_CODES[self.hint],
             threads=self.threads,
             abi_version=PREFETCH_ABI_VERSION,
+            max_chunk=MAX_CHUNK,
         ) + "\n"
 
 

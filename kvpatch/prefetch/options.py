@@ -12,8 +12,6 @@ the side stream's priority. Its text form (``--wpf``, the sweep's labels) is
 
 from __future__ import annotations
 
-import re
-
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
@@ -99,14 +97,12 @@ def variant_names(libs: Iterable[str], wpf: bool = True) -> list[str]:
 
 
 def parse_lib_arg(text: str) -> tuple[str, str, str]:
-    """``NAME=path.so:PREFIX`` -> (name, path, prefix)."""
-    name, eq, rest = text.partition("=")
-    path, colon, prefix = rest.rpartition(":")
-    if not (eq and name.strip() and colon and path and prefix.strip()):
-        raise ValueError(f"invalid library {text!r}: expected NAME=path.so:PREFIX")
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name.strip()):
-        raise ValueError(f"invalid library name {name.strip()!r}: use letters, digits, '_', '.' and '-'")
-    return name.strip(), path, prefix.strip()
+    """``NAME=path.so:PREFIX`` -> (name, path, prefix): :func:`kvpatch.gpu.launch.parse_lib_spec`,
+    the one parser of library specs (ValueError)."""
+    from ..gpu.launch import parse_lib_spec
+
+    spec = parse_lib_spec(text)
+    return spec.name, spec.path, spec.prefix
 
 
 def parse_ints(text: str, what: str = "list") -> list[int]:

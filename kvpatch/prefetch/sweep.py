@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from ..errors import GpuCheckError, UsageError
 from ..gpu.stats import geomean
 from .options import MiB, WeightPrefetch, caps_text
 
@@ -322,7 +323,6 @@ def run_sweep(
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
-    from ..errors import UsageError
     from .decode import libraries_from_options
 
     ap = argparse.ArgumentParser(prog="python -m kvpatch.prefetch.sweep", description=__doc__.split("\n\n")[0])
@@ -337,17 +337,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         specs = libraries_from_options(a.lib, a.libs_file)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return UsageError.exit_code
     from ..gpu.launch import Kernels
 
     libs = {name: Kernels(path, prefix) for name, path, prefix in specs}
     if not {"stock", "patched"} <= set(libs):
         print(f"error: the sweep needs libraries 'stock' and 'patched', got {', '.join(libs)}", file=sys.stderr)
-        return 2
+        return UsageError.exit_code
     result = run_sweep(libs, a.out, budget_s=a.budget, prefetch_library=a.prefetch_lib, final=not a.no_final)
     same = all(p["all_identical"] for st in ("stage1", "stage2") for p in result.get(st, {}).get("points", []))
     same = same and all(f["summary"]["all_identical"] for f in result.get("final", {}).values())
-    return 0 if same else 6
+    return 0 if same else GpuCheckError.exit_code
 
 
 if __name__ == "__main__":

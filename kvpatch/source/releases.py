@@ -32,8 +32,13 @@ def carries_header(version: str) -> bool:
 
 
 def revision_of(stock_header: str) -> str | None:
-    """The representative release of a stock header's revision (by md5), or None if unknown."""
+    """The representative release of a stock header's revision (by the md5 of its text with
+    LF line endings, as released; a CRLF checkout matches too), or None if unknown."""
     import hashlib
 
-    digest = hashlib.md5(stock_header.encode("utf-8")).hexdigest()
-    return next((rep for rep, _, md5 in REVISIONS if digest.startswith(md5)), None)
+    for text in dict.fromkeys((stock_header, stock_header.replace("\r\n", "\n"))):
+        digest = hashlib.md5(text.encode("utf-8")).hexdigest()
+        rep = next((rep for rep, _, md5 in REVISIONS if digest.startswith(md5)), None)
+        if rep is not None:
+            return rep
+    return None

@@ -28,7 +28,7 @@ import filelock
 
 from ..errors import BuildError, KvpatchError, PatchError, UsageError
 from ..fsutil import Staged, stage, write_atomic
-from .releases import HEADER, REVISIONS
+from .releases import HEADER, revision_of
 
 __all__ = [
     "STATE_DIR", "State", "Tree", "check_no_local_edits", "checkout", "resolve_tree", "unified_diff",
@@ -105,16 +105,6 @@ class Tree:
             return None, "the committed header is not UTF-8"
 
 
-def known_revision(stock: str) -> str | None:
-    """The release whose recorded header md5 this stock text has (LF or CRLF), or None."""
-    for text in {stock, _lf(stock)}:
-        digest = hashlib.md5(text.encode("utf-8")).hexdigest()
-        for release, _, prefix in REVISIONS:
-            if digest.startswith(prefix):
-                return release
-    return None
-
-
 def check_no_local_edits(tree: Tree, stock: str, *, unpatch: Callable[[str], str],
                          state: State | None = None, note: Callable[[str], None] = print) -> None:  # fmt: skip
     """Refuse when the header, minus kvpatch's own injection, has edits kvpatch did not make.
@@ -144,7 +134,7 @@ def check_no_local_edits(tree: Tree, stock: str, *, unpatch: Callable[[str], str
             raise PatchError(f"{tree.header} changed since the last apply here ({why}, so compared with the "
                              "sha256 recorded in .kvpatch/state.json); pass --force to patch it anyway")  # fmt: skip
         return
-    if known_revision(stock) is not None:
+    if revision_of(stock) is not None:
         return
     note(f"note: local-edit check off: {why}, and the header matches no recorded vLLM release "
          "header, so edits made outside kvpatch cannot be detected")  # fmt: skip

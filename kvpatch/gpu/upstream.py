@@ -1,7 +1,7 @@
 """``kvpatch validate --upstream``: vLLM's own kernel test, unchanged, against built libraries.
 
 The release's ``test_paged_attention`` (``tests/kernels/attention/test_attention.py``
-from vLLM 0.10.0 on, ``tests/kernels/test_attention.py`` before) is copied byte for
+from vLLM 0.8.5 on, ``tests/kernels/test_attention.py`` before) is copied byte for
 byte into a run directory with the files it needs from the same tree (its
 ``conftest.py``, ``allclose_default.py``, the ``__init__.py`` files) and an import
 shim (:mod:`kvpatch.gpu.upstream_shim`) that provides ``vllm._custom_ops`` and the
@@ -39,7 +39,10 @@ TEST_PATHS = ("tests/kernels/attention/test_attention.py", "tests/kernels/test_a
 TEST_FUNCTION = "test_paged_attention"
 #: The helpers the test's kv_cache_factory fixture needs from vllm/utils, extracted unchanged.
 HELPER_NAMES = ("STR_DTYPE_TO_TORCH_DTYPE", "_generate_random_fp8", "get_kv_cache_torch_dtype",
-                "create_kv_caches_with_random", "create_kv_caches_with_random_flash")  # fmt: skip
+                "create_kv_caches_with_random", "create_kv_caches_with_random_flash",
+                "set_random_seed", "nvfp4_kv_cache_full_dim")  # fmt: skip
+#: Helper names only some releases have (0.22 seeds through set_random_seed).
+OPTIONAL_HELPERS = ("create_kv_caches_with_random_flash", "set_random_seed", "nvfp4_kv_cache_full_dim")
 SHIM_MODULE = "kvpatch_upstream_shim"
 HELPERS_MODULE = "_vllm_helpers"
 
@@ -98,12 +101,13 @@ def helper_source(tree: str | Path, names: Sequence[str] = HELPER_NAMES) -> str:
                 start = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
                 lines = text.splitlines()[start - 1 : node.end_lineno]
                 found[key] = f"# from {f.relative_to(root)}\n" + "\n".join(lines)
-    missing = [n for n in names if n not in found and n != "create_kv_caches_with_random_flash"]
+    missing = [n for n in names if n not in found and n not in OPTIONAL_HELPERS]
     if missing:
         raise UpstreamError(f"{root}: cannot find {', '.join(missing)} in vllm/utils")
     head = (
         '"""vLLM helpers extracted unchanged by kvpatch (see kvpatch.gpu.upstream)."""\n'
-        "import random\nfrom functools import cache\nfrom typing import Any, Optional, Union\n\nimport torch\n"
+        "import random\nfrom functools import cache\nfrom typing import Any, Dict, List, Optional, Tuple, Union\n\nimport torch\n"
+        "from vllm.platforms import current_platform  # the shim's; vLLM <= 0.6 helpers use the module global\n"
         "try:\n    import numpy as np\nexcept ImportError:  # only seed_everything would use it\n    np = None\n\n"
     )
     return head + "\n\n".join(found[n] for n in names if n in found) + "\n"

@@ -238,6 +238,11 @@ class _Platform:
                 pass
             torch.manual_seed(seed)
 
+    def manual_seed_all(self, seed: int) -> None:  # vLLM 0.22's set_random_seed
+        import torch
+
+        torch.cuda.manual_seed_all(seed)
+
     def get_device_capability(self, device_id: int = 0) -> Any:
         import torch
 

@@ -8,14 +8,16 @@
 #         libs.txt (NAME=FILE.so:PREFIX per line, FILE relative to LIBDIR; FILE.so.xz is
 #         unpacked to $OUT/../kvpatch-libs first), variants.json (each variant's marker and
 #         compile flags), and beside it the release files in ../vllm-X (TREE overrides).
-# STAGES  comma list of: full, upstream, headline, heldout (default: all four). The first
-#         two run at the same time (upstream is pytest on the CPU cores; full is one
+# STAGES  comma list of: full, upstream, headline, heldout (default: all four), or tune
+#         (alone: LIBDIR from `gpu_prepare.py --tune`; writes $OUT/kvpatch.toml and tune.json).
+#         The first two run at the same time (upstream is pytest on the CPU cores; full is one
 #         process); the benches run alone afterwards, so nothing else shares the GPU.
 #
 # Environment: OUT (default ./gpu-out), TREE (the vLLM release files), PYTHON (python3),
 # WORKERS (pytest-xdist workers for upstream, in all; default 8),
 # HEADLINE_REPS / HELDOUT_REPS (50 / 30), ROUNDS (3), HEADLINE_KERNELS (v1,v2 or dispatched),
 # HELDOUT_NAMES (the libraries the held-out bench compares; default stock,patched),
+# TUNE_REPS (20), TUNE_QUICK=1 (tune --quick: 144 of the 324 tuning points),
 # AA=1 (both benches also time stock against itself: bench --aa, variant stock-aa).
 # Budget on an H200 (16 cores): upstream ~3 min beside full ~1 min; headline ~1.5 min
 # (4 variants, both kernels); heldout ~2.5 min (stock + patched, dispatched kernel only).
@@ -124,6 +126,17 @@ if [[ -n "$UP_PID" ]]; then
     wait "$UP_PID"
     rc=$?; [[ $rc -ne 0 ]] && RC=$rc
     say "upstream: rc $rc"
+fi
+
+# ---------------------------------------------------------------- tune (alone on the GPU)
+if has tune; then
+    QUICK=(); [[ "${TUNE_QUICK:-0}" == 1 ]] && QUICK=(--quick)
+    say "tune: ${#ALL[@]} / 2 libraries (stock + candidates), validate per kernel, bench the tuning set"
+    "${KV[@]}" tune "${ALL[@]}" "${INFO[@]}" "${QUICK[@]}" --reps "${TUNE_REPS:-20}" --rounds "$ROUNDS" \
+        -o "$OUT/kvpatch.toml" --json "$OUT/tune.json" > "$OUT/tune.log" 2>&1
+    rc=$?; [[ $rc -ne 0 ]] && RC=$rc
+    say "tune: rc $rc"
+    gzip -f "$OUT/tune.json" 2>/dev/null || true
 fi
 
 # ---------------------------------------------------------------- timing (alone on the GPU)

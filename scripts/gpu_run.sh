@@ -131,7 +131,7 @@ fi
 # ---------------------------------------------------------------- tune (alone on the GPU)
 if has tune; then
     QUICK=(); [[ "${TUNE_QUICK:-0}" == 1 ]] && QUICK=(--quick)
-    say "tune: ${#ALL[@]} / 2 libraries (stock + candidates), validate per kernel, bench the tuning set"
+    say "tune: $(( ${#ALL[@]} / 2 )) libraries (stock + candidates), validate per kernel, bench the tuning set"
     "${KV[@]}" tune "${ALL[@]}" "${INFO[@]}" "${QUICK[@]}" --reps "${TUNE_REPS:-20}" --rounds "$ROUNDS" \
         -o "$OUT/kvpatch.toml" --json "$OUT/tune.json" > "$OUT/tune.log" 2>&1
     rc=$?; [[ $rc -ne 0 ]] && RC=$rc

@@ -31,6 +31,7 @@ from typing import Any, Sequence
 from .dispatch import cdiv, dispatched_kernel
 from .inputs import DTYPES, cache_elem_size, check_kv_cache_dtype
 
+#: The headline grid (kvpatch bench's default and the decode step's, kvpatch.prefetch).
 DEFAULT_BATCHES = (1, 4, 16, 64)
 DEFAULT_CONTEXTS = (1024, 4096, 16384)
 #: The instantiations ``kvpatch tune`` tunes (each gets its own setting, or ``off``) and

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from ..errors import UsageError
+from ..gpu.points import DEFAULT_BATCHES, DEFAULT_CONTEXTS  # noqa: F401 - the decode step's grid is the bench's headline grid
 
 BLOCK_SIZE = 16
 #: The variant suffix for "with weight prefetch".
@@ -24,8 +25,6 @@ WPF = "+wpf"
 DEFAULT_LAYERS = 8
 DEFAULT_MODELS = ("llama-3.1-8b", "llama-3.2-1b")
 DEFAULT_DTYPES = ("bf16", "fp16")
-DEFAULT_BATCHES = (1, 4, 16, 64)
-DEFAULT_CONTEXTS = (1024, 4096, 16384)
 #: Per-batch weight-prefetch caps in MiB (bucket bounds: batch b uses the smallest key
 #: >= b; above the largest key, no prefetch). The first H200 run (benchmarks/results/
 #: decode-1) measured these at 0.99x: they are the baseline the sweep

@@ -16,11 +16,7 @@ import pytest
 from rich.console import Console
 
 from kvpatch.errors import FetchError
-
-#: kvpatch.source.fetch.HEADER, spelled out so that this file imports where GitPython is
-#: missing (the GPU machine runs tests/test_gpu.py with only torch and kvpatch's tree);
-#: tests/test_fetch.py checks the two agree.
-HEADER = "csrc/attention/attention_kernels.cuh"
+from kvpatch.source.releases import HEADER  # imports nothing: conftest loads without GitPython too
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN = FIXTURES / "golden"

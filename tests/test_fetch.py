@@ -475,12 +475,6 @@ def test_http_release_not_found(env: Path, tmp_path: Path, monkeypatch: pytest.M
         fetch_release("0.10.2", remote=_no_remote(tmp_path), console=_console()[0])
 
 
-def test_conftest_header_path_matches_fetch() -> None:
-    from conftest import HEADER as CONFTEST_HEADER
-
-    assert CONFTEST_HEADER == fetch.HEADER
-
-
 # --------------------------------------------------------------------------- issue 7: cache hygiene
 
 

@@ -146,6 +146,12 @@ class SitesReport:
     injected: dict[str, str]  # site kind -> the marker text of what is injected there now
     intact: bool  # the injection is what kvpatch renders for its marker
 
+    def to_json(self) -> dict:
+        """``kvpatch sites --json``: every name and offset of both sites, and the injection."""
+        return {"header": str(self.header), **asdict(self.sites),
+                "injected": {kind: self.injected.get(kind) for kind in ("key", "value")},
+                "injection_intact": self.intact}  # fmt: skip
+
 
 def sites(*, vllm: str | None, tree: Path | None, cwd: Path, console: Console) -> SitesReport:
     """The sites of a release or tree (of its stock header, if kvpatch patched it), and

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, NoReturn, Optional
 
@@ -25,7 +24,7 @@ from . import __version__
 from .config import dump_config, parse_rules, unreached
 from .config_io import config_and_tuned, variant_configs
 from .render import sites_table
-from .errors import BuildError, GpuCheckError, KvpatchError, UsageError
+from .errors import GpuCheckError, KvpatchError, UsageError
 
 app = typer.Typer(
     add_completion=False,
@@ -145,9 +144,7 @@ def sites(vllm: VllmOpt = None, tree: TreeOpt = None, as_json: JsonOpt = False) 
     report = api.sites(vllm=vllm, tree=tree, cwd=_cwd(), console=err)
     found = report.sites
     if as_json:
-        injected = {kind: report.injected.get(kind) for kind in ("key", "value")}
-        out.print_json(json.dumps({"header": str(report.header), **asdict(found), "injected": injected,
-                                   "injection_intact": report.intact}))  # fmt: skip
+        out.print_json(json.dumps(report.to_json()))
         return
     out.print(f"{escape(str(report.header))}: {found.key.cache_param.split('_')[0]}/{found.value.cache_param.split('_')[0]} "
               f"sites in paged_attention_kernel (line {found.function_line})", highlight=False)  # fmt: skip
@@ -266,9 +263,7 @@ def build(
                   "and a CUDA build of torch ('kvpatch validate', 'kvpatch bench').")  # fmt: skip
     for warning in result.split_warnings():
         err.print(f"[yellow]warning:[/] {escape(warning)}")
-    problems = result.problems()
-    if problems:
-        raise BuildError(f"SASS check failed: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""), )
+    result.check()
 
 
 LibOpt = Annotated[
@@ -327,16 +322,7 @@ def validate(
     if outcome.upstream is not None:
         print_upstream(outcome.upstream, out)
     if not outcome.ok:
-        r = outcome.report
-        if r is None or r.ok:
-            why = "vLLM's own test failed or patched outputs differ from stock's (see the table)"
-        elif r.failures:
-            why = f"{len(r.failures)} mismatches; first: {r.failures[0]}"
-        elif r.strict and r.skipped:
-            why = f"{len(r.skipped)} configurations skipped (not built?); first: {r.skipped[0]}"
-        else:
-            why = "nothing was validated: every configuration was skipped (not built?)"
-        raise GpuCheckError(why)
+        raise GpuCheckError(outcome.why())
 
 
 @app.command()

@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping
 
+from ..errors import BuildError
+
 #: The prefetch instruction in SASS.
 PREFETCH_SASS = "UBLKPF"
 
@@ -149,6 +151,14 @@ class BuildResult:
 
     def problems(self) -> list[str]:
         return [p for v in self.variants for p in v.problems()]
+
+    def check(self) -> None:
+        """:class:`BuildError` (one line: the first problem and how many more) unless the SASS
+        check passed everywhere."""
+        problems = self.problems()
+        if problems:
+            more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise BuildError(f"SASS check failed: {problems[0]}{more}")
 
     def split_warnings(self) -> list[str]:
         """``issue=split`` kernels with another FFMA count than the 'stock' variant's same

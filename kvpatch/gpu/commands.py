@@ -192,6 +192,17 @@ class ValidateOutcome:
     def ok(self) -> bool:
         return (self.report is None or self.report.ok) and (self.upstream is None or self.upstream.ok)
 
+    def why(self) -> str:
+        """Why it failed, in one line (the command's error)."""
+        r = self.report
+        if r is None or r.ok:
+            return "vLLM's own test failed or patched outputs differ from stock's (see the table)"
+        if r.failures:
+            return f"{len(r.failures)} mismatches; first: {r.failures[0]}"
+        if r.strict and r.skipped:
+            return f"{len(r.skipped)} configurations skipped (not built?); first: {r.skipped[0]}"
+        return "nothing was validated: every configuration was skipped (not built?)"
+
 
 def validate_cases(o: ValidateOptions) -> tuple[list, str, str]:
     """(cases, matrix name, sampling) for the options."""

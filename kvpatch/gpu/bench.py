@@ -41,7 +41,7 @@ from . import launch as L
 from .dispatch import KERNELS, PARTITION_SIZE
 from .env import SmiSampler, collect_env, nvidia_smi_query
 from .inputs import make_generator, make_inputs, make_kv_pool
-from .points import BenchPoint, pool_blocks, quick_points, point_set
+from .points import BenchPoint, pool_blocks, point_set
 from .report import STOCK_MARKER, BenchReport, finish_results
 from .timing import L2Flush, Timer, adaptive_reps, l2_bytes_of, measure_copy_bandwidth, time_interleaved
 

@@ -104,8 +104,12 @@ def apply(*, vllm: str | None, tree: Path | None, cfg: PatchConfig, cwd: Path,
     configuration was tuned), the report lists how this machine (``here``, default
     :func:`kvpatch.machine.local`) differs from it.
     """
-    state = _state_or_none(cwd) if vllm is None and tree is None else None
-    if state is not None:  # again: the tree the last apply here used
+    state = State.load(cwd) if vllm is None and tree is None else None  # corrupt: its one-line error
+    if state is not None and not Path(state.tree).is_dir() and state.version is not None \
+            and Path(state.tree) == cwd / STATE_DIR / f"vllm-{state.version}":  # fmt: skip
+        check_release(state.version)  # kvpatch's own checkout of a release, removed: check it out again
+        version, target = state.version, None
+    elif state is not None:  # again: the tree the last apply here used
         version, target = state.version, resolve_tree(None, cwd)
     else:
         version = _check_target(vllm, tree)

@@ -105,7 +105,7 @@ def apply(
     cfg, tuned = config_and_tuned(config, preset=preset, quantized=quantized, fp16=fp16, bf16=bf16, fp32=fp32,
                                   rules=rules, **settings)  # fmt: skip
     if cfg.preset == "default":  # say which options the rules leave without effect
-        given = [k for k, v in settings.items() if v is not None]
+        given = [k for k, v in (*settings.items(), ("quantized", quantized)) if v is not None]
         selectors = [*(rules or {}), *(d for d, v in (("fp16", fp16), ("bf16", bf16), ("fp32", fp32)) if v is not None)]
         for line in unreached(cfg, given, selectors):
             err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)

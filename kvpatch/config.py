@@ -379,7 +379,7 @@ def make_config(**options: Any) -> PatchConfig:
             raise UsageError(f"invalid control {given['control']!r}: expected true or false")
         cfg = replace(cfg, control=given["control"])
     if preset == "paper":
-        clash = sorted(k for k, fixed in PAPER.items() if k in given and getattr(cfg, k) != fixed)
+        clash = sorted(k for k, fixed in {**PAPER, "min_group": 1}.items() if k in given and getattr(cfg, k) != fixed)
         if clash:
             raise UsageError(f"--preset paper fixes {', '.join(clash)}; drop those options")
         if any(d in given for d in (*DTYPES, "rules", "inherit_rules")):
@@ -432,10 +432,12 @@ def _rule_settings(name: str, value: Any) -> dict[str, Any]:
     if bad:
         raise UsageError(f"{name} cannot override {', '.join(bad)} (only {', '.join(OVERRIDABLE)})")
     if "off" in value and value["off"] is not True:
-        if value["off"] is False:
-            del value["off"]
-        else:
+        if value["off"] is not False:
             raise UsageError(f"invalid {name} off {value['off']!r}: expected true")
+        if len(value) == 1:
+            raise UsageError(f"{name}: 'off = false' alone changes nothing; give the settings that turn these "
+                             "kernels on (e.g. issue = \"call\"), or 'none' to drop the rule")  # fmt: skip
+        del value["off"]
     if value.get("off") and len(value) > 1:
         raise UsageError(f"{name}: 'off' takes no other settings")
     return value
@@ -489,36 +491,54 @@ GLOBAL_SETTINGS = ("caches", "placement")
 def unreached(cfg: PatchConfig, options: Iterable[str] = (), selectors: Iterable[str] = (),
               head_sizes: Sequence[int] = VLLM_HEAD_SIZES, block_sizes: Sequence[int] = VLLM_BLOCK_SIZES) -> list[str]:  # fmt: skip
     """The base settings (``options``: ``'lookahead'``...) and rules (``selectors``) that
-    change no kernel vLLM builds: a rule every one of whose kernels a more specific rule
-    decides; a setting every prefetching kernel takes from its own rule instead (or, with
-    no kernel prefetching, any setting). One line each, for a warning."""
+    change no kernel vLLM builds, one line each (for a warning): a rule that selects no such
+    kernel, or only fp8-cache kernels under ``quantized=skip``, or whose kernels more specific
+    rules all decide; a setting every prefetching kernel takes from its own rule, or any
+    setting when no kernel prefetches; ``quantized=prefetch`` when every fp8-cache kernel is off."""
     kernels = [(d, h, b, kv, k) for d in DTYPES for h in head_sizes for b in block_sizes for kv in RULE_KV
                for k in RULE_KERNELS]  # fmt: skip
     rules = dict(cfg.overrides)
-    decided: dict[str | None, bool] = {}
+    decided: set[str | None] = set()
     reached: set[str] = set()
+    prefetching = fp8_prefetching = False
     for d, h, b, kv, k in kernels:
         if kv != "auto" and cfg.quantized != "prefetch":
             continue  # stock's code: no setting reaches it
         sel, settings = next((s, c) for s, c in cfg.variants()
                              if s is None or Selector.parse(s).matches(d, h, b, kv, k))  # fmt: skip
-        decided[sel] = True
+        decided.add(sel)
         if settings.off:
             continue
+        prefetching = True
+        fp8_prefetching = fp8_prefetching or kv != "auto"
         own = dict(rules.get(sel, ())) if sel is not None else {}
         reached.update(o for o in options if o in GLOBAL_SETTINGS or o not in own)
     out = []
     for o in options:
-        if o not in reached:
-            flag = "--" + o.replace("_", "-")
-            out.append(f"{flag} changes no kernel: every kernel that prefetches takes {o.replace('_', '-')} from a rule "
-                       f"of its own, or none prefetches (set it in a rule, e.g. --rule fp16/64/16/auto/v1={o.replace('_', '-')}=...)")  # fmt: skip
+        flag = "--" + o.replace("_", "-")
+        if o == "quantized":
+            if cfg.quantized == "prefetch" and not fp8_prefetching:
+                out.append(f"{flag} prefetch changes no kernel: every fp8-cache kernel is off by its rules "
+                           "(turn some on, e.g. --rule 'bf16/128/16/fp8=issue=call')")  # fmt: skip
+        elif o not in reached and not prefetching:
+            out.append(f"{flag} changes no kernel: no kernel prefetches under these rules")
+        elif o not in reached:
+            out.append(f"{flag} changes no kernel: every kernel that prefetches takes {o.replace('_', '-')} from a "
+                       f"rule of its own (set it there, e.g. --rule 'fp16/64/16/auto/v1={o.replace('_', '-')}=...')")  # fmt: skip
     for sel in selectors:
         key = str(Selector.parse(sel))
-        if key in rules and not decided.get(key):
-            out.append(f"rule {key} changes no kernel: more specific rules decide every kernel it selects"
-                       + (" (or it selects fp8-cache kernels, stock under quantized=skip)" if cfg.quantized != "prefetch" else "")
-                       + "; name the kernels, e.g. dtype/head/block/auto/v1")  # fmt: skip
+        if key not in rules or key in decided:
+            continue
+        chosen = Selector.parse(key)
+        hits = [kernel for kernel in kernels if chosen.matches(*kernel)]
+        if not hits:
+            why = (f"it selects no kernel vLLM builds (head sizes {', '.join(map(str, head_sizes))}; "
+                   f"block sizes {', '.join(map(str, block_sizes))})")  # fmt: skip
+        elif all(kv != "auto" for _, _, _, kv, _ in hits) and cfg.quantized != "prefetch":
+            why = "it selects only fp8-cache kernels, which stay stock under quantized=skip (add --quantized prefetch)"
+        else:
+            why = "more specific rules decide every kernel it selects (name the kernels, e.g. dtype/head/block/auto/v1)"
+        out.append(f"rule {key} changes no kernel: {why}")
     return out
 
 

@@ -25,6 +25,21 @@ def resolve_target(path: Path) -> Path:
     return Path(os.path.realpath(path))
 
 
+def open_descriptor(path: str | os.PathLike[str]) -> int | None:
+    """The descriptor a path names when it names one of this process's open streams
+    (``/dev/stdout``, ``/dev/stderr``, ``/dev/fd/N``, ``/proc/self/fd/N``), else None. Such a
+    path resolves to whatever the stream was redirected to, often a regular file (a log
+    opened for appending): it must be written through the descriptor, never replaced."""
+    text = os.path.normpath(os.fspath(path))
+    named = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}.get(text)
+    if named is not None:
+        return named
+    for prefix in ("/dev/fd/", "/proc/self/fd/", f"/proc/{os.getpid()}/fd/"):
+        if text.startswith(prefix) and text[len(prefix):].isdigit():
+            return int(text[len(prefix):])
+    return None
+
+
 def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, mode: int | None = None) -> Path:
     """Replace the file at ``path`` with ``data`` in one rename; returns the file written.
 
@@ -33,6 +48,12 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, mode: int |
     ``OSError`` (the old file intact) and ``IsADirectoryError`` for a directory.
     """
     raw = data.encode("utf-8") if isinstance(data, str) else data
+    fd = open_descriptor(path)
+    if fd is not None:  # /dev/stdout of `cmd -o /dev/stdout >> log`: write to the stream, do not replace the log
+        view = memoryview(raw)
+        while view:
+            view = view[os.write(fd, view):]
+        return Path(path)
     try:
         st = os.stat(path)  # follows symlinks
     except (FileNotFoundError, NotADirectoryError):
@@ -119,7 +140,9 @@ def output_problem(path: str | os.PathLike[str]) -> str | None:
     if not text:
         return "an empty path"
     if text == "-":
-        return "'-' (stdout) is not supported here: give a file name"
+        return "'-' (stdout) is not supported here: give a file name (or /dev/stdout)"
+    if open_descriptor(text) is not None:
+        return None
     try:
         st = os.stat(text)
     except (FileNotFoundError, NotADirectoryError):
@@ -150,12 +173,18 @@ def output_problem(path: str | os.PathLike[str]) -> str | None:
 def check_outputs(**paths: str | os.PathLike[str] | None) -> None:
     """:func:`output_problem` for each named output (``json=...``; None: not asked for);
     the first problem is a one-line :class:`UsageError` naming the option."""
+    seen: dict[str, str] = {}
     for option, path in paths.items():
         if path is None:
             continue
+        flag = f"--{option.replace('_', '-')}"
         why = output_problem(path)
         if why is not None:
-            raise UsageError(f"--{option.replace('_', '-')} {os.fspath(path)!r}: {why}")
+            raise UsageError(f"{flag} {os.fspath(path)!r}: {why}")
+        where = os.fspath(path) if open_descriptor(path) is not None else str(resolve_target(Path(path)))
+        if where in seen:
+            raise UsageError(f"{seen[where]} and {flag} name the same file ({os.fspath(path)}): one would overwrite the other")
+        seen[where] = flag
 
 
 def write_both(first: str | os.PathLike[str], first_data: str | bytes,
@@ -165,7 +194,7 @@ def write_both(first: str | os.PathLike[str], first_data: str | bytes,
     or pipe (``/dev/null``) is written in place, as :func:`write_atomic` does."""
     try:
         mode = os.stat(second).st_mode
-        special = not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+        special = open_descriptor(second) is not None or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
     except OSError:
         special = False
     if special:

@@ -326,3 +326,48 @@ def test_prefetch_launch_options_are_checked_before_ctypes() -> None:
     if torch is not None:
         with pytest.raises(ValueError, match="address 0"):
             range_table([(0, 4096)])
+
+
+def test_an_output_to_dev_stdout_appends_to_the_redirected_log(tmp_path: Path) -> None:
+    """`-o /dev/stdout >> run.log` resolved to run.log, a regular file, and replaced it:
+    the log's earlier lines were gone."""
+    (tmp_path / "t.json").write_text(json.dumps(_saved_report()))
+    (tmp_path / "run.log").write_text("OLD LOG\n")
+    proc = subprocess.run(f"{sys.executable} -m kvpatch tune --from t.json -o /dev/stdout >> run.log 2>&1",
+                          shell=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    assert proc.returncode == 0
+    log = (tmp_path / "run.log").read_text()
+    assert log.startswith("OLD LOG\n[kvpatch]") and "wrote /dev/stdout" in log
+
+
+def test_two_outputs_naming_one_file_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "t.json").write_text(json.dumps(_saved_report()))
+    one_line(kvpatch("tune", "--from", "t.json", "-o", "same", "--json", "./same", cwd=tmp_path), 2, "name the same file")
+    assert not (tmp_path / "same").exists()
+    one_line(kvpatch("bench", "--json", "x", "--plot", "x", cwd=tmp_path), 2, "--json and --plot name the same file")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--quantized", "prefetch"], "--quantized prefetch changes no kernel: every fp8-cache kernel is off"),
+    (["--rule", "fp16/64/16/fp8/v1=lookahead=2"], "only fp8-cache kernels"),
+    (["--rule", "fp16/48=lookahead=2"], "selects no kernel vLLM builds"),
+    (["--rule", "fp16/64/16=lookahead=3"], "more specific rules decide"),
+])  # fmt: skip
+def test_apply_says_why_an_option_or_rule_changes_no_kernel(args: list[str], needle: str, tmp_path: Path) -> None:
+    from conftest import fixture_text, make_tree
+
+    tree = make_tree(tmp_path / "vllm", fixture_text())
+    proc = kvpatch("apply", "--tree", str(tree), *args, cwd=tmp_path)
+    warned = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert proc.returncode == 0 and len(warned) == 1 and needle in warned[0], proc.stderr
+
+
+def test_apply_refuses_what_would_be_ignored(tmp_path: Path) -> None:
+    one_line(kvpatch("apply", "--preset", "paper", "--min-group", "4", cwd=tmp_path), 2, "--preset paper fixes min_group")
+    one_line(kvpatch("apply", "--rule", "fp16/128/16/auto=off=false", cwd=tmp_path), 2, "'off = false' alone changes nothing")
+
+
+def test_apply_without_a_target_and_a_corrupt_state_says_so(tmp_path: Path) -> None:
+    (tmp_path / ".kvpatch").mkdir()
+    (tmp_path / ".kvpatch" / "state.json").write_text("{bad")
+    one_line(kvpatch("apply", cwd=tmp_path), 1, "corrupt")

@@ -240,8 +240,9 @@ def resolve_tree(tree: Path | None, cwd: Path) -> Tree:
     if state is None:
         raise UsageError("no tree: run 'kvpatch apply --vllm X' here first, or pass --tree PATH")
     if not Path(state.tree).is_dir():
+        again = f"kvpatch apply --vllm {state.version}" if state.version else "kvpatch apply --tree PATH"
         raise UsageError(f"the tree the last apply here used, {state.tree}, is gone (recorded in "
-                         f"{State.path(cwd)}): pass --tree PATH, or run 'kvpatch apply' again")  # fmt: skip
+                         f"{State.path(cwd)}): pass --tree PATH, or run '{again}'")  # fmt: skip
     return Tree(Path(state.tree))
 
 

@@ -22,10 +22,18 @@
 # Budget on an H200 (16 cores): upstream ~3 min beside full ~1 min; headline ~1.5 min
 # (4 variants, both kernels); heldout ~2.5 min (stock + patched, dispatched kernel only).
 set -uo pipefail
+# a LIBDIR given relative to where this was started, before the cd to the checkout
+[[ -n "${1:-}" && -d "$1" ]] && set -- "$(cd "$1" && pwd)" "${@:2}"
+[[ -n "${OUT:-}" && "$OUT" != /* ]] && OUT="$PWD/$OUT"
 cd "$(dirname "$0")/.."
 
 LIBDIR=${1:-.gpu/libs}
 STAGES=${2:-full,upstream,headline,heldout}
+for s in ${STAGES//,/ }; do
+    case "$s" in full|upstream|headline|heldout|tune) ;;
+        *) echo "error: unknown stage '$s' (full, upstream, headline, heldout, tune)" >&2; exit 2 ;;
+    esac
+done
 OUT=${OUT:-./gpu-out}
 PY=${PYTHON:-python3}
 ROUNDS=${ROUNDS:-3}
@@ -41,9 +49,15 @@ WORKERS=${WORKERS:-$(( NPROC > 9 ? 8 : (NPROC > 3 ? NPROC - 2 : 1) ))}
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
+# this run's stages write afresh: no earlier run's results are summarised as this one's
+has() { [[ ",$STAGES," == *",$1,"* ]]; }
+has full && rm -f "$OUT/validate-full.json" "$OUT/validate-full.log"
+has upstream && rm -f "$OUT/upstream.json" "$OUT/upstream.log"
+has headline && rm -f "$OUT/bench-headline.json" "$OUT/bench-headline.png" "$OUT/bench-headline.log"
+has heldout && rm -f "$OUT/bench-heldout.json" "$OUT/bench-heldout.png" "$OUT/bench-heldout.log"
+has tune && rm -f "$OUT/kvpatch.toml" "$OUT/tune.json" "$OUT/tune.json.gz" "$OUT/tune.log"
 T0=$(date +%s)
 say() { printf '[%4ss] %s\n' "$(( $(date +%s) - T0 ))" "$*" >&2; }
-has() { [[ ",$STAGES," == *",$1,"* ]]; }
 
 # ---------------------------------------------------------------- preflight
 if [[ ! -f "$LIBDIR/libs.txt" ]]; then
@@ -219,6 +233,10 @@ for name in ("bench-headline.json", "bench-heldout.json"):
         for k, pts in sorted(slow.items()):
             print(f"   slower: {k}: {' '.join(pts)}")
 EOF
+if has tune && [[ -f "$OUT/tune.log" ]]; then
+    echo "== tune (the end of tune.log; the table: $OUT/kvpatch.toml)"
+    tail -n 40 "$OUT/tune.log"
+fi
 say "done: rc $RC; files in $OUT"
 ls -la "$OUT" >&2
 exit $RC

@@ -33,7 +33,7 @@ app = typer.Typer(
     epilog="Exit codes: 0 ok, 2 bad parameters, 3 fetch failed, 4 cannot patch, "
     "5 build/tool failure (no GPU too), 6 GPU check failed, 130 interrupted, 1 other.",
 )
-out = Console()
+out = Console(soft_wrap=True)  # lines stay whole in pipes and logs; tables still fit the width
 err = Console(stderr=True, soft_wrap=True)  # diagnostics: one line each, however long
 _DEBUG = {"on": False}
 

@@ -216,6 +216,17 @@ class PatchConfig:
         ordered = sorted(self.overrides, key=lambda item: -Selector.parse(item[0]).specificity)
         return [(sel, self.for_selector(sel)) for sel, _ in ordered] + [(None, replace(self, overrides=()))]
 
+    def live_variants(self, head_sizes: Sequence[int] = VLLM_HEAD_SIZES,
+                      block_sizes: Sequence[int] = VLLM_BLOCK_SIZES) -> list[tuple[str | None, PatchConfig]]:  # fmt: skip
+        """The :meth:`variants` some kernel vLLM builds takes (the others are shadowed by more
+        specific rules, or select only kernels that compile as stock), in the same order."""
+        variants = self.variants()
+        parsed = [(s, None if s is None else Selector.parse(s)) for s, _ in variants]
+        kinds = [kv for kv in RULE_KV if kv == "auto" or self.quantized == "prefetch"]  # else fp8: stock's code
+        taken = {next(s for s, sel in parsed if sel is None or sel.matches(d, h, b, kv, k))
+                 for d in DTYPES for h in head_sizes for b in block_sizes for kv in kinds for k in RULE_KERNELS}  # fmt: skip
+        return [(s, c) for s, c in variants if s in taken]
+
     @property
     def uses_split(self) -> bool:
         return any(c.issue == "split" and not c.off for _, c in self.variants())
@@ -477,8 +488,8 @@ def _overrides(base: PatchConfig, given: dict[str, Any]) -> tuple:
         effective = make_config(**{**plain, **settings})
         result[key] = tuple((k, getattr(effective, k)) for k in OVERRIDABLE if k in settings)
     overrides = tuple(sorted(result.items()))
-    callers = {(c.align, c.cache_hint) for _, c in replace(base, overrides=overrides).variants()
-               if c.issue == "call" and not c.off}  # fmt: skip
+    callers = {(c.align, c.cache_hint) for _, c in replace(base, overrides=overrides).live_variants()
+               if c.issue == "call" and not c.off}  # fmt: skip (shadowed settings reach no kernel: not counted)
     if len(callers) > 1:
         raise UsageError("the kernels that use issue=call share one helper: give them the same align and cache-hint")
     return overrides

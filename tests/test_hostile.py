@@ -371,3 +371,22 @@ def test_apply_without_a_target_and_a_corrupt_state_says_so(tmp_path: Path) -> N
     (tmp_path / ".kvpatch").mkdir()
     (tmp_path / ".kvpatch" / "state.json").write_text("{bad")
     one_line(kvpatch("apply", cwd=tmp_path), 1, "corrupt")
+
+
+def test_shadowed_call_settings_do_not_block_the_live_ones(tmp_path: Path) -> None:
+    """The one call-form helper takes the settings of a kernel that uses it: a rule's
+    align=64 on the only live call-form kernel was refused because the dead base settings
+    (align 16) also counted, while the reach warning called --align 64 dead."""
+    from conftest import HEADER, fixture_text, make_tree
+
+    tree = make_tree(tmp_path / "vllm", fixture_text())
+    off = [x for sel in ("bf16/128/16/auto/v1", "bf16/128/16/auto/v2", "bf16/64/16/auto/v1", "fp16/64/16/auto/v1")
+           for x in ("--rule", f"{sel}=off")]  # fmt: skip
+    proc = kvpatch("apply", "--tree", str(tree), *off, "--rule", "bf16/64/16/auto/v2=align=64", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = (tree / HEADER).read_text()
+    helper = text[text.index("kvpatch_prefetch_l2(const void*"):]
+    assert "& ~0x3fULL" in helper.split("}", 1)[0]  # align 64: the live kernel's
+    proc = kvpatch("apply", "--tree", str(tree), *off, "--rule", "bf16/64/16/auto/v2=align=64", "--rule",
+                   "fp16/64/16/auto/v2=align=32,issue=call", cwd=tmp_path)  # fmt: skip
+    one_line(proc, 2, "share one helper")  # two live call-form kernels that disagree: still refused

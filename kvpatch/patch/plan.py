@@ -86,7 +86,10 @@ def plan(sites: Sites, cfg: PatchConfig) -> list[Edit]:
     chosen: list[Site] = [s for s in sites if (s.kind == "key" and cfg.k) or
                           (s.kind == "value" and cfg.v)]  # fmt: skip
     if (cfg.uses_call or cfg.branches_on_types) and chosen:
-        caller = next((c for _, c in cfg.variants() if c.issue == "call" and not c.off), None)
+        # the helper's align and hint: a call-form variant some kernel takes (make_config checked
+        # they all agree), else any (its code is then never instantiated)
+        callers = [c for _, c in (*cfg.live_variants(), *cfg.variants()) if c.issue == "call" and not c.off]
+        caller = callers[0] if callers else None
         helper = render("inject/prefetch_helper.cuh.j2", cfg=cfg, c=caller)
         edits.append(_insertion(sites.before_function, helper, "helpers", sites.newline))
     for site in chosen:

@@ -35,12 +35,11 @@ by that adapter.
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 from ..errors import UsageError
-from .ranges import total_bytes, weight_ranges
+from .ranges import count, tensor_list, total_bytes, weight_ranges
 
 #: ``priority="high"``: torch maps a priority below the device's range to its greatest.
 HIGH_PRIORITY = -(1 << 16)
@@ -132,20 +131,6 @@ def _check_grid(grid: Any) -> int | None:
     if grid is not None and (isinstance(grid, bool) or not isinstance(grid, int) or not 1 <= grid < 2**31):
         raise UsageError(f"prefetch grid must be a number of CTAs from 1 to 2**31-1, not {grid!r}")
     return grid
-
-
-def _count(value: Any, what: str, *, minimum: int) -> int:
-    """An int (a numpy or torch integer too; no bool, float or string) >= ``minimum``
-    (ValueError otherwise): batch sizes and byte counts are never rounded here."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        n = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{what} must be an int, not {value!r}") from None
-    if n < minimum:
-        raise ValueError(f"{what} must be {'positive' if minimum == 1 else f'>= {minimum}'}, not {n}")
-    return n
 
 
 def default_grid(nbytes: int) -> int:
@@ -260,27 +245,22 @@ class PrefetchController:
         key = (point, layer)
         if key in self._tables:
             raise ValueError(f"prefetch window {key} was already added; tables are immutable")
-        if hasattr(tensors, "data_ptr"):  # iterating a tensor walks its rows: surely not what was meant
-            raise ValueError(f"prefetch window {key}: pass a list of tensors, not a tensor (wrap it: [w])")
-        tensors = tuple(tensors)
-        odd = sorted({type(t).__name__ for t in tensors if not hasattr(t, "data_ptr")})
-        if odd:
-            raise ValueError(f"prefetch window {key}: expected tensors, got {', '.join(odd)}")
+        tensors = tuple(tensor_list(tensors, f"prefetch window {key}"))
         wrong = sorted({_device_name(t) for t in tensors if _device_name(t) != self.device})
         if wrong:
             raise ValueError(f"prefetch window {key}: tensors on {', '.join(wrong)}, this controller prefetches on {self.device}")
         if cap_bytes is not None:
-            cap_bytes = _count(cap_bytes, f"prefetch window {key}: cap_bytes", minimum=1)
+            cap_bytes = count(cap_bytes, f"prefetch window {key}: cap_bytes", minimum=1)
         if batches is None:
             caps: dict[int | None, int | None] = {None: cap_bytes}
         elif isinstance(batches, Mapping):
-            caps = {_count(b, f"prefetch window {key}: batch", minimum=1):
-                    (None if c is None else _count(c, f"prefetch window {key}: cap of batch {b!r}", minimum=0))
+            caps = {count(b, f"prefetch window {key}: batch", minimum=1):
+                    (None if c is None else count(c, f"prefetch window {key}: cap of batch {b!r}", minimum=0))
                     for b, c in batches.items()}  # fmt: skip
         elif isinstance(batches, (str, bytes)) or not isinstance(batches, Iterable):
             raise ValueError(f"prefetch window {key}: batches must be None, batch sizes or {{batch: cap}}, not {batches!r}")
         else:
-            caps = {_count(b, f"prefetch window {key}: batch", minimum=1): cap_bytes for b in batches}
+            caps = {count(b, f"prefetch window {key}: batch", minimum=1): cap_bytes for b in batches}
         shared: dict[int | None, RangeTable | None] = {}
         tables: dict[int | None, RangeTable] = {}
         for batch, cap in sorted(caps.items(), key=lambda kv: (kv[0] is not None, kv[0] or 0)):
@@ -308,7 +288,7 @@ class PrefetchController:
         if not self.enabled:
             return None
         if batch is not None:
-            batch = _count(batch, f"prefetch window {(point, layer)}: batch", minimum=1)
+            batch = count(batch, f"prefetch window {(point, layer)}: batch", minimum=1)
         buckets = self._tables.get((point, layer))
         if not buckets:
             return None

@@ -82,6 +82,32 @@ def _cover(covered: list[tuple[int, int]], span: tuple[int, int]) -> list[tuple[
     return sorted(out)
 
 
+def count(value: Any, what: str, *, minimum: int) -> int:
+    """An int (a numpy or torch integer too; no bool, float or string) >= ``minimum``
+    (ValueError otherwise): batch sizes and byte counts are never rounded here."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        n = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{what} must be an int, not {value!r}") from None
+    if n < minimum:
+        raise ValueError(f"{what} must be {'positive' if minimum == 1 else f'>= {minimum}'}, not {n}")
+    return n
+
+
+def tensor_list(tensors: Iterable[Any], what: str) -> list[Any]:
+    """``tensors`` as a list, each one a tensor (ValueError otherwise; ``what`` starts the
+    message). A tensor itself is refused: iterating it walks its rows, surely not what was meant."""
+    if hasattr(tensors, "data_ptr"):
+        raise ValueError(f"{what}: pass a list of tensors, not a tensor (wrap it: [w])")
+    out = list(tensors)
+    odd = sorted({type(t).__name__ for t in out if not hasattr(t, "data_ptr")})
+    if odd:
+        raise ValueError(f"{what}: expected tensors, got {', '.join(odd)}")
+    return out
+
+
 def weight_ranges(tensors: Iterable[Any], cap_bytes: int | None = None, *, merge: bool = False) -> list[tuple[int, int]]:
     """``(address, bytes)`` of each tensor's span, in the order given.
 
@@ -101,26 +127,14 @@ def weight_ranges(tensors: Iterable[Any], cap_bytes: int | None = None, *, merge
     Raises ``ValueError`` for tensors on different devices, a cap below 16 bytes
     (zero or negative included) or negative strides.
     """
-    if hasattr(tensors, "data_ptr"):  # iterating a tensor walks its rows: surely not what was meant
-        raise ValueError("weight_ranges: pass a list of tensors, not a tensor (wrap it: [w])")
-    tensors = list(tensors)
-    odd = [type(t).__name__ for t in tensors if not hasattr(t, "data_ptr")]
-    if odd:
-        raise ValueError(f"weight_ranges: expected tensors, got {', '.join(sorted(set(odd)))}")
+    tensors = tensor_list(tensors, "weight_ranges")
     devices = sorted({_device_of(t) for t in tensors})
     if len(devices) > 1:
         raise ValueError(f"weight_ranges: tensors are on different devices ({', '.join(devices)}); one table serves one device")
     remaining: int | None = None
     if cap_bytes is not None:
-        try:
-            if isinstance(cap_bytes, bool):
-                raise TypeError
-            cap_bytes = operator.index(cap_bytes)
-        except TypeError:
-            raise ValueError(f"weight_ranges: cap_bytes must be an int number of bytes (or None), not {cap_bytes!r}") from None
-        if int(cap_bytes) <= 0:
-            raise ValueError(f"weight_ranges: cap_bytes must be positive (or None for no cap), not {cap_bytes}")
-        remaining = _align_down(int(cap_bytes))
+        cap_bytes = count(cap_bytes, "weight_ranges: cap_bytes", minimum=1)
+        remaining = _align_down(cap_bytes)
         if remaining == 0:
             raise ValueError(f"weight_ranges: cap_bytes {cap_bytes} is below the {ALIGN}-byte granule")
     ranges: list[tuple[int, int]] = []

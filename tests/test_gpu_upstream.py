@@ -279,6 +279,40 @@ def _with_fake_shared_memory(write_run_dir):
     return wrapped
 
 
+def _from_imports(tree: Path, test) -> list[tuple[str, str]]:
+    """(module, name) of every from-import of the release's test and its conftest; a
+    relative one (0.6.4's ``from .allclose_default import ...``) as its absolute module."""
+    imports = []
+    for rel in (test.path, str(Path(test.path).parent / "conftest.py")):
+        pkg = Path(rel).parent.as_posix().split("/")
+        for node in ast.walk(ast.parse((tree / rel).read_text())):
+            if isinstance(node, ast.ImportFrom):
+                mod = ".".join(pkg[: len(pkg) - node.level + 1] + [node.module or ""]).strip(".") if node.level else node.module
+                imports += [(mod, a.name) for a in node.names]
+    return imports
+
+
+def _types_under_shim(run_dir: Path, imports: list[tuple[str, str]], check: str = "") -> dict[str, str]:
+    """In a fresh interpreter with the shim installed in ``run_dir``: the type name of each
+    imported name (``Missing``: a placeholder), after running ``check`` there."""
+    import os
+
+    code = textwrap.dedent(f"""
+        import importlib, json, torch
+        import kvpatch_upstream_shim as S
+        S.install("_vllm_helpers")
+        got = {{}}
+        for mod, name in {imports!r}:
+            if mod.split(".")[0] in ("typing",):
+                continue
+            got[f"{{mod}}.{{name}}"] = type(getattr(importlib.import_module(mod), name)).__name__
+    """) + textwrap.dedent(check) + "print(json.dumps(got))\n"
+    env = dict(os.environ, PYTHONPATH=U.pythonpath_for(run_dir))
+    p = subprocess.run([sys.executable, "-c", code], cwd=run_dir, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
 @pytest.mark.network
 def test_shim_serves_every_import_of_vllm_0_10_2s_test(vllm_release, tmp_path):
     """Every name 0.10.2's test_attention.py and its conftest import resolves under the shim,
@@ -288,33 +322,13 @@ def test_shim_serves_every_import_of_vllm_0_10_2s_test(vllm_release, tmp_path):
     test = U.find_test(tree)
     assert test.path == "tests/kernels/attention/test_attention.py"
     U.write_run_dir(test, tmp_path / "run")
-    imports = []
-    for rel in (test.path, "tests/kernels/attention/conftest.py"):
-        for node in ast.walk(ast.parse((tree / rel).read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                imports += [(node.module, a.name) for a in node.names]
+    imports = _from_imports(tree, test)
     assert ("vllm", "_custom_ops") in imports and ("xformers", "ops") in imports
-    code = textwrap.dedent(f"""
-        import importlib, json, torch
-        import kvpatch_upstream_shim as S
-        S.install("_vllm_helpers")
-        got = {{}}
-        for mod, name in {imports!r}:
-            if mod.split(".")[0] in ("typing",):
-                continue
-            m = importlib.import_module(mod)
-            got[f"{{mod}}.{{name}}"] = type(getattr(m, name)).__name__
+    got = _types_under_shim(tmp_path / "run", imports, check="""
         assert torch.ops._C.paged_attention_v1 is S.paged_attention_v1
         from vllm.utils import create_kv_caches_with_random
         assert create_kv_caches_with_random.__module__ == "_vllm_helpers"
-        print(json.dumps(got))
     """)
-    import os
-
-    env = dict(os.environ, PYTHONPATH=U.pythonpath_for(tmp_path / "run"))
-    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path / "run", env=env, capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
-    got = json.loads(p.stdout)
     assert got["vllm._custom_ops"] == "module" and got["vllm.platforms.current_platform"] == "_Platform"
     assert got["vllm.utils.get_max_shared_memory_bytes"] == "function"
     assert got["tests.kernels.utils.opcheck"] == "function"
@@ -358,30 +372,7 @@ def test_shim_serves_every_import_of_each_releases_test(vllm_release, tmp_path, 
     tree = vllm_release(release)
     test = U.find_test(tree)
     U.write_run_dir(test, tmp_path / "run")
-    imports = []
-    for rel in (test.path, str(Path(test.path).parent / "conftest.py")):
-        pkg = Path(rel).parent.as_posix().split("/")
-        for node in ast.walk(ast.parse((tree / rel).read_text())):
-            if isinstance(node, ast.ImportFrom):
-                mod = ".".join(pkg[: len(pkg) - node.level + 1] + [node.module or ""]).strip(".") if node.level else node.module
-                imports += [(mod, a.name) for a in node.names]
-    code = textwrap.dedent(f"""
-        import importlib, json, torch
-        import kvpatch_upstream_shim as S
-        S.install("_vllm_helpers")
-        got = {{}}
-        for mod, name in {imports!r}:
-            if mod.split(".")[0] in ("typing",):
-                continue
-            got[f"{{mod}}.{{name}}"] = type(getattr(importlib.import_module(mod), name)).__name__
-        print(json.dumps(got))
-    """)
-    import os
-
-    env = dict(os.environ, PYTHONPATH=U.pythonpath_for(tmp_path / "run"))
-    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path / "run", env=env, capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
-    got = json.loads(p.stdout)
+    got = _types_under_shim(tmp_path / "run", _from_imports(tree, test))
     missing = {k.rsplit(".", 1)[1] for k, v in got.items() if v == "Missing"}
     assert missing <= UNUSED_BY_PAGED_ATTENTION, missing
     assert any(k.endswith(".create_kv_caches_with_random") and v == "function" for k, v in got.items())

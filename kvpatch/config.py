@@ -9,6 +9,7 @@ generated code, which makes ``apply`` idempotent and lets a later ``apply`` or
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Iterable, Sequence
 
@@ -216,16 +217,22 @@ class PatchConfig:
         ordered = sorted(self.overrides, key=lambda item: -Selector.parse(item[0]).specificity)
         return [(sel, self.for_selector(sel)) for sel, _ in ordered] + [(None, replace(self, overrides=()))]
 
+    def kernel_variants(self, head_sizes: Sequence[int] = VLLM_HEAD_SIZES, block_sizes: Sequence[int] = VLLM_BLOCK_SIZES,
+                        ) -> list[tuple[tuple[str, int, int, str, str], str | None, PatchConfig]]:  # fmt: skip
+        """For each kernel vLLM builds whose code the injection can change (fp8-cache kernels
+        under ``quantized=skip`` compile as stock): (kernel, the selector of the
+        :meth:`variants` entry it takes, those settings)."""
+        variants = [(s, None if s is None else Selector.parse(s), c) for s, c in self.variants()]
+        kinds = [kv for kv in RULE_KV if kv == "auto" or self.quantized == "prefetch"]
+        return [(kernel, *next((s, c) for s, sel, c in variants if sel is None or sel.matches(*kernel)))
+                for kernel in itertools.product(DTYPES, head_sizes, block_sizes, kinds, RULE_KERNELS)]  # fmt: skip
+
     def live_variants(self, head_sizes: Sequence[int] = VLLM_HEAD_SIZES,
                       block_sizes: Sequence[int] = VLLM_BLOCK_SIZES) -> list[tuple[str | None, PatchConfig]]:  # fmt: skip
         """The :meth:`variants` some kernel vLLM builds takes (the others are shadowed by more
         specific rules, or select only kernels that compile as stock), in the same order."""
-        variants = self.variants()
-        parsed = [(s, None if s is None else Selector.parse(s)) for s, _ in variants]
-        kinds = [kv for kv in RULE_KV if kv == "auto" or self.quantized == "prefetch"]  # else fp8: stock's code
-        taken = {next(s for s, sel in parsed if sel is None or sel.matches(d, h, b, kv, k))
-                 for d in DTYPES for h in head_sizes for b in block_sizes for kv in kinds for k in RULE_KERNELS}  # fmt: skip
-        return [(s, c) for s, c in variants if s in taken]
+        taken = {sel for _, sel, _ in self.kernel_variants(head_sizes, block_sizes)}
+        return [(s, c) for s, c in self.variants() if s in taken]
 
     @property
     def uses_split(self) -> bool:
@@ -506,17 +513,12 @@ def unreached(cfg: PatchConfig, options: Iterable[str] = (), selectors: Iterable
     kernel, or only fp8-cache kernels under ``quantized=skip``, or whose kernels more specific
     rules all decide; a setting every prefetching kernel takes from its own rule, or any
     setting when no kernel prefetches; ``quantized=prefetch`` when every fp8-cache kernel is off."""
-    kernels = [(d, h, b, kv, k) for d in DTYPES for h in head_sizes for b in block_sizes for kv in RULE_KV
-               for k in RULE_KERNELS]  # fmt: skip
+    kernels = list(itertools.product(DTYPES, head_sizes, block_sizes, RULE_KV, RULE_KERNELS))
     rules = dict(cfg.overrides)
     decided: set[str | None] = set()
     reached: set[str] = set()
     prefetching = fp8_prefetching = False
-    for d, h, b, kv, k in kernels:
-        if kv != "auto" and cfg.quantized != "prefetch":
-            continue  # stock's code: no setting reaches it
-        sel, settings = next((s, c) for s, c in cfg.variants()
-                             if s is None or Selector.parse(s).matches(d, h, b, kv, k))  # fmt: skip
+    for (_, _, _, kv, _), sel, settings in cfg.kernel_variants(head_sizes, block_sizes):
         decided.add(sel)
         if settings.off:
             continue

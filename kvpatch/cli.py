@@ -21,7 +21,8 @@ from rich.markup import escape
 from rich.syntax import Syntax
 
 from . import __version__
-from .config import dump_config, parse_rules, unreached
+from .config import dump_config, parse_rules
+from .reach import unreached
 from .config_io import config_and_tuned, variant_configs
 from .render import sites_table
 from .errors import GpuCheckError, KvpatchError, UsageError

@@ -40,6 +40,18 @@ def open_descriptor(path: str | os.PathLike[str]) -> int | None:
     return None
 
 
+def _in_place(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is written in place rather than replaced: one of this process's
+    streams (:func:`open_descriptor`), or an existing device, pipe or socket."""
+    if open_descriptor(path) is not None:
+        return True
+    try:
+        mode = os.stat(path).st_mode  # follows symlinks
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, mode: int | None = None) -> Path:
     """Replace the file at ``path`` with ``data`` in one rename; returns the file written.
 
@@ -54,13 +66,7 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, mode: int |
         while view:
             view = view[os.write(fd, view):]
         return Path(path)
-    try:
-        st = os.stat(path)  # follows symlinks
-    except (FileNotFoundError, NotADirectoryError):
-        st = None
-    if st is not None and stat.S_ISDIR(st.st_mode):
-        raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
-    if st is not None and not stat.S_ISREG(st.st_mode):
+    if _in_place(path):
         with open(path, "wb") as f:
             f.write(raw)
         return Path(path)
@@ -192,12 +198,7 @@ def write_both(first: str | os.PathLike[str], first_data: str | bytes,
     """Write two files as one step: the second is staged (a full disk fails here, before
     anything changed), the first written, then the second renamed into place. A device
     or pipe (``/dev/null``) is written in place, as :func:`write_atomic` does."""
-    try:
-        mode = os.stat(second).st_mode
-        special = open_descriptor(second) is not None or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
-    except OSError:
-        special = False
-    if special:
+    if _in_place(second):
         write_atomic(first, first_data)
         write_atomic(second, second_data)
         return

@@ -309,12 +309,7 @@ def load_libraries(result) -> dict:
 
 
 def require_cuda() -> None:
-    """A GPU and a CUDA build of torch, or a one-line error."""
-    from .errors import BuildError
+    """A GPU and a CUDA build of torch, or a one-line error (:func:`kvpatch.gpu.env.require_cuda`)."""
+    from .gpu.env import require_cuda as _require
 
-    try:
-        import torch
-    except ImportError:
-        raise BuildError("validate and bench need torch with CUDA (pip install torch)") from None
-    if not torch.cuda.is_available():
-        raise BuildError(f"no CUDA GPU visible to torch {torch.__version__}: validate and bench run on a GPU")
+    _require()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -972,6 +973,34 @@ def test_bench_reports_need_no_libclang():
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("command", ["tune", "validate", "bench"])
+def test_commands_on_prebuilt_libraries_need_no_libclang(tmp_path, command):
+    """tune, validate and bench given --lib get as far as the GPU check without libclang or git
+    (the H200 has neither): here, with no GPU, that is the one-line "no CUDA" error, exit 5."""
+    import textwrap
+
+    lib = tmp_path / "libx.so"
+    lib.write_bytes(b"")
+    code = textwrap.dedent("""
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ("clang", "git"):
+                    raise ImportError(f"blocked: {name}")
+        sys.meta_path.insert(0, Block())
+        from kvpatch.cli import run
+        sys.argv = ["kvpatch"] + sys.argv[1:]
+        run()
+    """)
+    args = [command, "--lib", f"stock={lib}:kvpatch_stock", "--lib", f"v={lib}:kvpatch_v"]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, env=env,
+                       cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 5, r.stderr[-2000:]
+    assert "blocked" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+    assert "torch" in r.stderr
 
 
 def test_summary_says_which_slower_points_run_stock_code():

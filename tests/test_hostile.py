@@ -213,7 +213,7 @@ def test_candidate_names_are_shown_literally(tmp_path: Path) -> None:
 
 
 def test_an_sm_given_with_and_without_ptx_is_one_target() -> None:
-    from kvpatch.build.arch import parse_arch_list
+    from kvpatch.arch import parse_arch_list
 
     (one,) = parse_arch_list("9.0a;9.0a+PTX")
     assert one.code == "sm_90a" and one.ptx

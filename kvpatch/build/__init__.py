@@ -2,7 +2,8 @@
 
 The modules, in the order :func:`build` runs them:
 
-* :mod:`.arch` reads vLLM's ``TORCH_CUDA_ARCH_LIST`` syntax into :class:`Arch` values;
+* :mod:`kvpatch.arch` (outside this package, so the GPU machine's commands read an arch
+  list without libclang) reads vLLM's ``TORCH_CUDA_ARCH_LIST`` syntax into :class:`Arch`;
   :mod:`.toolchain` finds nvcc (:func:`validate_archs` asks it which archs it targets)
   and the SASS tools.
 * :mod:`.spec`: :func:`make_spec` validates options into a :class:`BuildSpec` (one
@@ -24,7 +25,7 @@ does I/O at import time.
 from __future__ import annotations
 
 from ..source.releases import HEADER
-from .arch import Arch, parse_arch_list
+from ..arch import Arch, parse_arch_list
 from .compile import build
 from .flags import vllm_nvcc_flags
 from .full import full_build_command, run_full_build

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..errors import BuildError, UsageError
-from .arch import Arch
+from ..arch import Arch
 from .spec import check_jobs
 from .toolchain import find_nvcc, first_error
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Sequenc
 
 from ..dtypes import KV_CACHE_DTYPES, QUERY_DTYPES, by_demangled
 from ..errors import BuildError
-from .arch import code_major
+from ..arch import code_major
 from .result import PREFETCH_SASS, KernelInfo, VariantResult
 from .signatures import KERNELS, KernelSignature
 from .toolchain import Inspector, first_error, run_text

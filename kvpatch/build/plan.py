@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 
 from ..abi import ABI_VERSION
 from ..templating import render
-from .arch import Arch
+from ..arch import Arch
 from .flags import vllm_nvcc_flags
 from .signatures import KernelSignature, call_arguments, kernel_signatures, scale_by_value, template_arguments
 from .spec import BuildSpec, KernelConfig, Variant

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 from ..dtypes import KV_CACHE_ALIASES, KV_CACHE_DTYPES, QUERY_DTYPES, VLLM_BLOCK_SIZES, VLLM_HEAD_SIZES
 from ..errors import UsageError
 from ..source.releases import HEADER
-from .arch import Arch, parse_arch_list
+from ..arch import Arch, parse_arch_list
 
 if TYPE_CHECKING:
     from ..config import PatchConfig

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import BuildError
-from .arch import Arch
+from ..arch import Arch
 
 
 @dataclass(frozen=True)

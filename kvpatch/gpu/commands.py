@@ -134,9 +134,9 @@ def require_device(device: str) -> None:
     """A CUDA GPU when the command runs on ``cuda`` (the tests run on ``cpu``): checked
     before anything is built or loaded."""
     if str(device).startswith("cuda"):
-        from .. import api
+        from .env import require_cuda
 
-        api.require_cuda()
+        require_cuda()
 
 
 def write_if(path: Optional[Path], text: str) -> None:

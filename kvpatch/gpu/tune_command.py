@@ -66,11 +66,11 @@ def _prebuilt_candidates(o: TuneOptions) -> tuple[Libraries, dict[str, Any]]:
 
 def run_tune_command(o: TuneOptions, *, console: Any = None, progress: Any = None) -> Any:
     """``kvpatch tune``: build (or load) the candidates, validate, bench on the tuning set, write the best."""
-    from .. import api
     from .. import tune as T
-    from ..build.arch import parse_arch_list
+    from ..arch import parse_arch_list
     from ..machine import local
     from ..source.releases import revision_of
+    from .env import require_cuda
 
     if o.policy not in T.POLICIES:
         raise UsageError(f"invalid --policy {o.policy!r}: choose {', '.join(T.POLICIES)}")
@@ -86,13 +86,14 @@ def run_tune_command(o: TuneOptions, *, console: Any = None, progress: Any = Non
     if o.exclude:
         raise UsageError("--exclude works with --from (a saved tune JSON)")
     parse_libs(o.libs)
-    api.require_cuda()
+    require_cuda()
     tree = None
     if o.libs:
         libs, configs = _prebuilt_candidates(o)
         flags = (libs.info.get("stock") or {}).get("compile_flags")
         version = (libs.info.get("stock") or {}).get("vllm")
     else:
+        from .. import api
         from .. import build as B
         from ..patch.plan import unpatch
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from ..errors import UsageError
+from .errors import UsageError
 
 _ARCH_RE = re.compile(r"(?P<major>[0-9]+)\.(?P<minor>[0-9])(?P<suffix>[af]?)(?P<ptx>\+PTX)?", re.IGNORECASE)
 

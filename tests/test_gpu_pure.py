@@ -1003,6 +1003,34 @@ def test_commands_on_prebuilt_libraries_need_no_libclang(tmp_path, command):
     assert "torch" in r.stderr
 
 
+def test_no_module_needs_libclang_to_import():
+    """Every package imports without libclang and git (tune on the H200 imports kvpatch.build
+    for the machine record); parsing a header without libclang is a one-line PatchError."""
+    import textwrap
+
+    code = textwrap.dedent("""
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ("clang", "git"):
+                    raise ImportError(f"blocked: {name}")
+        sys.meta_path.insert(0, Block())
+        import kvpatch.api, kvpatch.build, kvpatch.cli, kvpatch.patch, kvpatch.tune
+        from kvpatch.build import plan, toolchain, vllm_nvcc_flags
+        from kvpatch.machine import local
+        from kvpatch.errors import PatchError
+        local(arch="sm_90a")
+        assert not [m for m in sys.modules if m.startswith(("clang", "git"))]
+        try:
+            kvpatch.patch.find_sites("int x;", "a.cuh")
+        except PatchError as e:
+            assert "libclang" in str(e) and "\\n" not in str(e), e
+            print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
 def test_summary_says_which_slower_points_run_stock_code():
     """A slower verdict on a kernel the variant compiles as stock (a rule turns it off, or an fp8
     cache under quantized=skip) compares stock's code with itself: the summary counts those apart."""

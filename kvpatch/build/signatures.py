@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-import clang.cindex as ci
+from ..patch.libclang import ci
 
 from ..errors import BuildError
 from ..patch.interrupts import interruptible

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import clang.cindex as ci
+from .libclang import ci
 
 from ..errors import PatchError
 from .edits import Edit, apply

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-import clang.cindex as ci
+from .libclang import ci
 
 #: Virtual directory the stand-in headers live under (never created on disk).
 VIRTUAL_ROOT = "/__kvpatch_virtual__"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import clang.cindex as ci
+from .libclang import ci
 
 from ..config import PatchConfig, Selector, config_from_marker
 from ..dtypes import QUERY_DTYPES

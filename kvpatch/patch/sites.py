@@ -25,13 +25,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import clang.cindex as ci
+from .libclang import CursorKind, ci
 
 from ..errors import PatchError
 from .interrupts import interruptible
 from .parse import Parsed, parse_header
 
-K = ci.CursorKind
+K = CursorKind
 FUNCTION = "paged_attention_kernel"
 CACHE_PARAMS = {"key": "k_cache", "value": "v_cache"}
 ALIBI_PARAM = "alibi_slopes"

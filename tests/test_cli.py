@@ -81,7 +81,7 @@ def test_apply_patches_and_says_what_next(git_tree: Path, header: Path, work: Pa
     assert lines[0] == f"patched {header}"
     assert f"config: {DEFAULT_MARKER}" in lines
     assert "next: kvpatch diff  |  kvpatch build --arch 9.0a  |  kvpatch revert" in lines
-    assert any("key" in line and "line 45" in line and "line 47" in line for line in lines)
+    assert any("key" in line and "line 48" in line and "line 50" in line for line in lines)
     assert header.read_text() == golden_text("default")
     assert json.loads((work / ".kvpatch/state.json").read_text())["tree"] == str(git_tree)
 
@@ -130,10 +130,11 @@ def test_apply_json(git_tree: Path, header: Path, work: Path) -> None:
     assert report["marker"] == DEFAULT_MARKER
     assert report["config"]["size"] == "auto"
     key, value = report["sites"]["key"], report["sites"]["value"]
-    assert (key["line"], value["line"]) == (45, 64)
+    assert (key["line"], value["line"]) == (48, 70)
     assert report["edits"] == [
         {"offset": report["sites"]["before_function"], "length": 0, "what": "helpers"},
         {"offset": key["after_block_number"], "length": 0, "what": "key prefetch"},
+        {"offset": key["before_loop"], "length": 0, "what": "key split"},
         {"offset": value["after_block_number"], "length": 0, "what": "value prefetch"},
     ]
     again = json.loads(kvpatch("apply", "--tree", str(git_tree), "--json", cwd=work).stdout)
@@ -230,8 +231,8 @@ def test_sites_json(git_tree: Path, header: Path, work: Path) -> None:
     assert (found["lane_var"], found["cache_type"], found["head_var"], found["queries_per_kv_var"]) == (
         "lane", "cache_t", "head_idx", "num_queries_per_kv",
     )  # fmt: skip
-    assert (found["key"]["line"], found["key"]["block_number_line"], found["key"]["cache_param"]) == (45, 47, "k_cache")
-    assert (found["value"]["line"], found["value"]["block_number_line"], found["value"]["cache_param"]) == (64, 66, "v_cache")
+    assert (found["key"]["line"], found["key"]["block_number_line"], found["key"]["cache_param"]) == (48, 50, "k_cache")
+    assert (found["value"]["line"], found["value"]["block_number_line"], found["value"]["cache_param"]) == (70, 72, "v_cache")
     assert found["key"]["head_offset_expr"] == "kv_head_idx * kv_head_stride"
 
 
@@ -259,7 +260,7 @@ def test_sites_table(git_tree: Path, header: Path, work: Path) -> None:
     proc = kvpatch("sites", "--tree", str(git_tree), cwd=work)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == f"{header}: k/v sites in paged_attention_kernel (line 14)"
-    assert any("value" in line and "line 64" in line and "block_idx += NUM_WARPS" in line for line in proc.stdout.splitlines())
+    assert any("value" in line and "line 70" in line and "block_idx += NUM_WARPS" in line for line in proc.stdout.splitlines())
 
 
 # --------------------------------------------------------------------------- errors

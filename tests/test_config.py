@@ -316,7 +316,7 @@ def test_none_clears_a_dtypes_settings() -> None:
         ({"bf16": "lookahead"}, "use key=value"),
         ({"preset": "paper", "fp16": "none"}, "takes no per-dtype settings"),
         ({"fp32": 3}, "invalid fp32 settings"),
-        ({"bf16": "issue=call,align=32"}, "share one helper"),
+        ({"bf16": "issue=call,align=32", "fp32": "issue=call"}, "share one helper"),
     ],
 )
 def test_bad_per_dtype_settings(options: dict, message: str) -> None:

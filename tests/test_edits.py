@@ -232,13 +232,15 @@ def test_plan_is_insertions_at_the_site_offsets(stock: str, header_path: str) ->
     assert helpers.text.startswith("\n// kvpatch:begin helper ")
     assert [(e.offset, e.length, e.what) for e in es] == [
         (sites.key.after_block_number, 0, "key prefetch"),
+        (sites.key.before_loop, 0, "key split"),  # the shipped table splits bf16 block 16
         (sites.value.after_block_number, 0, "value prefetch"),
     ]
-    assert all(e.text.startswith("\n    // kvpatch:begin ") for e in es)
+    key, split, value = es
+    assert all(e.text.startswith("\n    // kvpatch:begin ") for e in (key, value))
+    assert split.text.startswith("\n  // kvpatch:begin key-split ")  # before the loop, at the loop's indent
     assert apply(stock, [helpers, *es]) == golden_text("default")
-    key, value = es
     # From the end backwards, a later edit does not move an earlier one's offset ...
-    assert apply(apply(apply(stock, [value]), [key]), [helpers]) == golden_text("default")
+    assert apply(apply(apply(apply(stock, [value]), [key]), [split]), [helpers]) == golden_text("default")
     # ... from the front, it does: the value insertion lands inside the key loop's injection.
     assert apply(apply(apply(stock, [helpers]), [key]), [value]) != golden_text("default")
 
@@ -284,8 +286,8 @@ def test_non_ascii_text_before_the_sites(header_path: str) -> None:
         ),
         (
             "placement-end-scope-kv-head",
-            "      }\n    }\n  }\n\n  float acc",
-            "      }\n    }  // tokens\n  }\n\n  float acc",
+            "                : 0;\n    }\n  }\n\n  float acc",
+            "                : 0;\n    }  // tokens\n  }\n\n  float acc",
         ),
         (
             "paper",

@@ -80,12 +80,13 @@ def test_patch_validates_and_round_trips(options: dict, release: tuple[str, str,
     cfg = make_config(**options)
     result = patch(text, path, cfg)  # raises unless the re-parse validates
     prefetch = "cp.async.bulk.prefetch.L2.global [%0], %1;"
-    # the paper: one asm per site; a rule table: each inline rule's asm per site + the helper's
-    inline_rules = sum(c.issue == "inline" and not c.off for _, c in cfg.variants())
+    # the paper: one asm per site; a rule table: each inline or split rule's asm per site + the helper's
+    inline_rules = sum(c.issue in ("inline", "split") and not c.off for _, c in cfg.variants())
     assert result.patched.count(prefetch) == (2 if cfg.preset == "paper" else 2 * inline_rules + 1)
     # One guarded region per site; the paper preset adds a guarded next-block
-    # declaration per site, the default a guarded helper region.
-    guards = 4 if cfg.preset == "paper" else 3
+    # declaration per site, the default a guarded helper region and, with split rules
+    # (the shipped table has them), the guarded branch before the key loop.
+    guards = 4 if cfg.preset == "paper" else 3 + cfg.uses_split
     assert result.patched.count("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(USE_ROCM)\n") == guards
     assert unpatch(result.patched, path) == (text, (cfg.marker(),))
 
@@ -117,5 +118,5 @@ def test_split_copies_stocks_key_loop_and_round_trips(release: tuple[str, str, s
     begin = patched.index("// kvpatch:begin key-split ")
     assert patched.index("&& alibi_slope != 0) {", begin) < patched.index(sites.key.loop_text, begin)
     assert unpatch(patched, path)[0] == text and inspect(patched, path).intact
-    # without split anywhere, no region and no copy: the shipped table's text is what it was
-    assert "key-split" not in patch(text, path, make_config()).patched
+    # without split anywhere, no region and no copy
+    assert "key-split" not in patch(text, path, make_config(inherit_rules=False, issue="inline")).patched

@@ -83,15 +83,15 @@ def test_a_kernel_part_selects_one_of_the_two_kernels() -> None:
 
 def test_the_default_is_the_tuned_table_with_everything_else_off() -> None:
     cfg = make_config()
-    # tuned kernels: what tune picked per kernel (benchmarks/results/tune-7)
+    # tuned kernels: what tune picked per kernel (benchmarks/results/tune-8)
     v1 = cfg.resolve("fp16", 64, 16, "auto", "v1")
     assert (v1.issue, v1.scope, v1.lookahead, v1.off) == ("inline", "cta", 1, False)
     assert cfg.resolve("fp16", 64, 16, "auto", "v2").off
     # fp16 head 128/256: every candidate was slower than stock at some MHA or GQA 64/8 tuning point
     assert all(cfg.resolve("fp16", h, b, "auto", k).off for h in (128, 256) for b in (16, 32) for k in ("v1", "v2"))
-    # bf16 block 16, heads 64 and 128: only the call form kept stock's ALiBi rounding
-    assert all(cfg.resolve("bf16", h, 16, "auto", k).issue == "call" for h in (64, 128) for k in ("v1", "v2"))
-    assert not any(cfg.resolve("bf16", h, 16, "auto", k).off for h in (64, 128) for k in ("v1", "v2"))
+    # bf16 block 16: the split form (inline asm, stock's loop for ALiBi heads) won on every head size
+    assert all(cfg.resolve("bf16", h, 16, "auto", k).issue == "split" for h in (64, 128, 256) for k in ("v1", "v2"))
+    assert not any(cfg.resolve("bf16", h, 16, "auto", k).off for h in (64, 128, 256) for k in ("v1", "v2"))
     assert cfg.resolve("bf16", 128, 32, "auto", "v1").off and cfg.resolve("bf16", 128, 32, "auto", "v2").off
     # untuned: other head/block sizes (the bf16 32/80 block 32 ALiBi cases among them), fp32, fp8 caches
     assert cfg.resolve("bf16", 80, 32).off and cfg.resolve("bf16", 32, 32).off and cfg.resolve("bf16", 80, 16).off
@@ -104,7 +104,7 @@ def test_the_shipped_default_is_what_tune_wrote_on_the_h200() -> None:
     from kvpatch.config_io import read_config_file
 
     root = Path(__file__).resolve().parents[1]
-    options, tuned = read_config_file(root / "benchmarks/results/tune-7/kvpatch.toml")
+    options, tuned = read_config_file(root / "benchmarks/results/tune-8/kvpatch.toml")
     assert make_config(**options) == make_config()
     facts = ("gpu", "driver", "nvcc", "arch", "flags")
     assert [getattr(tuned, f) for f in facts] == [getattr(DEFAULT_TUNED_ON, f) for f in facts]
@@ -140,7 +140,7 @@ def test_a_rule_set_to_none_removes_that_rule() -> None:
         ({"bf16/80/32": "placement=end"}, "cannot override placement"),
         ({"bf16/80/32": {"off": "yes"}}, "expected true"),
         ({"bf16/80/32": "lookahead=0"}, "invalid lookahead 0"),
-        ({"bf16/80": "issue=call,align=64"}, "share one helper"),
+        ({"bf16/80": "issue=call,align=64", "fp32/80": "issue=call"}, "share one helper"),
         ("everything", "invalid rules"),
     ],
 )
@@ -280,18 +280,31 @@ def test_split_condition_follows_the_rules_first_match(stock_sites) -> None:
     # a more specific rule that turns it off wins over a less specific split
     assert cond(make_config(inherit_rules=False, quantized="prefetch", rules={"bf16": "issue=split", "bf16/128/16": "off"})) == (
         f"({bf16_128}) ? false : (kvpatch_is_same<scalar_t, __nv_bfloat16>::value) ? true : false")
-    assert cond(make_config()) == "kvpatch_is_same<cache_t, scalar_t>::value && (false)"  # the shipped table: never
+    # the shipped table: bf16 block 16, every head size it tuned, v1 and v2, unquantized cache
+    shipped = cond(make_config())
+    assert shipped.startswith("kvpatch_is_same<cache_t, scalar_t>::value && (") and shipped.endswith("? true : false)")
+    assert shipped.count("? true") == 6 and "fp16" not in shipped.replace("__nv_bfloat16", "")
+    assert cond(make_config(bf16="off", rules="none")) == "kvpatch_is_same<cache_t, scalar_t>::value && (false)"
 
 
 def test_split_needs_the_alibi_slope(stock_sites) -> None:
-    """The small fixture kernel has no ALiBi: issue=split refuses it in one line, the others patch."""
+    """A kernel without ALiBi (the fixture with its slope taken out): issue=split, which the
+    shipped table uses, refuses it in one line that says what to do; the other forms patch."""
     from conftest import fixture_text
     from kvpatch.errors import PatchError
 
-    assert stock_sites.alibi_var is None
-    with pytest.raises(PatchError, match="issue=split: no variable initialised from the kernel's alibi_slopes"):
-        patch(fixture_text(), "/tmp/vllm/" + HEADER, make_config(inherit_rules=False, issue="split"))
-    patch(fixture_text(), "/tmp/vllm/" + HEADER, make_config(inherit_rules=False, issue="inline"))
+    assert stock_sites.alibi_var == "alibi_slope"
+    text = fixture_text()
+    decl = "  const float alibi_slope =\n      alibi_slopes == nullptr ? 0.f : alibi_slopes[head_idx];\n"
+    use = "      qk += (alibi_slope != 0)\n"
+    assert text.count(decl) == 1 and text.count(use) == 1
+    no_alibi = text.replace(decl, "").replace(use, "      qk += (head_idx != 0)\n").replace("alibi_slope *", "1.f *")
+    assert "alibi_slope " not in no_alibi
+    for cfg in (make_config(inherit_rules=False, issue="split"), make_config()):
+        with pytest.raises(PatchError, match="issue=split: no variable initialised from the kernel's alibi_slopes") as e:
+            patch(no_alibi, "/tmp/vllm/" + HEADER, cfg)
+        assert "\n" not in str(e.value) and "--rule 'bf16/128/16/auto/v1=issue=call'" in str(e.value)
+    patch(no_alibi, "/tmp/vllm/" + HEADER, make_config(inherit_rules=False, issue="inline"))
 
 
 @pytest.mark.network

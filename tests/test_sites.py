@@ -60,8 +60,8 @@ def test_names_of_the_stock_fixture(header_path: str) -> None:
     sites = find_sites(text, header_path)
     assert names(sites) == {**KERNEL_NAMES, **SITE_NAMES}
     assert sites.function_line == line_of(text, "template <typename scalar_t")
-    assert (sites.key.line, sites.key.block_number_line) == (45, 47)
-    assert (sites.value.line, sites.value.block_number_line) == (64, 66)
+    assert (sites.key.line, sites.key.block_number_line) == (48, 50)
+    assert (sites.value.line, sites.value.block_number_line) == (70, 72)
     assert (sites.key.body_indent, sites.key.inner_indent) == ("    ", "        ")
     assert (sites.value.body_indent, sites.value.inner_indent) == ("    ", "      ")
 
@@ -101,11 +101,11 @@ def test_lines_and_offsets_point_at_the_code(fixture: tuple[str, Sites]) -> None
 
 def test_reformatted_fixture_patches_and_round_trips(header_path: str) -> None:
     text = fixture_text(REFORMATTED)
-    inline_rules = sum(c.issue == "inline" and not c.off for _, c in make_config().variants())
+    inline_rules = sum(c.issue in ("inline", "split") and not c.off for _, c in make_config().variants())
     for cfg, asms in ((make_config(), 2 * inline_rules + 1), (make_config(preset="paper"), 2),
                       (make_config(placement="end", scope="kv-head", inherit_rules=False), 1)):  # fmt: skip
         patched = patch(text, header_path, cfg).patched
-        # paper: one asm per loop; a rule table: each inline rule's asm per loop + the helper's
+        # paper: one asm per loop; a rule table: each inline or split rule's asm per loop + the helper's
         assert patched.count("cp.async.bulk.prefetch.L2.global") == asms
         assert patch(patched, header_path, cfg).patched == patched
         assert unpatch(patched, header_path) == (text, (cfg.marker(),))

@@ -6,7 +6,7 @@
 #
 # LIBDIR  (default .gpu/libs) holds what scripts/gpu_prepare.py writes on the CPU machine:
 #         libs.txt (NAME=FILE.so:PREFIX per line, FILE relative to LIBDIR; FILE.so.xz is
-#         unpacked to $OUT/../kvpatch-libs first), variants.json (each variant's marker and
+#         unpacked to $UNPACK first), variants.json (each variant's marker and
 #         compile flags), and beside it the release files in ../vllm-X (TREE overrides).
 # STAGES  comma list of: full, upstream, headline, heldout (default: all four), or tune
 #         (alone: LIBDIR from `gpu_prepare.py --tune`; writes $OUT/kvpatch.toml and tune.json).
@@ -18,7 +18,10 @@
 # HEADLINE_REPS / HELDOUT_REPS (50 / 30), ROUNDS (3), HEADLINE_KERNELS (v1,v2 or dispatched),
 # HELDOUT_NAMES (the libraries the held-out bench compares; default stock,patched),
 # TUNE_REPS (20), TUNE_QUICK=1 (tune --quick: 144 of the 324 tuning points),
-# AA=1 (both benches also time stock against itself: bench --aa, variant stock-aa).
+# AA=1 (both benches also time stock against itself: bench --aa, variant stock-aa),
+# UNPACK (where .so.xz libraries are unpacked; default /tmp/kvpatch-libs: never under OUT, whose
+# files the device tool brings back), PACK=1 (end with OUT holding one file, gpu-run.tgz, of all
+# the results: the device tool brings back at most 8 files, and a run writes more).
 # Budget on an H200 (16 cores): upstream ~3 min beside full ~1 min; headline ~1.5 min
 # (4 variants, both kernels); heldout ~2.5 min (stock + patched, dispatched kernel only).
 set -uo pipefail
@@ -83,7 +86,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,power
     --format=csv > "$OUT/nvidia-smi-start.csv" 2>&1 || true
 
 # unpack and list the libraries: ALL (every line), PAIR (stock + patched: the full kernel set)
-LIBS_DIR="$OUT/../kvpatch-libs"
+LIBS_DIR="${UNPACK:-${TMPDIR:-/tmp}/kvpatch-libs}"
 mkdir -p "$LIBS_DIR"
 LIBS_DIR=$(cd "$LIBS_DIR" && pwd)
 ALL=()
@@ -236,6 +239,11 @@ EOF
 if has tune && [[ -f "$OUT/tune.log" ]]; then
     echo "== tune (the end of tune.log; the table: $OUT/kvpatch.toml)"
     tail -n 40 "$OUT/tune.log"
+fi
+if [[ "${PACK:-0}" == 1 ]]; then
+    # one archive of everything this run wrote (the logs, JSON, plots, upstream/ records)
+    tar czf "$OUT/../gpu-run.tgz.partial" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv "$OUT/../gpu-run.tgz.partial" "$OUT/gpu-run.tgz" \
+        || { echo "error: packing $OUT failed" >&2; RC=1; }
 fi
 say "done: rc $RC; files in $OUT"
 ls -la "$OUT" >&2

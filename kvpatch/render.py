@@ -1,4 +1,5 @@
-"""Every rich table and summary kvpatch prints, in one place.
+"""Every table and summary kvpatch prints, in one place: rich renderables, and the decode
+step's plain-text report (:func:`decode_text`, also written to a file and diffed between runs).
 
 Result types carry data only (:mod:`kvpatch.patch.sites`, :mod:`kvpatch.build.result`,
 :mod:`kvpatch.gpu.report`, :mod:`kvpatch.gpu.upstream`, :mod:`kvpatch.tune`,
@@ -229,32 +230,88 @@ def tune_table(report: Any, top: int = 3) -> Table:
 # --------------------------------------------------------------------------- bench-decode
 
 
-def render_decode(report: DecodeReport | dict[str, Any]) -> Any:
-    """A rich Table of a decode-step report (print it with ``rich.console.Console().print``)."""
-    from .gpu.stats import FASTER, NOISE, SLOWER
+def decode_point_line(report: DecodeReport, p: dict[str, Any]) -> str:
+    """One decode point as a progress line: stock's step time, each variant's median speedup."""
     from .prefetch.options import MiB
-    from .prefetch.report import DecodeReport, fmt_interval, verdict_of
+
+    v = p["variants"]
+    parts = [f"{p['model']} {p['dtype']} B={p['batch']} ctx={p['context']} {p['kernel']}:",
+             f"stock {v['stock']['step_us']['median']:.1f} us"]  # fmt: skip
+    for name in report.variants[1:]:
+        parts.append(f"{name} {v[name]['speedup']['median']:.3f}x")
+    parts.append(f"attn {100 * v['stock']['attention_share']:.0f}%")
+    parts.append(f"cap {p['cap_bytes'] / MiB:.0f} MiB")
+    parts.append("identical" if p["all_identical"] else "NOT IDENTICAL")
+    return " ".join(parts)
+
+
+def decode_text(report: DecodeReport | dict[str, Any]) -> str:
+    """A decode-step report as plain text (what ``bench-decode`` prints and ``--text`` writes):
+    the machine, one line per point (speedups median [min..max] over rounds), the summary."""
+    from .prefetch.options import MiB
+    from .prefetch.report import DecodeReport
 
     if isinstance(report, dict):
         report = DecodeReport.from_dict(report)
-    table = Table(title=f"decode step: {escape(str(report.env.get('gpu', '?')))}, {report.mode} L2, {report.layers} layers "
-                        f"(speedup over stock, median [min..max] over {report.rounds} rounds)")  # fmt: skip
-    for col in ("model", "dtype", "B", "ctx", "kernel", "stock us", "tok/s"):
-        table.add_column(col, justify="right")
-    for name in report.variants[1:]:
-        table.add_column(escape(name), justify="right")
-    for col in ("attn share", "cap MiB", "identical"):
-        table.add_column(col, justify="right")
+    e = report.env
+    smi = e.get("smi") or {}
+    head = [
+        f"kvpatch bench-decode: {e.get('gpu', '?')} (cc {e.get('capability', '?')}, {e.get('sm_count', '?')} SMs, "
+        f"L2 {e.get('l2_bytes', 0) / MiB:.0f} MiB), {report.mode} L2, {report.layers} layers, {report.rounds} rounds",
+        f"torch {e.get('torch')} CUDA {e.get('torch_cuda')}, {e.get('nvcc', 'nvcc ?')}, driver {smi.get('driver_version', '?')}, "
+        f"clocks SM {smi.get('clocks.sm', '?')}/{smi.get('clocks.max.sm', '?')} MHz mem {smi.get('clocks.mem', '?')} MHz, "
+        f"power limit {smi.get('power.limit', '?')} W",
+        f"weight prefetch: {(e.get('prefetch_library') or {}).get('config', '?')}, priority {report.priority}, "
+        f"cap per layer window: {_decode_caps_text(report.caps_bytes)}"
+        + (f"; configuration {report.weight_prefetch.get('label')}" if report.weight_prefetch else ""),
+        "speedup over stock = median [min..max] of per-round ratios; attn = attention's share of stock's step",
+    ]
+    cols = ["model", "dtype", "B", "ctx", "kern", "stock us", "tok/s"] + [f"{n} x" for n in report.variants[1:]]
+    cols += ["attn", "cap MiB", "same"]
+    rows = []
     for p in report.points:
         v = p["variants"]
-        cells = [escape(p["model"]), p["dtype"], str(p["batch"]), str(p["context"]), p["kernel"],
-                 f"{v['stock']['step_us']['median']:.1f}", f"{v['stock']['tokens_per_s']:.0f}"]  # fmt: skip
-        for name in report.variants[1:]:
-            s = v[name]["speedup"]
-            style = {FASTER: "green", SLOWER: "red", NOISE: ""}[verdict_of(s)]
-            text = fmt_interval(s)
-            cells.append(f"[{style}]{text}[/{style}]" if style else text)
-        cells += [f"{100 * v['stock']['attention_share']:.0f}%", f"{p['cap_bytes'] / MiB:.0f}",
-                  "yes" if p["all_identical"] else "[red]NO[/red]"]  # fmt: skip
-        table.add_row(*cells)
-    return table
+        row = [p["model"], p["dtype"], str(p["batch"]), str(p["context"]), p["kernel"],
+               f"{v['stock']['step_us']['median']:.1f}", f"{v['stock']['tokens_per_s']:.0f}"]  # fmt: skip
+        row += [_interval(v[n]["speedup"]) for n in report.variants[1:]]
+        row += [f"{100 * v['stock']['attention_share']:.0f}%", f"{p['cap_bytes'] / MiB:.0f}",
+                "yes" if p["all_identical"] else "NO"]  # fmt: skip
+        rows.append(row)
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    lines = head + ["", "  ".join(c.rjust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(x.rjust(w) for x, w in zip(r, widths)) for r in rows]
+    lines.append("")
+    lines += _decode_summary_lines(report)
+    return "\n".join(lines)
+
+
+def _interval(s: dict[str, float]) -> str:
+    return f"{s['median']:.3f} [{s['min']:.3f}..{s['max']:.3f}]"
+
+
+def _decode_summary_lines(report: DecodeReport) -> list[str]:
+    """Per variant geomean / worst / faster-slower-noise counts, identity, capped rounds, skips."""
+    summ = report.summary()
+    lines = []
+    for name in report.variants[1:]:
+        s = summ.get(name)
+        if s:
+            lines.append(f"{name}: geomean {s['geomean']:.3f}x, worst {s['min']:.3f}x; faster at {s['faster']}, "
+                         f"slower at {s['slower']}, within noise at {s['noise']} of {summ['points']} points")  # fmt: skip
+    lines.append(f"fastest variant per point: {summ['best_variant_counts']}")
+    lines.append("bit-identical to stock at every point" if summ["all_identical"] else "OUTPUTS DIFFER FROM STOCK (see 'same')")
+    capped = sum(p.get("power_capped_rounds", 0) for p in report.points)
+    if capped:
+        lines.append(f"{capped} rounds ran power- or thermally capped (clocks in the JSON)")
+    for s in report.skipped:
+        lines.append(f"skipped {s['model']} {s['dtype']} B={s['batch']} ctx={s['context']}: {s['reason']}")
+    return lines
+
+
+def _decode_caps_text(caps: int | dict[str, int]) -> str:
+    from .prefetch.options import MiB
+
+    if isinstance(caps, int):
+        return "off" if caps == 0 else f"{caps / MiB:g} MiB at every batch"
+    items = sorted((int(b), c) for b, c in caps.items())
+    return ", ".join(f"B<={b}: {c / MiB:g} MiB" for b, c in items) + f", off above B={items[-1][0]}" if items else "off"

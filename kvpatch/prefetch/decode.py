@@ -37,6 +37,7 @@ from .options import (  # noqa: F401  (re-exported: the public names of the benc
     DEFAULT_MODELS, WPF, MiB, WeightPrefetch, cap_for_batch, caps_text, parse_caps, parse_ints,
     parse_lib_arg, parse_names, variant_names,
 )  # fmt: skip
+from ..render import decode_point_line, decode_text
 from .report import DecodeReport
 from .step import (  # noqa: F401  (re-exported)
     _DTYPES, PARTITION_SIZE, V1_MAX_SEQ_LEN, V1_MIN_PARALLELISM, DecodeStep, DecodeWeights,
@@ -290,7 +291,7 @@ def run_bench_decode(
                     del step
                     point["seconds"] = round(time.perf_counter() - t0, 2)
                     report.points.append(point)
-                    say(report.point_line(point))
+                    say(decode_point_line(report, point))
                     if json_path:  # after every point: a run cut short keeps what it measured
                         report.save_json(json_path)
                     torch.cuda.empty_cache()
@@ -302,7 +303,7 @@ def run_bench_decode(
     if text_path:
         from ..fsutil import write_atomic
 
-        write_atomic(text_path, report.text_table() + "\n")
+        write_atomic(text_path, decode_text(report) + "\n")
     if plot_path:
         try:
             report.plot(plot_path)
@@ -417,7 +418,7 @@ def bench_decode_cli(
         report.micro = run_micro_gemm(prefetch_lib, priority=wpf.priority)
     if json_path:
         report.save_json(json_path)
-    text = report.text_table() + ("\n\n" + micro_table(report.micro) if report.micro else "")
+    text = decode_text(report) + ("\n\n" + micro_table(report.micro) if report.micro else "")
     if text_path:
         from ..fsutil import write_atomic
 

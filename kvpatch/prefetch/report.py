@@ -1,6 +1,7 @@
-"""The decode benchmark's report: JSON, a plain text table, a rich table, a plot.
+"""The decode benchmark's report: data, JSON, its summary and a plot (its text is
+:func:`kvpatch.render.decode_text`).
 
-Imports no torch; matplotlib and rich only inside the functions that draw.
+Imports no torch; matplotlib only inside the function that draws.
 """
 
 from __future__ import annotations
@@ -11,16 +12,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..gpu.stats import verdict
-from .options import MiB
 
 
 def verdict_of(speedup: dict[str, float]) -> str:
     """'faster' / 'slower' / 'noise' of a {median, min, max} speedup: kvpatch's one rule."""
     return verdict(speedup["min"], speedup["max"])
-
-
-def fmt_interval(s: dict[str, float]) -> str:
-    return f"{s['median']:.3f} [{s['min']:.3f}..{s['max']:.3f}]"
 
 
 @dataclass
@@ -79,76 +75,6 @@ class DecodeReport:
             best[winner] = best.get(winner, 0) + 1
         out["best_variant_counts"] = best
         return out
-
-    # ----------------------------------------------------------------------- text
-
-    def point_line(self, p: dict[str, Any]) -> str:
-        v = p["variants"]
-        parts = [f"{p['model']} {p['dtype']} B={p['batch']} ctx={p['context']} {p['kernel']}:",
-                 f"stock {v['stock']['step_us']['median']:.1f} us"]  # fmt: skip
-        for name in self.variants[1:]:
-            parts.append(f"{name} {v[name]['speedup']['median']:.3f}x")
-        parts.append(f"attn {100 * v['stock']['attention_share']:.0f}%")
-        parts.append(f"cap {p['cap_bytes'] / MiB:.0f} MiB")
-        parts.append("identical" if p["all_identical"] else "NOT IDENTICAL")
-        return " ".join(parts)
-
-    def text_table(self) -> str:
-        """A plain table: one line per point; speedups are median [min..max] over rounds."""
-        e = self.env
-        smi = e.get("smi") or {}
-        head = [
-            f"kvpatch bench-decode: {e.get('gpu', '?')} (cc {e.get('capability', '?')}, {e.get('sm_count', '?')} SMs, "
-            f"L2 {e.get('l2_bytes', 0) / MiB:.0f} MiB), {self.mode} L2, {self.layers} layers, {self.rounds} rounds",
-            f"torch {e.get('torch')} CUDA {e.get('torch_cuda')}, {e.get('nvcc', 'nvcc ?')}, driver {smi.get('driver_version', '?')}, "
-            f"clocks SM {smi.get('clocks.sm', '?')}/{smi.get('clocks.max.sm', '?')} MHz mem {smi.get('clocks.mem', '?')} MHz, "
-            f"power limit {smi.get('power.limit', '?')} W",
-            f"weight prefetch: {(e.get('prefetch_library') or {}).get('config', '?')}, priority {self.priority}, "
-            f"cap per layer window: {self._caps_text()}"
-            + (f"; configuration {self.weight_prefetch.get('label')}" if self.weight_prefetch else ""),
-            "speedup over stock = median [min..max] of per-round ratios; attn = attention's share of stock's step",
-        ]
-        cols = ["model", "dtype", "B", "ctx", "kern", "stock us", "tok/s"] + [f"{n} x" for n in self.variants[1:]] + ["attn", "cap MiB", "same"]
-        rows = []
-        for p in self.points:
-            v = p["variants"]
-            row = [p["model"], p["dtype"], str(p["batch"]), str(p["context"]), p["kernel"],
-                   f"{v['stock']['step_us']['median']:.1f}", f"{v['stock']['tokens_per_s']:.0f}"]  # fmt: skip
-            row += [fmt_interval(v[n]["speedup"]) for n in self.variants[1:]]
-            row += [f"{100 * v['stock']['attention_share']:.0f}%", f"{p['cap_bytes'] / MiB:.0f}",
-                    "yes" if p["all_identical"] else "NO"]  # fmt: skip
-            rows.append(row)
-        widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
-        lines = head + ["", "  ".join(c.rjust(w) for c, w in zip(cols, widths))]
-        lines += ["  ".join(x.rjust(w) for x, w in zip(r, widths)) for r in rows]
-        lines.append("")
-        lines += self.summary_lines()
-        return "\n".join(lines)
-
-    def summary_lines(self) -> list[str]:
-        """Per variant geomean / worst / faster-slower-noise counts, identity, capped rounds, skips."""
-        summ = self.summary()
-        lines = []
-        for name in self.variants[1:]:
-            s = summ.get(name)
-            if s:
-                lines.append(f"{name}: geomean {s['geomean']:.3f}x, worst {s['min']:.3f}x; faster at {s['faster']}, "
-                             f"slower at {s['slower']}, within noise at {s['noise']} of {summ['points']} points")  # fmt: skip
-        lines.append(f"fastest variant per point: {summ['best_variant_counts']}")
-        lines.append("bit-identical to stock at every point" if summ["all_identical"] else "OUTPUTS DIFFER FROM STOCK (see 'same')")
-        capped = sum(p.get("power_capped_rounds", 0) for p in self.points)
-        if capped:
-            lines.append(f"{capped} rounds ran power- or thermally capped (clocks in the JSON)")
-        for s in self.skipped:
-            lines.append(f"skipped {s['model']} {s['dtype']} B={s['batch']} ctx={s['context']}: {s['reason']}")
-        return lines
-
-    def _caps_text(self) -> str:
-        caps = self.caps_bytes
-        if isinstance(caps, int):
-            return "off" if caps == 0 else f"{caps / MiB:g} MiB at every batch"
-        items = sorted((int(b), c) for b, c in caps.items())
-        return ", ".join(f"B<={b}: {c / MiB:g} MiB" for b, c in items) + f", off above B={items[-1][0]}" if items else "off"
 
     # ----------------------------------------------------------------------- plot
 

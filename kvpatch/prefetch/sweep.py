@@ -37,6 +37,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import GpuCheckError, UsageError
 from ..gpu.stats import geomean
+from ..render import decode_text
 from .options import MiB, WeightPrefetch, caps_text
 
 SWEEP_MODEL = "llama-3.1-8b"
@@ -312,7 +313,7 @@ def run_sweep(
                                    layers=SWEEP_LAYERS, rounds=5, weight_prefetch=picked, prefetch_library=pf_lib, device=dev,
                                    json_path=out / f"decode_{tag}_warm.json", text_path=out / f"decode_{tag}_warm.txt",
                                    plot_path=out / f"decode_{tag}_warm.png", say=note)  # fmt: skip
-            texts.append(rep.text_table())
+            texts.append(decode_text(rep))
             result.setdefault("final", {})[tag] = {"summary": rep.summary(), "seconds": rep.seconds}
             save()
     note("done")

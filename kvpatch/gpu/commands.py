@@ -361,9 +361,9 @@ def bench_points(o: BenchOptions) -> tuple[list, str]:
         else:
             name = "custom"
             pts = []
-            for (qh, kvh) in o.heads or [(32, 8)]:
-                for hs in o.head_sizes or [128]:
-                    for bs in o.block_sizes or [16]:
+            for (qh, kvh) in o.heads or [P.HEADLINE_HEADS]:
+                for hs in o.head_sizes or [P.HEADLINE_HEAD_SIZE]:
+                    for bs in o.block_sizes or [P.HEADLINE_BLOCK_SIZE]:
                         for kv in o.kv_cache_dtypes or ["auto"]:
                             pts += P.make_points(dtypes=o.dtypes or ("fp16", "bf16"),
                                                  batches=o.batches or P.DEFAULT_BATCHES,

@@ -31,6 +31,11 @@ from typing import Any, Sequence
 from .dispatch import cdiv, dispatched_kernel
 from .inputs import DTYPES, cache_elem_size, check_kv_cache_dtype
 
+#: The headline shape: Llama-3.1-8B's attention (GQA 32 query / 8 KV heads, head 128) in
+#: vLLM's default block size 16, unquantized cache. Every default below that names a shape.
+HEADLINE_HEADS = (32, 8)
+HEADLINE_HEAD_SIZE = 128
+HEADLINE_BLOCK_SIZE = 16
 #: The headline grid (kvpatch bench's default and the decode step's, kvpatch.prefetch).
 DEFAULT_BATCHES = (1, 4, 16, 64)
 DEFAULT_CONTEXTS = (1024, 4096, 16384)
@@ -54,10 +59,10 @@ class BenchPoint:
     dtype: str
     batch: int
     context: int
-    num_heads: int = 32
-    num_kv_heads: int = 8
-    head_size: int = 128
-    block_size: int = 16
+    num_heads: int = HEADLINE_HEADS[0]
+    num_kv_heads: int = HEADLINE_HEADS[1]
+    head_size: int = HEADLINE_HEAD_SIZE
+    block_size: int = HEADLINE_BLOCK_SIZE
     kv_cache_dtype: str = "auto"
     seed: int = 0
 
@@ -70,7 +75,7 @@ class BenchPoint:
     def name(self) -> str:
         s = f"{self.dtype} B={self.batch} ctx={self.context}"
         if (self.num_heads, self.num_kv_heads, self.head_size, self.block_size, self.kv_cache_dtype) != (
-            32, 8, 128, 16, "auto"
+            *HEADLINE_HEADS, HEADLINE_HEAD_SIZE, HEADLINE_BLOCK_SIZE, "auto"
         ):
             s += (f" heads={self.num_heads}/{self.num_kv_heads} head={self.head_size}"
                   f" block={self.block_size} kv={self.kv_cache_dtype}")  # fmt: skip
@@ -116,10 +121,10 @@ def make_points(
     dtypes: Sequence[str] = ("fp16", "bf16"),
     batches: Sequence[int] = DEFAULT_BATCHES,
     contexts: Sequence[int] = DEFAULT_CONTEXTS,
-    num_heads: int = 32,
-    num_kv_heads: int = 8,
-    head_size: int = 128,
-    block_size: int = 16,
+    num_heads: int = HEADLINE_HEADS[0],
+    num_kv_heads: int = HEADLINE_HEADS[1],
+    head_size: int = HEADLINE_HEAD_SIZE,
+    block_size: int = HEADLINE_BLOCK_SIZE,
     kv_cache_dtype: str = "auto",
     seed: int = 0,
 ) -> list[BenchPoint]:

@@ -25,6 +25,10 @@ from .config import dump_config, parse_rules
 from .reach import unreached
 from .config_io import config_and_tuned, variant_configs
 from .render import sites_table
+from .gpu.bench import DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP
+from .gpu.tune_command import TUNE_REPS
+from .prefetch.options import DEFAULT_LAYERS
+from .prefetch.options import DEFAULT_ROUNDS as DECODE_ROUNDS
 from .errors import GpuCheckError, KvpatchError, UsageError
 
 app = typer.Typer(
@@ -348,9 +352,9 @@ def bench(
     kv: Annotated[Optional[str], typer.Option("--kv", help="KV-cache dtypes: auto,fp8.")] = None,
     kernels: Annotated[str, typer.Option(help="v1,v2 or 'dispatched' (only the kernel vLLM launches).")] = "v1,v2",
     seed: Annotated[Optional[int], typer.Option(help="Seed of the KV data and block tables (default: the set's).")] = None,
-    reps: Annotated[int, typer.Option(help="Timed launches per point, variant and round (more for kernels < 30 us).")] = 50,
-    rounds: Annotated[int, typer.Option(help="Interleaved rounds (the speedup interval is min..max over them).")] = 3,
-    warmup: Annotated[int, typer.Option(help="Untimed launches per variant before each round.")] = 5,
+    reps: Annotated[int, typer.Option(help="Timed launches per point, variant and round (more for kernels < 30 us).")] = DEFAULT_REPS,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds (the speedup interval is min..max over them).")] = DEFAULT_ROUNDS,
+    warmup: Annotated[int, typer.Option(help="Untimed launches per variant before each round.")] = DEFAULT_WARMUP,
     warm: Annotated[bool, typer.Option("--warm/--no-warm", help="Time with a warm L2.")] = True,
     cold: Annotated[bool, typer.Option("--cold/--no-cold", help="Time with the L2 flushed before each launch.")] = True,
     check: Annotated[bool, typer.Option("--check/--no-check", help="Check outputs bit-identical before timing.")] = True,
@@ -384,8 +388,8 @@ def tune(
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the tuned configuration.")] = Path("kvpatch.toml"),
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the ranking and the bench data here.")] = None,
     quick: Annotated[bool, typer.Option(help="Bench batch 2/32 x context 512/12288 of the tuning set (144 points) instead of 324.")] = False,
-    reps: Annotated[int, typer.Option(help="Timed launches per point, candidate and round.")] = 20,
-    rounds: Annotated[int, typer.Option(help="Interleaved rounds (the spread a verdict uses).")] = 3,
+    reps: Annotated[int, typer.Option(help="Timed launches per point, candidate and round.")] = TUNE_REPS,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds (the spread a verdict uses).")] = DEFAULT_ROUNDS,
     policy: Annotated[str, typer.Option(help="strict (no tuning point slower than stock beyond noise) | geomean (only the geomean's interval above 1.00).")] = "strict",
     fallback: Annotated[str, typer.Option(help="What instantiations tune does not measure get: off | base (the base settings).")] = "off",
     jobs: Annotated[Optional[int], typer.Option(help="Parallel nvcc processes (default: CPU count).")] = None,
@@ -420,8 +424,8 @@ def bench_decode(
     dtypes: Annotated[Optional[str], typer.Option(help="bf16,fp16 (default both).")] = None,
     batches: Annotated[Optional[str], typer.Option(help="Default 1,4,16,64.")] = None,
     contexts: Annotated[Optional[str], typer.Option(help="Default 1024,4096,16384.")] = None,
-    layers: Annotated[int, typer.Option(help="Decoder layers per step.")] = 8,
-    rounds: Annotated[int, typer.Option(help="Interleaved rounds (spread = min..max over them).")] = 5,
+    layers: Annotated[int, typer.Option(help="Decoder layers per step.")] = DEFAULT_LAYERS,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds (spread = min..max over them).")] = DECODE_ROUNDS,
     reps: Annotated[Optional[int], typer.Option(help="Timed replays per variant and round (default: ~0.15 s a round).")] = None,
     wpf: Annotated[Optional[str], typer.Option("--wpf", help="A whole prefetch configuration, e.g. 'cap=1:32,4:16;grid=132;hint=evict_normal'.")] = None,
     cap: Annotated[Optional[str], typer.Option(help="Weight-prefetch cap: per-batch MiB '1:32,4:32,8:16', one MiB value, 'off' or 'default'.")] = None,

@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 from ..errors import GpuCheckError, UsageError
 from ..fsutil import check_outputs, write_atomic
 from . import launch as L
+from .bench import DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP
 from .report import STOCK_MARKER
 
 MARKER_PREFIX = "// kvpatch:begin "
@@ -329,9 +330,9 @@ class BenchOptions(LibraryOptions):
     kv_cache_dtypes: Optional[list[str]] = None
     seed: Optional[int] = None
     kernels: list[str] = field(default_factory=lambda: ["v1", "v2"])
-    reps: int = 50
-    rounds: int = 3
-    warmup: int = 5
+    reps: int = DEFAULT_REPS
+    rounds: int = DEFAULT_ROUNDS
+    warmup: int = DEFAULT_WARMUP
     warm: bool = True
     cold: bool = True
     check: bool = True

@@ -16,7 +16,11 @@ from typing import Any, Optional, Sequence
 
 from ..errors import UsageError
 from ..fsutil import check_outputs, write_atomic, write_both
+from .bench import DEFAULT_ROUNDS
 from .commands import Libraries, LibraryOptions, built, parse_libs, prebuilt
+
+#: Timed launches per tuning point, candidate and round (the tuning set has 324 points).
+TUNE_REPS = 20
 
 
 @dataclass
@@ -27,8 +31,8 @@ class TuneOptions(LibraryOptions):
     output: Path = Path("kvpatch.toml")
     json_out: Optional[Path] = None
     quick: bool = False
-    reps: int = 20
-    rounds: int = 3
+    reps: int = TUNE_REPS
+    rounds: int = DEFAULT_ROUNDS
     policy: str = "strict"
     fallback: str = "off"
     jobs: Optional[int] = None

@@ -34,7 +34,7 @@ from .micro import micro_table, run_micro_gemm, run_micro_prefetch  # noqa: F401
 from .models import model_shape
 from .options import (  # noqa: F401  (re-exported: the public names of the benchmark)
     BLOCK_SIZE, DEFAULT_BATCHES, DEFAULT_CAPS_MIB, DEFAULT_CONTEXTS, DEFAULT_DTYPES, DEFAULT_LAYERS,
-    DEFAULT_MODELS, WPF, MiB, WeightPrefetch, cap_for_batch, caps_text, parse_caps, parse_ints,
+    DEFAULT_MODELS, DEFAULT_ROUNDS, WPF, MiB, WeightPrefetch, cap_for_batch, caps_text, parse_caps, parse_ints,
     parse_lib_arg, parse_names, variant_names,
 )  # fmt: skip
 from ..render import decode_point_line, decode_text
@@ -202,7 +202,7 @@ def run_bench_decode(
     batches: Sequence[int] = DEFAULT_BATCHES,
     contexts: Sequence[int] = DEFAULT_CONTEXTS,
     layers: int = DEFAULT_LAYERS,
-    rounds: int = 5,
+    rounds: int = DEFAULT_ROUNDS,
     reps: int | None = None,
     round_seconds: float = 0.15,
     cold: bool = False,
@@ -364,7 +364,7 @@ def bench_decode_cli(
     batches: str | None = None,
     contexts: str | None = None,
     layers: int = DEFAULT_LAYERS,
-    rounds: int = 5,
+    rounds: int = DEFAULT_ROUNDS,
     reps: int | None = None,
     prefetch_lib: str | None = None,
     cold: bool = False,
@@ -442,7 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for opt in ("--models", "--dtypes", "--batches", "--contexts"):
         ap.add_argument(opt)
     ap.add_argument("--layers", type=int, default=DEFAULT_LAYERS)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--wpf", help="a whole weight-prefetch configuration, e.g. 'cap=1:32,4:16;grid=132;hint=evict_normal'")
     ap.add_argument("--cap", help="per-batch MiB '1:32,4:32,8:16', one MiB value, 'off' or 'default'")

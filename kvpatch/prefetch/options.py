@@ -23,6 +23,8 @@ BLOCK_SIZE = 16
 WPF = "+wpf"
 #: Default layers per step: enough that per-layer time is stable, small enough for 16k x 64.
 DEFAULT_LAYERS = 8
+#: Interleaved rounds of the decode step (its speedup interval is min..max over them).
+DEFAULT_ROUNDS = 5
 DEFAULT_MODELS = ("llama-3.1-8b", "llama-3.2-1b")
 DEFAULT_DTYPES = ("bf16", "fp16")
 #: Per-batch weight-prefetch caps in MiB (bucket bounds: batch b uses the smallest key

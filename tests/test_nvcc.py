@@ -122,7 +122,8 @@ _U = {"inherit_rules": False, "fp16": "scope=kv-head,issue=inline"}
     "options, expected",
     [
         # one K and one V tile: 16 * 128 * sizeof(cache_t). The shipped table at head 128 block 16:
-        # bf16 through the helper, fp16 off (slower than stock for MHA / GQA 64/8), fp32 off (not tuned)
+        # bf16 split (inline asm in the loop, stock's loop for ALiBi heads), fp16 off (slower than
+        # stock for MHA / GQA 64/8), fp32 off (not tuned)
         ({}, lambda d: [("", AUTO[d])] * 2 if d == "bf16" else []),
         ({"preset": "paper"}, lambda d: [("", "4096")] * 2),
         ({"caches": "k", **_U}, lambda d: [("", AUTO[d])]),

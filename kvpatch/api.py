@@ -306,10 +306,3 @@ def load_libraries(result) -> dict:
     from .gpu.launch import Kernels
 
     return {v.name: Kernels(v.library, v.prefix) for v in result.variants}
-
-
-def require_cuda() -> None:
-    """A GPU and a CUDA build of torch, or a one-line error (:func:`kvpatch.gpu.env.require_cuda`)."""
-    from .gpu.env import require_cuda as _require
-
-    _require()

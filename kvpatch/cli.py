@@ -447,8 +447,9 @@ def bench_decode(
 
     def build(dtype_list, head_sizes):
         from . import api
+        from .gpu.env import require_cuda
 
-        api.require_cuda()
+        require_cuda()
         result = api.build(tree=tree, cwd=_cwd(), archs=arch, console=err, dtypes=dtype_list, head_sizes=head_sizes,
                            block_sizes=[16], kv_cache_dtypes=["auto"])  # fmt: skip
         return api.load_libraries(result)

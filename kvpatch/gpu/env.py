@@ -20,18 +20,18 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ..errors import BuildError
+
+
 def require_cuda() -> None:
     """A GPU and a CUDA build of torch, or a one-line error. Here, not in :mod:`kvpatch.api`, so that
     commands run on prebuilt libraries (``--lib``) load neither libclang nor git."""
-    from ..errors import BuildError
-
     try:
         import torch
     except ImportError:
         raise BuildError("validate and bench need torch with CUDA (pip install torch)") from None
     if not torch.cuda.is_available():
         raise BuildError(f"no CUDA GPU visible to torch {torch.__version__}: validate and bench run on a GPU")
-
 
 
 SMI_FIELDS = (

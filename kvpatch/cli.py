@@ -25,10 +25,7 @@ from .config import dump_config, parse_rules
 from .reach import unreached
 from .config_io import config_and_tuned, variant_configs
 from .render import sites_table
-from .gpu.bench import DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP
-from .gpu.tune_command import TUNE_REPS
-from .prefetch.options import DEFAULT_LAYERS
-from .prefetch.options import DEFAULT_ROUNDS as DECODE_ROUNDS
+from .gpu.defaults import DECODE_LAYERS, DECODE_ROUNDS, DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP, TUNE_REPS
 from .errors import GpuCheckError, KvpatchError, UsageError
 
 app = typer.Typer(
@@ -424,7 +421,7 @@ def bench_decode(
     dtypes: Annotated[Optional[str], typer.Option(help="bf16,fp16 (default both).")] = None,
     batches: Annotated[Optional[str], typer.Option(help="Default 1,4,16,64.")] = None,
     contexts: Annotated[Optional[str], typer.Option(help="Default 1024,4096,16384.")] = None,
-    layers: Annotated[int, typer.Option(help="Decoder layers per step.")] = DEFAULT_LAYERS,
+    layers: Annotated[int, typer.Option(help="Decoder layers per step.")] = DECODE_LAYERS,
     rounds: Annotated[int, typer.Option(help="Interleaved rounds (spread = min..max over them).")] = DECODE_ROUNDS,
     reps: Annotated[Optional[int], typer.Option(help="Timed replays per variant and round (default: ~0.15 s a round).")] = None,
     wpf: Annotated[Optional[str], typer.Option("--wpf", help="A whole prefetch configuration, e.g. 'cap=1:32,4:16;grid=132;hint=evict_normal'.")] = None,

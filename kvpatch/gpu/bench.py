@@ -38,6 +38,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from . import launch as L
+from .defaults import DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP
 from .dispatch import KERNELS, PARTITION_SIZE
 from .env import SmiSampler, collect_env, nvidia_smi_query
 from .inputs import make_generator, make_inputs, make_kv_pool
@@ -47,12 +48,6 @@ from .timing import L2Flush, Timer, adaptive_reps, l2_bytes_of, measure_copy_ban
 
 #: The A/A control's variant name (it runs the baseline's code, and records stock's marker).
 AA = "stock-aa"
-
-#: Default repeat counts: 50 timed launches per variant per round (more for short
-#: kernels), 3 rounds, 5 untimed warm-up launches per variant before each round.
-DEFAULT_REPS = 50
-DEFAULT_ROUNDS = 3
-DEFAULT_WARMUP = 5
 
 
 def default_points() -> list[BenchPoint]:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 from ..errors import GpuCheckError, UsageError
 from ..fsutil import check_outputs, write_atomic
 from . import launch as L
-from .bench import DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP
+from .defaults import DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP
 from .report import STOCK_MARKER
 
 MARKER_PREFIX = "// kvpatch:begin "

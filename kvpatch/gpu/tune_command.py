@@ -16,11 +16,8 @@ from typing import Any, Optional, Sequence
 
 from ..errors import UsageError
 from ..fsutil import check_outputs, write_atomic, write_both
-from .bench import DEFAULT_ROUNDS
 from .commands import Libraries, LibraryOptions, built, parse_libs, prebuilt
-
-#: Timed launches per tuning point, candidate and round (the tuning set has 324 points).
-TUNE_REPS = 20
+from .defaults import DEFAULT_ROUNDS, TUNE_REPS
 
 
 @dataclass

@@ -16,15 +16,15 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from ..errors import UsageError
+from ..gpu.defaults import DECODE_LAYERS, DECODE_ROUNDS
 from ..gpu.points import DEFAULT_BATCHES, DEFAULT_CONTEXTS  # noqa: F401 - the decode step's grid is the bench's headline grid
 
 BLOCK_SIZE = 16
 #: The variant suffix for "with weight prefetch".
 WPF = "+wpf"
-#: Default layers per step: enough that per-layer time is stable, small enough for 16k x 64.
-DEFAULT_LAYERS = 8
-#: Interleaved rounds of the decode step (its speedup interval is min..max over them).
-DEFAULT_ROUNDS = 5
+#: Layers per step and rounds (kvpatch.gpu.defaults says why these).
+DEFAULT_LAYERS = DECODE_LAYERS
+DEFAULT_ROUNDS = DECODE_ROUNDS
 DEFAULT_MODELS = ("llama-3.1-8b", "llama-3.2-1b")
 DEFAULT_DTYPES = ("bf16", "fp16")
 #: Per-batch weight-prefetch caps in MiB (bucket bounds: batch b uses the smallest key

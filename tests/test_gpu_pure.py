@@ -946,18 +946,24 @@ def test_summary_counts_points_within_noise():
     assert t["verdict"] == "slower" and t["speedup_hi"] < 1.0
 
 
+#: The start of a subprocess script in which importing clang or git fails, as on the H200
+#: (no libclang there): what the GPU-side commands must work without.
+WITHOUT_CLANG_AND_GIT = """import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("clang", "git"):
+            raise ImportError(f"blocked: {name}")
+sys.meta_path.insert(0, Block())
+"""
+
+
 def test_bench_reports_need_no_libclang():
     """The GPU machine runs bench/validate/tune on prebuilt libraries without libclang (or
     git): reading variant markers into a summary must not import the build side."""
     import textwrap
 
-    code = textwrap.dedent("""
-        import json, sys
-        class Block:
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in ("clang", "git"):
-                    raise ImportError(f"blocked: {name}")
-        sys.meta_path.insert(0, Block())
+    code = WITHOUT_CLANG_AND_GIT + textwrap.dedent("""
+        import json
         import kvpatch.cli, kvpatch.gpu.commands, kvpatch.gpu.tune_command, kvpatch.tune
         from kvpatch.config import make_config
         from kvpatch.gpu import points as P, report as Rp
@@ -983,13 +989,7 @@ def test_commands_on_prebuilt_libraries_need_no_libclang(tmp_path, command):
 
     lib = tmp_path / "libx.so"
     lib.write_bytes(b"")
-    code = textwrap.dedent("""
-        import sys
-        class Block:
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in ("clang", "git"):
-                    raise ImportError(f"blocked: {name}")
-        sys.meta_path.insert(0, Block())
+    code = WITHOUT_CLANG_AND_GIT + textwrap.dedent("""
         from kvpatch.cli import run
         sys.argv = ["kvpatch"] + sys.argv[1:]
         run()
@@ -1008,13 +1008,7 @@ def test_no_module_needs_libclang_to_import():
     for the machine record); parsing a header without libclang is a one-line PatchError."""
     import textwrap
 
-    code = textwrap.dedent("""
-        import sys
-        class Block:
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in ("clang", "git"):
-                    raise ImportError(f"blocked: {name}")
-        sys.meta_path.insert(0, Block())
+    code = WITHOUT_CLANG_AND_GIT + textwrap.dedent("""
         import kvpatch.api, kvpatch.build, kvpatch.cli, kvpatch.patch, kvpatch.tune
         from kvpatch.build import plan, toolchain, vllm_nvcc_flags
         from kvpatch.machine import local

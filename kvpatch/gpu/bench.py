@@ -236,6 +236,9 @@ def run_bench(
             env["nvidia_smi_after"] = smi_after
     if sampler is not None and not sampler.available:
         warnings.append("nvidia-smi not found: clocks, power and throttling were not recorded per round")
+    if timer.host_bound:
+        warnings.append(f"{timer.host_bound} of {timer.chunks} chunks of launches were queued by the host slower "
+                        "than the GPU ran them, after retries: their short kernels' times include launch gaps")  # fmt: skip
     settings = {
         "reps": reps, "adaptive_reps": adaptive, "warmup": warmup, "rounds": rounds, "modes": modes,
         "kernels": list(kernels), "device": str(dev), "l2_bytes": l2,
@@ -244,6 +247,9 @@ def run_bench(
         "timing": "CUDA event pair around each launch; median of per-round medians; variants in cycles where each "
                   "follows each (itself included) once; "
                   "speedup interval = min..max over rounds of the per-round ratio of medians",
+        "lead": {"chunks": timer.chunks, "retried": timer.retried, "host_bound": timer.host_bound,
+                 "rule": "each chunk of cycles queued while a GPU-side sleep runs; a chunk queued after the sleep "
+                         "ended is timed again with twice the sleep"},
     }  # fmt: skip
     return BenchReport(baseline=names[0], variants=names, results=results, copy_bandwidth=copy_bw, settings=settings,
                        env=env, mismatches=mismatches, warnings=warnings, seconds=time.perf_counter() - t_start,

@@ -4,8 +4,11 @@
   then cycles of :func:`carryover_order`, in which every launcher follows every
   launcher (itself included) equally often, so drift and what the previous kernel
   left behind (its code in the instruction cache, its lines in L2) hit all alike;
-  each launch alone between a CUDA event pair; a GPU-side sleep first lets the host
-  queue the whole round ahead, so small kernels are not timed with host launch gaps.
+  each launch alone between a CUDA event pair. The cycles run in chunks: before each,
+  a GPU-side sleep long enough for the host to queue the whole chunk, so no launch
+  waits for the host (a kernel timed while the GPU waits for its launch measures the
+  host); an event after the sleep proves it, and a chunk the host did not queue in
+  time is timed again with a longer sleep.
 * :class:`L2Flush` makes "cold" cold: it READS and WRITES a buffer of at least twice
   the L2 (``buf.add_(1)``), then READS it once more (a sum), so the L2 ends full of
   clean lines of that buffer: the KV data is gone from L2, and no dirty line is left
@@ -25,10 +28,14 @@ from typing import Any, Callable, Sequence
 
 from .stats import median
 
-#: Upper bound of the GPU-side lead before a round, and the per-launch host cost
-#: added to the warm-up's measurement (two event records).
-MAX_LEAD_S = 0.03
+#: The GPU-side lead a chunk of launches aims for (a chunk is what the host queues in
+#: about this long, at most MAX_CHUNK launches), the per-launch host cost added to the
+#: warm-up's measurement (two event records), and how often a chunk is timed in all when
+#: the host did not queue it in time (each time with twice the lead).
+CHUNK_LEAD_S = 0.03
+MAX_CHUNK = 128
 EVENT_COST_S = 10e-6
+LEAD_ATTEMPTS = 2
 
 #: Kernels shorter than this get proportionally more timed launches (up to MAX_REPS_FACTOR x).
 SHORT_KERNEL_US = 30.0
@@ -56,6 +63,11 @@ class Timer:
 
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
+        #: chunks timed, chunks timed again (the host had not queued them in time), and
+        #: chunks kept although the host was late on every attempt
+        self.chunks = 0
+        self.retried = 0
+        self.host_bound = 0
         self._pool: list[Any] = []
 
     def events(self, n: int) -> list[Any]:
@@ -71,18 +83,23 @@ class Timer:
 
             torch.cuda.synchronize(self.device)
 
-    def lead(self, seconds: float) -> None:
-        """Keep the GPU busy for ``seconds`` so the host can queue ahead of it."""
+    def lead(self, seconds: float) -> Any:
+        """Keep the GPU busy for ``seconds`` so the host can queue ahead of it. Returns an
+        event recorded after the sleep (None without one): while ``query()`` is False the
+        GPU is still sleeping, so nothing queued so far has waited for the host."""
         if not self.cuda or seconds <= 0:
-            return
+            return None
         import torch
 
         sleep = getattr(torch.cuda, "_sleep", None)
         if sleep is None:
-            return
+            return None
         p = torch.cuda.get_device_properties(self.device)
         khz = getattr(p, "clock_rate", None) or 1_980_000
         sleep(int(seconds * khz * 1e3))
+        done = torch.cuda.Event()
+        done.record()
+        return done
 
 
 def carryover_order(n: int) -> list[int]:
@@ -115,10 +132,19 @@ def time_interleaved(
     """One round: ``warmup`` untimed launches of each, then ``ceil(reps / n)`` cycles of
     :func:`carryover_order` (so each launcher is timed ``reps`` times, rounded up to a
     multiple of ``n``), each launch timed alone by an event pair; ``flush`` runs before
-    each launch, outside the pair. Returns us per launcher, in the order they ran."""
+    each launch, outside the pair. Returns us per launcher, in the order they ran.
+
+    The cycles run in chunks (whole cycles where one fits in MAX_CHUNK launches), each
+    after a GPU-side lead of 1.3x the host's time to queue it (measured in the warm-up),
+    so that every launch of the chunk is queued before the GPU reaches it. Were the GPU to catch up, each later launch
+    would be timed from its start event to a kernel the host had not launched yet: for a
+    20 us kernel, 2-3x its time, and more for launchers late in the cycle (before the
+    chunks, one lead of at most 30 ms covered the round, and 17-library tune runs timed
+    the last third of their launches that way). If the lead has ended by the time the
+    chunk is queued, the chunk is timed again with twice the lead."""
     n = len(launchers)
     cycle = carryover_order(n)
-    sequence = cycle * math.ceil(reps / n)
+    cycles = math.ceil(reps / n)
     t0 = time.perf_counter()
     for _ in range(warmup):
         for fn in launchers:
@@ -126,19 +152,38 @@ def time_interleaved(
                 flush()
             fn()
     host = (time.perf_counter() - t0) / max(1, warmup * n) + EVENT_COST_S
-    timer.sync()
-    ev = timer.events(2 * len(sequence))
-    timer.lead(min(MAX_LEAD_S, 1.3 * host * len(sequence)))
-    for k, i in enumerate(sequence):
-        if flush is not None:
-            flush()
-        ev[2 * k].record()
-        launchers[i]()
-        ev[2 * k + 1].record()
-    timer.sync()
+    sequence = cycle * cycles
+    # a chunk: what the host queues in about CHUNK_LEAD_S, at most MAX_CHUNK launches (the
+    # GPU's queue holds ~1000 commands; a host blocked on a full queue while the GPU sleeps
+    # would outlast the lead), whole cycles where a cycle fits
+    size = max(1, min(MAX_CHUNK, int(CHUNK_LEAD_S / (1.3 * host))))
+    if size >= len(cycle):
+        size -= size % len(cycle)
     out: list[list[float]] = [[] for _ in range(n)]
-    for k, i in enumerate(sequence):
-        out[i].append(ev[2 * k].elapsed_time(ev[2 * k + 1]) * 1e3)
+    for start in range(0, len(sequence), size):
+        chunk = sequence[start:start + size]
+        ev = timer.events(2 * len(chunk))
+        for attempt in range(LEAD_ATTEMPTS):
+            timer.sync()
+            # the whole chunk is queued within the sleep: a GPU still asleep when the host
+            # is done (lead_done not reached) cannot have waited for any launch of it
+            lead_done = timer.lead(1.3 * host * len(chunk) * 2**attempt)
+            for k, i in enumerate(chunk):
+                if flush is not None:
+                    flush()
+                ev[2 * k].record()
+                launchers[i]()
+                ev[2 * k + 1].record()
+            late = lead_done is not None and lead_done.query()
+            timer.sync()
+            timer.chunks += 1
+            if not late:
+                break
+            timer.retried += 1
+        else:
+            timer.host_bound += 1
+        for k, i in enumerate(chunk):
+            out[i].append(ev[2 * k].elapsed_time(ev[2 * k + 1]) * 1e3)
     return out
 
 

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -836,6 +837,60 @@ def test_time_interleaved_balances_predecessors_and_counts():
     assert max(us[0]) < 20_000 <= min(us[1]) and max(us[1]) < 80_000 <= min(us[2])
     us = Tm.time_interleaved(fns, reps=4, warmup=0, timer=Tm.Timer("cpu"))
     assert [len(u) for u in us] == [6, 6, 6]  # reps rounded up to whole cycles
+
+
+class _LeadTimer:
+    """A host-clock timer whose GPU-side leads are recorded; the lead's end event says
+    'already passed' for the leads listed in ``late`` (by index)."""
+
+    def __init__(self, late=()):
+        self.leads, self.late, self.log = [], set(late), []
+        self.chunks = self.retried = self.host_bound = 0
+
+    def events(self, n):
+        return [Tm.HostEvent() for _ in range(n)]
+
+    def sync(self):
+        pass
+
+    def lead(self, seconds):
+        self.leads.append(seconds)
+        self.log.append("lead")
+        passed = len(self.leads) - 1 in self.late
+        return types.SimpleNamespace(query=lambda: passed)
+
+
+def test_time_interleaved_queues_each_chunk_within_its_lead_and_retimes_a_late_one(monkeypatch):
+    """Each chunk starts with a lead that covers 1.3x the host's time to queue it; chunks are
+    whole cycles where a cycle fits in MAX_CHUNK; a chunk whose lead had ended is timed again
+    with twice the lead, its first samples dropped; one late every time is counted."""
+    monkeypatch.setattr(Tm, "CHUNK_LEAD_S", 10.0)
+    monkeypatch.setattr(Tm, "MAX_CHUNK", 10)  # one 9-launch cycle per chunk
+    fns = [lambda i=i: timer.log.append(i) for i in range(3)]
+    timer = _LeadTimer(late={1})
+    us = Tm.time_interleaved(fns, reps=6, warmup=1, timer=timer)
+    cycle = Tm.carryover_order(3)
+    assert [len(u) for u in us] == [6, 6, 6]
+    # warm-up, then chunk 1, chunk 2 (late: timed again), chunk 2 again
+    assert timer.log == [0, 1, 2] + ["lead", *cycle] * 3
+    assert timer.chunks == 3 and timer.retried == 1 and timer.host_bound == 0
+    first, late, again = timer.leads
+    assert first == pytest.approx(late) and again == pytest.approx(2 * late) and first >= 1.3 * 9 * Tm.EVENT_COST_S
+    timer = _LeadTimer(late=set(range(100)))
+    Tm.time_interleaved(fns, reps=3, warmup=0, timer=timer)
+    assert timer.chunks == Tm.LEAD_ATTEMPTS and timer.host_bound == 1
+    # a cycle longer than MAX_CHUNK: chunks of MAX_CHUNK launches, the sequence unchanged
+    monkeypatch.setattr(Tm, "MAX_CHUNK", 4)
+    timer = _LeadTimer()
+    us = Tm.time_interleaved(fns, reps=6, warmup=0, timer=timer)
+    seq = cycle * 2
+    assert timer.log == [x for k in range(0, 18, 4) for x in ["lead", *seq[k:k + 4]]]
+    assert [len(u) for u in us] == [6, 6, 6] and timer.chunks == 5
+    # the chunk is what the host queues in about CHUNK_LEAD_S: a tiny one, one launch each
+    monkeypatch.setattr(Tm, "CHUNK_LEAD_S", 0.0)
+    timer = _LeadTimer()
+    Tm.time_interleaved(fns, reps=3, warmup=0, timer=timer)
+    assert timer.log == [x for i in cycle for x in ["lead", i]]
 
 
 @needs_torch

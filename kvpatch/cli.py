@@ -87,6 +87,7 @@ def apply(
     placement: Annotated[Optional[str], typer.Option(help="start (after the block number is read) | end (after the block's work).")] = None,
     scope: Annotated[Optional[str], typer.Option(help="cta (every CTA prefetches) | kv-head (one CTA per KV head under GQA).")] = None,
     min_group: Annotated[Optional[int], typer.Option("--min-group", help="Prefetch only where >= N query heads share a KV head (a runtime test; 1 = always; MHA has 1).")] = None,
+    min_ctas: Annotated[Optional[int], typer.Option("--min-ctas", help="Prefetch only in launches of >= N CTAs (query heads x sequences x partitions; a runtime test; 1 = always).")] = None,
     control: Annotated[Optional[bool], typer.Option("--control/--no-control", help="Compile the prefetch but never run it (for measurements).")] = None,
     issue: Annotated[Optional[str], typer.Option(help="call (an out-of-line helper; keeps stock's code generation) | inline (asm in the loop) | split (inline, and the key loop runs as stock's copy when the ALiBi slope is not 0).")] = None,
     quantized: Annotated[Optional[str], typer.Option(help="skip (fp8-cache kernels stay stock, the default) | prefetch.")] = None,
@@ -102,7 +103,8 @@ def apply(
     from . import api
 
     settings = dict(lookahead=lookahead, size=size, align=align, caches=caches, cache_hint=cache_hint,
-                    placement=placement, scope=scope, min_group=min_group, control=control, issue=issue)  # fmt: skip
+                    placement=placement, scope=scope, min_group=min_group, min_ctas=min_ctas,
+                    control=control, issue=issue)  # fmt: skip
     rules = parse_rules(rule) if rule else None
     cfg, tuned = config_and_tuned(config, preset=preset, quantized=quantized, fp16=fp16, bf16=bf16, fp32=fp32,
                                   rules=rules, **settings)  # fmt: skip
@@ -390,8 +392,10 @@ def tune(
     policy: Annotated[str, typer.Option(help="strict (no tuning point slower than stock beyond noise) | geomean (only the geomean's interval above 1.00).")] = "strict",
     fallback: Annotated[str, typer.Option(help="What instantiations tune does not measure get: off | base (the base settings).")] = "off",
     jobs: Annotated[Optional[int], typer.Option(help="Parallel nvcc processes (default: CPU count).")] = None,
-    from_json: Annotated[Optional[Path], typer.Option("--from", help="Choose again from a saved tune JSON (--json of an earlier tune; .gz too): no GPU, nothing built.")] = None,
+    from_json: Annotated[list[Path], typer.Option("--from", help="Choose again from a saved tune JSON (--json of an earlier tune; .gz too): no GPU, nothing built. Repeatable: each kernel from the last JSON that measured it.")] = [],  # noqa: B006
     exclude: Annotated[list[str], typer.Option("--exclude", help="With --from: count CANDIDATE@SELECTOR (shell patterns, e.g. 'inline_*@bf16/256/16/auto/v1') as a validation failure (repeatable).")] = [],  # noqa: B006
+    grid: Annotated[list[str], typer.Option("--grid", help="The candidates to build: the default grid with settings replaced or added, e.g. 'issue=inline,call;min-group=2;min-ctas=1,1024' (keys issue, scope, lookahead, min-group, min-ctas; repeatable: the union).")] = [],  # noqa: B006
+    dtype: Annotated[list[str], typer.Option("--dtype", help="Measure only this query dtype's kernels (fp16 or bf16; repeatable); the others come out off.")] = [],  # noqa: B006
 ) -> None:
     """GPU: per kernel (v1, v2) of fp16/bf16 x head 64/128/256 x block 16/32, sweep 12 candidates (issue inline/call/split x scope x lookahead), keep the fastest bit-identical one never slower than stock, or off; write kvpatch.toml with the machine it was tuned on."""
     from .gpu.tune_command import TuneOptions, run_tune_command
@@ -399,7 +403,7 @@ def tune(
 
     opts = TuneOptions(tree=tree, cwd=_cwd(), arch=arch, libs=lib, variant_info=variant_info, output=output,
                        json_out=json_out, quick=quick, reps=reps, rounds=rounds, policy=policy, fallback=fallback,
-                       jobs=jobs, from_json=from_json, exclude=exclude)  # fmt: skip
+                       jobs=jobs, from_json=from_json, exclude=exclude, grid=grid, dtypes=dtype)  # fmt: skip
     report = run_tune_command(opts, console=err, progress=_progress)
     out.print(tune_table(report))
     out.print(f"wrote {escape(str(output))}: {escape(report.config.marker())}", highlight=False, soft_wrap=True)

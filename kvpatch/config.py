@@ -44,7 +44,10 @@ MAX_LOOKAHEAD = 1024
 MAX_ALIGN = 4096
 #: ``num_queries_per_kv`` of any model is far below this.
 MAX_MIN_GROUP = 1024
-_LIMITS = {"lookahead": MAX_LOOKAHEAD, "align": MAX_ALIGN, "size": MAX_SIZE, "min_group": MAX_MIN_GROUP}
+#: A launch of vLLM's kernels has num_heads x num_seqs x partitions CTAs: far below this.
+MAX_MIN_CTAS = 1 << 24
+_LIMITS = {"lookahead": MAX_LOOKAHEAD, "align": MAX_ALIGN, "size": MAX_SIZE, "min_group": MAX_MIN_GROUP,
+           "min_ctas": MAX_MIN_CTAS}
 
 #: What ``--preset paper`` fixes: the paper's 4096-byte, one-ahead prefetch.
 PAPER = dict(lookahead=1, size=4096, align=16, cache_hint="none", placement="start", scope="cta", issue="inline",
@@ -58,7 +61,7 @@ RULE_KV = ("auto", "fp8")
 RULE_KERNELS = ("v1", "v2")
 #: Settings a rule may change (the others fix where the code goes), and ``off``: the
 #: selected instantiations get no prefetch at all and compile exactly as stock.
-OVERRIDABLE = ("lookahead", "size", "align", "cache_hint", "scope", "min_group", "issue", "control", "off")
+OVERRIDABLE = ("lookahead", "size", "align", "cache_hint", "scope", "min_group", "min_ctas", "issue", "control", "off")
 
 # The shipped tuned table and the machine it was tuned on: data, in kvpatch/defaults.py.
 from .defaults import DEFAULT_OVERRIDES, DEFAULT_TUNED_ON  # noqa: E402,F401
@@ -154,6 +157,10 @@ class PatchConfig:
     #: Prefetch only where at least this many query heads share a KV head
     #: (``num_queries_per_kv >= N``, a runtime test); 1: always. MHA has 1, GQA 32/8 has 4.
     min_group: int = 1
+    #: Prefetch only in launches of at least this many CTAs (``gridDim.x * y * z``: query
+    #: heads x sequences x partitions, a runtime test); 1: always. A small launch reads
+    #: little KV, which a back-to-back launch finds in L2 already.
+    min_ctas: int = 1
     #: How the instruction is emitted: ``inline`` asm in the loop body, or a ``call`` to
     #: an out-of-line (``__noinline__``) device function holding the asm. Inline asm in
     #: a loop stops nvcc from unswitching that loop, which changes code generation
@@ -267,6 +274,7 @@ class PatchConfig:
             f"placement={self.placement}",
             f"scope={self.scope}",
             *([f"min-group={self.min_group}"] if self.min_group != 1 else []),
+            *([f"min-ctas={self.min_ctas}"] if self.min_ctas != 1 else []),
             f"issue={self.issue}",
             f"quantized={self.quantized}",
         ]
@@ -378,6 +386,11 @@ def make_config(**options: Any) -> PatchConfig:
         if not 1 <= mg <= MAX_MIN_GROUP:
             raise UsageError(f"invalid min-group {_short(mg)}: must be 1..{MAX_MIN_GROUP}")
         cfg = replace(cfg, min_group=mg)
+    if "min_ctas" in given:
+        mc = _int("min_ctas", given["min_ctas"])
+        if not 1 <= mc <= MAX_MIN_CTAS:
+            raise UsageError(f"invalid min-ctas {_short(mc)}: must be 1..{MAX_MIN_CTAS}")
+        cfg = replace(cfg, min_ctas=mc)
     if "size" in given:
         cfg = replace(cfg, size=_parse_size(given["size"]))
     if "align" in given:
@@ -397,7 +410,7 @@ def make_config(**options: Any) -> PatchConfig:
             raise UsageError(f"invalid control {given['control']!r}: expected true or false")
         cfg = replace(cfg, control=given["control"])
     if preset == "paper":
-        clash = sorted(k for k, fixed in {**PAPER, "min_group": 1}.items() if k in given and getattr(cfg, k) != fixed)
+        clash = sorted(k for k, fixed in {**PAPER, "min_group": 1, "min_ctas": 1}.items() if k in given and getattr(cfg, k) != fixed)
         if clash:
             raise UsageError(f"--preset paper fixes {', '.join(clash)}; drop those options")
         if any(d in given for d in (*DTYPES, "rules", "inherit_rules")):

@@ -198,6 +198,7 @@ def test_dump_config_writes_a_complete_table() -> None:
         'placement = "start"\n'
         'scope = "cta"\n'
         "min-group = 1\n"
+        "min-ctas = 1\n"
         'issue = "call"\n'
         "control = false\n"
         'quantized = "skip"\n'
@@ -378,3 +379,23 @@ def test_min_group_is_in_the_marker_only_when_set() -> None:
     cfg = make_config(min_group=2, fp16="min-group=8")
     assert " min-group=2 " in cfg.marker() and "fp16:min_group=8" in cfg.marker()
     assert config_from_marker(cfg.marker()) == cfg and cfg.for_dtype("fp16").min_group == 8
+
+
+@pytest.mark.parametrize("value", [0, -1, (1 << 24) + 1, "x", 2.0, True])
+def test_min_ctas_bounds(value) -> None:
+    with pytest.raises(UsageError, match="min-ctas|min_ctas"):
+        make_config(min_ctas=value)
+
+
+def test_min_ctas_is_in_the_marker_only_when_set_and_round_trips(tmp_path) -> None:
+    from kvpatch.config_io import config_from_marker, dump_config, load_config_file
+
+    assert "min-ctas" not in make_config().marker() and make_config(min_ctas=1 << 24).min_ctas == 1 << 24
+    cfg = make_config(min_ctas=1024, rules={"fp16/128/32/auto/v2": "min-ctas=4096,min-group=2"})
+    assert " min-ctas=1024 " in cfg.marker() and "min_ctas=4096" in cfg.marker()
+    assert config_from_marker(cfg.marker()) == cfg
+    assert cfg.resolve("fp16", 128, 32, "auto", "v2").min_ctas == 4096
+    (tmp_path / "k.toml").write_text(dump_config(cfg))
+    assert make_config(**load_config_file(tmp_path / "k.toml")) == cfg
+    with pytest.raises(UsageError, match="--preset paper fixes min_ctas"):
+        make_config(preset="paper", min_ctas=2)

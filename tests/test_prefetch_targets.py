@@ -41,6 +41,8 @@ HARNESS = r"""
 #include <vector>
 
 struct __nv_bfloat16 { uint16_t bits; };
+struct Dim3 { unsigned x, y, z; };
+static Dim3 gridDim{1, 1, 1};  // set per case: a launch of `ctas` CTAs (heads x seqs x partitions)
 
 static std::vector<const void*> kvpatch_recorded;
 static void kvpatch_record(const void* tile) { kvpatch_recorded.push_back(tile); }
@@ -108,7 +110,9 @@ static void run(int num_warps, int warp, int lane, int start, int end, int head,
 int main() {
   std::string dtype;
   int num_warps, warp, lane, start, end, head, qpk;
-  while (std::cin >> dtype >> num_warps >> warp >> lane >> start >> end >> head >> qpk) {
+  unsigned ctas;
+  while (std::cin >> dtype >> num_warps >> warp >> lane >> start >> end >> head >> qpk >> ctas) {
+    gridDim = Dim3{ctas / 4, 2, 2};  // a v2-shaped grid: the test multiplies all three
     if (dtype == "fp16") run<uint16_t, uint16_t>(num_warps, warp, lane, start, end, head, qpk);
     else if (dtype == "bf16") run<__nv_bfloat16, __nv_bfloat16>(num_warps, warp, lane, start, end, head, qpk);
     else if (dtype == "fp32") run<float, float>(num_warps, warp, lane, start, end, head, qpk);
@@ -164,8 +168,10 @@ def _expected(lookahead: int, nw: int, warp: int, start: int, end: int, prefetch
     return reads, targets
 
 
-def _cases(dtypes: list[str], lanes=(0, 1), heads=((0, 4), (1, 4), (0, 1))) -> list[tuple]:
-    return [(d, nw, w, lane, s, e, h, q) for d in dtypes for nw, w, s, e in LOOPS for lane in lanes for h, q in heads]
+def _cases(dtypes: list[str], lanes=(0, 1), heads=((0, 4), (1, 4), (0, 1)), ctas=(64, 4096)) -> list[tuple]:
+    """(dtype, NUM_WARPS, warp, lane, start, end, head, queries per KV head, CTAs in the launch)"""
+    return [(d, nw, w, lane, s, e, h, q, n) for d in dtypes for nw, w, s, e in LOOPS for lane in lanes
+            for h, q in heads for n in ctas]  # fmt: skip
 
 
 _U = {"inherit_rules": False}  # uniform settings: no shipped rule table
@@ -177,9 +183,10 @@ _U = {"inherit_rules": False}  # uniform settings: no shipped rule table
     [{**_U, "fp16": "scope=kv-head,issue=inline"}, {**_U, "lookahead": 2}, {**_U, "lookahead": 3},
      {**_U, "placement": "end"}, {**_U, "issue": "inline"}, {**_U, "quantized": "prefetch"},
      {**_U, "scope": "kv-head"}, {**_U, "rules": {"bf16/8/2/auto/v2": "off", "fp16/8/2/auto/v1": "off"}}, {},
-     {**_U, "min_group": 2}, {**_U, "scope": "kv-head", "bf16": "min-group=4,issue=inline"}],
+     {**_U, "min_group": 2}, {**_U, "scope": "kv-head", "bf16": "min-group=4,issue=inline"},
+     {**_U, "min_ctas": 1024}, {**_U, "fp16": "min-ctas=4096,issue=inline,scope=kv-head", "bf16": "min-ctas=4097"}],
     ids=["per-dtype", "lookahead2", "lookahead3", "placement-end", "inline", "quantized-prefetch", "kv-head-all",
-         "kernel-rules", "shipped-default", "min-group-2", "bf16-min-group-4"],
+         "kernel-rules", "shipped-default", "min-group-2", "bf16-min-group-4", "min-ctas-1024", "min-ctas-per-dtype"],
 )  # fmt: skip
 def test_prefetch_targets_the_block_read_lookahead_iterations_later(tmp_path, kind, options):
     """The harness is the v1 kernel (PARTITION_SIZE 0) of head 8 / block 2: a rule for v2 or
@@ -188,16 +195,17 @@ def test_prefetch_targets_the_block_read_lookahead_iterations_later(tmp_path, ki
     exe = _harness(tmp_path, kind, **options)
     cases = _cases(["fp16", "bf16", "fp32", "fp8"])
     for case, (reads, targets) in zip(cases, _run(exe, cases)):
-        dtype, nw, warp, lane, start, end, head, qpk = case
+        dtype, nw, warp, lane, start, end, head, qpk, ctas = case
         q, kv = ("fp16", "fp8") if dtype == "fp8" else (dtype, "auto")  # fp8: an fp16 kernel, uint8_t cache
         settings = cfg.resolve(q, 8, 2, kv, "v1")
         scope_ok = settings.scope == "cta" or head % qpk == 0
         quantized_ok = dtype != "fp8" or cfg.quantized == "prefetch"
-        on = lane == 0 and scope_ok and quantized_ok and not settings.off and qpk >= settings.min_group
+        on = (lane == 0 and scope_ok and quantized_ok and not settings.off and qpk >= settings.min_group
+              and ctas >= settings.min_ctas)  # fmt: skip
         want = _expected(settings.lookahead, nw, warp, start, end, on)
         assert (reads, targets) == want, f"{kind} loop, {case}"
     # the harness saw prefetches exactly when a bf16 v1 kernel of this size is on
-    seen = any(t for _, t in _run(exe, [("bf16", 4, 0, 0, 0, 17, 0, 4)]))
+    seen = any(t for _, t in _run(exe, [("bf16", 4, 0, 0, 0, 17, 0, 4, 1 << 20)]))
     assert seen == (not cfg.resolve("bf16", 8, 2, "auto", "v1").off)
 
 
@@ -208,7 +216,7 @@ def test_control_prefetches_nothing(tmp_path, kind, options):
     exe = _harness(tmp_path, kind, **options)
     cases = _cases(["fp16", "bf16", "fp32", "fp8"], lanes=(0,), heads=((0, 4), (0, 1)))
     for case, (reads, targets) in zip(cases, _run(exe, cases)):
-        _, nw, warp, _, start, end, _, _ = case
+        _, nw, warp, _, start, end, _, _, _ = case
         assert reads == list(range(start + warp, end, nw)) and targets == [], case
 
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from .config import DTYPES, RULE_KERNELS, PatchConfig, Selector, make_config
 from .errors import UsageError
@@ -49,24 +49,60 @@ GRID: tuple[tuple[str, tuple[Any, ...]], ...] = (
     ("scope", ("cta", "kv-head")),
     ("lookahead", (1, 2)),
 )
+#: Settings a grid may vary (``--grid``): the three above, and the runtime gates, which
+#: the default grid leaves at 1 (always prefetch).
+GRID_KEYS = ("issue", "scope", "lookahead", "min_group", "min_ctas")
 POLICIES = ("strict", "geomean")
 #: What an instantiation tune did not measure gets.
 FALLBACKS = ("off", "base")
 
 
 def candidate_name(cfg: PatchConfig) -> str:
-    """``inline_kvhead_la1``: the grid settings of a configuration."""
-    return f"{cfg.issue}_{cfg.scope.replace('-', '')}_la{cfg.lookahead}"
+    """``inline_kvhead_la1``: the grid settings of a configuration (``_mg2``, ``_ctas1024``:
+    a runtime gate that is not 1)."""
+    gates = (f"_mg{cfg.min_group}" if cfg.min_group != 1 else "") + (f"_ctas{cfg.min_ctas}" if cfg.min_ctas != 1 else "")
+    return f"{cfg.issue}_{cfg.scope.replace('-', '')}_la{cfg.lookahead}{gates}"
+
+
+def parse_grid(text: str) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    """``'issue=inline,call;min-group=2;min-ctas=1,1024'`` -> a grid: the default
+    :data:`GRID` with the named settings' values replaced (or added, for the gates).
+    Each value is checked as a configuration would check it (UsageError otherwise)."""
+    grid = dict(GRID)
+    seen = set()
+    for part in (p.strip() for p in text.split(";")):
+        if not part:
+            continue
+        key, sep, values = part.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in GRID_KEYS:
+            raise UsageError(f"invalid --grid part {part!r}: use KEY=V1,V2 with KEY one of "
+                             f"{', '.join(k.replace('_', '-') for k in GRID_KEYS)}")  # fmt: skip
+        if key in seen:
+            raise UsageError(f"--grid names {key.replace('_', '-')} twice")
+        seen.add(key)
+        vals: list[Any] = []
+        for v in (x.strip() for x in values.split(",")):
+            checked = getattr(make_config(**{key: v}), key)  # the configuration's own validation
+            if checked in vals:
+                raise UsageError(f"--grid gives {key.replace('_', '-')}={v} twice")
+            vals.append(checked)
+        grid[key] = tuple(vals)
+    if not seen:
+        raise UsageError("--grid is empty: give KEY=V1,V2;... (e.g. 'min-group=1,2')")
+    return tuple((k, grid[k]) for k in GRID_KEYS if k in grid)
 
 
 def candidates(base: PatchConfig | None = None, grid=GRID) -> dict[str, PatchConfig]:
-    """``name -> uniform configuration`` (no rules) for every combination of the grid."""
+    """``name -> uniform configuration`` (no rules) for every combination of the grid
+    (a list of grids: of each, their union)."""
     base = replace(base if base is not None else make_config(), overrides=())
-    keys = [k for k, _ in grid]
     out: dict[str, PatchConfig] = {}
-    for values in itertools.product(*(v for _, v in grid)):
-        cfg = replace(base, **dict(zip(keys, values)))
-        out[candidate_name(cfg)] = cfg
+    for g in ([grid] if grid and isinstance(grid[0][0], str) else grid):
+        keys = [k for k, _ in g]
+        for values in itertools.product(*(v for _, v in g)):
+            cfg = replace(base, **dict(zip(keys, values)))
+            out[candidate_name(cfg)] = cfg
     return out
 
 
@@ -209,17 +245,17 @@ def combine(picks: dict[str, Pick], configs: dict[str, PatchConfig], *, fallback
     base settings). No other rule survives."""
     if fallback not in FALLBACKS:
         raise ValueError(f"unknown fallback {fallback!r}: choose {', '.join(FALLBACKS)}")
-    keys = [k for k, _ in GRID]
-    # the candidates' shared settings, with the grid's keys at kvpatch's base values
+    # the candidates' shared settings, with every key a grid may vary at kvpatch's base values
     default = make_config()
-    base = replace(next(iter(configs.values())), overrides=(), **{k: getattr(default, k) for k in keys})
+    base = replace(next(iter(configs.values())), overrides=(), **{k: getattr(default, k) for k in GRID_KEYS})
     plain = {k: v for k, v in base.to_toml_dict().items() if k not in ("rules", "inherit_rules", *DTYPES)}
 
     def settings(pick: Pick) -> Any:
         if pick.winner is None:
             return "off"
         cand = configs[pick.winner.name]
-        return {k: getattr(cand, k) for k in keys}
+        # the default grid's keys always; a gate only where it is set (the base has it at 1)
+        return {k: getattr(cand, k) for k in GRID_KEYS if k in dict(GRID) or getattr(cand, k) != getattr(default, k)}
 
     by_inst: dict[str, dict[str, Any]] = {}
     for sel, pick in picks.items():
@@ -292,9 +328,10 @@ def tune_validate_matrix(instantiations: Iterable[tuple[str, int, int]]) -> list
 
 def run_tune(libs: dict, configs: dict[str, PatchConfig], *, quick: bool, reps: int, rounds: int,
              policy: str = "strict", fallback: str = "off", progress=None, variant_info: dict | None = None,
-             machine: Any = None) -> TuneReport:  # fmt: skip
+             machine: Any = None, dtypes: Iterable[str] = ()) -> TuneReport:  # fmt: skip
     """Validate, bench on the tuning set and choose, on a GPU; ``libs`` holds 'stock' and
-    one library per candidate (``quick``: batch 2/32 x context 512/12288 of the tuning set)."""
+    one library per candidate (``quick``: batch 2/32 x context 512/12288 of the tuning set;
+    ``dtypes``: only those query dtypes' points)."""
     from .gpu import bench as Bn
     from .gpu import points as P
     from .gpu import validate as V
@@ -302,6 +339,8 @@ def run_tune(libs: dict, configs: dict[str, PatchConfig], *, quick: bool, reps: 
     points = P.point_set("tuning")
     if quick:
         points = [p for p in points if p.batch in (2, 32) and p.context in (512, 12288)]
+    if dtypes:
+        points = [p for p in points if p.dtype in set(dtypes)]
     matrix = tune_validate_matrix((p.dtype, p.head_size, p.block_size) for p in points)
     failures = validation_failures(V.run_validate(libs, matrix, seed=0))
     bench = Bn.run_bench(libs, points, reps=reps, rounds=rounds, kernels=("dispatched",), variant_info=variant_info,
@@ -352,6 +391,50 @@ def _failures(raw: Any) -> dict[str, set[str]]:
             raise ValueError(f"validation_failures[{name!r}] is not a list of kernels")
         out[str(name)] = set(sels)
     return out
+
+
+def merge_tune_data(runs: Sequence[dict]) -> dict:
+    """Several saved tune JSONs as one: each kernel's measurements and validation results
+    come from the last run that measured it (a later run re-tunes its kernels: with other
+    candidates, or measured again), every other kernel's from the runs before. Each kernel
+    is chosen among candidates timed side by side with stock in one run; no speedup of one
+    run is compared with another run's. A candidate name two runs use must name the same
+    configuration (UsageError otherwise)."""
+    from .gpu.points import kernel_selector
+
+    def kernel_of(row: dict) -> str:
+        p = row["point"]
+        return kernel_selector(p["dtype"], p.get("head_size", 128), p.get("block_size", 16),
+                               p.get("kv_cache_dtype", "auto"), row["kernel"])  # fmt: skip
+
+    try:
+        owner: dict[str, int] = {}
+        for i, data in enumerate(runs):
+            for row in data["bench"]["results"]:
+                if row["dispatched"]:  # what score() reads
+                    owner[kernel_of(row)] = i
+        info: dict[str, dict] = {}
+        results, failures = [], {}
+        for i, data in enumerate(runs):
+            bench = data["bench"]
+            if bench["baseline"] != runs[0]["bench"]["baseline"]:
+                raise UsageError("the tune JSONs name different baselines")
+            mine = {k for k, j in owner.items() if j == i}
+            results += [row for row in bench["results"] if kernel_of(row) in mine]
+            for name, sels in _failures(data.get("validation_failures", {})).items():
+                failures.setdefault(name, set()).update(s for s in sels if s in mine)
+            for name, vi in bench["variant_info"].items():
+                if name in info and str(info[name].get("marker")) != str(vi.get("marker")):
+                    raise UsageError(f"candidate {name!r} names different configurations in two tune JSONs")
+                info[name] = vi
+    except (KeyError, TypeError, AttributeError, ValueError):
+        raise UsageError("not a kvpatch tune JSON (no bench data, variant info or validation results)") from None
+    last = runs[-1]
+    bench = {**last["bench"], "results": results, "variant_info": info,
+             "merged_from": [{"kernels": sorted(k for k, j in owner.items() if j == i),
+                              "seconds": d["bench"].get("seconds"), "env": d["bench"].get("env")}
+                             for i, d in enumerate(runs)]}  # fmt: skip
+    return {**last, "bench": bench, "validation_failures": {k: sorted(v) for k, v in sorted(failures.items()) if v}}
 
 
 def rechoose(data: dict, *, policy: str = "strict", fallback: str = "off", exclude: Iterable[str] = (),

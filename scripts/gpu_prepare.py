@@ -59,6 +59,9 @@ def main() -> None:
     ap.add_argument("--tune", action="store_true",
                     help="build what `kvpatch tune --lib` takes instead: stock and every candidate of the grid, "
                          "for the tuned instantiations only")
+    ap.add_argument("--grid", action="append", default=[],
+                    help="with --tune: kvpatch tune's --grid (e.g. 'min-group=2;min-ctas=1,1024'; repeatable: the union)")
+    ap.add_argument("--dtype", action="append", default=[], help="with --tune: build only this dtype's instantiations")
     ap.add_argument("--kernels", choices=("full", "tuned"), default="full",
                     help="stock + patched: vLLM's full kernel set, or the tuned instantiations with auto and fp8 caches")
     ap.add_argument("--no-small", action="store_true", help="no paper/control variants")
@@ -78,9 +81,11 @@ def main() -> None:
         small[name] = make_config(**load_config_file(Path(toml)))
     if args.tune:
         from kvpatch.gpu.tune_command import tune_build_spec
-        from kvpatch.tune import candidates
+        from kvpatch.tune import GRID, candidates, parse_grid
 
-        specs = [tune_build_spec(tree, B.patched_variants(stock, str(path), candidates(default)), args.arch)]
+        grid = [parse_grid(g) for g in args.grid] if args.grid else GRID
+        specs = [tune_build_spec(tree, B.patched_variants(stock, str(path), candidates(default, grid)), args.arch,
+                                 dtypes=args.dtype or None)]  # fmt: skip
         small = {}
     else:
         full_variants = B.patched_variants(stock, str(path), {"patched": default})

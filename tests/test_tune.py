@@ -267,3 +267,104 @@ def test_tune_from_a_saved_json_needs_no_gpu(tmp_path) -> None:
     bad = subprocess.run([sys.executable, "-m", "kvpatch", "tune", "--exclude", "a@b"], cwd=tmp_path,
                          capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "--exclude works with --from" in bad.stderr
+
+
+# --------------------------------------------------------------------------- --grid, gates, several --from
+
+
+def test_parse_grid_replaces_or_adds_axes_and_names_the_gates() -> None:
+    from kvpatch.errors import UsageError
+    from kvpatch.tune import GRID, parse_grid
+
+    g = parse_grid("issue=inline,call; min-group=2; min-ctas=1,1024")
+    assert dict(g) == {**dict(GRID), "issue": ("inline", "call"), "min_group": (2,), "min_ctas": (1, 1024)}
+    cands = candidates(None, g)
+    assert len(cands) == 2 * 2 * 2 * 2
+    c = cands["inline_kvhead_la2_mg2_ctas1024"]
+    assert (c.issue, c.scope, c.lookahead, c.min_group, c.min_ctas) == ("inline", "kv-head", 2, 2, 1024)
+    assert "call_cta_la1_mg2" in cands and cands["call_cta_la1_mg2"].min_ctas == 1
+    # several grids: their union, the default one's names unchanged
+    both = candidates(None, [GRID, g])
+    assert len(both) == 12 + 16 and set(candidates()) < set(both)
+    for text, message in [("bogus=1", "KEY=V1,V2"), ("issue", "KEY=V1,V2"), ("issue=inline;issue=call", "twice"),
+                          ("lookahead=1,1", "twice"), ("min-ctas=0", "min-ctas"), ("issue=fast", "invalid issue"),
+                          (" ; ", "empty")]:  # fmt: skip
+        with pytest.raises(UsageError, match=message):
+            parse_grid(text)
+
+
+def test_combine_writes_a_gate_only_where_the_pick_has_one() -> None:
+    from kvpatch.tune import parse_grid
+
+    configs = candidates(None, parse_grid("issue=call;scope=kv-head;lookahead=1;min-group=1,2;min-ctas=1,1024"))
+    picks = {"fp16/128/32/auto/v1": _pick("fp16/128/32/auto/v1", "call_kvhead_la1_mg2_ctas1024"),
+             "fp16/128/32/auto/v2": _pick("fp16/128/32/auto/v2", "call_kvhead_la1"),
+             "fp16/64/32/auto/v1": _pick("fp16/64/32/auto/v1", "call_kvhead_la1_mg2"),
+             "fp16/64/32/auto/v2": _pick("fp16/64/32/auto/v2", "call_kvhead_la1_mg2")}  # fmt: skip
+    cfg = combine(picks, configs)
+    assert (cfg.min_group, cfg.min_ctas) == (1, 1)  # the base has no gate, whatever the first candidate has
+    v1, v2 = cfg.resolve("fp16", 128, 32, "auto", "v1"), cfg.resolve("fp16", 128, 32, "auto", "v2")
+    assert (v1.min_group, v1.min_ctas, v2.min_group, v2.min_ctas) == (2, 1024, 1, 1)
+    rules = dict(cfg.overrides)
+    assert "min_group" not in dict(rules["fp16/128/32/auto/v2"]) and dict(rules["fp16/64/32/auto"])["min_group"] == 2
+    assert config_from_marker(cfg.marker()) == cfg
+
+
+def _run(kernels: dict[str, dict[str, list]], failures=None, seconds=1.0) -> dict:
+    """A saved tune JSON of one run: kernels[candidate][selector] = speedups."""
+    configs = candidates()
+    bench = _bench(kernels)
+    bench["variant_info"] = {"stock": {"marker": "stock"}, **{n: {"marker": configs[n].marker()} for n in kernels}}
+    bench["seconds"] = seconds
+    return {"bench": bench, "validation_failures": failures or {}, "machine": None}
+
+
+def test_merge_takes_each_kernel_from_the_last_run_that_measured_it() -> None:
+    from kvpatch.errors import UsageError
+    from kvpatch.tune import merge_tune_data, rechoose
+
+    old = _run({"inline_cta_la1": {"bf16/128/16/auto/v1": [1.3, 1.2], "fp16/128/16/auto/v2": [1.5, 1.4]},
+                "call_cta_la1": {"bf16/128/16/auto/v1": [1.1, 1.1], "fp16/128/16/auto/v2": [1.2, 1.2]}},
+               failures={"call_cta_la1": ["fp16/128/16/auto/v2"]})  # fmt: skip
+    # the new run measured fp16 again: there inline is slower at one point now, and call is clean
+    new = _run({"inline_cta_la1": {"fp16/128/16/auto/v2": [1.5, 0.9]},
+                "call_cta_la1": {"fp16/128/16/auto/v2": [1.2, 1.1]}}, seconds=2.0)  # fmt: skip
+    merged = merge_tune_data([old, new])
+    r = rechoose(merged)
+    assert r.picked == {"bf16/128/16/auto/v1": "inline_cta_la1", "fp16/128/16/auto/v2": "call_cta_la1"}
+    # the old run's validation failure was about the old run's fp16 measurements: dropped with them
+    assert merged["validation_failures"] == {}
+    assert [m["kernels"] for m in merged["bench"]["merged_from"]] == [["bf16/128/16/auto/v1"], ["fp16/128/16/auto/v2"]]
+    # the order decides: the old run last, fp16 comes from it
+    assert rechoose(merge_tune_data([new, old])).picked["fp16/128/16/auto/v2"] == "inline_cta_la1"
+    clash = _run({"inline_cta_la1": {"fp16/64/16/auto/v1": [1.1, 1.1]}})
+    clash["bench"]["variant_info"]["inline_cta_la1"]["marker"] = candidates()["call_cta_la2"].marker()
+    with pytest.raises(UsageError, match="different configurations"):
+        merge_tune_data([old, clash])
+    with pytest.raises(UsageError, match="not a kvpatch tune JSON"):
+        merge_tune_data([old, {"bench": {}}])
+
+
+def test_tune_cli_merges_several_from_and_refuses_what_would_be_ignored(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    a = _run({"inline_cta_la1": {"bf16/128/16/auto/v1": [1.3, 1.2], "fp16/128/16/auto/v2": [1.5, 1.4]}})
+    b = _run({"call_cta_la1": {"fp16/128/16/auto/v2": [1.2, 1.1]}})
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    kv = [sys.executable, "-m", "kvpatch", "tune"]
+    proc = subprocess.run([*kv, "--from", "a.json", "--from", "b.json", "-o", "k.toml"], cwd=tmp_path,
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "k.toml").read_text()
+    assert '"bf16/128/16/auto" = { lookahead = 1, scope = "cta", issue = "inline" }' in text
+    assert '"fp16/128/16/auto" = { lookahead = 1, scope = "cta", issue = "call" }' in text
+    for args, message in [(["--from", "a.json", "--grid", "min-group=2"], "--from measures nothing"),
+                          (["--from", "a.json", "--dtype", "fp16"], "--from measures nothing"),
+                          (["--dtype", "fp32"], "invalid --dtype 'fp32'"),
+                          (["--grid", "min-ctas=1,x"], "invalid min_ctas 'x'"),
+                          (["--lib", "stock=s.so:p", "--grid", "min-group=2"], "with --lib the candidates")]:  # fmt: skip
+        bad = subprocess.run([*kv, *args], cwd=tmp_path, capture_output=True, text=True)
+        assert bad.returncode == 2 and message in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, (args, bad.stderr)

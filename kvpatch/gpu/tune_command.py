@@ -33,18 +33,24 @@ class TuneOptions(LibraryOptions):
     policy: str = "strict"
     fallback: str = "off"
     jobs: Optional[int] = None
-    #: choose again from a saved tune JSON (no GPU, nothing built), with these exclusions
-    from_json: Optional[Path] = None
+    #: choose again from saved tune JSONs (no GPU, nothing built; several: per kernel, the
+    #: last that measured it), with these exclusions
+    from_json: list[Path] = field(default_factory=list)
     exclude: list[str] = field(default_factory=list)
+    #: the grids to build, their candidates' union (:func:`kvpatch.tune.parse_grid`; none: the default grid)
+    grid: list[str] = field(default_factory=list)
+    #: measure only these query dtypes' kernels (empty: every tuned dtype)
+    dtypes: list[str] = field(default_factory=list)
 
 
-def tune_build_spec(root: Path, variants: list, arch: str, kv_cache_dtypes: Sequence[str] = ("auto",)) -> Any:
-    """What tune builds: every tuned instantiation of the tuning set, v1 + v2 (auto cache;
-    with fp8 too, what the held-out set runs)."""
+def tune_build_spec(root: Path, variants: list, arch: str, kv_cache_dtypes: Sequence[str] = ("auto",),
+                    dtypes: Optional[Sequence[str]] = None) -> Any:  # fmt: skip
+    """What tune builds: every tuned instantiation of the tuning set (or of ``dtypes``), v1 + v2
+    (auto cache; with fp8 too, what the held-out set runs)."""
     from .. import build as B
     from . import points as P
 
-    return B.make_spec(root, variants, arch, dtypes=list(P.TUNING_DTYPES), head_sizes=list(P.TUNING_HEAD_SIZES),
+    return B.make_spec(root, variants, arch, dtypes=list(dtypes or P.TUNING_DTYPES), head_sizes=list(P.TUNING_HEAD_SIZES),
                        block_sizes=list(P.TUNING_BLOCK_SIZES), kv_cache_dtypes=list(kv_cache_dtypes))  # fmt: skip
 
 
@@ -71,6 +77,7 @@ def run_tune_command(o: TuneOptions, *, console: Any = None, progress: Any = Non
     from ..arch import parse_arch_list
     from ..machine import local
     from ..source.releases import revision_of
+    from . import points as P
     from .env import require_cuda
 
     if o.policy not in T.POLICIES:
@@ -81,11 +88,19 @@ def run_tune_command(o: TuneOptions, *, console: Any = None, progress: Any = Non
         raise UsageError("--reps and --rounds must be >= 1")
     if o.jobs is not None and o.jobs < 1:
         raise UsageError(f"--jobs must be >= 1, not {o.jobs}")
+    bad = [d for d in o.dtypes if d not in P.TUNING_DTYPES]
+    if bad:
+        raise UsageError(f"invalid --dtype {bad[0]!r}: tune measures {', '.join(P.TUNING_DTYPES)}")
+    grid = [T.parse_grid(g) for g in o.grid] if o.grid else T.GRID
     check_outputs(output=o.output, json=o.json_out)
-    if o.from_json is not None:
+    if o.from_json:
+        if o.grid or o.dtypes:
+            raise UsageError("--grid and --dtype choose what to measure; --from measures nothing")
         return _rechoose_command(o)
     if o.exclude:
         raise UsageError("--exclude works with --from (a saved tune JSON)")
+    if o.libs and o.grid:
+        raise UsageError("--grid builds candidates; with --lib the candidates are the libraries given")
     parse_libs(o.libs)
     require_cuda()
     tree = None
@@ -100,40 +115,47 @@ def run_tune_command(o: TuneOptions, *, console: Any = None, progress: Any = Non
 
         target = api.resolve_tree(o.tree, o.cwd)
         stock, _ = unpatch(target.read_header(), str(target.header))
-        configs = T.candidates(api.tree_config(target, o.cwd))
+        configs = T.candidates(api.tree_config(target, o.cwd), grid)
         variants = B.patched_variants(stock, str(target.header), configs)
-        spec = tune_build_spec(target.root, variants, o.arch)
+        spec = tune_build_spec(target.root, variants, o.arch, dtypes=o.dtypes or None)
         libs = built(B.build(spec, jobs=o.jobs, console=console), variants, spec)
         flags, version, tree = None, revision_of(stock), str(target.root)
     arch = ",".join(a.code for a in parse_arch_list(o.arch))
     here = local(arch=arch)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     machine = replace(here, flags=_semantic_flags(flags) or here.flags,
-                      note=f"{when}, vLLM {version or '?'}, tuning set, policy {o.policy}")  # fmt: skip
+                      note=f"{when}, vLLM {version or '?'}, tuning set"
+                      + (f" ({', '.join(o.dtypes)})" if o.dtypes else "") + f", policy {o.policy}")  # fmt: skip
     report = T.run_tune(libs.libs, configs, quick=o.quick, reps=o.reps, rounds=o.rounds, policy=o.policy,
-                        fallback=o.fallback, progress=progress, variant_info=libs.info, machine=machine)  # fmt: skip
+                        fallback=o.fallback, progress=progress, variant_info=libs.info, machine=machine,
+                        dtypes=o.dtypes)  # fmt: skip
     report.tree = tree
     return _write_tune(o, report)
 
 
 def _rechoose_command(o: TuneOptions) -> Any:
-    """``kvpatch tune --from tune.json``: the saved measurements, chosen again; writes the same files."""
+    """``kvpatch tune --from tune.json [--from more.json]``: the saved measurements (merged,
+    per kernel the last run's), chosen again; writes the same files."""
     import gzip
 
     from .. import tune as T
     from ..machine import Machine
 
-    path = Path(o.from_json)
-    try:
-        raw = path.read_bytes()
-        data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-    except (OSError, ValueError, EOFError) as e:
-        raise UsageError(f"cannot read tune JSON {path}: {e}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{path} is not a kvpatch tune JSON")
-    machine = Machine.from_dict(data["machine"], f"machine in {path}") if isinstance(data.get("machine"), dict) else None
+    runs = []
+    for path in map(Path, o.from_json):
+        try:
+            raw = path.read_bytes()
+            data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+        except (OSError, ValueError, EOFError) as e:
+            raise UsageError(f"cannot read tune JSON {path}: {e}") from None
+        if not isinstance(data, dict):
+            raise UsageError(f"{path} is not a kvpatch tune JSON")
+        runs.append(data)
+    data = runs[0] if len(runs) == 1 else T.merge_tune_data(runs)
+    names = ", ".join(f"{Path(p).parent.name}/{Path(p).name}" if Path(p).parent.name else Path(p).name for p in o.from_json)
+    machine = Machine.from_dict(data["machine"], f"machine in {names}") if isinstance(data.get("machine"), dict) else None
     if machine is not None:
-        extra = f"chosen again from {path.name}, policy {o.policy}" + (f", excluding {', '.join(o.exclude)}" if o.exclude else "")
+        extra = f"chosen again from {names}, policy {o.policy}" + (f", excluding {', '.join(o.exclude)}" if o.exclude else "")
         machine = replace(machine, note="; ".join(x for x in (machine.note, extra) if x))
     return _write_tune(o, T.rechoose(data, policy=o.policy, fallback=o.fallback, exclude=o.exclude, machine=machine))
 

@@ -752,7 +752,24 @@ def test_run_bench_on_cpu_with_fakes(tmp_path):
     d = json.loads(rep.to_json())
     assert d["settings"]["modes"] == ["warm", "cold"] and d["env"]["torch"] == torch.__version__
     assert {r["dispatched"] for r in d["results"]} == {True, False}
+    lead = d["settings"]["lead"]  # every timed round went through chunks; none late on the CPU (no sleep)
+    assert lead["chunks"] >= 4 * 2 * 2 and lead["retried"] == lead["host_bound"] == 0
+    assert not any("host" in w for w in rep.warnings)
     assert not rep.ok
+
+
+@needs_torch
+def test_run_bench_warns_when_chunks_stay_host_bound(monkeypatch):
+    """A sleep that has always ended before the host is done: every chunk is timed twice,
+    counted as host-bound, and the report says so."""
+    monkeypatch.setattr(Tm.Timer, "lead", lambda self, seconds: types.SimpleNamespace(query=lambda: True))
+    libs = {"stock": FakeKernels(), "v": FakeKernels()}
+    pts = P.make_points(dtypes=("fp16",), batches=(1,), contexts=(16,), num_heads=4, num_kv_heads=2,
+                        head_size=32, block_size=16)
+    rep = B.run_bench(libs, pts, reps=2, warmup=1, rounds=1, device="cpu", l2_bytes=1 << 16, copy_bytes=1 << 16)
+    lead = rep.settings["lead"]
+    assert lead["host_bound"] > 0 and lead["chunks"] == Tm.LEAD_ATTEMPTS * lead["host_bound"]
+    assert any(f"{lead['host_bound']} of {lead['chunks']} chunks" in w for w in rep.warnings)
 
 
 @needs_torch

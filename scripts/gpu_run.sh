@@ -219,6 +219,9 @@ for name in ("bench-headline.json", "bench-heldout.json"):
     print(f"== bench {b['point_set']}: {len(b['results'])} results, {b['seconds']:.0f} s, "
           f"{b['flagged_rounds']}/{len(b['rounds'])} rounds power-capped/throttled, "
           f"{len(b['mismatches'])} mismatches, {len(b['skipped_points'])} points skipped")
+    lead = (b.get("settings") or {}).get("lead")
+    if lead:
+        print(f"   timing: {lead['chunks']} chunks, {lead['retried']} timed again, {lead['host_bound']} host-bound")
     print(f"   {'variant':9s} {'dtype':5s} {'mode':5s} {'n':>3s} {'min':>5s} {'median':>6s} {'geomean':>7s} "
           f"{'faster':>6s} {'noise':>5s} {'slower':>6s} {'of them on stock code':>21s}")
     for r in b["summary"]:

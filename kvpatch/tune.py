@@ -93,12 +93,12 @@ def parse_grid(text: str) -> tuple[tuple[str, tuple[Any, ...]], ...]:
     return tuple((k, grid[k]) for k in GRID_KEYS if k in grid)
 
 
-def candidates(base: PatchConfig | None = None, grid=GRID) -> dict[str, PatchConfig]:
-    """``name -> uniform configuration`` (no rules) for every combination of the grid
-    (a list of grids: of each, their union)."""
+def candidates(base: PatchConfig | None = None, grids=(GRID,)) -> dict[str, PatchConfig]:
+    """``name -> uniform configuration`` (no rules) for every combination of each grid,
+    the union over ``grids``."""
     base = replace(base if base is not None else make_config(), overrides=())
     out: dict[str, PatchConfig] = {}
-    for g in ([grid] if grid and isinstance(grid[0][0], str) else grid):
+    for g in grids:
         keys = [k for k, _ in g]
         for values in itertools.product(*(v for _, v in g)):
             cfg = replace(base, **dict(zip(keys, values)))
@@ -166,17 +166,22 @@ class Score:
         return (not self.bit_identical, self.slower, -self.geomean, -self.worst)
 
 
-def score(bench: dict, failures: dict[str, set[str]]) -> list[Score]:
-    """Scores from a bench report's JSON dict and :func:`validation_failures`."""
+def _row_kernel(row: dict) -> str:
+    """The kernel selector (``fp16/128/16/auto/v2``) of one saved bench result row."""
     from .gpu.points import kernel_selector
 
+    p = row["point"]
+    return kernel_selector(p["dtype"], p.get("head_size", 128), p.get("block_size", 16),
+                           p.get("kv_cache_dtype", "auto"), row["kernel"])  # fmt: skip
+
+
+def score(bench: dict, failures: dict[str, set[str]]) -> list[Score]:
+    """Scores from a bench report's JSON dict and :func:`validation_failures`."""
     acc: dict[tuple[str, str], list[dict]] = {}
     for r in bench["results"]:
         if not r["dispatched"]:
             continue
-        p = r["point"]
-        inst = kernel_selector(p["dtype"], p.get("head_size", 128), p.get("block_size", 16),
-                               p.get("kv_cache_dtype", "auto"), r["kernel"])  # fmt: skip
+        inst = _row_kernel(r)
         _check_selector(inst)
         for name, timing in r["variants"].items():
             if name != bench["baseline"]:
@@ -249,13 +254,13 @@ def combine(picks: dict[str, Pick], configs: dict[str, PatchConfig], *, fallback
     default = make_config()
     base = replace(next(iter(configs.values())), overrides=(), **{k: getattr(default, k) for k in GRID_KEYS})
     plain = {k: v for k, v in base.to_toml_dict().items() if k not in ("rules", "inherit_rules", *DTYPES)}
+    always = {k for k, _ in GRID}  # the default grid's keys always; a gate only where it is set (the base has it at 1)
 
     def settings(pick: Pick) -> Any:
         if pick.winner is None:
             return "off"
         cand = configs[pick.winner.name]
-        # the default grid's keys always; a gate only where it is set (the base has it at 1)
-        return {k: getattr(cand, k) for k in GRID_KEYS if k in dict(GRID) or getattr(cand, k) != getattr(default, k)}
+        return {k: getattr(cand, k) for k in GRID_KEYS if k in always or getattr(cand, k) != getattr(default, k)}
 
     by_inst: dict[str, dict[str, Any]] = {}
     for sel, pick in picks.items():
@@ -340,7 +345,8 @@ def run_tune(libs: dict, configs: dict[str, PatchConfig], *, quick: bool, reps: 
     if quick:
         points = [p for p in points if p.batch in (2, 32) and p.context in (512, 12288)]
     if dtypes:
-        points = [p for p in points if p.dtype in set(dtypes)]
+        wanted = set(dtypes)
+        points = [p for p in points if p.dtype in wanted]
     matrix = tune_validate_matrix((p.dtype, p.head_size, p.block_size) for p in points)
     failures = validation_failures(V.run_validate(libs, matrix, seed=0))
     bench = Bn.run_bench(libs, points, reps=reps, rounds=rounds, kernels=("dispatched",), variant_info=variant_info,
@@ -400,19 +406,12 @@ def merge_tune_data(runs: Sequence[dict]) -> dict:
     is chosen among candidates timed side by side with stock in one run; no speedup of one
     run is compared with another run's. A candidate name two runs use must name the same
     configuration (UsageError otherwise)."""
-    from .gpu.points import kernel_selector
-
-    def kernel_of(row: dict) -> str:
-        p = row["point"]
-        return kernel_selector(p["dtype"], p.get("head_size", 128), p.get("block_size", 16),
-                               p.get("kv_cache_dtype", "auto"), row["kernel"])  # fmt: skip
-
     try:
         owner: dict[str, int] = {}
         for i, data in enumerate(runs):
             for row in data["bench"]["results"]:
                 if row["dispatched"]:  # what score() reads
-                    owner[kernel_of(row)] = i
+                    owner[_row_kernel(row)] = i
         info: dict[str, dict] = {}
         results, failures = [], {}
         for i, data in enumerate(runs):
@@ -420,7 +419,7 @@ def merge_tune_data(runs: Sequence[dict]) -> dict:
             if bench["baseline"] != runs[0]["bench"]["baseline"]:
                 raise UsageError("the tune JSONs name different baselines")
             mine = {k for k, j in owner.items() if j == i}
-            results += [row for row in bench["results"] if kernel_of(row) in mine]
+            results += [row for row in bench["results"] if _row_kernel(row) in mine]
             for name, sels in _failures(data.get("validation_failures", {})).items():
                 failures.setdefault(name, set()).update(s for s in sels if s in mine)
             for name, vi in bench["variant_info"].items():

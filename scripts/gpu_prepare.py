@@ -83,8 +83,8 @@ def main() -> None:
         from kvpatch.gpu.tune_command import tune_build_spec
         from kvpatch.tune import GRID, candidates, parse_grid
 
-        grid = [parse_grid(g) for g in args.grid] if args.grid else GRID
-        specs = [tune_build_spec(tree, B.patched_variants(stock, str(path), candidates(default, grid)), args.arch,
+        grids = [parse_grid(g) for g in args.grid] if args.grid else [GRID]
+        specs = [tune_build_spec(tree, B.patched_variants(stock, str(path), candidates(default, grids)), args.arch,
                                  dtypes=args.dtype or None)]  # fmt: skip
         small = {}
     else:

@@ -278,7 +278,7 @@ def test_parse_grid_replaces_or_adds_axes_and_names_the_gates() -> None:
 
     g = parse_grid("issue=inline,call; min-group=2; min-ctas=1,1024")
     assert dict(g) == {**dict(GRID), "issue": ("inline", "call"), "min_group": (2,), "min_ctas": (1, 1024)}
-    cands = candidates(None, g)
+    cands = candidates(None, [g])
     assert len(cands) == 2 * 2 * 2 * 2
     c = cands["inline_kvhead_la2_mg2_ctas1024"]
     assert (c.issue, c.scope, c.lookahead, c.min_group, c.min_ctas) == ("inline", "kv-head", 2, 2, 1024)
@@ -296,7 +296,7 @@ def test_parse_grid_replaces_or_adds_axes_and_names_the_gates() -> None:
 def test_combine_writes_a_gate_only_where_the_pick_has_one() -> None:
     from kvpatch.tune import parse_grid
 
-    configs = candidates(None, parse_grid("issue=call;scope=kv-head;lookahead=1;min-group=1,2;min-ctas=1,1024"))
+    configs = candidates(None, [parse_grid("issue=call;scope=kv-head;lookahead=1;min-group=1,2;min-ctas=1,1024")])
     picks = {"fp16/128/32/auto/v1": _pick("fp16/128/32/auto/v1", "call_kvhead_la1_mg2_ctas1024"),
              "fp16/128/32/auto/v2": _pick("fp16/128/32/auto/v2", "call_kvhead_la1"),
              "fp16/64/32/auto/v1": _pick("fp16/64/32/auto/v1", "call_kvhead_la1_mg2"),

@@ -91,7 +91,7 @@ def run_tune_command(o: TuneOptions, *, console: Any = None, progress: Any = Non
     bad = [d for d in o.dtypes if d not in P.TUNING_DTYPES]
     if bad:
         raise UsageError(f"invalid --dtype {bad[0]!r}: tune measures {', '.join(P.TUNING_DTYPES)}")
-    grid = [T.parse_grid(g) for g in o.grid] if o.grid else T.GRID
+    grids = [T.parse_grid(g) for g in o.grid] if o.grid else [T.GRID]
     check_outputs(output=o.output, json=o.json_out)
     if o.from_json:
         if o.grid or o.dtypes:
@@ -115,7 +115,7 @@ def run_tune_command(o: TuneOptions, *, console: Any = None, progress: Any = Non
 
         target = api.resolve_tree(o.tree, o.cwd)
         stock, _ = unpatch(target.read_header(), str(target.header))
-        configs = T.candidates(api.tree_config(target, o.cwd), grid)
+        configs = T.candidates(api.tree_config(target, o.cwd), grids)
         variants = B.patched_variants(stock, str(target.header), configs)
         spec = tune_build_spec(target.root, variants, o.arch, dtypes=o.dtypes or None)
         libs = built(B.build(spec, jobs=o.jobs, console=console), variants, spec)

@@ -69,6 +69,7 @@ class Timer:
         self.retried = 0
         self.host_bound = 0
         self._pool: list[Any] = []
+        self._khz: int | None = None  # SM clock for the sleep's cycle count
 
     def events(self, n: int) -> list[Any]:
         import torch
@@ -94,9 +95,10 @@ class Timer:
         sleep = getattr(torch.cuda, "_sleep", None)
         if sleep is None:
             return None
-        p = torch.cuda.get_device_properties(self.device)
-        khz = getattr(p, "clock_rate", None) or 1_980_000
-        sleep(int(seconds * khz * 1e3))
+        if self._khz is None:  # read once: a bench sleeps before every chunk
+            p = torch.cuda.get_device_properties(self.device)
+            self._khz = getattr(p, "clock_rate", None) or 1_980_000
+        sleep(int(seconds * self._khz * 1e3))
         done = torch.cuda.Event()
         done.record()
         return done

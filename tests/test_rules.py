@@ -83,12 +83,18 @@ def test_a_kernel_part_selects_one_of_the_two_kernels() -> None:
 
 def test_the_default_is_the_tuned_table_with_everything_else_off() -> None:
     cfg = make_config()
-    # tuned kernels: what tune picked per kernel (benchmarks/results/tune-8)
+    # tuned kernels: what tune picked per kernel (benchmarks/results/tune-12: bf16 from tune-8, fp16 from tune-11)
     v1 = cfg.resolve("fp16", 64, 16, "auto", "v1")
-    assert (v1.issue, v1.scope, v1.lookahead, v1.off) == ("inline", "cta", 1, False)
+    assert (v1.issue, v1.scope, v1.lookahead, v1.min_group, v1.off) == ("inline", "kv-head", 1, 1, False)
     assert cfg.resolve("fp16", 64, 16, "auto", "v2").off
-    # fp16 head 128/256: every candidate was slower than stock at some MHA or GQA 64/8 tuning point
-    assert all(cfg.resolve("fp16", h, b, "auto", k).off for h in (128, 256) for b in (16, 32) for k in ("v1", "v2"))
+    # fp16 block 32: kv-head scope behind the runtime gates (min-group 2; min-ctas 1024 on two kernels)
+    for h, k in ((64, "v1"), (64, "v2"), (128, "v1"), (128, "v2"), (256, "v1")):
+        s = cfg.resolve("fp16", h, 32, "auto", k)
+        assert (s.off, s.scope, s.min_group) == (False, "kv-head", 2), (h, k)
+    assert cfg.resolve("fp16", 64, 32, "auto", "v2").min_ctas == 1024 and cfg.resolve("fp16", 64, 32, "auto", "v1").min_ctas == 1
+    assert cfg.resolve("fp16", 256, 32, "auto", "v2").off
+    # fp16 block 16, head 128/256: every candidate was slower than stock at some tuning point
+    assert all(cfg.resolve("fp16", h, 16, "auto", k).off for h in (128, 256) for k in ("v1", "v2"))
     # bf16 block 16: the split form (inline asm, stock's loop for ALiBi heads) won on every head size
     assert all(cfg.resolve("bf16", h, 16, "auto", k).issue == "split" for h in (64, 128, 256) for k in ("v1", "v2"))
     assert not any(cfg.resolve("bf16", h, 16, "auto", k).off for h in (64, 128, 256) for k in ("v1", "v2"))
@@ -104,10 +110,24 @@ def test_the_shipped_default_is_what_tune_wrote_on_the_h200() -> None:
     from kvpatch.config_io import read_config_file
 
     root = Path(__file__).resolve().parents[1]
-    options, tuned = read_config_file(root / "benchmarks/results/tune-8/kvpatch.toml")
+    options, tuned = read_config_file(root / "benchmarks/results/tune-12/kvpatch.toml")
     assert make_config(**options) == make_config()
     facts = ("gpu", "driver", "nvcc", "arch", "flags")
     assert [getattr(tuned, f) for f in facts] == [getattr(DEFAULT_TUNED_ON, f) for f in facts]
+
+
+def test_the_shipped_table_is_what_tune_chooses_from_the_fixed_timing_runs() -> None:
+    """Chosen again from the raw data of the two runs with the fixed timing (tune-11: fp16 with
+    the gates; tune-13: bf16), the strict policy writes exactly the shipped rules."""
+    import gzip
+    import json
+
+    from kvpatch.tune import merge_tune_data, rechoose
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks/results"
+    runs = [json.loads(gzip.decompress((root / name / "tune.json.gz").read_bytes())) for name in ("tune-11-fp16", "tune-13-bf16")]
+    report = rechoose(merge_tune_data(runs), policy="strict")
+    assert report.config == make_config()
 
 
 def test_the_most_specific_rule_wins_whatever_the_order() -> None:
@@ -391,5 +411,6 @@ def test_the_readme_table_of_the_default_is_the_default() -> None:
             for head in (64, 128, 256):
                 for block in (16, 32):
                     c = cfg.resolve(dtype, head, block, "auto", kernel)
-                    cells.append("off" if c.off else f"{c.issue} {c.scope} la{c.lookahead}")
+                    gates = (f" mg{c.min_group}" if c.min_group != 1 else "") + (f" ctas{c.min_ctas}" if c.min_ctas != 1 else "")
+                    cells.append("off" if c.off else f"{c.issue} {c.scope} la{c.lookahead}{gates}")
             assert f"| {dtype} {kernel} | " + " | ".join(cells) + " |" in readme, (dtype, kernel, cells)

@@ -90,6 +90,7 @@ def apply(
     min_ctas: Annotated[Optional[int], typer.Option("--min-ctas", help="Prefetch only in launches of >= N CTAs (query heads x sequences x partitions; a runtime test; 1 = always).")] = None,
     control: Annotated[Optional[bool], typer.Option("--control/--no-control", help="Compile the prefetch but never run it (for measurements).")] = None,
     issue: Annotated[Optional[str], typer.Option(help="call (an out-of-line helper; keeps stock's code generation) | inline (asm in the loop) | split (inline, and the key loop runs as stock's copy when the ALiBi slope is not 0).")] = None,
+    read: Annotated[Optional[str], typer.Option(help="lane (lane 0 reads the next block number inside the guard, the default) | warp (every lane reads it before the guard, at a clamped index, and the gates are computed unconditionally: no branch around the load).")] = None,
     quantized: Annotated[Optional[str], typer.Option(help="skip (fp8-cache kernels stay stock, the default) | prefetch.")] = None,
     fp16: Annotated[Optional[str], typer.Option("--fp16", help="Settings for the fp16 kernels no rule names: 'off' (the default), key=value,... (e.g. 'issue=inline,lookahead=2': turns them on), or 'none' (the base settings).")] = None,
     bf16: Annotated[Optional[str], typer.Option("--bf16", help="As --fp16, for bf16 kernels.")] = None,
@@ -104,7 +105,7 @@ def apply(
 
     settings = dict(lookahead=lookahead, size=size, align=align, caches=caches, cache_hint=cache_hint,
                     placement=placement, scope=scope, min_group=min_group, min_ctas=min_ctas,
-                    control=control, issue=issue)  # fmt: skip
+                    control=control, issue=issue, read=read)  # fmt: skip
     rules = parse_rules(rule) if rule else None
     cfg, tuned = config_and_tuned(config, preset=preset, quantized=quantized, fp16=fp16, bf16=bf16, fp32=fp32,
                                   rules=rules, **settings)  # fmt: skip
@@ -394,7 +395,7 @@ def tune(
     jobs: Annotated[Optional[int], typer.Option(help="Parallel nvcc processes (default: CPU count).")] = None,
     from_json: Annotated[list[Path], typer.Option("--from", help="Choose again from a saved tune JSON (--json of an earlier tune; .gz too): no GPU, nothing built. Repeatable: each kernel from the last JSON that measured it.")] = [],  # noqa: B006
     exclude: Annotated[list[str], typer.Option("--exclude", help="With --from: count CANDIDATE@SELECTOR (shell patterns, e.g. 'inline_*@bf16/256/16/auto/v1') as a validation failure (repeatable).")] = [],  # noqa: B006
-    grid: Annotated[list[str], typer.Option("--grid", help="The candidates to build: the default grid with settings replaced or added, e.g. 'issue=inline,call;min-group=2;min-ctas=1,1024' (keys issue, scope, lookahead, min-group, min-ctas; repeatable: the union).")] = [],  # noqa: B006
+    grid: Annotated[list[str], typer.Option("--grid", help="The candidates to build: the default grid with settings replaced or added, e.g. 'issue=inline,call;min-group=2;min-ctas=1,1024' (keys issue, scope, lookahead, min-group, min-ctas, read; repeatable: the union).")] = [],  # noqa: B006
     dtype: Annotated[list[str], typer.Option("--dtype", help="Measure only this query dtype's kernels (fp16 or bf16; repeatable); the others come out off.")] = [],  # noqa: B006
 ) -> None:
     """GPU: per kernel (v1, v2) of fp16/bf16 x head 64/128/256 x block 16/32, sweep 12 candidates (issue inline/call/split x scope x lookahead; --grid: others), keep the fastest bit-identical one never slower than stock, or off; write kvpatch.toml with the machine it was tuned on."""

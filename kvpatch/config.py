@@ -23,9 +23,10 @@ PLACEMENTS = ("start", "end")
 SCOPES = ("cta", "kv-head")
 ISSUES = ("inline", "call", "split")
 QUANTIZED = ("skip", "prefetch")
+READS = ("lane", "warp")
 #: The settings that take one of a fixed set of words.
 CHOICES = {"caches": CACHES, "cache_hint": CACHE_HINTS, "placement": PLACEMENTS, "scope": SCOPES,
-           "issue": ISSUES, "quantized": QUANTIZED}  # fmt: skip
+           "issue": ISSUES, "read": READS, "quantized": QUANTIZED}  # fmt: skip
 
 #: Upper bounds, each named in the error that refuses a larger value.
 #: ``cp.async.bulk.prefetch``'s size operand: ptxas accepts 0..1,048,560 on sm_90
@@ -61,7 +62,8 @@ RULE_KV = ("auto", "fp8")
 RULE_KERNELS = ("v1", "v2")
 #: Settings a rule may change (the others fix where the code goes), and ``off``: the
 #: selected instantiations get no prefetch at all and compile exactly as stock.
-OVERRIDABLE = ("lookahead", "size", "align", "cache_hint", "scope", "min_group", "min_ctas", "issue", "control", "off")
+OVERRIDABLE = ("lookahead", "size", "align", "cache_hint", "scope", "min_group", "min_ctas", "issue", "read", "control",
+               "off")  # fmt: skip
 
 # The shipped tuned table and the machine it was tuned on: data, in kvpatch/defaults.py.
 from .defaults import DEFAULT_OVERRIDES, DEFAULT_TUNED_ON  # noqa: E402,F401
@@ -169,6 +171,13 @@ class PatchConfig:
     #: whenever the head's ALiBi slope is not 0 (``if (slope != 0) <stock loop> else
     #: <patched loop>``), so each copy can compile as stock's unswitched loop does.
     issue: str = "call"
+    #: Who reads the next block's number from the block table: ``lane`` 0, inside the guard
+    #: (a branch only lane 0 takes, so the warp waits for that load and for the gates'
+    #: arithmetic each iteration), or every lane of the ``warp``, before the guard, at an
+    #: index clamped into the loop's range (one broadcast load that need not wait), with the
+    #: runtime gates computed unconditionally (loop-invariant: hoisted out of the loop), so
+    #: only the prefetch itself depends on lane 0.
+    read: str = "lane"
     #: Compile the prefetch in but never execute it (its guard reads a block number
     #: < 0): separates the prefetch's own effect from the code-generation change.
     control: bool = False
@@ -276,6 +285,7 @@ class PatchConfig:
             *([f"min-group={self.min_group}"] if self.min_group != 1 else []),
             *([f"min-ctas={self.min_ctas}"] if self.min_ctas != 1 else []),
             f"issue={self.issue}",
+            *([f"read={self.read}"] if self.read != "lane" else []),
             f"quantized={self.quantized}",
         ]
         if self.control:
@@ -410,7 +420,8 @@ def make_config(**options: Any) -> PatchConfig:
             raise UsageError(f"invalid control {given['control']!r}: expected true or false")
         cfg = replace(cfg, control=given["control"])
     if preset == "paper":
-        clash = sorted(k for k, fixed in {**PAPER, "min_group": 1, "min_ctas": 1}.items() if k in given and getattr(cfg, k) != fixed)
+        clash = sorted(k for k, fixed in {**PAPER, "min_group": 1, "min_ctas": 1, "read": "lane"}.items()
+                       if k in given and getattr(cfg, k) != fixed)  # fmt: skip
         if clash:
             raise UsageError(f"--preset paper fixes {', '.join(clash)}; drop those options")
         if any(d in given for d in (*DTYPES, "rules", "inherit_rules")):

@@ -49,9 +49,9 @@ GRID: tuple[tuple[str, tuple[Any, ...]], ...] = (
     ("scope", ("cta", "kv-head")),
     ("lookahead", (1, 2)),
 )
-#: Settings a grid may vary (``--grid``): the three above, and the runtime gates, which
-#: the default grid leaves at 1 (always prefetch).
-GRID_KEYS = ("issue", "scope", "lookahead", "min_group", "min_ctas")
+#: Settings a grid may vary (``--grid``): the three above, the runtime gates, which the
+#: default grid leaves at 1 (always prefetch), and ``read`` (default grid: lane).
+GRID_KEYS = ("issue", "scope", "lookahead", "min_group", "min_ctas", "read")
 POLICIES = ("strict", "geomean")
 #: What an instantiation tune did not measure gets.
 FALLBACKS = ("off", "base")
@@ -59,8 +59,9 @@ FALLBACKS = ("off", "base")
 
 def candidate_name(cfg: PatchConfig) -> str:
     """``inline_kvhead_la1``: the grid settings of a configuration (``_mg2``, ``_ctas1024``:
-    a runtime gate that is not 1)."""
+    a runtime gate that is not 1; ``_warp``: read=warp)."""
     gates = (f"_mg{cfg.min_group}" if cfg.min_group != 1 else "") + (f"_ctas{cfg.min_ctas}" if cfg.min_ctas != 1 else "")
+    gates += "_warp" if cfg.read != "lane" else ""
     return f"{cfg.issue}_{cfg.scope.replace('-', '')}_la{cfg.lookahead}{gates}"
 
 

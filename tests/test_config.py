@@ -200,6 +200,7 @@ def test_dump_config_writes_a_complete_table() -> None:
         "min-group = 1\n"
         "min-ctas = 1\n"
         'issue = "call"\n'
+        'read = "lane"\n'
         "control = false\n"
         'quantized = "skip"\n'
         "inherit-rules = false\n"
@@ -379,6 +380,27 @@ def test_min_group_is_in_the_marker_only_when_set() -> None:
     cfg = make_config(min_group=2, fp16="min-group=8")
     assert " min-group=2 " in cfg.marker() and "fp16:min_group=8" in cfg.marker()
     assert config_from_marker(cfg.marker()) == cfg and cfg.for_dtype("fp16").min_group == 8
+
+
+@pytest.mark.parametrize("value", ["", "Warp", "lanes", "thread", "warp ", 1, True])
+def test_read_takes_lane_or_warp_only(value) -> None:
+    with pytest.raises(UsageError, match="invalid read"):
+        make_config(read=value)
+
+
+def test_read_is_in_the_marker_only_when_warp_and_round_trips(tmp_path) -> None:
+    from kvpatch.config_io import config_from_marker, dump_config, load_config_file
+
+    assert "read=" not in make_config().marker() and make_config(read="lane").marker() == make_config().marker()
+    cfg = make_config(read="warp", rules={"fp16/128/16/auto/v2": "read=lane,scope=kv-head", "bf16/64": "read=warp,issue=inline"})
+    assert " issue=call read=warp quantized=" in cfg.marker() and "fp16/128/16/auto/v2:scope=kv-head,read=lane" in cfg.marker()
+    assert config_from_marker(cfg.marker()) == cfg
+    assert cfg.resolve("fp16", 128, 16, "auto", "v2").read == "lane" and cfg.resolve("fp16", 128, 16, "auto", "v1").read == "warp"
+    (tmp_path / "k.toml").write_text(dump_config(cfg))
+    assert make_config(**load_config_file(tmp_path / "k.toml")) == cfg
+    with pytest.raises(UsageError, match="--preset paper fixes read"):
+        make_config(preset="paper", read="warp")
+    assert make_config(preset="paper", read="lane").preset == "paper"
 
 
 @pytest.mark.parametrize("value", [0, -1, (1 << 24) + 1, "x", 2.0, True])

@@ -42,6 +42,7 @@ CONFIGS: dict[str, dict] = {
     "issue-call-evict-first": {"issue": "call", "cache_hint": "evict_first", **_UNIFORM},
     "min-group-2": {"min_group": 2, **_UNIFORM},
     "min-ctas-1024-inline": {"min_ctas": 1024, "issue": "inline", **_UNIFORM},
+    "read-warp-kv-head-min-group-2": {"read": "warp", "scope": "kv-head", "min_group": 2, "issue": "inline", **_UNIFORM},
 }
 
 REGEN = os.environ.get("KVPATCH_REGEN_GOLDEN") == "1"

@@ -46,6 +46,12 @@ static Dim3 gridDim{1, 1, 1};  // set per case: a launch of `ctas` CTAs (heads x
 
 static std::vector<const void*> kvpatch_recorded;
 static void kvpatch_record(const void* tile) { kvpatch_recorded.push_back(tile); }
+// The block table, recording every index the loop reads (stock's read and kvpatch's).
+struct Table {
+  const int* data;
+  std::vector<int>* seen;
+  int operator[](int i) const { seen->push_back(i); return data[i]; }
+};
 
 // The CUDA bits of the generated code, on the host.
 #define __device__
@@ -70,7 +76,7 @@ constexpr int TABLE = 400;     // entries past every end_block_idx used: an over
 template <typename scalar_t, typename cache_t, int HEAD_SIZE, int BLOCK_SIZE, int PARTITION_SIZE = 0>
 static void key_loop(int NUM_WARPS, int warp_idx, int lane, int start_block_idx, int end_block_idx,
                      int head_idx, int num_queries_per_kv, int kv_head_idx, int64_t kv_block_stride,
-                     int64_t kv_head_stride, const int* block_table, const cache_t* k_cache,
+                     int64_t kv_head_stride, Table block_table, const cache_t* k_cache,
                      std::vector<int>& reads) {
   for (int block_idx = start_block_idx + warp_idx; block_idx < end_block_idx; block_idx += NUM_WARPS) {
     const int64_t physical_block_number = static_cast<int64_t>(block_table[block_idx]);
@@ -91,10 +97,11 @@ static void run(int num_warps, int warp, int lane, int start, int end, int head,
   for (int i = 0; i < PHYSICAL; ++i) logical_of[table[i]] = i;
   std::vector<cache_t> cache(static_cast<size_t>(PHYSICAL * KV_BLOCK_STRIDE));
   const int kv_head_idx = 1;
-  std::vector<int> reads;
+  std::vector<int> reads, table_reads;
   kvpatch_recorded.clear();
   key_loop<scalar_t, cache_t, HEAD, BLOCK>(num_warps, warp, lane, start, end, head, qpk, kv_head_idx,
-                                           KV_BLOCK_STRIDE, KV_HEAD_STRIDE, table.data(), cache.data(), reads);
+                                           KV_BLOCK_STRIDE, KV_HEAD_STRIDE, Table{table.data(), &table_reads},
+                                           cache.data(), reads);
   std::cout << "reads";
   for (int b : reads) std::cout << ' ' << b;
   std::cout << "\ntargets";
@@ -104,6 +111,8 @@ static void run(int num_warps, int warp, int lane, int start, int end, int head,
     // a tile that is not the start of this head's slice of a block: report it as "bad"
     if (whole) std::cout << ' ' << logical_of[off / KV_BLOCK_STRIDE]; else std::cout << " bad";
   }
+  std::cout << "\ntable";
+  for (int i : table_reads) std::cout << ' ' << i;
   std::cout << "\n";
 }
 
@@ -154,12 +163,14 @@ def _harness(tmp_path: Path, kind: str, **options) -> Path:
     return exe
 
 
-def _run(exe: Path, cases: list[tuple]) -> list[tuple[list[int], list]]:
+def _run(exe: Path, cases: list[tuple]) -> list[tuple[list[int], list, list[int]]]:
+    """Per case: the blocks the warp read, the logical blocks of the tiles it prefetched, and
+    every block-table index the loop read (stock's reads and kvpatch's)."""
     stdin = "".join(" ".join(str(x) for x in c) + "\n" for c in cases)
     out = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout.splitlines()
-    assert len(out) == 2 * len(cases)
+    assert len(out) == 3 * len(cases)
     parse = lambda line: [x if x == "bad" else int(x) for x in line.split()[1:]]  # noqa: E731
-    return [(parse(out[2 * i]), parse(out[2 * i + 1])) for i in range(len(cases))]
+    return [(parse(out[3 * i]), parse(out[3 * i + 1]), parse(out[3 * i + 2])) for i in range(len(cases))]
 
 
 def _expected(lookahead: int, nw: int, warp: int, start: int, end: int, prefetches: bool) -> tuple[list, list]:
@@ -184,17 +195,24 @@ _U = {"inherit_rules": False}  # uniform settings: no shipped rule table
      {**_U, "placement": "end"}, {**_U, "issue": "inline"}, {**_U, "quantized": "prefetch"},
      {**_U, "scope": "kv-head"}, {**_U, "rules": {"bf16/8/2/auto/v2": "off", "fp16/8/2/auto/v1": "off"}}, {},
      {**_U, "min_group": 2}, {**_U, "scope": "kv-head", "bf16": "min-group=4,issue=inline"},
-     {**_U, "min_ctas": 1024}, {**_U, "fp16": "min-ctas=4096,issue=inline,scope=kv-head", "bf16": "min-ctas=4097"}],
+     {**_U, "min_ctas": 1024}, {**_U, "fp16": "min-ctas=4096,issue=inline,scope=kv-head", "bf16": "min-ctas=4097"},
+     {**_U, "read": "warp"}, {**_U, "read": "warp", "lookahead": 3, "placement": "end"},
+     {**_U, "read": "warp", "scope": "kv-head", "min_group": 2, "min_ctas": 1024, "issue": "inline"},
+     {**_U, "fp16": "read=warp,scope=kv-head,issue=inline", "bf16": "read=warp,min-group=4", "quantized": "prefetch"}],
     ids=["per-dtype", "lookahead2", "lookahead3", "placement-end", "inline", "quantized-prefetch", "kv-head-all",
-         "kernel-rules", "shipped-default", "min-group-2", "bf16-min-group-4", "min-ctas-1024", "min-ctas-per-dtype"],
+         "kernel-rules", "shipped-default", "min-group-2", "bf16-min-group-4", "min-ctas-1024", "min-ctas-per-dtype",
+         "read-warp", "read-warp-lookahead3-end", "read-warp-gates", "read-warp-per-dtype"],
 )  # fmt: skip
 def test_prefetch_targets_the_block_read_lookahead_iterations_later(tmp_path, kind, options):
     """The harness is the v1 kernel (PARTITION_SIZE 0) of head 8 / block 2: a rule for v2 or
-    another size must not reach it, one for v1 must; the shipped default (untuned sizes) is off."""
+    another size must not reach it, one for v1 must; the shipped default (untuned sizes) is off.
+    Every block-table entry the loop reads, stock's or kvpatch's, lies in the loop's range
+    [start, end) (read=warp reads on every lane, so its index must be clamped), and read=lane
+    reads one for lane 0 only, read=warp one for every lane, per iteration that prefetches."""
     cfg = make_config(**options)
     exe = _harness(tmp_path, kind, **options)
     cases = _cases(["fp16", "bf16", "fp32", "fp8"])
-    for case, (reads, targets) in zip(cases, _run(exe, cases)):
+    for case, (reads, targets, table) in zip(cases, _run(exe, cases)):
         dtype, nw, warp, lane, start, end, head, qpk, ctas = case
         q, kv = ("fp16", "fp8") if dtype == "fp8" else (dtype, "auto")  # fp8: an fp16 kernel, uint8_t cache
         settings = cfg.resolve(q, 8, 2, kv, "v1")
@@ -204,8 +222,15 @@ def test_prefetch_targets_the_block_read_lookahead_iterations_later(tmp_path, ki
               and ctas >= settings.min_ctas)  # fmt: skip
         want = _expected(settings.lookahead, nw, warp, start, end, on)
         assert (reads, targets) == want, f"{kind} loop, {case}"
+        assert all(start <= i < end for i in table), f"{kind} loop, {case}: block table read at {table}"
+        compiled = quantized_ok and not settings.off  # the kernel holds the prefetch code at all
+        extra = len(table) - len(reads)  # kvpatch's reads (stock reads once per iteration)
+        if compiled and settings.read == "warp":
+            assert extra == len(reads), f"{kind} loop, {case}: read=warp reads once per iteration on every lane"
+        else:
+            assert extra == len(targets), f"{kind} loop, {case}: read=lane reads only where lane 0 prefetches"
     # the harness saw prefetches exactly when a bf16 v1 kernel of this size is on
-    seen = any(t for _, t in _run(exe, [("bf16", 4, 0, 0, 0, 17, 0, 4, 1 << 20)]))
+    seen = any(t for _, t, _ in _run(exe, [("bf16", 4, 0, 0, 0, 17, 0, 4, 1 << 20)]))
     assert seen == (not cfg.resolve("bf16", 8, 2, "auto", "v1").off)
 
 
@@ -215,7 +240,7 @@ def test_prefetch_targets_the_block_read_lookahead_iterations_later(tmp_path, ki
 def test_control_prefetches_nothing(tmp_path, kind, options):
     exe = _harness(tmp_path, kind, **options)
     cases = _cases(["fp16", "bf16", "fp32", "fp8"], lanes=(0,), heads=((0, 4), (0, 1)))
-    for case, (reads, targets) in zip(cases, _run(exe, cases)):
+    for case, (reads, targets, _) in zip(cases, _run(exe, cases)):
         _, nw, warp, _, start, end, _, _, _ = case
         assert reads == list(range(start + warp, end, nw)) and targets == [], case
 

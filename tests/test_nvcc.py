@@ -131,8 +131,10 @@ _U = {"inherit_rules": False, "fp16": "scope=kv-head,issue=inline"}
         ({"cache_hint": "evict_last", **_U}, lambda d: [(".L2::cache_hint", AUTO[d])] * 2),
         ({"placement": "end", "scope": "kv-head", **_U}, lambda d: [("", AUTO[d])] * 2),
         ({"control": True, **_U}, lambda d: [("", AUTO[d])] * 2),  # compiled in, never executed
+        ({"read": "warp", "min_group": 2, "min_ctas": 64, **_U}, lambda d: [("", AUTO[d])] * 2),
     ],
-    ids=["default", "paper", "caches-k", "lookahead2-size8192-align128", "evict-last", "end-kv-head", "control"],
+    ids=["default", "paper", "caches-k", "lookahead2-size8192-align128", "evict-last", "end-kv-head", "control",
+         "read-warp-gates"],
 )
 def test_sm90a_ptx_has_the_prefetch(options: dict, expected, tree: Path, stock: str, nvcc_ptx) -> None:
     ptx = nvcc_ptx(tree / "csrc", patched(tree, stock, **options), "sm_90a")
@@ -145,7 +147,7 @@ def test_sm90a_ptx_has_the_prefetch(options: dict, expected, tree: Path, stock: 
         assert len(policies) == ptx.count("cp.async.bulk.prefetch.L2.global.L2::cache_hint") > 0
 
 
-@pytest.mark.parametrize("options", [{}, {"preset": "paper"}], ids=["default", "paper"])
+@pytest.mark.parametrize("options", [{}, {"preset": "paper"}, {"read": "warp", **_U}], ids=["default", "paper", "read-warp"])
 def test_sm80_builds_without_the_prefetch(options: dict, tree: Path, stock: str, nvcc_ptx) -> None:
     ptx = nvcc_ptx(tree / "csrc", patched(tree, stock, **options), "sm_80")
     assert prefetches(ptx) == NONE

@@ -30,7 +30,7 @@ def key_loop(v):
 
 
 KEYS = ["BRA", "BSSY", "BSYNC", "LDG", "MUFU", "I2F", "F2I", "CALL", "UBLKPF", "VOTEU", "HFMA2", "FFMA"]
-libs = [l.split() for l in open(sys.argv[1]) if re.match(r"^(stock|call_|inline_)\S* /", l)]
+libs = [l.split() for l in open(sys.argv[1]) if re.match(r"^(stock|call_|inline_|split_)\S* /", l)]
 stock = {}
 for name, lib in libs:
     d = os.path.dirname(lib)

@@ -90,7 +90,7 @@ def apply(
     min_ctas: Annotated[Optional[int], typer.Option("--min-ctas", help="Prefetch only in launches of >= N CTAs (query heads x sequences x partitions; a runtime test; 1 = always).")] = None,
     control: Annotated[Optional[bool], typer.Option("--control/--no-control", help="Compile the prefetch but never run it (for measurements).")] = None,
     issue: Annotated[Optional[str], typer.Option(help="call (an out-of-line helper; keeps stock's code generation) | inline (asm in the loop) | split (inline, and the key loop runs as stock's copy when the ALiBi slope is not 0).")] = None,
-    read: Annotated[Optional[str], typer.Option(help="lane (lane 0 reads the next block number inside the guard, the default) | warp (every lane reads it before the guard, at a clamped index, and the gates are computed unconditionally: no branch around the load).")] = None,
+    read: Annotated[Optional[str], typer.Option(help="lane (lane 0 reads the next block number inside the guard, the default) | warp (every lane reads it before the guard, at an index clamped into the loop; the guard's tests joined by & so the invariant ones leave the loop).")] = None,
     quantized: Annotated[Optional[str], typer.Option(help="skip (fp8-cache kernels stay stock, the default) | prefetch.")] = None,
     fp16: Annotated[Optional[str], typer.Option("--fp16", help="Settings for the fp16 kernels no rule names: 'off' (the default), key=value,... (e.g. 'issue=inline,lookahead=2': turns them on), or 'none' (the base settings).")] = None,
     bf16: Annotated[Optional[str], typer.Option("--bf16", help="As --fp16, for bf16 kernels.")] = None,

@@ -172,11 +172,12 @@ class PatchConfig:
     #: <patched loop>``), so each copy can compile as stock's unswitched loop does.
     issue: str = "call"
     #: Who reads the next block's number from the block table: ``lane`` 0, inside the guard
-    #: (a branch only lane 0 takes, so the warp waits for that load and for the gates'
-    #: arithmetic each iteration), or every lane of the ``warp``, before the guard, at an
-    #: index clamped into the loop's range (one broadcast load that need not wait), with the
-    #: runtime gates computed unconditionally (loop-invariant: hoisted out of the loop), so
-    #: only the prefetch itself depends on lane 0.
+    #: (a branch only lane 0 takes: the warp waits for that load, and for the guard's tests,
+    #: every iteration), or every lane of the ``warp``, before the guard, at an index clamped
+    #: into the loop's range (the same address on every lane). With ``warp`` the guard's tests
+    #: are joined by ``&`` and include the number read (``>= 0``, true of every block number),
+    #: so the loop-invariant ones leave the loop and nvcc issues the load beside stock's own
+    #: block-table load; only the prefetch itself depends on lane 0.
     read: str = "lane"
     #: Compile the prefetch in but never execute it (its guard reads a block number
     #: < 0): separates the prefetch's own effect from the code-generation change.

@@ -94,6 +94,11 @@ def parse_grid(text: str) -> tuple[tuple[str, tuple[Any, ...]], ...]:
     return tuple((k, grid[k]) for k in GRID_KEYS if k in grid)
 
 
+def parse_grids(texts: Sequence[str]) -> list[tuple[tuple[str, tuple[Any, ...]], ...]]:
+    """Repeated ``--grid`` texts -> the grids whose candidates' union is built; none: [GRID]."""
+    return [parse_grid(t) for t in texts] if texts else [GRID]
+
+
 def candidates(base: PatchConfig | None = None, grids=(GRID,)) -> dict[str, PatchConfig]:
     """``name -> uniform configuration`` (no rules) for every combination of each grid,
     the union over ``grids``."""

@@ -81,9 +81,9 @@ def main() -> None:
         small[name] = make_config(**load_config_file(Path(toml)))
     if args.tune:
         from kvpatch.gpu.tune_command import tune_build_spec
-        from kvpatch.tune import GRID, candidates, parse_grid
+        from kvpatch.tune import candidates, parse_grids
 
-        grids = [parse_grid(g) for g in args.grid] if args.grid else [GRID]
+        grids = parse_grids(args.grid)
         specs = [tune_build_spec(tree, B.patched_variants(stock, str(path), candidates(default, grids)), args.arch,
                                  dtypes=args.dtype or None)]  # fmt: skip
         small = {}

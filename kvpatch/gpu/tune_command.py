@@ -91,7 +91,7 @@ def run_tune_command(o: TuneOptions, *, console: Any = None, progress: Any = Non
     bad = [d for d in o.dtypes if d not in P.TUNING_DTYPES]
     if bad:
         raise UsageError(f"invalid --dtype {bad[0]!r}: tune measures {', '.join(P.TUNING_DTYPES)}")
-    grids = [T.parse_grid(g) for g in o.grid] if o.grid else [T.GRID]
+    grids = T.parse_grids(o.grid)
     check_outputs(output=o.output, json=o.json_out)
     if o.from_json:
         if o.grid or o.dtypes:

@@ -5,12 +5,12 @@ python benchmarks/results/releases-tune-12/summarize.py). On the headline shape 
 
 import gzip
 import json
-import math
 import os
 import sys
 
 sys.path.insert(0, os.getcwd())
 from kvpatch.config_io import config_from_marker  # noqa: E402
+from kvpatch.gpu.stats import geomean as geo, median  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RELEASES = ["0.6.4", "0.8.5", "0.9.2", "0.10.0", "0.10.2", "0.11.2"]
@@ -20,10 +20,6 @@ CELLS = [(dt, m) for dt in ("fp16", "bf16") for m in ("warm", "cold")]
 def load(*parts):
     with gzip.open(os.path.join(HERE, *parts)) as f:
         return json.load(f)
-
-
-def geo(xs):
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def cells(bench):
@@ -84,8 +80,7 @@ for name in [n for n in h["variants"] if n != h["baseline"]]:
     for dt, mode in CELLS:
         xs = sorted(r["variants"][name]["speedup"] for r in h["results"]
                     if r["dispatched"] and r["mode"] == mode and r["point"]["dtype"] == dt)
-        med = xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
-        row.append(f"{xs[0]:.2f} / {med:.2f} / {geo(xs):.2f}")
+        row.append(f"{xs[0]:.2f} / {median(xs):.2f} / {geo(xs):.2f}")
     print(f"| {name} | " + " | ".join(row) + " |")
 both = {m: geo([r["variants"]["patched"]["speedup"] for r in h["results"] if r["dispatched"] and r["mode"] == m])
         for m in ("warm", "cold")}

@@ -147,6 +147,21 @@ class Good:
         self.v1(out, *args)
 
 
+class OomOnce(Good):
+    """Good, but with ALiBi the first attempt of each test runs out of GPU memory (as vLLM's test
+    can beside other workers); a marker file per test in $KVPATCH_TEST_OOM_DIR remembers it."""
+
+    def v1(self, out, *args):
+        import hashlib, os
+        if args[9] is not None:
+            mark = os.path.join(os.environ["KVPATCH_TEST_OOM_DIR"],
+                                hashlib.sha1(os.environ["PYTEST_CURRENT_TEST"].encode()).hexdigest())
+            if not os.path.exists(mark) or os.environ.get("KVPATCH_TEST_OOM_ALWAYS"):
+                open(mark, "w").close()
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 5.28 GiB.")
+        super().v1(out, *args)
+
+
 class Flip(Good):
     """Good, but one bit off whenever ALiBi is on (the kind of difference vLLM's tolerance lets pass)."""
 
@@ -221,10 +236,12 @@ def test_parse_junit(tmp_path):
           <testcase classname="t" name="a[3]"><skipped/></testcase>
           <testcase classname="t" name="a[4]"><error message="y"/></testcase>
           <testcase classname="t" name="a[5]"><system-out>ok</system-out></testcase>
+          <testcase classname="t" name="a[6]"><failure message="torch.OutOfMemoryError: CUDA out of memory."/></testcase>
         </testsuite></testsuites>"""))
     c = U.parse_junit(xml)
-    assert (c["passed"], c["failed"], c["skipped"], c["errors"]) == (2, 1, 1, 1)
-    assert c["failures"] == ["t::a[2]", "t::a[4]"]
+    assert (c["passed"], c["failed"], c["skipped"], c["errors"]) == (2, 2, 1, 1)
+    assert c["failures"] == ["t::a[2]", "t::a[4]", "t::a[6]"]
+    assert c["oom"] == ["a[6]"]  # only the out-of-memory failure is run again
 
 
 def test_compare_records(tmp_path):
@@ -266,6 +283,36 @@ def test_run_upstream_against_python_stand_ins(tmp_path, monkeypatch):
     d = rep.to_dict()
     assert d["kind"] == "kvpatch-upstream" and d["runs"][0]["name"] == "stock"
     assert shim_src.is_file()
+
+
+@pytest.mark.parametrize("always", [False, True])
+def test_run_upstream_runs_out_of_memory_tests_again_alone(tmp_path, monkeypatch, always):
+    """Tests that fail for want of GPU memory in the parallel pass are run again, alone, and
+    their second outcome counts; one that runs out of memory again stays failed."""
+    pytest.importorskip("torch")
+    tree = make_fake_tree(tmp_path / "tree")
+    back = tmp_path / "backend"
+    back.mkdir()
+    (back / "fakeback.py").write_text(BACKEND)
+    (tmp_path / "oom").mkdir()
+    monkeypatch.setenv("PYTHONPATH", f"{back}{__import__('os').pathsep}{tree / 'tests/kernels/attention'}")
+    monkeypatch.setenv("KVPATCH_TEST_OOM_DIR", str(tmp_path / "oom"))
+    if always:
+        monkeypatch.setenv("KVPATCH_TEST_OOM_ALWAYS", "1")
+    monkeypatch.setattr(U, "write_run_dir", _with_fake_shared_memory(U.write_run_dir))
+    libs = [LibSpec("stock", "python:fakeback.Good", "x"), LibSpec("oom", "python:fakeback.OomOnce", "x")]
+    rep = U.run_upstream(tree, libs, tmp_path / "out", release="fake", workers=1, timeout=300)
+    runs = {r.name: r for r in rep.runs}
+    assert runs["stock"].rerun == [] and runs["stock"].passed == 8
+    oom = runs["oom"]
+    assert len(oom.rerun) == 4 and all("True" in n for n in oom.rerun), oom.rerun
+    assert any("ran out of GPU memory" in n and "run again" in n for n in rep.notes), rep.notes
+    if always:
+        assert (oom.passed, oom.failed) == (4, 4) and not rep.ok
+    else:
+        assert (oom.passed, oom.failed) == (8, 0), oom.log_tail
+        assert oom.outputs == 8 and rep.identical == {"oom": {"compared": 8, "identical": 8}}
+        assert rep.ok
 
 
 def _with_fake_shared_memory(write_run_dir):

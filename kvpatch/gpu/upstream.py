@@ -11,6 +11,9 @@ from the tree's ``vllm/utils``. pytest then runs the test once per library (in
 parallel, pytest-xdist when present); the shim records a digest of every output, and
 :func:`compare_records` counts how many of each variant's outputs equal the
 baseline's bit for bit (keyed by test id and call; the test seeds its own inputs).
+Tests that fail only because the GPU ran out of memory beside the other workers (vLLM's
+test allocates caches of several GiB) are run again afterwards, one at a time, and the
+report says how many were (``UpstreamRun.rerun``).
 
 Only :func:`run_upstream` needs a GPU; finding the test, writing the run directory,
 reading JUnit XML and comparing records are pure and tested on the CPU.
@@ -44,6 +47,8 @@ HELPER_NAMES = ("STR_DTYPE_TO_TORCH_DTYPE", "_generate_random_fp8", "get_kv_cach
 #: Helper names only some releases have (0.22 seeds through set_random_seed).
 OPTIONAL_HELPERS = ("create_kv_caches_with_random_flash", "set_random_seed", "nvfp4_kv_cache_full_dim")
 SHIM_MODULE = "kvpatch_upstream_shim"
+#: What a test that ran out of GPU memory reports (torch's exception and its message).
+OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory")
 HELPERS_MODULE = "_vllm_helpers"
 
 
@@ -159,6 +164,9 @@ class UpstreamRun:
     seconds: float = 0.0
     failures: list[str] = field(default_factory=list)
     log_tail: str = ""
+    #: Tests that ran out of GPU memory in the parallel pass and were run again alone (their
+    #: outcome replaces the first one in the counts above).
+    rerun: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -185,24 +193,35 @@ class UpstreamReport:
         return {"kind": "kvpatch-upstream", "version": 1, "ok": self.ok, **asdict(self)}
 
 
-def parse_junit(path: str | Path) -> dict[str, Any]:
-    """Counts (passed, failed, skipped, errors) and failing test ids from a JUnit XML file."""
-    tree = ET.parse(path)
-    out: dict[str, Any] = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0, "failures": []}
-    for case in tree.iter("testcase"):
-        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+def junit_cases(path: str | Path) -> dict[str, dict[str, Any]]:
+    """``classname::name`` -> {name, outcome (passed/failed/errors/skipped), oom} from a JUnit XML file;
+    ``oom``: the failure was the GPU running out of memory (:data:`OOM_MARKERS`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for case in ET.parse(path).iter("testcase"):
         kinds = {child.tag for child in case}
-        if "failure" in kinds:
-            out["failed"] += 1
-            out["failures"].append(name)
-        elif "error" in kinds:
-            out["errors"] += 1
-            out["failures"].append(name)
-        elif "skipped" in kinds:
-            out["skipped"] += 1
-        else:
-            out["passed"] += 1
+        bad = [child for child in case if child.tag in ("failure", "error")]
+        outcome = "failed" if "failure" in kinds else "errors" if "error" in kinds else "skipped" if "skipped" in kinds else "passed"
+        oom = any(m in f"{c.get('message', '')} {c.text or ''}" for c in bad for m in OOM_MARKERS)
+        out[f"{case.get('classname', '')}::{case.get('name', '')}"] = {"name": case.get("name", ""), "outcome": outcome, "oom": oom}
     return out
+
+
+def count_cases(cases: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Counts (passed, failed, skipped, errors), the failing ids, and in ``oom`` the names of the
+    tests that failed for want of GPU memory."""
+    out: dict[str, Any] = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0, "failures": [], "oom": []}
+    for key, c in cases.items():
+        out[c["outcome"]] += 1
+        if c["outcome"] in ("failed", "errors"):
+            out["failures"].append(key)
+            if c["oom"]:
+                out["oom"].append(c["name"])
+    return out
+
+
+def parse_junit(path: str | Path) -> dict[str, Any]:
+    """:func:`count_cases` of a JUnit XML file."""
+    return count_cases(junit_cases(path))
 
 
 def read_records(folder: str | Path) -> dict[str, dict[str, Any]]:
@@ -250,12 +269,22 @@ def pythonpath_for(run_dir: Path) -> str:
     return os.pathsep.join(parts)
 
 
-def pytest_argv(test: UpstreamTest, junit: Path, workers: int) -> list[str]:
-    argv = [sys.executable, "-m", "pytest", "-q", "-rN", "--tb=line", f"{test.path}::{test.function}",
-            f"--junitxml={junit}"]  # fmt: skip
+def pytest_argv(test: UpstreamTest, junit: Path, workers: int, names: Sequence[str] = ()) -> list[str]:
+    """pytest on the test function, or on the given test names (``test_paged_attention[...]``) only."""
+    ids = [f"{test.path}::{n}" for n in names] or [f"{test.path}::{test.function}"]
+    argv = [sys.executable, "-m", "pytest", "-q", "-rN", "--tb=line", *ids, f"--junitxml={junit}"]
     if workers > 1 and importlib.util.find_spec("xdist") is not None:
         argv += ["-n", str(workers)]
     return argv
+
+
+def _wait(p: subprocess.Popen, timeout: float) -> int:
+    """The process's exit code; killed once ``timeout`` seconds (at least 1) have passed."""
+    try:
+        return p.wait(timeout=max(1.0, timeout))
+    except subprocess.TimeoutExpired:
+        p.kill()
+        return p.wait()
 
 
 def run_upstream(
@@ -293,24 +322,44 @@ def run_upstream(
             progress(f"upstream: {test.node_id} against {s.name} ({per} workers)")
         p = subprocess.Popen(pytest_argv(test, junit.resolve(), per), cwd=run_dir, env=env, stdout=log,
                              stderr=subprocess.STDOUT)  # fmt: skip
-        procs.append((s, p, log, junit, rec, time.perf_counter()))
+        procs.append((s, p, log, junit, rec, env, time.perf_counter()))
     runs: list[UpstreamRun] = []
-    for s, p, log, junit, rec, started in procs:
-        try:
-            rc = p.wait(timeout=max(1.0, timeout - (time.perf_counter() - t0)))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            rc = p.wait()
+    cases: list[dict[str, dict[str, Any]]] = []
+    for s, p, log, junit, rec, env, started in procs:
+        rc = _wait(p, timeout - (time.perf_counter() - t0))
         log.close()
-        run = UpstreamRun(s.name, str(s), rc, seconds=time.perf_counter() - started)
-        if junit.is_file():
-            counts = parse_junit(junit)
-            run.passed, run.failed, run.skipped, run.errors = (counts[k] for k in ("passed", "failed", "skipped", "errors"))
-            run.failures = counts["failures"]
+        runs.append(UpstreamRun(s.name, str(s), rc, seconds=time.perf_counter() - started))
+        cases.append(junit_cases(junit) if junit.is_file() else {})
+    notes: list[str] = []
+    # out of GPU memory beside the other workers: those tests again, alone, now that the GPU is free
+    for (s, _p, _log, _junit, _rec, env, _t), run, got in zip(procs, runs, cases):
+        oom = [c["name"] for c in got.values() if c["oom"]]
+        if not oom:
+            continue
+        left = timeout - (time.perf_counter() - t0)
+        if left < 1:
+            notes.append(f"{s.name}: {len(oom)} test(s) ran out of GPU memory; no time left to run them again")
+            continue
+        if progress:
+            progress(f"upstream: {len(oom)} test(s) against {s.name} ran out of GPU memory beside the others; again, alone")
+        junit = out / f"junit-{s.name}-rerun.xml"
+        with open(out / f"pytest-{s.name}-rerun.log", "w") as log:
+            p = subprocess.Popen(pytest_argv(test, junit.resolve(), 1, oom), cwd=run_dir, env=env, stdout=log,
+                                 stderr=subprocess.STDOUT)  # fmt: skip
+            rc = _wait(p, left)
+        again = junit_cases(junit) if junit.is_file() else {}
+        got.update({k: v for k, v in again.items() if k in got})
+        run.rerun = sorted(oom)
+        counts = count_cases(again)
+        notes.append(f"{s.name}: {len(oom)} test(s) ran out of GPU memory in the parallel pass and were run again "
+                     f"alone (rc {rc}): {counts['passed']} passed, {counts['failed'] + counts['errors']} failed")  # fmt: skip
+    for (s, _p, _log, _junit, rec, _env, _t), run, got in zip(procs, runs, cases):
+        counts = count_cases(got)
+        run.passed, run.failed, run.skipped, run.errors = (counts[k] for k in ("passed", "failed", "skipped", "errors"))
+        run.failures = counts["failures"]
         run.outputs = len(read_records(rec)) if rec.is_dir() else 0
         run.log_tail = "\n".join((out / f"pytest-{s.name}.log").read_text(errors="replace").splitlines()[-15:])
-        runs.append(run)
-    report = UpstreamReport(release=release, test_id=test.node_id, baseline=base, runs=runs)
+    report = UpstreamReport(release=release, test_id=test.node_id, baseline=base, runs=runs, notes=notes)
     base_rec = read_records(out / f"record-{base}")
     for s in libs:
         if s.name == base:

@@ -307,6 +307,9 @@ def test_run_upstream_runs_out_of_memory_tests_again_alone(tmp_path, monkeypatch
     oom = runs["oom"]
     assert len(oom.rerun) == 4 and all("True" in n for n in oom.rerun), oom.rerun
     assert any("ran out of GPU memory" in n and "run again" in n for n in rep.notes), rep.notes
+    # the selection runs only the tests named
+    again = U.run_upstream(tree, libs, tmp_path / "out2", release="fake", workers=1, timeout=300, tests=oom.rerun[:1])
+    assert [(r.passed + r.failed, r.outputs > 0) for r in again.runs] == [(1, True), (1, always is False)]
     if always:
         assert (oom.passed, oom.failed) == (4, 4) and not rep.ok
     else:

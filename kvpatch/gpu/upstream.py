@@ -297,9 +297,11 @@ def run_upstream(
     workers: int | None = None,
     timeout: float = 900.0,
     progress: Any = None,
+    tests: Sequence[str] = (),
 ) -> UpstreamReport:
     """Run the release's test once per library, all at once (``workers`` xdist
-    processes in all, split between them), and compare the outputs with the baseline's."""
+    processes in all, split between them), and compare the outputs with the baseline's.
+    ``tests``: only these (``test_paged_attention[...]``, as JUnit names them)."""
     t0 = time.perf_counter()
     test = find_test(tree)
     out = Path(out_dir)
@@ -320,7 +322,7 @@ def run_upstream(
         log = open(out / f"pytest-{s.name}.log", "w")
         if progress:
             progress(f"upstream: {test.node_id} against {s.name} ({per} workers)")
-        p = subprocess.Popen(pytest_argv(test, junit.resolve(), per), cwd=run_dir, env=env, stdout=log,
+        p = subprocess.Popen(pytest_argv(test, junit.resolve(), per, tests), cwd=run_dir, env=env, stdout=log,
                              stderr=subprocess.STDOUT)  # fmt: skip
         procs.append((s, p, log, junit, rec, env, time.perf_counter()))
     runs: list[UpstreamRun] = []

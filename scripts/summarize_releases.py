@@ -1,0 +1,132 @@
+"""Print a releases-<table>/ folder's summary tables (markdown) from the JSONs the GPU runs wrote.
+
+    python scripts/summarize_releases.py benchmarks/results/releases-tune-17 [--table tune-17]
+
+The folder holds one subfolder per header revision: 0.10.2/ from ``scripts/gpu_run.sh LIBS
+full,upstream,heldout`` (validate-full.json.gz, upstream.json, bench-heldout.json.gz) with
+headline-aa/ from ``AA=1 scripts/gpu_run.sh LIBS headline``, the others from
+``scripts/gpu_releases.sh`` (validate.json.gz, bench-heldout.json.gz). Per release: validate's
+identical count, and per dtype and mode the held-out geomean (min), faster-noise-slower, and the
+same over the points whose kernel the table compiles differently from stock; then per kernel the
+table turns on, the six releases' points pooled; then the headline rows, and where the headline run
+has the paper's patch, patched against it point by point. (Replaces the summarize.py each
+releases-tune-* folder had its own copy of.)"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kvpatch.config_io import config_from_marker  # noqa: E402
+from kvpatch.gpu.stats import geomean, median  # noqa: E402
+
+RELEASES = ["0.6.4", "0.8.5", "0.9.2", "0.10.0", "0.10.2", "0.11.2"]
+CELLS = [(dt, m) for dt in ("fp16", "bf16") for m in ("warm", "cold")]
+VERDICTS = ("faster", "noise", "slower")
+
+
+def load(path: Path) -> dict:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def cells(bench: dict) -> dict:
+    """(dtype, mode) -> [(speedup, verdict, whether patched's code differs from stock, kernel)] over dispatched points."""
+    cfg = config_from_marker(bench["variant_info"]["patched"]["marker"])
+    out: dict = {c: [] for c in CELLS}
+    for r in bench["results"]:
+        p = r["point"]
+        if not r["dispatched"] or (p["dtype"], r["mode"]) not in out:
+            continue
+        on = cfg.prefetches(p["dtype"], p["head_size"], p["block_size"], p["kv_cache_dtype"], r["kernel"])
+        key = f"{p['dtype']}/{p['head_size']}/{p['block_size']}/{p['kv_cache_dtype']}/{r['kernel']}"
+        v = r["variants"]["patched"]
+        out[(p["dtype"], r["mode"])].append((v["speedup"], v["verdict"], on, key))
+    return out
+
+
+def counts(rows: list) -> str:
+    return "-".join(str(sum(1 for r in rows if r[1] == v)) for v in VERDICTS)
+
+
+def cell(rows: list) -> str:
+    on = [r for r in rows if r[2]]
+    text = f"{geomean([r[0] for r in rows]):.2f} (min {min(r[0] for r in rows):.2f}), {counts(rows)}"
+    if on:
+        text += f"; code differs: {len(on)} pts, {counts(on)}, min {min(r[0] for r in on):.2f}"
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", type=Path)
+    ap.add_argument("--table", default="patched", help="the table's name in the headings")
+    a = ap.parse_args(argv)
+    root: Path = a.folder
+    print(f"## {a.table}: held-out set per header revision (geomean (min), faster-noise-slower)\n")
+    print("| release | validate | fp16 warm | fp16 cold | bf16 warm | bf16 cold | rounds flagged |")
+    print("|---|---|---|---|---|---|---|")
+    pooled: dict = {}
+    for v in RELEASES:
+        d = root / v
+        if not d.is_dir():
+            print(f"| {v} | not run | | | | | |")
+            continue
+        val = load(d / ("validate-full.json.gz" if (d / "validate-full.json.gz").is_file() else "validate.json.gz"))
+        ident = val["identical"]["patched"]
+        bench = load(d / "bench-heldout.json.gz")
+        cl = cells(bench)
+        for c in CELLS:
+            for s, _verdict, on, key in cl[c]:
+                if on:
+                    pooled.setdefault((key, c[1]), []).append(s)
+        flagged = f"{bench['flagged_rounds']}/{len(bench['rounds'])}" if "flagged_rounds" in bench else "?"
+        print(f"| {v} | {ident['identical']}/{ident['checked']} identical ({val['counts']['failed']} failed) | "
+              + " | ".join(cell(cl[c]) for c in CELLS) + f" | {flagged} |")  # fmt: skip
+    up_path = root / "0.10.2" / "upstream.json"
+    if up_path.is_file():
+        up = load(up_path)["upstream"]
+        runs = "; ".join(f"{r['name']} {r['passed']} passed, {r['failed']} failed" for r in up["runs"])
+        print(f"\n0.10.2 `validate --upstream`: {runs}; identical {json.dumps(up['identical'])}; notes: {up['notes']}")
+    print(f"\n## Per kernel {a.table} turns on, the releases' held-out points pooled\n")
+    print("| kernel | mode | n | min | geomean |")
+    print("|---|---|---|---|---|")
+    for (key, mode), xs in sorted(pooled.items()):
+        print(f"| {key} | {mode} | {len(xs)} | {min(xs):.2f} | {geomean(xs):.2f} |")
+    hp = root / "0.10.2" / "headline-aa" / "bench-headline.json.gz"
+    if not hp.is_file():
+        return 0
+    h = load(hp)
+    pts = [r for r in h["results"] if r["dispatched"]]
+    print("\n## Headline (0.10.2, GQA 32/8, head 128, block 16, auto cache, seed 1; dispatched kernel): min / median / geomean\n")
+    print("| variant | fp16 warm | fp16 cold | bf16 warm | bf16 cold |")
+    print("|---|---|---|---|---|")
+    for name in [n for n in h["variants"] if n != h["baseline"]]:
+        row = []
+        for dt, mode in CELLS:
+            xs = sorted(r["variants"][name]["speedup"] for r in pts if r["mode"] == mode and r["point"]["dtype"] == dt)
+            row.append(f"{xs[0]:.2f} / {median(xs):.2f} / {geomean(xs):.2f}")
+        print(f"| {name} | " + " | ".join(row) + " |")
+    both = {m: geomean([r["variants"]["patched"]["speedup"] for r in pts if r["mode"] == m]) for m in ("warm", "cold")}
+    print(f"\n{a.table}, both dtypes (every dispatched point per mode): geomean warm {both['warm']:.2f}, cold {both['cold']:.2f}")
+    if "paper" in h["variants"]:
+        print(f"\n## {a.table} against the paper's patch, per headline point (patched speedup / paper speedup)\n")
+        print("| dtype | mode | min | geomean | max | points where the paper's interval lies wholly above |")
+        print("|---|---|---|---|---|---|")
+        for dt, mode in CELLS:
+            rs = [r for r in pts if r["mode"] == mode and r["point"]["dtype"] == dt]
+            q = [r["variants"]["patched"]["speedup"] / r["variants"]["paper"]["speedup"] for r in rs]
+            ahead = [f"B{r['point']['batch']}/{r['point']['context']}" for r in rs
+                     if r["variants"]["paper"]["speedup_lo"] > r["variants"]["patched"]["speedup_hi"]]
+            print(f"| {dt} | {mode} | {min(q):.3f} | {geomean(q):.3f} | {max(q):.3f} | {len(ahead)} of {len(rs)}"
+                  + (f": {' '.join(ahead)}" if ahead else "") + " |")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,24 +8,26 @@ from .machine import Machine
 
 #: The default rules: ``kvpatch tune`` on an H200 with nvcc 13.0 (vLLM 0.10.2's kernels,
 #: vLLM's flags, policy strict, the tuning set's three head layouts GQA 32/8, MHA 32/32 and
-#: GQA 64/8), written as tune wrote them: ``kvpatch tune --from tune-8/tune.json.gz --from
-#: tune-11-fp16/tune.json.gz`` (benchmarks/results/tune-12, docs/tuning.md). bf16 from tune-8
-#: (12 candidates: issue inline/call/split x scope cta/kv-head x lookahead 1/2; tune-13-bf16,
-#: with the fixed timing, picked the same), fp16 from tune-11 (fixed timing; kv-head scope
-#: with the runtime gates min-group 2 and min-ctas 1024 in the grid). Per kernel (v1/v2) of
-#: each tuned instantiation -- fp16/bf16 x head 64/128/256 x block 16/32, auto cache -- the
+#: GQA 64/8), written as tune wrote them: ``kvpatch tune --from tune-15-fp16-warp/tune.json.gz
+#: --from tune-16-bf16-warp/tune.json.gz`` (benchmarks/results/tune-17, docs/tuning.md). fp16
+#: from tune-15 (kv-head scope, issue inline/call x lookahead 1/2 x the runtime gates
+#: min-group 2 and min-ctas 1024 x read lane/warp), bf16 from tune-16 (issue split, scope
+#: cta/kv-head, lookahead 1/2, read lane/warp, and call kv-head). Per kernel (v1/v2) of each
+#: tuned instantiation -- fp16/bf16 x head 64/128/256 x block 16/32, auto cache -- the
 #: fastest candidate that was bit-identical to stock there and slower than stock at none of
 #: its tuning points, else ``off``; every instantiation it did not measure (other head/block
 #: sizes, fp32) is ``off`` by the per-dtype rules. fp8 caches are skipped by
 #: ``quantized=skip``. bf16 block 16 takes ``issue=split`` (inline asm in the key loop, with
 #: stock's loop kept for heads whose ALiBi slope is not 0), which is how it stays
-#: bit-identical where the inline form alone is not (benchmarks/results/split-1).
+#: bit-identical where the inline form alone is not (benchmarks/results/split-1);
+#: ``read=warp`` (every lane reads the next block number, the guard's tests joined by ``&``)
+#: won on 8 of the 13 kernels it turns on (benchmarks/results/read-warp-sass).
 DEFAULT_OVERRIDES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
     ('bf16', (('off', True),)),
-    ('bf16/128/16/auto/v1', (('lookahead', 2), ('scope', 'cta'), ('issue', 'split'))),
-    ('bf16/128/16/auto/v2', (('lookahead', 1), ('scope', 'kv-head'), ('issue', 'split'))),
+    ('bf16/128/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('issue', 'split'), ('read', 'warp'))),
+    ('bf16/128/16/auto/v2', (('lookahead', 1), ('scope', 'cta'), ('issue', 'split'), ('read', 'warp'))),
     ('bf16/128/32/auto', (('off', True),)),
-    ('bf16/256/16/auto/v1', (('lookahead', 1), ('scope', 'cta'), ('issue', 'split'))),
+    ('bf16/256/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('issue', 'split'), ('read', 'warp'))),
     ('bf16/256/16/auto/v2', (('lookahead', 1), ('scope', 'kv-head'), ('issue', 'split'))),
     ('bf16/256/32/auto', (('off', True),)),
     ('bf16/64/16/auto/v1', (('lookahead', 1), ('scope', 'cta'), ('issue', 'split'))),
@@ -33,14 +35,14 @@ DEFAULT_OVERRIDES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
     ('bf16/64/32/auto', (('off', True),)),
     ('fp16', (('off', True),)),
     ('fp16/128/16/auto', (('off', True),)),
-    ('fp16/128/32/auto/v1', (('lookahead', 2), ('scope', 'kv-head'), ('min_group', 2), ('issue', 'call'))),
+    ('fp16/128/32/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('issue', 'inline'), ('read', 'warp'))),
     ('fp16/128/32/auto/v2', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('issue', 'call'))),
     ('fp16/256/16/auto', (('off', True),)),
-    ('fp16/256/32/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('min_ctas', 1024), ('issue', 'inline'))),
-    ('fp16/256/32/auto/v2', (('off', True),)),
-    ('fp16/64/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('issue', 'inline'))),
+    ('fp16/256/32/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('min_ctas', 1024), ('issue', 'call'), ('read', 'warp'))),
+    ('fp16/256/32/auto/v2', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('issue', 'inline'), ('read', 'warp'))),
+    ('fp16/64/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('issue', 'inline'), ('read', 'warp'))),
     ('fp16/64/16/auto/v2', (('off', True),)),
-    ('fp16/64/32/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('issue', 'call'))),
+    ('fp16/64/32/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('issue', 'inline'), ('read', 'warp'))),
     ('fp16/64/32/auto/v2', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('min_ctas', 1024), ('issue', 'call'))),
     ('fp32', (('off', True),)),
 )  # fmt: skip
@@ -50,5 +52,5 @@ DEFAULT_OVERRIDES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
 DEFAULT_TUNED_ON = Machine(
     gpu="NVIDIA H200", driver="580.159.04", nvcc="13.0.88", arch="sm_90a",
     flags="-std=c++17 -O2 -g -DNDEBUG --expt-relaxed-constexpr -DENABLE_FP8",
-    note="2026-12-01, vLLM 0.10.2, tuning set, policy strict (benchmarks/results/tune-12)",
+    note="2026-12-01, vLLM 0.10.2, tuning set, policy strict (benchmarks/results/tune-17)",
 )  # fmt: skip

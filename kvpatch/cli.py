@@ -266,7 +266,7 @@ def build(
             out.print(f"{v.name}: {v.library}")
         out.print("Load with kvpatch.gpu.launch.Kernels(path, prefix); running them needs a CUDA GPU "
                   "and a CUDA build of torch ('kvpatch validate', 'kvpatch bench').")  # fmt: skip
-    for warning in result.split_warnings():
+    for warning in result.split_warnings() + result.schedule_warnings():
         err.print(f"[yellow]warning:[/] {escape(warning)}")
     result.check()
 

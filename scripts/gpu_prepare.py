@@ -36,6 +36,7 @@ import sys
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's kvpatch, not an installed one
 
 from rich.console import Console  # noqa: E402
+from rich.markup import escape  # noqa: E402
 
 from kvpatch import build as B  # noqa: E402
 from kvpatch.render import build_table  # noqa: E402
@@ -115,6 +116,8 @@ def main() -> None:
                             "archs": list(r.archs), "configs": len(r.configs), "vllm": revision_of(stock) or args.vllm,
                             "nvcc": nvcc}  # fmt: skip
         console.print(build_table(result))
+        for warning in result.split_warnings() + result.schedule_warnings():
+            console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     (out / "libs.txt").write_text("\n".join(lines) + "\n")
     (out / "variants.json").write_text(json.dumps(info, indent=1) + "\n")
     (out / "build.json").write_text(json.dumps(builds, indent=1) + "\n")

@@ -18,7 +18,7 @@ if len(sys.argv) != 3:
 d = json.load(open(sys.argv[1]))
 def sigs(v):
     with gzip.open(v["sass"], "rt") as f:
-        return {sym: ops for (_, sym), (_, ops) in scan_sass_kernels(f).items()}
+        return {sym: k.fp_ops for (_, sym), k in scan_sass_kernels(f).items()}
 vs = {v["name"]: v for v in d["variants"]}
 S, P = sigs(vs["stock"]), sigs(vs["patched"])
 key = lambda k: (k["kernel"], k["dtype"], k["kv_cache_dtype"], k["head_size"], k["block_size"])

@@ -462,7 +462,65 @@ def test_scan_sass_counts_floating_point_ops():
         /*0050*/                   UBLKPF.L2 [UR4], UR5 ;
         /*0060*/                   IMAD R1, R2, R3, R4 ;
 """
-    assert scan_sass_kernels(sass.splitlines()) == {("sm_90a", "_Zk"): (True, {"FFMA": 2, "FMNMX": 1, "MUFU": 1})}
+    assert scan_sass_kernels(sass.splitlines()) == {("sm_90a", "_Zk"): (True, {"FFMA": 2, "FMNMX": 1, "MUFU": 1}, None)}
+
+
+def _loop_sass(gap: int) -> str:
+    """A kernel whose key loop (4 LDG + an LDS, closed by a backward branch) uses each load
+    ``gap`` instructions after issuing it; a short loop without loads before it."""
+    body = ["IADD3 R2, R2, 0x1, RZ", "BRA 0x0010"]  # a loop of no interest (no loads)
+    loop = [f"LDG.E.128.CONSTANT R{20 + 4 * i}, desc[UR4][R{60 + 2 * i}.64]" for i in range(4)]
+    loop += ["IMAD R9, R9, 0x2, RZ"] * max(0, gap - 4) + ["LDS R8, [R3]"]
+    loop += [f"HFMA2 R10, R{21 + 4 * i}, R8, R10" for i in range(4)]
+    start = len(body)
+    ins = body + loop + [f"@P0 BRA 0x{start * 16:04x}", "EXIT"]
+    return "\tcode for sm_90a\n\t\tFunction : _Zk\n" + "".join(f"        /*{i * 16:04x}*/  {t} ;\n" for i, t in enumerate(ins))
+
+
+def test_key_loop_load_use_measures_how_far_ahead_loads_issue():
+    from kvpatch.build.inspect import key_loop_load_use, scan_sass_kernels
+
+    far = scan_sass_kernels(_loop_sass(40).splitlines())[("sm_90a", "_Zk")].load_use
+    near = scan_sass_kernels(_loop_sass(4).splitlines())[("sm_90a", "_Zk")].load_use
+    # loads i = 0..3 used by the HFMA2 at 4 + pad + 1 + i: distance pad + 5 for each (pad = gap - 4)
+    assert (far, near) == (41.0, 5.0)
+    assert key_loop_load_use([(0, "LDG.E R1, desc[UR4][R2.64]"), (16, "BRA 0x0")]) is None  # no loop with an LDS
+    assert key_loop_load_use([]) is None
+
+
+def test_schedule_warnings_compare_load_use_with_stock():
+    stock = VariantResult("stock", "kvpatch_stock", "k", Path("."), Path("s.so"), (), Path("s.sass"), ("sm_90a",),
+                          ("fp16/auto/128/16",), (_kernel(has_prefetch=False, load_use=80.0),), (), False)  # fmt: skip
+    close = replace(stock, name="close", kernels=(_kernel(load_use=60.0),))
+    near = replace(stock, name="near", kernels=(_kernel(load_use=12.0),))
+    unknown = replace(stock, name="unknown", kernels=(_kernel(load_use=None),))
+    off = replace(stock, name="off", kernels=(_kernel(has_prefetch=False, expect_prefetch=False, load_use=5.0),))
+    result = B.BuildResult((stock, close, near, unknown, off), 0.0)
+    assert result.schedule_warnings() == ["near: v1 fp16/auto/128/16 sm_90a: its key loop uses each load 12 instructions "
+                                          "after issuing it (median; stock's: 80): expect it slower than stock (measure with "
+                                          "'kvpatch bench')"]  # fmt: skip
+    assert B.BuildResult((close, near), 0.0).schedule_warnings() == []  # no stock to compare with
+    again = VariantResult.from_dict(json.loads(json.dumps(near.to_dict())))
+    assert again.kernels == near.kernels and again.kernels[0].load_use == 12.0
+
+
+@needs_nvcc
+def test_build_warns_where_ptxas_schedules_the_key_loads_next_to_their_use(tree_0102, build_cache):
+    """fp16 head 128 block 16 v1: with min-ctas 1024 and read=warp, ptxas issues each key load
+    right before its use (0.49x stock on the H200, benchmarks/results/ctas-probe); without the
+    gate it issues them all up front (1.10x)."""
+    from dataclasses import replace as with_
+
+    path = tree_0102 / "csrc/attention/attention_kernels.cuh"
+    base = make_config(inherit_rules=False, fp16="none", bf16="none", fp32="none", rules="none", issue="inline",
+                       scope="kv-head", min_group=2, read="warp")  # fmt: skip
+    variants = B.patched_variants(path.read_text(encoding="utf-8"), str(path),
+                                  {"gated": with_(base, min_ctas=1024), "plain": base})  # fmt: skip
+    spec = make_spec(tree_0102, variants, "9.0a", dtypes=["fp16"], head_sizes=[128], block_sizes=[16])
+    result = B.build(spec, cache=build_cache, console=_quiet())
+    warned = {w.split(": ")[0] + " " + w.split(": ")[1].split()[0] for w in result.schedule_warnings()}
+    assert warned == {"gated v1", "gated v2"}
+    assert all(k.load_use for v in result.variants for k in v.kernels if k.kernel != "reduce")
 
 
 def test_split_warnings_compare_floating_point_ops_with_stock():
@@ -615,6 +673,23 @@ def test_damaged_cached_library_is_rebuilt(damage, tree_0102, variants_0102, tmp
     assert again.library.read_bytes() == good
     (third,) = B.build(spec, cache=tmp_path, console=_quiet()).variants
     assert third.cached
+
+
+@needs_nvcc
+def test_a_cached_build_without_load_use_gets_it_from_its_sass(tree_0102, variants_0102, tmp_path):
+    """A build cached by a kvpatch that did not record the key loop's load-use distance is read
+    again from its kept SASS, once: the numbers equal a fresh build's and result.json keeps them."""
+    spec = make_spec(tree_0102, variants_0102[:1], "9.0a", dtypes=["fp16"])
+    (first,) = B.build(spec, cache=tmp_path, console=_quiet()).variants
+    assert all(k.load_use for k in first.kernels if k.kernel != "reduce")
+    path = first.dir / "result.json"
+    old = json.loads(path.read_text())
+    for k in old["kernels"]:
+        del k["load_use"]
+    path.write_text(json.dumps(old))
+    (again,) = B.build(spec, cache=tmp_path, console=_quiet()).variants
+    assert again.cached and again.kernels == first.kernels
+    assert [k["load_use"] for k in json.loads(path.read_text())["kernels"]] == [k.load_use for k in first.kernels]
 
 
 @needs_nvcc

@@ -6,9 +6,11 @@ from __future__ import annotations
 import gzip
 import re
 import shutil
+import statistics
+from dataclasses import replace
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from ..dtypes import KV_CACHE_DTYPES, QUERY_DTYPES, by_demangled
 from ..errors import BuildError
@@ -51,32 +53,92 @@ _SASS_FUNCTION = re.compile(r"^\s*Function : (\S+)")
 #: ``issue=split`` check compares their FFMA (:meth:`~kvpatch.build.result.BuildResult.split_warnings`).
 FP_OPS = re.compile(r"(FFMA|FADD|FMUL|HFMA2(?!\.MMA)|HADD2|HMUL2|FMNMX|MUFU|F2F|FSEL)\b")
 _SASS_OPCODE = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")
+#: One SASS instruction: its address and its text without the predicate.
+_SASS_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([^;]*);")
+_BRANCH = re.compile(r"^BRA(?:\.\w+)*\s+(?:`\(\S+\)\s*)?0x([0-9a-f]+)")
+_LOAD = re.compile(r"^LDG(\S*)\s+R(\d+),")
 
 
-def scan_sass_kernels(lines: Iterable[str]) -> dict[tuple[str, str], tuple[bool, dict[str, int]]]:
-    """``cuobjdump --dump-sass`` lines -> ``{(arch, symbol): (holds UBLKPF, {FP op: count})}``."""
-    out: dict[tuple[str, str], tuple[bool, dict[str, int]]] = {}
+class SassKernel(NamedTuple):
+    """What :func:`scan_sass_kernels` reads of one kernel's SASS."""
+
+    has_prefetch: bool
+    fp_ops: dict[str, int]
+    #: :func:`key_loop_load_use`, or None where it finds no such loop.
+    load_use: float | None = None
+
+
+def key_loop_load_use(instrs: Sequence[tuple[int, str]]) -> float | None:
+    """How far ahead of their use the key loop issues its global loads: the median, over the
+    loop's ``LDG``s, of the instructions between the load and the first instruction that reads
+    a register it loaded (the loop's end where none does). ``instrs``: (address, text without
+    predicate) in order. The key loop is the first loop (a backward branch's range; the
+    innermost one starting there) holding at least 4 ``LDG`` and an ``LDS``: in vLLM's kernels the
+    loop over KV blocks, which loads the keys and reads the query from shared memory.
+
+    A heuristic about ptxas' schedule, not a timing: where it is short, each load's latency is
+    exposed (benchmarks/results/ctas-probe)."""
+    index = {addr: i for i, (addr, _) in enumerate(instrs)}
+    loops = []
+    for i, (_, text) in enumerate(instrs):
+        if (m := _BRANCH.match(text)) and (target := index.get(int(m.group(1), 16))) is not None and target < i:
+            loops.append((target, i))
+    ops = [text.split(" ", 1)[0] for _, text in instrs]
+
+    def holds(a: int, b: int) -> bool:
+        body = ops[a : b + 1]
+        return sum(o.startswith("LDG") for o in body) >= 4 and any(o.startswith("LDS") for o in body)
+
+    candidates = sorted(x for x in loops if holds(*x))
+    if not candidates:
+        return None
+    start, end = candidates[0]
+    start, end = min(((a, b) for a, b in candidates if a >= start and b <= end), key=lambda x: x[1] - x[0])
+    distances = []
+    for i in range(start, end + 1):
+        m = _LOAD.match(instrs[i][1])
+        if not m:
+            continue
+        width = 4 if ".128" in m.group(1) else 2 if ".64" in m.group(1) else 1
+        regs = re.compile(r"\bR(?:" + "|".join(str(int(m.group(2)) + k) for k in range(width)) + r")\b")
+        use = next((j for j in range(i + 1, end + 1) if regs.search(instrs[j][1].partition(",")[2])), end + 1)
+        distances.append(use - i)
+    return float(statistics.median(distances)) if distances else None
+
+
+def scan_sass_kernels(lines: Iterable[str]) -> dict[tuple[str, str], SassKernel]:
+    """``cuobjdump --dump-sass`` lines -> ``{(arch, symbol): SassKernel}``: whether it holds
+    UBLKPF, its floating-point op counts and its key loop's load-use distance."""
+    out: dict[tuple[str, str], SassKernel] = {}
     arch = ""
     current: tuple[str, str] | None = None
-    has, ops = False, {}
+    has, ops, instrs = False, {}, []  # type: ignore[var-annotated]
+
+    def close() -> None:
+        if current is not None:
+            out[current] = SassKernel(has, ops, key_loop_load_use(instrs))
+
     for line in lines:
         if m := _SASS_ARCH.match(line):
-            arch = m.group(1)
+            close()
+            current, arch = None, m.group(1)
         elif m := _SASS_FUNCTION.match(line):
-            current, has, ops = (arch, m.group(1)), False, {}
-            out[current] = (has, ops)
+            close()
+            current, has, ops, instrs = (arch, m.group(1)), False, {}, []
         elif current is not None:
-            if PREFETCH_SASS in line and not has:
+            if PREFETCH_SASS in line:
                 has = True
-                out[current] = (has, ops)
             if (op := _SASS_OPCODE.search(line)) and (fp := FP_OPS.match(op.group(1))):
                 ops[fp.group(1)] = ops.get(fp.group(1), 0) + 1
+            if m := _SASS_INSTR.search(line):
+                instrs.append((int(m.group(1), 16), m.group(2).strip()))
+    close()
     return out
 
 
 def scan_sass(lines: Iterable[str]) -> dict[tuple[str, str], bool]:
     """``cuobjdump --dump-sass`` lines -> ``{(arch, symbol): holds UBLKPF}``."""
-    return {k: has for k, (has, _) in scan_sass_kernels(lines).items()}
+    return {k: v.has_prefetch for k, v in scan_sass_kernels(lines).items()}
 
 
 def demangle(symbols: Sequence[str]) -> dict[str, str]:
@@ -136,7 +198,7 @@ def _template_args(text: str, start: int) -> list[str]:
 def inspect_variant(p: VariantPlan, tools: Inspector, step: Callable[[str, Callable[[], None]], None]) -> VariantResult:
     """Read registers from the ptxas logs and the prefetch from the SASS of a linked variant."""
     sass_path = p.dir / "kernels.sass.gz"
-    sass: dict[tuple[str, str], tuple[bool, dict[str, int]]] = {}
+    sass: dict[tuple[str, str], SassKernel] = {}
 
     def dump() -> None:
         sass.update(dump_sass(tools, p.library, sass_path))
@@ -149,7 +211,7 @@ def inspect_variant(p: VariantPlan, tools: Inspector, step: Callable[[str, Calla
     sigs = dict(p.signatures)
     names = demangle(sorted({sym for _, sym in sass}))
     kernels = []
-    for (arch, sym), (has, ops) in sorted(sass.items()):
+    for (arch, sym), (has, ops, load_use) in sorted(sass.items()):
         desc = describe_kernel(names[sym], sigs)
         if desc is None:
             continue
@@ -161,7 +223,7 @@ def inspect_variant(p: VariantPlan, tools: Inspector, step: Callable[[str, Calla
                                                            desc["kv_cache_dtype"], desc["kernel"]).issue == "split"  # fmt: skip
         res = usage.get((arch, sym), {"registers": 0, "spill_stores": 0, "spill_loads": 0, "stack_bytes": 0})
         kernels.append(KernelInfo(arch=arch, **desc, **res, has_prefetch=has, expect_prefetch=expect, symbol=sym,
-                                  fp_ops=tuple(sorted(ops.items())), split=split))  # fmt: skip
+                                  fp_ops=tuple(sorted(ops.items())), split=split, load_use=load_use))  # fmt: skip
     kernels.sort(key=_kernel_order)
     return VariantResult(
         name=p.variant.name,
@@ -197,7 +259,17 @@ def _kernel_order(k: KernelInfo) -> tuple:
     return (arch, list(KERNELS).index(k.kernel), dtype, kv, k.head_size, k.block_size)
 
 
-def dump_sass(tools: Inspector, library: Path, out: Path) -> dict[tuple[str, str], tuple[bool, dict[str, int]]]:
+def with_load_use(result: VariantResult) -> VariantResult:
+    """``result`` with each kernel's :attr:`~KernelInfo.load_use` read from its kept SASS
+    (``kernels.sass.gz``): for builds made before kvpatch read it."""
+    with gzip.open(result.sass, "rt", encoding="utf-8") as f:
+        found = scan_sass_kernels(f)
+    kernels = tuple(replace(k, load_use=found[(k.arch, k.symbol)].load_use) if (k.arch, k.symbol) in found else k
+                    for k in result.kernels)  # fmt: skip
+    return replace(result, kernels=kernels)
+
+
+def dump_sass(tools: Inspector, library: Path, out: Path) -> dict[tuple[str, str], SassKernel]:
     """Stream ``cuobjdump --dump-sass`` into ``out`` (gzip: --all's SASS is ~300 MB) and scan it."""
     tmp = out.with_name(out.name + ".tmp")
     with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=3) as f:

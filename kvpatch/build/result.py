@@ -12,6 +12,11 @@ from ..errors import BuildError
 
 #: The prefetch instruction in SASS.
 PREFETCH_SASS = "UBLKPF"
+#: :meth:`BuildResult.schedule_warnings` warns below this fraction of stock's load-use distance.
+#: In tune-15 and tune-16 (H200, 384 candidate kernels): all 31 under it were slower than stock
+#: at some tuning point (worst 0.36-0.88; 26 of them by geomean), and every candidate that was
+#: never slower had 0.9x stock's distance or more.
+LOAD_USE_RATIO = 0.5
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,9 @@ class KernelInfo:
     fp_ops: tuple[tuple[str, int], ...] = ()
     #: Its configuration issues the prefetch with ``issue=split`` here.
     split: bool = False
+    #: How many instructions ahead of their first use the key loop issues its global loads
+    #: (median; :func:`kvpatch.build.inspect.key_loop_load_use`), None where not found.
+    load_use: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -180,6 +188,24 @@ class BuildResult:
                 if k.split and ref is not None and ffma(k) is not None and ffma(k) != ref:
                     out.append(f"{v.name}: {k.label}: issue=split, but {ffma(k)} FFMA in its SASS against stock's {ref}: "
                                f"expect outputs with ALiBi to differ (check with 'kvpatch validate')")  # fmt: skip
+        return out
+
+    def schedule_warnings(self, ratio: float = LOAD_USE_RATIO) -> list[str]:
+        """Prefetching kernels whose key loop issues its loads less than ``ratio`` times as far
+        ahead of their use as the 'stock' variant's same kernel (:attr:`KernelInfo.load_use`):
+        ptxas scheduled each load next to its use, so its latency is exposed. On the H200
+        every tuned candidate like that was slower than stock somewhere (:data:`LOAD_USE_RATIO`,
+        benchmarks/results/ctas-probe).
+        Empty without a 'stock' variant or without the numbers (a cached build of an older
+        kvpatch)."""
+        stock = {(k.arch, k.kernel, k.config): k.load_use for v in self.variants if v.name == "stock" for k in v.kernels}
+        out = []
+        for v in self.variants:
+            for k in v.kernels:
+                ref = stock.get((k.arch, k.kernel, k.config))
+                if k.has_prefetch and ref and k.load_use is not None and k.load_use < ratio * ref:
+                    out.append(f"{v.name}: {k.label}: its key loop uses each load {k.load_use:g} instructions after "
+                               f"issuing it (median; stock's: {ref:g}): expect it slower than stock (measure with 'kvpatch bench')")  # fmt: skip
         return out
 
     def to_dict(self) -> dict:

@@ -1,0 +1,47 @@
+"""The committed summaries are what their raw data say: regenerated from the JSON beside them,
+they match byte for byte (so a README number traced to a summary traces to raw data)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("folder, table", [("releases-tune-17", "tune-17")])
+def test_release_summary_regenerates_from_its_raw_data(folder: str, table: str) -> None:
+    results = ROOT / "benchmarks/results" / folder
+    done = subprocess.run([sys.executable, str(ROOT / "scripts/summarize_releases.py"), str(results), "--table", table],
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (results / "summary.md").read_text(encoding="utf-8")
+
+
+def test_release_summary_says_where_the_code_differs(tmp_path: Path) -> None:
+    """The 'code differs' columns come from each bench's recorded configuration marker: with every
+    kernel off (the marker of a table that turns nothing on) no point counts as differing."""
+    import gzip
+    import json
+    import shutil
+
+    src = ROOT / "benchmarks/results/releases-tune-17"
+    for rel in ("0.6.4",):
+        (tmp_path / rel).mkdir()
+        for name in ("validate.json.gz", "bench-heldout.json.gz"):
+            shutil.copy(src / rel / name, tmp_path / rel / name)
+    path = tmp_path / "0.6.4" / "bench-heldout.json.gz"
+    bench = json.loads(gzip.decompress(path.read_bytes()))
+    bench["variant_info"]["patched"]["marker"] = "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call quantized=skip bf16:off fp16:off fp32:off"
+    path.write_bytes(gzip.compress(json.dumps(bench).encode()))
+    done = subprocess.run([sys.executable, str(ROOT / "scripts/summarize_releases.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| 0.6.4 |"))
+    assert "code differs" not in row
+    original = subprocess.run([sys.executable, str(ROOT / "scripts/summarize_releases.py"), str(src)],
+                              capture_output=True, text=True, timeout=300, check=False).stdout  # fmt: skip
+    assert "code differs: 14 pts" in next(line for line in original.splitlines() if line.startswith("| 0.6.4 |"))

@@ -411,7 +411,8 @@ def merge_tune_data(runs: Sequence[dict]) -> dict:
     candidates, or measured again), every other kernel's from the runs before. Each kernel
     is chosen among candidates timed side by side with stock in one run; no speedup of one
     run is compared with another run's. A candidate name two runs use must name the same
-    configuration (UsageError otherwise)."""
+    configuration, and runs must come from one machine (GPU, driver, nvcc, arch and flags, where
+    they record them): UsageError otherwise. The merged run's machine note joins theirs."""
     try:
         owner: dict[str, int] = {}
         for i, data in enumerate(runs):
@@ -434,12 +435,23 @@ def merge_tune_data(runs: Sequence[dict]) -> dict:
                 info[name] = vi
     except (KeyError, TypeError, AttributeError, ValueError):
         raise UsageError("not a kvpatch tune JSON (no bench data, variant info or validation results)") from None
+    machines = [d.get("machine") for d in runs if isinstance(d.get("machine"), dict)]
+    facts = ("gpu", "driver", "nvcc", "arch", "flags")
+    seen = {tuple(m.get(f) for f in facts) for m in machines}
+    if len(seen) > 1:
+        raise UsageError("the tune JSONs were tuned on different machines (" + " / ".join(
+            ", ".join(str(x) for x in fs if x) for fs in sorted(seen, key=str)) + "): tune each machine on its own")  # fmt: skip
     last = runs[-1]
+    machine = last.get("machine")
+    if machines:
+        notes = list(dict.fromkeys(str(m["note"]) for m in machines if m.get("note")))
+        machine = {**machines[-1], **({"note": " + ".join(notes)} if notes else {})}
     bench = {**last["bench"], "results": results, "variant_info": info,
              "merged_from": [{"kernels": sorted(k for k, j in owner.items() if j == i),
                               "seconds": d["bench"].get("seconds"), "env": d["bench"].get("env")}
                              for i, d in enumerate(runs)]}  # fmt: skip
-    return {**last, "bench": bench, "validation_failures": {k: sorted(v) for k, v in sorted(failures.items()) if v}}
+    return {**last, "bench": bench, "machine": machine,
+            "validation_failures": {k: sorted(v) for k, v in sorted(failures.items()) if v}}
 
 
 def rechoose(data: dict, *, policy: str = "strict", fallback: str = "off", exclude: Iterable[str] = (),

@@ -349,6 +349,21 @@ def test_merge_takes_each_kernel_from_the_last_run_that_measured_it() -> None:
         merge_tune_data([old, {"bench": {}}])
 
 
+def test_merge_keeps_one_machine_and_joins_the_notes() -> None:
+    from kvpatch.errors import UsageError
+    from kvpatch.tune import merge_tune_data
+
+    h200 = {"gpu": "NVIDIA H200", "driver": "580.159.04", "nvcc": "13.0.88", "arch": "sm_90a", "flags": "-O2"}
+    fp16 = {**_run({"inline_cta_la1": {"fp16/128/16/auto/v2": [1.5, 1.4]}}), "machine": {**h200, "note": "tuning set (fp16)"}}
+    bf16 = {**_run({"inline_cta_la1": {"bf16/128/16/auto/v1": [1.3, 1.2]}}), "machine": {**h200, "note": "tuning set (bf16)"}}
+    merged = merge_tune_data([fp16, bf16])
+    assert merged["machine"] == {**h200, "note": "tuning set (fp16) + tuning set (bf16)"}
+    h100 = {**bf16, "machine": {**h200, "gpu": "NVIDIA H100 80GB HBM3"}}
+    with pytest.raises(UsageError, match="different machines"):
+        merge_tune_data([fp16, h100])
+    assert merge_tune_data([fp16, {**bf16, "machine": None}])["machine"]["note"] == "tuning set (fp16)"
+
+
 def test_tune_cli_merges_several_from_and_refuses_what_would_be_ignored(tmp_path) -> None:
     import json
     import subprocess

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gzip
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from ..errors import BuildError
 
@@ -180,14 +180,11 @@ class BuildResult:
         def ffma(k: KernelInfo) -> int | None:
             return dict(k.fp_ops).get("FFMA", 0) if k.fp_ops else None
 
-        stock = {(k.arch, k.kernel, k.config): ffma(k) for v in self.variants if v.name == "stock" for k in v.kernels}
         out = []
-        for v in self.variants:
-            for k in v.kernels:
-                ref = stock.get((k.arch, k.kernel, k.config))
-                if k.split and ref is not None and ffma(k) is not None and ffma(k) != ref:
-                    out.append(f"{v.name}: {k.label}: issue=split, but {ffma(k)} FFMA in its SASS against stock's {ref}: "
-                               f"expect outputs with ALiBi to differ (check with 'kvpatch validate')")  # fmt: skip
+        for v, k, ref in self._against_stock(ffma):
+            if k.split and ref is not None and ffma(k) is not None and ffma(k) != ref:
+                out.append(f"{v.name}: {k.label}: issue=split, but {ffma(k)} FFMA in its SASS against stock's {ref}: "
+                           f"expect outputs with ALiBi to differ (check with 'kvpatch validate')")  # fmt: skip
         return out
 
     def schedule_warnings(self, ratio: float = LOAD_USE_RATIO) -> list[str]:
@@ -198,15 +195,20 @@ class BuildResult:
         benchmarks/results/ctas-probe).
         Empty without a 'stock' variant or without the numbers (a cached build of an older
         kvpatch)."""
-        stock = {(k.arch, k.kernel, k.config): k.load_use for v in self.variants if v.name == "stock" for k in v.kernels}
         out = []
+        for v, k, ref in self._against_stock(lambda k: k.load_use):
+            if k.has_prefetch and ref and k.load_use is not None and k.load_use < ratio * ref:
+                out.append(f"{v.name}: {k.label}: its key loop uses each load {k.load_use:g} instructions after "
+                           f"issuing it (median; stock's: {ref:g}): expect it slower than stock (measure with 'kvpatch bench')")  # fmt: skip
+        return out
+
+    def _against_stock(self, value: Callable[[KernelInfo], Any]) -> Iterator[tuple[VariantResult, KernelInfo, Any]]:
+        """Every variant's every kernel with ``value`` of the 'stock' variant's same kernel
+        (same arch, kernel and configuration; None where there is none)."""
+        stock = {(k.arch, k.kernel, k.config): value(k) for v in self.variants if v.name == "stock" for k in v.kernels}
         for v in self.variants:
             for k in v.kernels:
-                ref = stock.get((k.arch, k.kernel, k.config))
-                if k.has_prefetch and ref and k.load_use is not None and k.load_use < ratio * ref:
-                    out.append(f"{v.name}: {k.label}: its key loop uses each load {k.load_use:g} instructions after "
-                               f"issuing it (median; stock's: {ref:g}): expect it slower than stock (measure with 'kvpatch bench')")  # fmt: skip
-        return out
+                yield v, k, stock.get((k.arch, k.kernel, k.config))
 
     def to_dict(self) -> dict:
         return {

@@ -461,8 +461,10 @@ def test_scan_sass_counts_floating_point_ops():
         /*0045*/                   MUFU.RCP R6, R7 ;
         /*0050*/                   UBLKPF.L2 [UR4], UR5 ;
         /*0060*/                   IMAD R1, R2, R3, R4 ;
+        /*10000*/                  FFMA R1, R2, R3, R4 ;
 """
-    assert scan_sass_kernels(sass.splitlines()) == {("sm_90a", "_Zk"): (True, {"FFMA": 2, "FMNMX": 1, "MUFU": 1}, None)}
+    # the last FFMA lies past 0xffff, where cuobjdump writes a fifth address digit
+    assert scan_sass_kernels(sass.splitlines()) == {("sm_90a", "_Zk"): (True, {"FFMA": 3, "FMNMX": 1, "MUFU": 1}, None)}
 
 
 def _loop_sass(gap: int) -> str:

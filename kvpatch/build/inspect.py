@@ -52,8 +52,7 @@ _SASS_FUNCTION = re.compile(r"^\s*Function : (\S+)")
 #: The floating-point SASS instructions counted per kernel (tensor-core MMA excluded); the
 #: ``issue=split`` check compares their FFMA (:meth:`~kvpatch.build.result.BuildResult.split_warnings`).
 FP_OPS = re.compile(r"(FFMA|FADD|FMUL|HFMA2(?!\.MMA)|HADD2|HMUL2|FMNMX|MUFU|F2F|FSEL)\b")
-_SASS_OPCODE = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")
-#: One SASS instruction: its address and its text without the predicate.
+#: One SASS instruction: its address (4 hex digits, more past 0xffff) and its text without the predicate.
 _SASS_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([^;]*);")
 _BRANCH = re.compile(r"^BRA(?:\.\w+)*\s+(?:`\(\S+\)\s*)?0x([0-9a-f]+)")
 _LOAD = re.compile(r"^LDG(\S*)\s+R(\d+),")
@@ -128,10 +127,11 @@ def scan_sass_kernels(lines: Iterable[str]) -> dict[tuple[str, str], SassKernel]
         elif current is not None:
             if PREFETCH_SASS in line:
                 has = True
-            if (op := _SASS_OPCODE.search(line)) and (fp := FP_OPS.match(op.group(1))):
-                ops[fp.group(1)] = ops.get(fp.group(1), 0) + 1
             if m := _SASS_INSTR.search(line):
-                instrs.append((int(m.group(1), 16), m.group(2).strip()))
+                text = m.group(2).strip()
+                instrs.append((int(m.group(1), 16), text))
+                if fp := FP_OPS.match(text):
+                    ops[fp.group(1)] = ops.get(fp.group(1), 0) + 1
     close()
     return out
 

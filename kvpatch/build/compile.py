@@ -24,7 +24,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from ..errors import BuildError
 from ..fsutil import write_atomic, write_if_different
 from .flags import vllm_nvcc_flags
-from .inspect import inspect_variant, with_load_use
+from .inspect import inspect_variant, reread_sass
 from .plan import VariantPlan, plan
 from .result import BuildResult, StepTime, VariantResult
 from .spec import BuildSpec, check_jobs
@@ -116,9 +116,10 @@ def load_cached(p: VariantPlan) -> tuple[VariantResult | None, str]:
     if digest != result.library_sha256:
         return None, f"cached {p.library.name} is damaged (sha256 {digest[:12]}..., recorded {result.library_sha256[:12]}...)"
     if any("load_use" not in k for k in data["kernels"]) and result.sass.is_file():
-        # built by a kvpatch that did not read the load-use distance: read it from the kept SASS, once
+        # built by a kvpatch that did not read the load-use distance (and cut FP op counts at 0xffff):
+        # read both from the kept SASS, once
         try:
-            result = with_load_use(result)
+            result = reread_sass(result)
         except (OSError, EOFError, ValueError):
             return result, ""
         _save_result(p, result)

@@ -259,14 +259,18 @@ def _kernel_order(k: KernelInfo) -> tuple:
     return (arch, list(KERNELS).index(k.kernel), dtype, kv, k.head_size, k.block_size)
 
 
-def with_load_use(result: VariantResult) -> VariantResult:
-    """``result`` with each kernel's :attr:`~KernelInfo.load_use` read from its kept SASS
-    (``kernels.sass.gz``): for builds made before kvpatch read it."""
+def reread_sass(result: VariantResult) -> VariantResult:
+    """``result`` with each kernel's floating-point op counts and :attr:`~KernelInfo.load_use`
+    read again from its kept SASS (``kernels.sass.gz``): for builds made before kvpatch read
+    the load-use distance, which also counted FP ops only up to address 0xffff."""
     with gzip.open(result.sass, "rt", encoding="utf-8") as f:
         found = scan_sass_kernels(f)
-    kernels = tuple(replace(k, load_use=found[(k.arch, k.symbol)].load_use) if (k.arch, k.symbol) in found else k
-                    for k in result.kernels)  # fmt: skip
-    return replace(result, kernels=kernels)
+
+    def again(k: KernelInfo) -> KernelInfo:
+        got = found.get((k.arch, k.symbol))
+        return k if got is None else replace(k, fp_ops=tuple(sorted(got.fp_ops.items())), load_use=got.load_use)
+
+    return replace(result, kernels=tuple(again(k) for k in result.kernels))
 
 
 def dump_sass(tools: Inspector, library: Path, out: Path) -> dict[tuple[str, str], SassKernel]:

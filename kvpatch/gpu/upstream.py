@@ -278,6 +278,16 @@ def pytest_argv(test: UpstreamTest, junit: Path, workers: int, names: Sequence[s
     return argv
 
 
+def _start_pytest(test: UpstreamTest, run_dir: Path, env: dict[str, str], junit: Path, log_path: Path, workers: int,
+                  tests: Sequence[str] = ()) -> tuple[subprocess.Popen, Any]:  # fmt: skip
+    """pytest on the test (or on ``tests``) in the run directory, its output into ``log_path``:
+    the process and the open log, which the caller closes once the process is done."""
+    log = open(log_path, "w")
+    proc = subprocess.Popen(pytest_argv(test, junit.resolve(), workers, tests), cwd=run_dir, env=env, stdout=log,
+                            stderr=subprocess.STDOUT)  # fmt: skip
+    return proc, log
+
+
 def _wait(p: subprocess.Popen, timeout: float) -> int:
     """The process's exit code; killed once ``timeout`` seconds (at least 1) have passed."""
     try:
@@ -319,11 +329,9 @@ def run_upstream(
         path = s.path if s.path.startswith("python:") else str(Path(s.path).resolve())
         env = dict(os.environ, PYTHONPATH=pythonpath_for(run_dir), KVPATCH_UPSTREAM_LIB=f"{path}:{s.prefix}",
                    KVPATCH_UPSTREAM_RECORD=str(rec.resolve()))  # fmt: skip
-        log = open(out / f"pytest-{s.name}.log", "w")
         if progress:
             progress(f"upstream: {test.node_id} against {s.name} ({per} workers)")
-        p = subprocess.Popen(pytest_argv(test, junit.resolve(), per, tests), cwd=run_dir, env=env, stdout=log,
-                             stderr=subprocess.STDOUT)  # fmt: skip
+        p, log = _start_pytest(test, run_dir, env, junit, out / f"pytest-{s.name}.log", per, tests)
         procs.append((s, p, log, junit, rec, env, time.perf_counter()))
     runs: list[UpstreamRun] = []
     cases: list[dict[str, dict[str, Any]]] = []
@@ -345,9 +353,8 @@ def run_upstream(
         if progress:
             progress(f"upstream: {len(oom)} test(s) against {s.name} ran out of GPU memory beside the others; again, alone")
         junit = out / f"junit-{s.name}-rerun.xml"
-        with open(out / f"pytest-{s.name}-rerun.log", "w") as log:
-            p = subprocess.Popen(pytest_argv(test, junit.resolve(), 1, oom), cwd=run_dir, env=env, stdout=log,
-                                 stderr=subprocess.STDOUT)  # fmt: skip
+        p, log = _start_pytest(test, run_dir, env, junit, out / f"pytest-{s.name}-rerun.log", 1, oom)
+        with log:
             rc = _wait(p, left)
         again = junit_cases(junit) if junit.is_file() else {}
         got.update({k: v for k, v in again.items() if k in got})

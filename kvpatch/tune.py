@@ -41,6 +41,7 @@ from typing import Any, Iterable, Sequence
 
 from .config import DTYPES, RULE_KERNELS, PatchConfig, Selector, make_config
 from .errors import UsageError
+from .machine import FIELDS as MACHINE_FACTS
 from .gpu.stats import SLOWER, geomean
 
 #: The grid: (setting, values). 12 candidates.
@@ -436,8 +437,7 @@ def merge_tune_data(runs: Sequence[dict]) -> dict:
     except (KeyError, TypeError, AttributeError, ValueError):
         raise UsageError("not a kvpatch tune JSON (no bench data, variant info or validation results)") from None
     machines = [d.get("machine") for d in runs if isinstance(d.get("machine"), dict)]
-    facts = ("gpu", "driver", "nvcc", "arch", "flags")
-    seen = {tuple(m.get(f) for f in facts) for m in machines}
+    seen = {tuple(m.get(f) for f in MACHINE_FACTS) for m in machines}
     if len(seen) > 1:
         raise UsageError("the tune JSONs were tuned on different machines (" + " / ".join(
             ", ".join(str(x) for x in fs if x) for fs in sorted(seen, key=str)) + "): tune each machine on its own")  # fmt: skip

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("folder, table", [("releases-tune-17", "tune-17")])
+@pytest.mark.parametrize("folder, table", [("releases-tune-12", "tune-12"), ("releases-tune-17", "tune-17")])
 def test_release_summary_regenerates_from_its_raw_data(folder: str, table: str) -> None:
     results = ROOT / "benchmarks/results" / folder
     done = subprocess.run([sys.executable, str(ROOT / "scripts/summarize_releases.py"), str(results), "--table", table],

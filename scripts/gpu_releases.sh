@@ -24,21 +24,16 @@ export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:Tr
 RELEASES=${RELEASES:-$(cd "$LIBROOT" && for d in */libs; do printf '%s ' "${d%/libs}"; done)}
 T0=$SECONDS; BUDGET=${BUDGET:-560}; NEED=${NEED:-130}
 UNPACK=${UNPACK:-/tmp/kvpatch-release-libs}
-unpack() { python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" "$1" "$2"; }
+source scripts/lib_specs.sh
 for v in $RELEASES; do
   left=$(( BUDGET - (SECONDS - T0) ))
   (( left < NEED )) && { echo "$v: skipped, $left s left"; continue; }
   L=$LIBROOT/$v/libs; R=$OUT/$v
   [[ -f $L/libs.txt ]] || { echo "error: $L/libs.txt not found" >&2; exit 2; }
-  mkdir -p "$R" "$UNPACK/$v"
+  mkdir -p "$R"
+  lib_specs "$L" "$UNPACK/$v"
   LIBS=()
-  while IFS= read -r line; do
-    [[ -z "$line" ]] && continue
-    name=${line%%=*}; rest=${line#*=}; file=${rest%:*}; prefix=${rest##*:}
-    if [[ -f $L/$file.xz ]]; then unpack "$L/$file.xz" "$UNPACK/$v/$file" || exit 1
-    else cp "$L/$file" "$UNPACK/$v/$file" || exit 1; fi
-    LIBS+=(--lib "$name=$UNPACK/$v/$file:$prefix")
-  done < "$L/libs.txt"
+  for spec in "${LIB_SPECS[@]}"; do LIBS+=(--lib "$spec"); done
   cp "$L/variants.json" "$R/"
   if [[ "${VALIDATE:-1}" == 1 ]]; then
     timeout 90 python3 -m kvpatch validate "${LIBS[@]}" --variant-info "$L/variants.json" --dtypes fp16,bf16 \

@@ -86,29 +86,17 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,power
     --format=csv > "$OUT/nvidia-smi-start.csv" 2>&1 || true
 
 # unpack and list the libraries: ALL (every line), PAIR (stock + patched: the full kernel set)
-LIBS_DIR="${UNPACK:-${TMPDIR:-/tmp}/kvpatch-libs}"
-mkdir -p "$LIBS_DIR"
-LIBS_DIR=$(cd "$LIBS_DIR" && pwd)
+source scripts/lib_specs.sh
+lib_specs "$LIBDIR" "${UNPACK:-${TMPDIR:-/tmp}/kvpatch-libs}"
 ALL=()
 PAIR=()
 HELD=()
-while IFS= read -r line; do
-    [[ -z "$line" || "$line" == \#* ]] && continue
-    name=${line%%=*}
-    rest=${line#*=}
-    file=${rest%:*}
-    prefix=${rest##*:}
-    src="$LIBDIR/$file"
-    [[ "$file" == /* ]] && src="$file"
-    if [[ ! -f "$src" && -f "$src.xz" ]]; then
-        $PY -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" "$src.xz" "$LIBS_DIR/$(basename "$file")" || exit 2
-        src="$LIBS_DIR/$(basename "$file")"
-    fi
-    [[ -f "$src" ]] || { echo "error: $src (from $LIBDIR/libs.txt) not found" >&2; exit 2; }
-    ALL+=(--lib "$name=$(cd "$(dirname "$src")" && pwd)/$(basename "$src"):$prefix")
-    [[ "$name" == stock || "$name" == patched ]] && PAIR+=(--lib "$name=$(cd "$(dirname "$src")" && pwd)/$(basename "$src"):$prefix")
-    [[ ",$HELDOUT_NAMES," == *",$name,"* ]] && HELD+=(--lib "$name=$(cd "$(dirname "$src")" && pwd)/$(basename "$src"):$prefix")
-done < "$LIBDIR/libs.txt"
+for spec in "${LIB_SPECS[@]}"; do
+    name=${spec%%=*}
+    ALL+=(--lib "$spec")
+    [[ "$name" == stock || "$name" == patched ]] && PAIR+=(--lib "$spec")
+    [[ ",$HELDOUT_NAMES," == *",$name,"* ]] && HELD+=(--lib "$spec")
+done
 INFO=()
 [[ -f "$LIBDIR/variants.json" ]] && INFO=(--variant-info "$LIBDIR/variants.json")
 TREEOPT=()

@@ -227,7 +227,7 @@ def test_write_run_dir_copies_the_test_unchanged(tmp_path):
     assert "def create_kv_caches_with_random" in (run / f"{U.HELPERS_MODULE}.py").read_text()
 
 
-def test_parse_junit(tmp_path):
+def test_junit_cases_and_their_counts(tmp_path):
     xml = tmp_path / "j.xml"
     xml.write_text(textwrap.dedent("""\
         <testsuites><testsuite>
@@ -238,7 +238,7 @@ def test_parse_junit(tmp_path):
           <testcase classname="t" name="a[5]"><system-out>ok</system-out></testcase>
           <testcase classname="t" name="a[6]"><failure message="torch.OutOfMemoryError: CUDA out of memory."/></testcase>
         </testsuite></testsuites>"""))
-    c = U.parse_junit(xml)
+    c = U.count_cases(U.junit_cases(xml))
     assert (c["passed"], c["failed"], c["skipped"], c["errors"]) == (2, 2, 1, 1)
     assert c["failures"] == ["t::a[2]", "t::a[4]", "t::a[6]"]
     assert c["oom"] == ["a[6]"]  # only the out-of-memory failure is run again

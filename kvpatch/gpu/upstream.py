@@ -219,11 +219,6 @@ def count_cases(cases: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def parse_junit(path: str | Path) -> dict[str, Any]:
-    """:func:`count_cases` of a JUnit XML file."""
-    return count_cases(junit_cases(path))
-
-
 def read_records(folder: str | Path) -> dict[str, dict[str, Any]]:
     """``test#call`` -> record, from every ``record-*.jsonl`` the shim wrote."""
     out: dict[str, dict[str, Any]] = {}

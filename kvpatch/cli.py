@@ -397,6 +397,7 @@ def tune(
     exclude: Annotated[list[str], typer.Option("--exclude", help="With --from: count CANDIDATE@SELECTOR (shell patterns, e.g. 'inline_*@bf16/256/16/auto/v1') as a validation failure (repeatable).")] = [],  # noqa: B006
     grid: Annotated[list[str], typer.Option("--grid", help="The candidates to build: the default grid with settings replaced or added, e.g. 'issue=inline,call;min-group=2;min-ctas=1,1024' (keys issue, scope, lookahead, min-group, min-ctas, read; repeatable: the union).")] = [],  # noqa: B006
     dtype: Annotated[list[str], typer.Option("--dtype", help="Measure only this query dtype's kernels (fp16 or bf16; repeatable); the others come out off.")] = [],  # noqa: B006
+    only: Annotated[list[str], typer.Option("--only", help="Measure only the tuned instantiations this selector picks (dtype\\[/head\\[/block]], e.g. fp16/128/16; repeatable); the others come out off (merge runs with --from).")] = [],  # noqa: B006
 ) -> None:
     """GPU: per kernel (v1, v2) of fp16/bf16 x head 64/128/256 x block 16/32, sweep 12 candidates (issue inline/call/split x scope x lookahead; --grid: others), keep the fastest bit-identical one never slower than stock, or off; write kvpatch.toml with the machine it was tuned on."""
     from .gpu.tune_command import TuneOptions, run_tune_command
@@ -404,7 +405,7 @@ def tune(
 
     opts = TuneOptions(tree=tree, cwd=_cwd(), arch=arch, libs=lib, variant_info=variant_info, output=output,
                        json_out=json_out, quick=quick, reps=reps, rounds=rounds, policy=policy, fallback=fallback,
-                       jobs=jobs, from_json=from_json, exclude=exclude, grid=grid, dtypes=dtype)  # fmt: skip
+                       jobs=jobs, from_json=from_json, exclude=exclude, grid=grid, dtypes=dtype, only=only)  # fmt: skip
     report = run_tune_command(opts, console=err, progress=_progress)
     out.print(tune_table(report))
     out.print(f"wrote {escape(str(output))}: {escape(report.config.marker())}", highlight=False, soft_wrap=True)

@@ -338,12 +338,33 @@ def tune_validate_matrix(instantiations: Iterable[tuple[str, int, int]]) -> list
     return out
 
 
+def tuned_instantiations(dtypes: Iterable[str] = (), only: Iterable[str] = ()) -> list[tuple[str, int, int]]:
+    """The tuned (dtype, head, block)s, of ``dtypes`` only (if any) and picked by a selector of
+    ``only`` (``dtype[/head[/block]]``; if any). UsageError for a selector that is invalid,
+    names a KV cache or kernel (tune measures both kernels, auto cache), or picks none."""
+    from .gpu import points as P
+
+    sels = []
+    for text in only:
+        sel = Selector.parse(text)
+        if sel.kv_cache is not None or sel.kernel is not None:
+            raise UsageError(f"invalid --only {text!r}: give dtype[/head[/block]] (tune measures v1 and v2, auto cache)")
+        sels.append(sel)
+    out = [(d, h, b) for d in P.TUNING_DTYPES for h in P.TUNING_HEAD_SIZES for b in P.TUNING_BLOCK_SIZES
+           if (not dtypes or d in dtypes) and (not sels or any(s.matches(d, h, b) for s in sels))]  # fmt: skip
+    if not out:
+        raise UsageError("--only/--dtype pick no tuned instantiation (tune measures "
+                         f"{'/'.join(P.TUNING_DTYPES)} x head {'/'.join(map(str, P.TUNING_HEAD_SIZES))} x block "
+                         f"{'/'.join(map(str, P.TUNING_BLOCK_SIZES))})")  # fmt: skip
+    return out
+
+
 def run_tune(libs: dict, configs: dict[str, PatchConfig], *, quick: bool, reps: int, rounds: int,
              policy: str = "strict", fallback: str = "off", progress=None, variant_info: dict | None = None,
-             machine: Any = None, dtypes: Iterable[str] = ()) -> TuneReport:  # fmt: skip
+             machine: Any = None, dtypes: Iterable[str] = (), only: Iterable[str] = ()) -> TuneReport:  # fmt: skip
     """Validate, bench on the tuning set and choose, on a GPU; ``libs`` holds 'stock' and
     one library per candidate (``quick``: batch 2/32 x context 512/12288 of the tuning set;
-    ``dtypes``: only those query dtypes' points)."""
+    ``dtypes``, ``only``: only the points of :func:`tuned_instantiations`)."""
     from .gpu import bench as Bn
     from .gpu import points as P
     from .gpu import validate as V
@@ -351,9 +372,10 @@ def run_tune(libs: dict, configs: dict[str, PatchConfig], *, quick: bool, reps: 
     points = P.point_set("tuning")
     if quick:
         points = [p for p in points if p.batch in (2, 32) and p.context in (512, 12288)]
-    if dtypes:
-        wanted = set(dtypes)
-        points = [p for p in points if p.dtype in wanted]
+    dtypes, only = list(dtypes), list(only)
+    if dtypes or only:
+        wanted = set(tuned_instantiations(dtypes, only))
+        points = [p for p in points if (p.dtype, p.head_size, p.block_size) in wanted]
     matrix = tune_validate_matrix((p.dtype, p.head_size, p.block_size) for p in points)
     failures = validation_failures(V.run_validate(libs, matrix, seed=0))
     bench = Bn.run_bench(libs, points, reps=reps, rounds=rounds, kernels=("dispatched",), variant_info=variant_info,

@@ -63,6 +63,8 @@ def main() -> None:
     ap.add_argument("--grid", action="append", default=[],
                     help="with --tune: kvpatch tune's --grid (e.g. 'min-group=2;min-ctas=1,1024'; repeatable: the union)")
     ap.add_argument("--dtype", action="append", default=[], help="with --tune: build only this dtype's instantiations")
+    ap.add_argument("--only", action="append", default=[],
+                    help="with --tune: build only the instantiations kvpatch tune --only SELECTOR measures (e.g. fp16/128/16)")
     ap.add_argument("--kernels", choices=("full", "tuned"), default="full",
                     help="stock + patched: vLLM's full kernel set, or the tuned instantiations with auto and fp8 caches")
     ap.add_argument("--no-small", action="store_true", help="no paper/control variants")
@@ -86,7 +88,7 @@ def main() -> None:
 
         grids = parse_grids(args.grid)
         specs = [tune_build_spec(tree, B.patched_variants(stock, str(path), candidates(default, grids)), args.arch,
-                                 dtypes=args.dtype or None)]  # fmt: skip
+                                 dtypes=args.dtype or None, only=args.only)]  # fmt: skip
         small = {}
     else:
         full_variants = B.patched_variants(stock, str(path), {"patched": default})

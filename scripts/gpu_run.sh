@@ -17,7 +17,7 @@
 # WORKERS (pytest-xdist workers for upstream, in all; default 8),
 # HEADLINE_REPS / HELDOUT_REPS (50 / 30), ROUNDS (3), HEADLINE_KERNELS (v1,v2 or dispatched),
 # HELDOUT_NAMES (the libraries the held-out bench compares; default stock,patched),
-# TUNE_REPS (20), TUNE_DTYPES (tune --dtype: e.g. fp16; default every tuned dtype), TUNE_QUICK=1 (tune --quick: 144 of the 324 tuning points),
+# TUNE_REPS (20), TUNE_DTYPES (tune --dtype: e.g. fp16; default every tuned dtype), TUNE_ONLY (tune --only, comma-separated: e.g. fp16/128/16,fp16/256/16), TUNE_QUICK=1 (tune --quick: 144 of the 324 tuning points),
 # AA=1 (both benches also time stock against itself: bench --aa, variant stock-aa),
 # UNPACK (where .so.xz libraries are unpacked; default /tmp/kvpatch-libs: never under OUT, whose
 # files the device tool brings back), PACK=1 (end with OUT holding one file, gpu-run.tgz, of all
@@ -137,6 +137,7 @@ fi
 if has tune; then
     QUICK=(); [[ "${TUNE_QUICK:-0}" == 1 ]] && QUICK=(--quick)
     TD=${TUNE_DTYPES:-}; for d in ${TD//,/ }; do QUICK+=(--dtype "$d"); done
+    TO=${TUNE_ONLY:-}; for d in ${TO//,/ }; do QUICK+=(--only "$d"); done
     say "tune: $(( ${#ALL[@]} / 2 )) libraries (stock + candidates), validate per kernel, bench the tuning set"
     "${KV[@]}" tune "${ALL[@]}" "${INFO[@]}" "${QUICK[@]}" --reps "${TUNE_REPS:-20}" --rounds "$ROUNDS" \
         -o "$OUT/kvpatch.toml" --json "$OUT/tune.json" > "$OUT/tune.log" 2>&1

@@ -202,6 +202,40 @@ def test_run_tune_validates_each_instantiation_benches_the_tuning_set_and_never_
     assert report.to_json()["validation_failures"]["inline_cta_la1"] == sorted(i for i in report.picked if i.startswith("bf16"))
 
 
+def test_only_measures_and_builds_just_the_instantiations_its_selectors_pick(monkeypatch, tmp_path) -> None:
+    """``--only fp16/128/16``: run_tune benches and validates only that instantiation's points
+    (both kernels, all three head layouts); the build spec holds only its shapes; with
+    ``--dtype`` the two filters meet."""
+    from kvpatch.gpu import bench as Bn
+    from kvpatch.gpu import points as P
+    from kvpatch.gpu import validate as V
+    from kvpatch.gpu.tune_command import tune_build_spec
+    from kvpatch.tune import run_tune, tuned_instantiations
+
+    seen = {}
+    monkeypatch.setattr(V, "run_validate", lambda libs, matrix, seed=0, **kw: seen.update(matrix=matrix) or
+                        SimpleNamespace(results=[]))  # fmt: skip
+
+    def fake_bench(libs, points, **kw):
+        seen["points"] = points
+        return SimpleNamespace(to_dict=lambda: {"baseline": "stock", "results": []})
+
+    monkeypatch.setattr(Bn, "run_bench", fake_bench)
+    configs = {k: v for k, v in candidates().items() if k == "call_cta_la1"}
+    run_tune({"stock": None}, configs, quick=False, reps=1, rounds=1, only=["fp16/128/16"])
+    assert {(p.dtype, p.head_size, p.block_size) for p in seen["points"]} == {("fp16", 128, 16)}
+    assert len(seen["points"]) == len(P.TUNING_HEADS) * len(P.TUNING_BATCHES) * len(P.TUNING_CONTEXTS)
+    assert {(c.dtype, c.head_size, c.block_size) for c in seen["matrix"]} == {("fp16", 128, 16)}
+    assert tuned_instantiations(["bf16"], ["*/256"]) == [("bf16", 256, 16), ("bf16", 256, 32)]
+    assert len(tuned_instantiations()) == len(P.TUNING_DTYPES) * len(P.TUNING_HEAD_SIZES) * len(P.TUNING_BLOCK_SIZES)
+    from kvpatch import build as B
+
+    monkeypatch.setattr(B, "make_spec", lambda root, variants, arch, **kw: kw)
+    assert tune_build_spec(tmp_path, [], "9.0a", only=["fp16/128/16", "fp16/256/16"]) == {
+        "dtypes": ["fp16"], "head_sizes": [128, 256], "block_sizes": [16], "kv_cache_dtypes": ["auto"]}
+    assert tune_build_spec(tmp_path, [], "9.0a", dtypes=["bf16"])["head_sizes"] == sorted(P.TUNING_HEAD_SIZES)
+
+
 # --------------------------------------------------------------------------- choosing again (--from)
 
 
@@ -383,6 +417,10 @@ def test_tune_cli_merges_several_from_and_refuses_what_would_be_ignored(tmp_path
     for args, message in [(["--from", "a.json", "--grid", "min-group=2"], "--from measures nothing"),
                           (["--from", "a.json", "--dtype", "fp16"], "--from measures nothing"),
                           (["--dtype", "fp32"], "invalid --dtype 'fp32'"),
+                          (["--from", "a.json", "--only", "fp16/128/16"], "--from measures nothing"),
+                          (["--only", "fp16/80"], "pick no tuned instantiation"),
+                          (["--only", "fp16/128/16/auto/v2"], "invalid --only 'fp16/128/16/auto/v2'"),
+                          (["--only", "fp17"], "invalid selector 'fp17'"),
                           (["--grid", "min-ctas=1,x"], "invalid min_ctas 'x'"),
                           (["--lib", "stock=s.so:p", "--grid", "min-group=2"], "with --lib the candidates")]:  # fmt: skip
         bad = subprocess.run([*kv, *args], cwd=tmp_path, capture_output=True, text=True)

@@ -41,17 +41,22 @@ class TuneOptions(LibraryOptions):
     grid: list[str] = field(default_factory=list)
     #: measure only these query dtypes' kernels (empty: every tuned dtype)
     dtypes: list[str] = field(default_factory=list)
+    #: measure only the tuned instantiations these selectors (dtype[/head[/block]]) pick
+    only: list[str] = field(default_factory=list)
 
 
 def tune_build_spec(root: Path, variants: list, arch: str, kv_cache_dtypes: Sequence[str] = ("auto",),
-                    dtypes: Optional[Sequence[str]] = None) -> Any:  # fmt: skip
-    """What tune builds: every tuned instantiation of the tuning set (or of ``dtypes``), v1 + v2
+                    dtypes: Optional[Sequence[str]] = None, only: Sequence[str] = ()) -> Any:  # fmt: skip
+    """What tune builds: every tuned instantiation of the tuning set (or of ``dtypes``, or
+    those ``only``'s selectors pick: the smallest dtype x head x block product holding them), v1 + v2
     (auto cache; with fp8 too, what the held-out set runs)."""
     from .. import build as B
-    from . import points as P
+    from ..tune import tuned_instantiations
 
-    return B.make_spec(root, variants, arch, dtypes=list(dtypes or P.TUNING_DTYPES), head_sizes=list(P.TUNING_HEAD_SIZES),
-                       block_sizes=list(P.TUNING_BLOCK_SIZES), kv_cache_dtypes=list(kv_cache_dtypes))  # fmt: skip
+    insts = tuned_instantiations(dtypes or (), only)
+    return B.make_spec(root, variants, arch, dtypes=sorted({d for d, _, _ in insts}),
+                       head_sizes=sorted({h for _, h, _ in insts}), block_sizes=sorted({b for _, _, b in insts}),
+                       kv_cache_dtypes=list(kv_cache_dtypes))  # fmt: skip
 
 
 def _prebuilt_candidates(o: TuneOptions) -> tuple[Libraries, dict[str, Any]]:
@@ -91,11 +96,12 @@ def run_tune_command(o: TuneOptions, *, console: Any = None, progress: Any = Non
     bad = [d for d in o.dtypes if d not in P.TUNING_DTYPES]
     if bad:
         raise UsageError(f"invalid --dtype {bad[0]!r}: tune measures {', '.join(P.TUNING_DTYPES)}")
+    T.tuned_instantiations(o.dtypes, o.only)  # checks --only
     grids = T.parse_grids(o.grid)
     check_outputs(output=o.output, json=o.json_out)
     if o.from_json:
-        if o.grid or o.dtypes:
-            raise UsageError("--grid and --dtype choose what to measure; --from measures nothing")
+        if o.grid or o.dtypes or o.only:
+            raise UsageError("--grid, --dtype and --only choose what to measure; --from measures nothing")
         return _rechoose_command(o)
     if o.exclude:
         raise UsageError("--exclude works with --from (a saved tune JSON)")
@@ -117,7 +123,7 @@ def run_tune_command(o: TuneOptions, *, console: Any = None, progress: Any = Non
         stock, _ = unpatch(target.read_header(), str(target.header))
         configs = T.candidates(api.tree_config(target, o.cwd), grids)
         variants = B.patched_variants(stock, str(target.header), configs)
-        spec = tune_build_spec(target.root, variants, o.arch, dtypes=o.dtypes or None)
+        spec = tune_build_spec(target.root, variants, o.arch, dtypes=o.dtypes or None, only=o.only)
         libs = built(B.build(spec, jobs=o.jobs, console=console), variants, spec)
         flags, version, tree = None, revision_of(stock), str(target.root)
     arch = ",".join(a.code for a in parse_arch_list(o.arch))
@@ -125,10 +131,11 @@ def run_tune_command(o: TuneOptions, *, console: Any = None, progress: Any = Non
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     machine = replace(here, flags=_semantic_flags(flags) or here.flags,
                       note=f"{when}, vLLM {version or '?'}, tuning set"
-                      + (f" ({', '.join(o.dtypes)})" if o.dtypes else "") + f", policy {o.policy}")  # fmt: skip
+                      + (f" ({', '.join([*o.dtypes, *o.only])})" if o.dtypes or o.only else "")
+                      + f", policy {o.policy}")  # fmt: skip
     report = T.run_tune(libs.libs, configs, quick=o.quick, reps=o.reps, rounds=o.rounds, policy=o.policy,
                         fallback=o.fallback, progress=progress, variant_info=libs.info, machine=machine,
-                        dtypes=o.dtypes)  # fmt: skip
+                        dtypes=o.dtypes, only=o.only)  # fmt: skip
     report.tree = tree
     return _write_tune(o, report)
 

@@ -88,11 +88,19 @@ def main(argv: list[str] | None = None) -> int:
         flagged = f"{bench['flagged_rounds']}/{len(bench['rounds'])}" if "flagged_rounds" in bench else "?"
         print(f"| {v} | {ident['identical']}/{ident['checked']} identical ({val['counts']['failed']} failed) | "
               + " | ".join(cell(cl[c]) for c in CELLS) + f" | {flagged} |")  # fmt: skip
-    up_path = root / "0.10.2" / "upstream.json"
-    if up_path.is_file():
-        up = load(up_path)["upstream"]
-        runs = "; ".join(f"{r['name']} {r['passed']} passed, {r['failed']} failed" for r in up["runs"])
-        print(f"\n0.10.2 `validate --upstream`: {runs}; identical {json.dumps(up['identical'])}; notes: {up['notes']}")
+    for v in RELEASES:  # validate --upstream (0.10.2/, or a release's full-upstream/ run), and --full there
+        extra = root / v / "full-upstream"
+        full = extra / "validate-full.json.gz"
+        if full.is_file():
+            val = load(full)
+            ident = val["identical"]["patched"]
+            print(f"\n{v} `validate --full` (every instantiation vLLM builds): {ident['identical']}/{ident['checked']} "
+                  f"identical ({val['counts']['failed']} failed)")  # fmt: skip
+        for up_path in (root / v / "upstream.json", extra / "upstream.json"):
+            if up_path.is_file():
+                up = load(up_path)["upstream"]
+                runs = "; ".join(f"{r['name']} {r['passed']} passed, {r['failed']} failed" for r in up["runs"])
+                print(f"\n{v} `validate --upstream`: {runs}; identical {json.dumps(up['identical'])}; notes: {up['notes']}")
     print(f"\n## Per kernel {a.table} turns on, the releases' held-out points pooled\n")
     print("| kernel | mode | n | min | geomean |")
     print("|---|---|---|---|---|")

@@ -88,6 +88,7 @@ def apply(
     scope: Annotated[Optional[str], typer.Option(help="cta (every CTA prefetches) | kv-head (one CTA per KV head under GQA).")] = None,
     min_group: Annotated[Optional[int], typer.Option("--min-group", help="Prefetch only where >= N query heads share a KV head (a runtime test; 1 = always; MHA has 1).")] = None,
     min_ctas: Annotated[Optional[int], typer.Option("--min-ctas", help="Prefetch only in launches of >= N CTAs (query heads x sequences x partitions; a runtime test; 1 = always).")] = None,
+    min_kv_mib: Annotated[Optional[int], typer.Option("--min-kv-mib", help="issue=call only: the call helper skips the prefetch unless the launch's KV cache, estimated from the grid (KV heads x sequences x partitions x one partition's K and V), is >= N MiB (0 = always). Not yet timed on a GPU.")] = None,
     control: Annotated[Optional[bool], typer.Option("--control/--no-control", help="Compile the prefetch but never run it (for measurements).")] = None,
     issue: Annotated[Optional[str], typer.Option(help="call (an out-of-line helper; keeps stock's code generation) | inline (asm in the loop) | split (inline, and the key loop runs as stock's copy when the ALiBi slope is not 0).")] = None,
     read: Annotated[Optional[str], typer.Option(help="lane (lane 0 reads the next block number inside the guard, the default) | warp (every lane reads it before the guard, at an index clamped into the loop; the guard's tests joined by & so the invariant ones leave the loop).")] = None,
@@ -105,7 +106,7 @@ def apply(
 
     settings = dict(lookahead=lookahead, size=size, align=align, caches=caches, cache_hint=cache_hint,
                     placement=placement, scope=scope, min_group=min_group, min_ctas=min_ctas,
-                    control=control, issue=issue, read=read)  # fmt: skip
+                    min_kv_mib=min_kv_mib, control=control, issue=issue, read=read)  # fmt: skip
     rules = parse_rules(rule) if rule else None
     cfg, tuned = config_and_tuned(config, preset=preset, quantized=quantized, fp16=fp16, bf16=bf16, fp32=fp32,
                                   rules=rules, **settings)  # fmt: skip
@@ -395,7 +396,7 @@ def tune(
     jobs: Annotated[Optional[int], typer.Option(help="Parallel nvcc processes (default: CPU count).")] = None,
     from_json: Annotated[list[Path], typer.Option("--from", help="Choose again from a saved tune JSON (--json of an earlier tune; .gz too): no GPU, nothing built. Repeatable: each kernel from the last JSON that measured it (the runs must come from one machine).")] = [],  # noqa: B006
     exclude: Annotated[list[str], typer.Option("--exclude", help="With --from: count CANDIDATE@SELECTOR (shell patterns, e.g. 'inline_*@bf16/256/16/auto/v1') as a validation failure (repeatable).")] = [],  # noqa: B006
-    grid: Annotated[list[str], typer.Option("--grid", help="The candidates to build: the default grid with settings replaced or added, e.g. 'issue=inline,call;min-group=2;min-ctas=1,1024' (keys issue, scope, lookahead, min-group, min-ctas, read; repeatable: the union).")] = [],  # noqa: B006
+    grid: Annotated[list[str], typer.Option("--grid", help="The candidates to build: the default grid with settings replaced or added, e.g. 'issue=inline,call;min-group=2;min-ctas=1,1024' (keys issue, scope, lookahead, min-group, min-ctas, min-kv-mib, read; repeatable: the union; min-kv-mib pairs only with issue=call).")] = [],  # noqa: B006
     dtype: Annotated[list[str], typer.Option("--dtype", help="Measure only this query dtype's kernels (fp16 or bf16; repeatable); the others come out off.")] = [],  # noqa: B006
     only: Annotated[list[str], typer.Option("--only", help="Measure only the tuned instantiations this selector picks (dtype\\[/head\\[/block]], e.g. fp16/128/16; repeatable); the others come out off (merge runs with --from).")] = [],  # noqa: B006
 ) -> None:

@@ -47,8 +47,10 @@ MAX_ALIGN = 4096
 MAX_MIN_GROUP = 1024
 #: A launch of vLLM's kernels has num_heads x num_seqs x partitions CTAs: far below this.
 MAX_MIN_CTAS = 1 << 24
+#: MiB of KV cache (1 TiB): more than any GPU holds.
+MAX_MIN_KV_MIB = 1 << 20
 _LIMITS = {"lookahead": MAX_LOOKAHEAD, "align": MAX_ALIGN, "size": MAX_SIZE, "min_group": MAX_MIN_GROUP,
-           "min_ctas": MAX_MIN_CTAS}
+           "min_ctas": MAX_MIN_CTAS, "min_kv_mib": MAX_MIN_KV_MIB}
 
 #: What ``--preset paper`` fixes: the paper's 4096-byte, one-ahead prefetch.
 PAPER = dict(lookahead=1, size=4096, align=16, cache_hint="none", placement="start", scope="cta", issue="inline",
@@ -62,8 +64,8 @@ RULE_KV = ("auto", "fp8")
 RULE_KERNELS = ("v1", "v2")
 #: Settings a rule may change (the others fix where the code goes), and ``off``: the
 #: selected instantiations get no prefetch at all and compile exactly as stock.
-OVERRIDABLE = ("lookahead", "size", "align", "cache_hint", "scope", "min_group", "min_ctas", "issue", "read", "control",
-               "off")  # fmt: skip
+OVERRIDABLE = ("lookahead", "size", "align", "cache_hint", "scope", "min_group", "min_ctas", "min_kv_mib", "issue",
+               "read", "control", "off")  # fmt: skip
 
 # The shipped tuned table and the machine it was tuned on: data, in kvpatch/defaults.py.
 from .defaults import DEFAULT_OVERRIDES, DEFAULT_TUNED_ON  # noqa: E402,F401
@@ -163,6 +165,14 @@ class PatchConfig:
     #: heads x sequences x partitions, a runtime test); 1: always. A small launch reads
     #: little KV, which a back-to-back launch finds in L2 already.
     min_ctas: int = 1
+    #: ``issue=call`` only: the call helper returns before the prefetch unless the launch's
+    #: KV cache is estimated at >= this many MiB (0: always prefetch). The estimate is read
+    #: from the grid: KV heads (``gridDim.x / num_queries_per_kv``) x sequences (``y``) x
+    #: partitions (``z``) x one partition's tiles, K and V (v1: one partition of 512 tokens,
+    #: a lower bound). The test is in the out-of-line helper, so the loop that calls it
+    #: compiles as without it; a small launch, whose KV a back-to-back run finds in L2,
+    #: then issues no prefetch.
+    min_kv_mib: int = 0
     #: How the instruction is emitted: ``inline`` asm in the loop body, or a ``call`` to
     #: an out-of-line (``__noinline__``) device function holding the asm. Inline asm in
     #: a loop stops nvcc from unswitching that loop, which changes code generation
@@ -285,6 +295,7 @@ class PatchConfig:
             f"scope={self.scope}",
             *([f"min-group={self.min_group}"] if self.min_group != 1 else []),
             *([f"min-ctas={self.min_ctas}"] if self.min_ctas != 1 else []),
+            *([f"min-kv-mib={self.min_kv_mib}"] if self.min_kv_mib else []),
             f"issue={self.issue}",
             *([f"read={self.read}"] if self.read != "lane" else []),
             f"quantized={self.quantized}",
@@ -402,6 +413,11 @@ def make_config(**options: Any) -> PatchConfig:
         if not 1 <= mc <= MAX_MIN_CTAS:
             raise UsageError(f"invalid min-ctas {_short(mc)}: must be 1..{MAX_MIN_CTAS}")
         cfg = replace(cfg, min_ctas=mc)
+    if "min_kv_mib" in given:
+        mk = _int("min_kv_mib", given["min_kv_mib"])
+        if not 0 <= mk <= MAX_MIN_KV_MIB:
+            raise UsageError(f"invalid min-kv-mib {_short(mk)}: must be 0..{MAX_MIN_KV_MIB}")
+        cfg = replace(cfg, min_kv_mib=mk)
     if "size" in given:
         cfg = replace(cfg, size=_parse_size(given["size"]))
     if "align" in given:
@@ -420,8 +436,11 @@ def make_config(**options: Any) -> PatchConfig:
         if not isinstance(given["control"], bool):
             raise UsageError(f"invalid control {given['control']!r}: expected true or false")
         cfg = replace(cfg, control=given["control"])
+    if cfg.min_kv_mib and cfg.issue != "call" and preset != "paper":
+        raise UsageError(f"min-kv-mib {cfg.min_kv_mib} needs issue=call (its test is in the call helper), not issue={cfg.issue}")
     if preset == "paper":
-        clash = sorted(k for k, fixed in {**PAPER, "min_group": 1, "min_ctas": 1, "read": "lane"}.items()
+        clash = sorted(k for k, fixed in {**PAPER, "min_group": 1, "min_ctas": 1, "min_kv_mib": 0,
+                                                    "read": "lane"}.items()
                        if k in given and getattr(cfg, k) != fixed)  # fmt: skip
         if clash:
             raise UsageError(f"--preset paper fixes {', '.join(clash)}; drop those options")
@@ -520,7 +539,13 @@ def _overrides(base: PatchConfig, given: dict[str, Any]) -> tuple:
         effective = make_config(**{**plain, **settings})
         result[key] = tuple((k, getattr(effective, k)) for k in OVERRIDABLE if k in settings)
     overrides = tuple(sorted(result.items()))
-    callers = {(c.align, c.cache_hint) for _, c in replace(base, overrides=overrides).live_variants()
+    live = replace(base, overrides=overrides).live_variants()
+    gated = [f"{sel or 'the base'} (issue={c.issue})" for sel, c in live if c.min_kv_mib and c.issue != "call" and not c.off]
+    if gated:
+        raise UsageError(f"min-kv-mib needs issue=call (its test is in the call helper), but {', '.join(gated[:3])}"
+                         + (f" and {len(gated) - 3} more" if len(gated) > 3 else "") + " would inherit it: give those "
+                         "rules min-kv-mib=0, or set it only in call rules")  # fmt: skip
+    callers = {(c.align, c.cache_hint) for _, c in live
                if c.issue == "call" and not c.off}  # fmt: skip (shadowed settings reach no kernel: not counted)
     if len(callers) > 1:
         raise UsageError("the kernels that use issue=call share one helper: give them the same align and cache-hint")

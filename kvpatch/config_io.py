@@ -127,7 +127,7 @@ def _toml_string(value: str) -> str:
 
 
 #: marker word -> configuration key, where they differ.
-_MARKER_KEYS = {"hint": "cache_hint", "min-group": "min_group", "min-ctas": "min_ctas"}
+_MARKER_KEYS = {"hint": "cache_hint", "min-group": "min_group", "min-ctas": "min_ctas", "min-kv-mib": "min_kv_mib"}
 
 
 def config_from_marker(text: str) -> PatchConfig:

@@ -52,16 +52,17 @@ GRID: tuple[tuple[str, tuple[Any, ...]], ...] = (
 )
 #: Settings a grid may vary (``--grid``): the three above, the runtime gates, which the
 #: default grid leaves at 1 (always prefetch), and ``read`` (default grid: lane).
-GRID_KEYS = ("issue", "scope", "lookahead", "min_group", "min_ctas", "read")
+GRID_KEYS = ("issue", "scope", "lookahead", "min_group", "min_ctas", "min_kv_mib", "read")
 POLICIES = ("strict", "geomean")
 #: What an instantiation tune did not measure gets.
 FALLBACKS = ("off", "base")
 
 
 def candidate_name(cfg: PatchConfig) -> str:
-    """``inline_kvhead_la1``: the grid settings of a configuration (``_mg2``, ``_ctas1024``:
-    a runtime gate that is not 1; ``_warp``: read=warp)."""
+    """``inline_kvhead_la1``: the grid settings of a configuration (``_mg2``, ``_ctas1024``,
+    ``_kv64``: a runtime gate that is set; ``_warp``: read=warp)."""
     gates = (f"_mg{cfg.min_group}" if cfg.min_group != 1 else "") + (f"_ctas{cfg.min_ctas}" if cfg.min_ctas != 1 else "")
+    gates += f"_kv{cfg.min_kv_mib}" if cfg.min_kv_mib else ""
     gates += "_warp" if cfg.read != "lane" else ""
     return f"{cfg.issue}_{cfg.scope.replace('-', '')}_la{cfg.lookahead}{gates}"
 
@@ -85,7 +86,7 @@ def parse_grid(text: str) -> tuple[tuple[str, tuple[Any, ...]], ...]:
         seen.add(key)
         vals: list[Any] = []
         for v in (x.strip() for x in values.split(",")):
-            checked = getattr(make_config(**{key: v}), key)  # the configuration's own validation
+            checked = getattr(make_config(**{key: v}, inherit_rules=False), key)  # the configuration's own validation
             if checked in vals:
                 raise UsageError(f"--grid gives {key.replace('_', '-')}={v} twice")
             vals.append(checked)
@@ -102,13 +103,15 @@ def parse_grids(texts: Sequence[str]) -> list[tuple[tuple[str, tuple[Any, ...]],
 
 def candidates(base: PatchConfig | None = None, grids=(GRID,)) -> dict[str, PatchConfig]:
     """``name -> uniform configuration`` (no rules) for every combination of each grid,
-    the union over ``grids``."""
+    the union over ``grids`` (``min-kv-mib`` only with ``issue=call``, the one form it applies to)."""
     base = replace(base if base is not None else make_config(), overrides=())
     out: dict[str, PatchConfig] = {}
     for g in grids:
         keys = [k for k, _ in g]
         for values in itertools.product(*(v for _, v in g)):
             cfg = replace(base, **dict(zip(keys, values)))
+            if cfg.min_kv_mib and cfg.issue != "call":
+                continue
             out[candidate_name(cfg)] = cfg
     return out
 

@@ -525,6 +525,28 @@ def test_build_warns_where_ptxas_schedules_the_key_loads_next_to_their_use(tree_
     assert all(k.load_use for v in result.variants for k in v.kernels if k.kernel != "reduce")
 
 
+@needs_nvcc
+def test_min_kv_mib_leaves_the_calling_loop_as_without_it(tree_0102, build_cache):
+    """min-kv-mib's test lives in the call helper, so the loop calling it keeps the ungated
+    form's key-load schedule (a test in the loop moved the loads next to their use:
+    benchmarks/results/kv-gate-probe), and the helper still holds the prefetch."""
+    from dataclasses import replace as with_
+
+    path = tree_0102 / "csrc/attention/attention_kernels.cuh"
+    base = make_config(inherit_rules=False, fp16="none", bf16="none", fp32="none", rules="none", issue="call",
+                       scope="kv-head", min_group=2, read="warp")  # fmt: skip
+    variants = B.patched_variants(path.read_text(encoding="utf-8"), str(path),
+                                  {"gated": with_(base, min_kv_mib=64), "plain": base})  # fmt: skip
+    spec = make_spec(tree_0102, variants, "9.0a", dtypes=["fp16"], head_sizes=[128], block_sizes=[16])
+    result = B.build(spec, cache=build_cache, console=_quiet())
+    assert result.schedule_warnings() == []
+    by = {v.name: {k.kernel: k for k in v.kernels if k.kernel != "reduce"} for v in result.variants}
+    for kernel in ("v1", "v2"):
+        gated, plain = by["gated"][kernel], by["plain"][kernel]
+        assert gated.load_use == plain.load_use and gated.registers == plain.registers, (kernel, gated, plain)
+        assert gated.has_prefetch and gated.load_use >= 0.5 * by["stock"][kernel].load_use
+
+
 def test_split_warnings_compare_floating_point_ops_with_stock():
     ops = (("FADD", 3), ("FFMA", 122))
     stock = VariantResult("stock", "kvpatch_stock", "k", Path("."), Path("s.so"), (), Path("s.sass"), ("sm_90a",),

@@ -199,6 +199,7 @@ def test_dump_config_writes_a_complete_table() -> None:
         'scope = "cta"\n'
         "min-group = 1\n"
         "min-ctas = 1\n"
+        "min-kv-mib = 0\n"
         'issue = "call"\n'
         'read = "lane"\n'
         "control = false\n"
@@ -422,3 +423,32 @@ def test_min_ctas_is_in_the_marker_only_when_set_and_round_trips(tmp_path) -> No
     assert make_config(**load_config_file(tmp_path / "k.toml")) == cfg
     with pytest.raises(UsageError, match="--preset paper fixes min_ctas"):
         make_config(preset="paper", min_ctas=2)
+
+
+@pytest.mark.parametrize("value", [-1, (1 << 20) + 1, "x", 2.0, True])
+def test_min_kv_mib_bounds(value) -> None:
+    with pytest.raises(UsageError, match="min-kv-mib|min_kv_mib"):
+        make_config(min_kv_mib=value, inherit_rules=False)
+
+
+def test_min_kv_mib_is_call_only_in_the_marker_when_set_and_round_trips(tmp_path) -> None:
+    """min-kv-mib is tested inside the call helper: a configuration (base or rule) that gives it
+    to another issue form, or lets non-call rules inherit it, is refused in one line."""
+    from kvpatch.config_io import config_from_marker, dump_config, load_config_file
+
+    assert "min-kv-mib" not in make_config().marker() and make_config().min_kv_mib == 0
+    cfg = make_config(rules={"fp16/128/16/auto/v2": "scope=kv-head,min-group=2,read=warp,min-kv-mib=64"})
+    assert "min_kv_mib=64" in cfg.marker() and cfg.resolve("fp16", 128, 16, "auto", "v2").min_kv_mib == 64
+    assert cfg.resolve("fp16", 128, 16, "auto", "v1").min_kv_mib == 0
+    assert config_from_marker(cfg.marker()) == cfg
+    (tmp_path / "k.toml").write_text(dump_config(cfg))
+    assert make_config(**load_config_file(tmp_path / "k.toml")) == cfg
+    base = make_config(min_kv_mib=64, inherit_rules=False)
+    assert " min-kv-mib=64 " in base.marker() and config_from_marker(base.marker()) == base
+    for bad, match in [({"min_kv_mib": 64, "issue": "inline", "inherit_rules": False}, "needs issue=call"),
+                       ({"rules": {"fp16/128/16/auto/v2": "issue=split,min-kv-mib=64"}}, "needs issue=call"),
+                       ({"min_kv_mib": 64}, r"bf16/128/16/auto/v1 \(issue=split\).* would inherit it"),
+                       ({"preset": "paper", "min_kv_mib": 64}, "--preset paper fixes min_kv_mib")]:  # fmt: skip
+        with pytest.raises(UsageError, match=match) as e:
+            make_config(**bad)
+        assert "\n" not in str(e.value)

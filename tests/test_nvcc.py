@@ -132,9 +132,10 @@ _U = {"inherit_rules": False, "fp16": "scope=kv-head,issue=inline"}
         ({"placement": "end", "scope": "kv-head", **_U}, lambda d: [("", AUTO[d])] * 2),
         ({"control": True, **_U}, lambda d: [("", AUTO[d])] * 2),  # compiled in, never executed
         ({"read": "warp", "min_group": 2, "min_ctas": 64, **_U}, lambda d: [("", AUTO[d])] * 2),
+        ({"read": "warp", "scope": "kv-head", "min_kv_mib": 64, **_U, "fp16": "none"}, lambda d: [("", AUTO[d])] * 2),
     ],
     ids=["default", "paper", "caches-k", "lookahead2-size8192-align128", "evict-last", "end-kv-head", "control",
-         "read-warp-gates"],
+         "read-warp-gates", "min-kv-mib"],
 )
 def test_sm90a_ptx_has_the_prefetch(options: dict, expected, tree: Path, stock: str, nvcc_ptx) -> None:
     ptx = nvcc_ptx(tree / "csrc", patched(tree, stock, **options), "sm_90a")

@@ -198,17 +198,21 @@ _U = {"inherit_rules": False}  # uniform settings: no shipped rule table
      {**_U, "min_ctas": 1024}, {**_U, "fp16": "min-ctas=4096,issue=inline,scope=kv-head", "bf16": "min-ctas=4097"},
      {**_U, "read": "warp"}, {**_U, "read": "warp", "lookahead": 3, "placement": "end"},
      {**_U, "read": "warp", "scope": "kv-head", "min_group": 2, "min_ctas": 1024, "issue": "inline"},
-     {**_U, "fp16": "read=warp,scope=kv-head,issue=inline", "bf16": "read=warp,min-group=4", "quantized": "prefetch"}],
+     {**_U, "fp16": "read=warp,scope=kv-head,issue=inline", "bf16": "read=warp,min-group=4", "quantized": "prefetch"},
+     {**_U, "min_kv_mib": 1, "quantized": "prefetch"},
+     {**_U, "scope": "kv-head", "read": "warp", "min_group": 2, "fp16": "min-kv-mib=16", "bf16": "min-kv-mib=1"}],
     ids=["per-dtype", "lookahead2", "lookahead3", "placement-end", "inline", "quantized-prefetch", "kv-head-all",
          "kernel-rules", "shipped-default", "min-group-2", "bf16-min-group-4", "min-ctas-1024", "min-ctas-per-dtype",
-         "read-warp", "read-warp-lookahead3-end", "read-warp-gates", "read-warp-per-dtype"],
+         "read-warp", "read-warp-lookahead3-end", "read-warp-gates", "read-warp-per-dtype", "min-kv-mib-1",
+         "min-kv-mib-per-dtype"],
 )  # fmt: skip
 def test_prefetch_targets_the_block_read_lookahead_iterations_later(tmp_path, kind, options):
     """The harness is the v1 kernel (PARTITION_SIZE 0) of head 8 / block 2: a rule for v2 or
     another size must not reach it, one for v1 must; the shipped default (untuned sizes) is off.
     Every block-table entry the loop reads, stock's or kvpatch's, lies in the loop's range
     [start, end) (read=warp reads on every lane, so its index must be clamped), and read=lane
-    reads one for lane 0 only, read=warp one for every lane, per iteration that prefetches."""
+    reads one for lane 0 only, read=warp one for every lane, per iteration that passes the loop's
+    guard (with min-kv-mib the call helper may then still skip the prefetch)."""
     cfg = make_config(**options)
     exe = _harness(tmp_path, kind, **options)
     cases = _cases(["fp16", "bf16", "fp32", "fp8"])
@@ -218,8 +222,12 @@ def test_prefetch_targets_the_block_read_lookahead_iterations_later(tmp_path, ki
         settings = cfg.resolve(q, 8, 2, kv, "v1")
         scope_ok = settings.scope == "cta" or head % qpk == 0
         quantized_ok = dtype != "fp8" or cfg.quantized == "prefetch"
-        on = (lane == 0 and scope_ok and quantized_ok and not settings.off and qpk >= settings.min_group
-              and ctas >= settings.min_ctas)  # fmt: skip
+        # min-kv-mib (in the call helper): the grid's KV estimate, KV heads x sequences x partitions x
+        # one partition of 512 tokens in tiles of BLOCK (2) tokens x HEAD (8) x the cache's element, K and V
+        kv_bytes = (ctas // 4 // qpk) * 2 * 2 * (512 // 2) * 2 * (2 * 8 * {"fp32": 4, "fp8": 1}.get(dtype, 2))
+        guarded = (lane == 0 and scope_ok and quantized_ok and not settings.off and qpk >= settings.min_group
+                   and ctas >= settings.min_ctas)  # fmt: skip (the loop's guard; the helper tests min-kv-mib)
+        on = guarded and kv_bytes >= settings.min_kv_mib << 20
         want = _expected(settings.lookahead, nw, warp, start, end, on)
         assert (reads, targets) == want, f"{kind} loop, {case}"
         assert all(start <= i < end for i in table), f"{kind} loop, {case}: block table read at {table}"
@@ -228,7 +236,8 @@ def test_prefetch_targets_the_block_read_lookahead_iterations_later(tmp_path, ki
         if compiled and settings.read == "warp":
             assert extra == len(reads), f"{kind} loop, {case}: read=warp reads once per iteration on every lane"
         else:
-            assert extra == len(targets), f"{kind} loop, {case}: read=lane reads only where lane 0 prefetches"
+            called = _expected(settings.lookahead, nw, warp, start, end, guarded)[1]
+            assert extra == len(called), f"{kind} loop, {case}: read=lane reads only where lane 0 passes the guard"
     # the harness saw prefetches exactly when a bf16 v1 kernel of this size is on
     seen = any(t for _, t, _ in _run(exe, [("bf16", 4, 0, 0, 0, 17, 0, 4, 1 << 20)]))
     assert seen == (not cfg.resolve("bf16", 8, 2, "auto", "v1").off)

@@ -9,7 +9,7 @@ import pytest
 
 from kvpatch.config import make_config
 from kvpatch.config_io import config_from_marker
-from kvpatch.tune import Pick, Score, candidates, choose, combine, score, validation_failures
+from kvpatch.tune import Pick, Score, candidates, choose, combine, parse_grid, score, validation_failures
 
 
 def test_the_grid_is_every_combination_uniform_and_shares_one_helper() -> None:
@@ -200,6 +200,14 @@ def test_run_tune_validates_each_instantiation_benches_the_tuning_set_and_never_
     assert report.config.resolve("bf16", 128, 16, "auto", "v2").issue == "call"
     assert report.config.resolve("fp16", 64, 32, "auto", "v1").issue == "inline"
     assert report.to_json()["validation_failures"]["inline_cta_la1"] == sorted(i for i in report.picked if i.startswith("bf16"))
+
+
+def test_min_kv_mib_grid_pairs_only_with_the_call_form() -> None:
+    """min-kv-mib is tested in the call helper: a grid that crosses it with inline and split
+    builds it with call only (no duplicate of an ungated inline candidate under another name)."""
+    cands = candidates(None, [parse_grid("issue=inline,call;scope=kv-head;lookahead=1;min-kv-mib=0,64")])
+    assert sorted(cands) == ["call_kvhead_la1", "call_kvhead_la1_kv64", "inline_kvhead_la1"]
+    assert cands["call_kvhead_la1_kv64"].min_kv_mib == 64 and cands["call_kvhead_la1"].min_kv_mib == 0
 
 
 def test_only_measures_and_builds_just_the_instantiations_its_selectors_pick(monkeypatch, tmp_path) -> None:

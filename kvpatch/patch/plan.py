@@ -23,7 +23,8 @@ from .parse import Parsed, parse_header
 from .sites import ALIBI_PARAM, Site, Sites, sites_of
 
 #: The out-of-line prefetch function of ``issue=call`` (templates/inject/prefetch_helper.cuh.j2).
-HELPER = "kvpatch_prefetch_l2"
+#: The out-of-line prefetch helpers (issue=call; the gated one for min-kv-mib).
+HELPERS = ("kvpatch_prefetch_l2", "kvpatch_prefetch_l2_gated")
 #: The label of ``issue=split``'s region (templates/inject/split.cuh.j2).
 SPLIT_LABEL = "key-split"
 
@@ -90,7 +91,8 @@ def plan(sites: Sites, cfg: PatchConfig) -> list[Edit]:
         # they all agree), else any (its code is then never instantiated)
         callers = [c for _, c in (*cfg.live_variants(), *cfg.variants()) if c.issue == "call" and not c.off]
         caller = callers[0] if callers else None
-        helper = render("inject/prefetch_helper.cuh.j2", cfg=cfg, c=caller)
+        gated = any(c.issue == "call" and c.min_kv_mib and not c.off for _, c in cfg.variants())
+        helper = render("inject/prefetch_helper.cuh.j2", cfg=cfg, c=caller, gated=gated)
         edits.append(_insertion(sites.before_function, helper, "helpers", sites.newline))
     for site in chosen:
         branches = [(None if sel is None else branch_condition(sel, sites), c) for sel, c in cfg.variants()]
@@ -225,7 +227,7 @@ def validate(stock: Parsed, patched_text: str, cfg: PatchConfig) -> None:
         wanted = cfg.k if site.kind == "key" else cfg.v
         loop = _loop_node(patched, site)
         # inline asm, or a call of the helper (in a template an unresolved reference)
-        has_asm = any(n.kind == ci.CursorKind.ASM_STMT or n.spelling == HELPER for n in loop.walk_preorder())
+        has_asm = any(n.kind == ci.CursorKind.ASM_STMT or n.spelling in HELPERS for n in loop.walk_preorder())
         if has_asm != wanted:
             state = "lacks" if wanted else "unexpectedly has"
             raise PatchError(f"after patching, the {site.kind} loop {state} the prefetch")

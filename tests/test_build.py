@@ -506,20 +506,26 @@ def test_schedule_warnings_compare_load_use_with_stock():
     assert again.kernels == near.kernels and again.kernels[0].load_use == 12.0
 
 
+def _build_gated_and_plain(tree: Path, cache, issue: str, **gate):
+    """Stock and two uniform patched builds of fp16 head 128 block 16 (v1, v2): 'plain' (kv-head
+    scope, min-group 2, read=warp, ``issue``) and 'gated', the same with the ``gate`` settings."""
+    from dataclasses import replace as with_
+
+    path = tree / "csrc/attention/attention_kernels.cuh"
+    base = make_config(inherit_rules=False, fp16="none", bf16="none", fp32="none", rules="none", issue=issue,
+                       scope="kv-head", min_group=2, read="warp")  # fmt: skip
+    variants = B.patched_variants(path.read_text(encoding="utf-8"), str(path),
+                                  {"gated": with_(base, **gate), "plain": base})  # fmt: skip
+    spec = make_spec(tree, variants, "9.0a", dtypes=["fp16"], head_sizes=[128], block_sizes=[16])
+    return B.build(spec, cache=cache, console=_quiet())
+
+
 @needs_nvcc
 def test_build_warns_where_ptxas_schedules_the_key_loads_next_to_their_use(tree_0102, build_cache):
     """fp16 head 128 block 16 v1: with min-ctas 1024 and read=warp, ptxas issues each key load
     right before its use (0.49x stock on the H200, benchmarks/results/ctas-probe); without the
     gate it issues them all up front (1.10x)."""
-    from dataclasses import replace as with_
-
-    path = tree_0102 / "csrc/attention/attention_kernels.cuh"
-    base = make_config(inherit_rules=False, fp16="none", bf16="none", fp32="none", rules="none", issue="inline",
-                       scope="kv-head", min_group=2, read="warp")  # fmt: skip
-    variants = B.patched_variants(path.read_text(encoding="utf-8"), str(path),
-                                  {"gated": with_(base, min_ctas=1024), "plain": base})  # fmt: skip
-    spec = make_spec(tree_0102, variants, "9.0a", dtypes=["fp16"], head_sizes=[128], block_sizes=[16])
-    result = B.build(spec, cache=build_cache, console=_quiet())
+    result = _build_gated_and_plain(tree_0102, build_cache, "inline", min_ctas=1024)
     warned = {w.split(": ")[0] + " " + w.split(": ")[1].split()[0] for w in result.schedule_warnings()}
     assert warned == {"gated v1", "gated v2"}
     assert all(k.load_use for v in result.variants for k in v.kernels if k.kernel != "reduce")
@@ -530,15 +536,7 @@ def test_min_kv_mib_leaves_the_calling_loop_as_without_it(tree_0102, build_cache
     """min-kv-mib's test lives in the call helper, so the loop calling it keeps the ungated
     form's key-load schedule (a test in the loop moved the loads next to their use:
     benchmarks/results/kv-gate-probe), and the helper still holds the prefetch."""
-    from dataclasses import replace as with_
-
-    path = tree_0102 / "csrc/attention/attention_kernels.cuh"
-    base = make_config(inherit_rules=False, fp16="none", bf16="none", fp32="none", rules="none", issue="call",
-                       scope="kv-head", min_group=2, read="warp")  # fmt: skip
-    variants = B.patched_variants(path.read_text(encoding="utf-8"), str(path),
-                                  {"gated": with_(base, min_kv_mib=64), "plain": base})  # fmt: skip
-    spec = make_spec(tree_0102, variants, "9.0a", dtypes=["fp16"], head_sizes=[128], block_sizes=[16])
-    result = B.build(spec, cache=build_cache, console=_quiet())
+    result = _build_gated_and_plain(tree_0102, build_cache, "call", min_kv_mib=64)
     assert result.schedule_warnings() == []
     by = {v.name: {k.kernel: k for k in v.kernels if k.kernel != "reduce"} for v in result.variants}
     for kernel in ("v1", "v2"):

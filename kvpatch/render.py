@@ -190,7 +190,8 @@ def print_validate(report: Any, console: Console, err: Console, *, limit: int = 
 
 
 def upstream_table(report: Any) -> Table:
-    t = Table(title=f"vLLM {escape(report.release)}'s own test {escape(report.test_id)} (unchanged) per library",
+    share = f", shard {report.shard}: {report.selected} of its {report.collected} cases" if report.shard else ""
+    t = Table(title=f"vLLM {escape(report.release)}'s own test {escape(report.test_id)} (unchanged{share}) per library",
               title_justify="left")  # fmt: skip
     for col in ("library", "passed", "failed", "skipped", "errors", "outputs", escape(f"== {report.baseline} bit for bit")):
         t.add_column(col, justify="left" if col == "library" else "right")

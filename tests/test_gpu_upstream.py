@@ -318,6 +318,52 @@ def test_run_upstream_runs_out_of_memory_tests_again_alone(tmp_path, monkeypatch
         assert rep.ok
 
 
+def test_shards_are_disjoint_cover_every_case_and_parse_strictly():
+    names = [f"test_paged_attention[{i}]" for i in range(11)]
+    for n in (1, 2, 3, 11, 12):
+        shares = [U.shard_of(names, k, n) for k in range(1, n + 1)]
+        assert sorted(x for s in shares for x in s) == sorted(names)  # every case once
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1  # balanced
+    assert U.shard_of(names, 2, 3) == names[1::3]
+    assert U.parse_shard(" 2/3 ") == (2, 3) and U.parse_shard("1/1") == (1, 1)
+    for bad in ("0/2", "3/2", "2", "a/b", "1/0", "-1/2", ""):
+        with pytest.raises(ValueError, match="invalid shard"):
+            U.parse_shard(bad)
+
+
+def test_collected_names_keep_pytest_order_and_only_the_test():
+    test = U.UpstreamTest(Path("."), "tests/kernels/test_attention.py")
+    out = ("tests/kernels/test_attention.py::test_paged_attention[v1-a]\n"
+           "tests/kernels/test_attention.py::test_paged_attention_other[x]\n"
+           "  tests/kernels/test_attention.py::test_paged_attention[v2-b]  \n"
+           "\n3 tests collected in 0.5s\n")  # fmt: skip
+    assert U.collected_names(test, out) == ["test_paged_attention[v1-a]", "test_paged_attention[v2-b]"]
+
+
+def test_run_upstream_in_shards_covers_the_whole_test_once(tmp_path, monkeypatch):
+    """Two shards of the fake test: each runs half the cases against both stand-ins, pytest
+    collecting them on the machine; together they run and compare every case once."""
+    pytest.importorskip("torch")
+    tree = make_fake_tree(tmp_path / "tree")
+    back = tmp_path / "backend"
+    back.mkdir()
+    (back / "fakeback.py").write_text(BACKEND)
+    monkeypatch.setenv("PYTHONPATH", f"{back}{__import__('os').pathsep}{tree / 'tests/kernels/attention'}")
+    monkeypatch.setattr(U, "write_run_dir", _with_fake_shared_memory(U.write_run_dir))
+    libs = [LibSpec("stock", "python:fakeback.Good", "x"), LibSpec("flip", "python:fakeback.Flip", "x")]
+    reps = [U.run_upstream(tree, libs, tmp_path / f"out{k}", release="fake", workers=1, timeout=300, shard=(k, 2))
+            for k in (1, 2)]  # fmt: skip
+    ran = []
+    for k, rep in enumerate(reps, 1):
+        assert (rep.shard, rep.selected, rep.collected) == (f"{k}/2", 4, 8)
+        assert [r.passed for r in rep.runs] == [4, 4], [r.log_tail for r in rep.runs]
+        ran.append({key.split("#")[0] for key in U.read_records(tmp_path / f"out{k}" / "record-stock")})
+    assert not ran[0] & ran[1] and len(ran[0] | ran[1]) == 8
+    assert sum(r.identical["flip"]["compared"] for r in reps) == 8
+    assert sum(r.identical["flip"]["identical"] for r in reps) == 4  # as the whole run finds
+    assert reps[0].to_dict()["shard"] == "1/2"
+
+
 def _with_fake_shared_memory(write_run_dir):
     def wrapped(test, dest):
         out = write_run_dir(test, dest)

@@ -179,6 +179,7 @@ class ValidateOptions(LibraryOptions):
     upstream: bool = False
     matrix: bool = True  # False: only --upstream
     upstream_dir: Optional[Path] = None
+    upstream_shard: Optional[str] = None  # 'K/N': only that share of the test's cases
     workers: Optional[int] = None
     json_out: Optional[Path] = None
     device: str = "cuda"
@@ -247,6 +248,7 @@ def run_validate_command(o: ValidateOptions, *, console: Any = None, progress: A
         raise UsageError("--no-matrix leaves nothing to do without --upstream")
     if o.workers is not None and o.workers < 1:
         raise UsageError(f"--workers must be >= 1, not {o.workers}")
+    upstream_shard(o)
     cases, name, sampling = validate_cases(o)
     check_outputs(json=o.json_out)
     parse_libs(o.libs)
@@ -292,6 +294,20 @@ def run_validate_command(o: ValidateOptions, *, console: Any = None, progress: A
     return outcome
 
 
+def upstream_shard(o: ValidateOptions) -> Optional[tuple[int, int]]:
+    """``--upstream-shard K/N`` as (K, N); None without it. UsageError when malformed or without --upstream."""
+    if o.upstream_shard is None:
+        return None
+    if not o.upstream:
+        raise UsageError("--upstream-shard needs --upstream")
+    from .upstream import parse_shard
+
+    try:
+        return parse_shard(o.upstream_shard)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
 def _upstream(o: ValidateOptions, libs: Libraries, progress: Any) -> Any:
     import tempfile
 
@@ -306,7 +322,8 @@ def _upstream(o: ValidateOptions, libs: Libraries, progress: Any) -> Any:
     out = o.upstream_dir or Path(tempfile.mkdtemp(prefix="kvpatch-upstream-"))
     out.mkdir(parents=True, exist_ok=True)
     try:
-        return run_upstream(tree, libs.specs, out, release=tree.name, workers=o.workers, progress=progress)
+        return run_upstream(tree, libs.specs, out, release=tree.name, workers=o.workers, progress=progress,
+                            shard=upstream_shard(o))  # fmt: skip
     except UpstreamError as e:
         raise GpuCheckError(str(e)) from None
 

@@ -181,6 +181,11 @@ class UpstreamReport:
     differing: dict[str, list[str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: ``K/N`` when only the K-th of N shares of the test's cases ran (``--upstream-shard``),
+    #: with how many ran of how many the test has; "" when all of them did.
+    shard: str = ""
+    selected: int = 0
+    collected: int = 0
 
     @property
     def ok(self) -> bool:
@@ -264,6 +269,45 @@ def pythonpath_for(run_dir: Path) -> str:
     return os.pathsep.join(parts)
 
 
+def parse_shard(text: str) -> tuple[int, int]:
+    """``'2/3'`` -> (2, 3): the second of three shares of the test's cases (ValueError otherwise)."""
+    k, sep, n = text.strip().partition("/")
+    try:
+        kk, nn = int(k), int(n)
+    except ValueError:
+        kk = nn = 0
+    if not sep or not (1 <= kk <= nn):
+        raise ValueError(f"invalid shard {text!r}: give K/N with 1 <= K <= N, e.g. 1/2")
+    return kk, nn
+
+
+def shard_of(names: Sequence[str], k: int, n: int) -> list[str]:
+    """The K-th of N shares of ``names`` (every N-th from the K-th: neighbouring cases, which
+    pytest collects in parameter order, land in different shares, so each share gets a like
+    mix of dtypes and sizes). The N shares are disjoint and together are ``names``."""
+    return list(names[k - 1 :: n])
+
+
+def collected_names(test: UpstreamTest, stdout: str) -> list[str]:
+    """The test's case names (``test_paged_attention[...]``) in the order ``pytest --collect-only
+    -q`` printed them."""
+    prefix = f"{test.path}::"
+    return [line[len(prefix):] for line in (raw.strip() for raw in stdout.splitlines())
+            if line.startswith(prefix + test.function + "[") or line == prefix + test.function]  # fmt: skip
+
+
+def collect(test: UpstreamTest, run_dir: Path, env: dict[str, str], timeout: float = 300.0) -> list[str]:
+    """The test's case names as pytest collects them in ``run_dir`` (on the machine that runs
+    them: the parametrization can depend on its GPUs)."""
+    argv = [sys.executable, "-m", "pytest", "-q", "--collect-only", f"{test.path}::{test.function}"]
+    p = subprocess.run(argv, cwd=run_dir, env=env, capture_output=True, text=True, timeout=timeout)
+    names = collected_names(test, p.stdout)
+    if not names:
+        tail = " | ".join((p.stdout + p.stderr).strip().splitlines()[-3:])
+        raise UpstreamError(f"pytest collected no case of {test.node_id} (rc {p.returncode}): {tail}")
+    return names
+
+
 def pytest_argv(test: UpstreamTest, junit: Path, workers: int, names: Sequence[str] = ()) -> list[str]:
     """pytest on the test function, or on the given test names (``test_paged_attention[...]``) only."""
     ids = [f"{test.path}::{n}" for n in names] or [f"{test.path}::{test.function}"]
@@ -303,10 +347,12 @@ def run_upstream(
     timeout: float = 900.0,
     progress: Any = None,
     tests: Sequence[str] = (),
+    shard: tuple[int, int] | None = None,
 ) -> UpstreamReport:
     """Run the release's test once per library, all at once (``workers`` xdist
     processes in all, split between them), and compare the outputs with the baseline's.
-    ``tests``: only these (``test_paged_attention[...]``, as JUnit names them)."""
+    ``tests``: only these (``test_paged_attention[...]``, as JUnit names them). ``shard``
+    ``(k, n)``: only the k-th of n shares of the cases (:func:`shard_of`), collected here."""
     t0 = time.perf_counter()
     test = find_test(tree)
     out = Path(out_dir)
@@ -316,6 +362,18 @@ def run_upstream(
     base = baseline if baseline in names else names[0]
     total = workers or os.cpu_count() or 1
     per = max(1, total // max(1, len(libs)))
+    selected = collected = 0
+    if shard is not None:
+        spec = next(s for s in libs if s.name == base)
+        path = spec.path if spec.path.startswith("python:") else str(Path(spec.path).resolve())
+        env = dict(os.environ, PYTHONPATH=pythonpath_for(run_dir), KVPATCH_UPSTREAM_LIB=f"{path}:{spec.prefix}")
+        every = list(tests) or collect(test, run_dir, env)
+        tests = shard_of(every, *shard)
+        selected, collected = len(tests), len(every)
+        if progress:
+            progress(f"upstream: shard {shard[0]}/{shard[1]}: {selected} of the {collected} cases")
+        if not tests:
+            raise UpstreamError(f"shard {shard[0]}/{shard[1]} of {collected} case(s) is empty")
     procs = []
     for s in libs:
         junit = out / f"junit-{s.name}.xml"
@@ -363,7 +421,8 @@ def run_upstream(
         run.failures = counts["failures"]
         run.outputs = len(read_records(rec)) if rec.is_dir() else 0
         run.log_tail = "\n".join((out / f"pytest-{s.name}.log").read_text(errors="replace").splitlines()[-15:])
-    report = UpstreamReport(release=release, test_id=test.node_id, baseline=base, runs=runs, notes=notes)
+    report = UpstreamReport(release=release, test_id=test.node_id, baseline=base, runs=runs, notes=notes,
+                            shard=f"{shard[0]}/{shard[1]}" if shard else "", selected=selected, collected=collected)
     base_rec = read_records(out / f"record-{base}")
     for s in libs:
         if s.name == base:

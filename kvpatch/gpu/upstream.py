@@ -164,7 +164,7 @@ class UpstreamRun:
     seconds: float = 0.0
     failures: list[str] = field(default_factory=list)
     log_tail: str = ""
-    #: Tests that ran out of GPU memory in the parallel pass and were run again alone (their
+    #: Tests that ran out of GPU memory in the parallel pass and were run again one at a time (their
     #: outcome replaces the first one in the counts above).
     rerun: list[str] = field(default_factory=list)
 
@@ -394,27 +394,30 @@ def run_upstream(
         runs.append(UpstreamRun(s.name, str(s), rc, seconds=time.perf_counter() - started))
         cases.append(junit_cases(junit) if junit.is_file() else {})
     notes: list[str] = []
-    # out of GPU memory beside the other workers: those tests again, alone, now that the GPU is free
+    # out of GPU memory beside the other workers: those tests again, one at a time per library
+    # (the libraries' reruns side by side, as the first pass ran), now that the GPU is free
+    reruns = []
     for (s, _p, _log, _junit, _rec, env, _t), run, got in zip(procs, runs, cases):
         oom = [c["name"] for c in got.values() if c["oom"]]
         if not oom:
             continue
-        left = timeout - (time.perf_counter() - t0)
-        if left < 1:
+        if timeout - (time.perf_counter() - t0) < 1:
             notes.append(f"{s.name}: {len(oom)} test(s) ran out of GPU memory; no time left to run them again")
             continue
         if progress:
-            progress(f"upstream: {len(oom)} test(s) against {s.name} ran out of GPU memory beside the others; again, alone")
+            progress(f"upstream: {len(oom)} test(s) against {s.name} ran out of GPU memory beside the others; again, one at a time")
         junit = out / f"junit-{s.name}-rerun.xml"
         p, log = _start_pytest(test, run_dir, env, junit, out / f"pytest-{s.name}-rerun.log", 1, oom)
+        reruns.append((s, run, got, oom, junit, p, log))
+    for s, run, got, oom, junit, p, log in reruns:
         with log:
-            rc = _wait(p, left)
+            rc = _wait(p, timeout - (time.perf_counter() - t0))
         again = junit_cases(junit) if junit.is_file() else {}
         got.update({k: v for k, v in again.items() if k in got})
         run.rerun = sorted(oom)
         counts = count_cases(again)
         notes.append(f"{s.name}: {len(oom)} test(s) ran out of GPU memory in the parallel pass and were run again "
-                     f"alone (rc {rc}): {counts['passed']} passed, {counts['failed'] + counts['errors']} failed")  # fmt: skip
+                     f"one at a time (rc {rc}): {counts['passed']} passed, {counts['failed'] + counts['errors']} failed")  # fmt: skip
     for (s, _p, _log, _junit, rec, _env, _t), run, got in zip(procs, runs, cases):
         counts = count_cases(got)
         run.passed, run.failed, run.skipped, run.errors = (counts[k] for k in ("passed", "failed", "skipped", "errors"))

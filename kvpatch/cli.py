@@ -85,7 +85,7 @@ def apply(
     caches: Annotated[Optional[str], typer.Option(help="k | v | kv (default kv).")] = None,
     cache_hint: Annotated[Optional[str], typer.Option(help="none | evict_last | evict_first | evict_normal.")] = None,
     placement: Annotated[Optional[str], typer.Option(help="start (after the block number is read) | end (after the block's work).")] = None,
-    scope: Annotated[Optional[str], typer.Option(help="cta (every CTA prefetches) | kv-head (one CTA per KV head under GQA).")] = None,
+    scope: Annotated[Optional[str], typer.Option(help="cta (every CTA prefetches) | kv-head (one CTA per KV head under GQA) | kv-head-rotate (the KV head's CTAs take turns, block by block).")] = None,
     min_group: Annotated[Optional[int], typer.Option("--min-group", help="Prefetch only where >= N query heads share a KV head (a runtime test; 1 = always; MHA has 1).")] = None,
     min_ctas: Annotated[Optional[int], typer.Option("--min-ctas", help="Prefetch only in launches of >= N CTAs (query heads x sequences x partitions; a runtime test; 1 = always).")] = None,
     min_kv_mib: Annotated[Optional[int], typer.Option("--min-kv-mib", help="issue=call only: the call helper skips the prefetch unless the launch's KV cache, estimated from the grid (KV heads x sequences x partitions x one partition's K and V), is >= N MiB (0 = always). Timed on fp16 128/16: does not remove its small warm losses (benchmarks/results/tune-19-min-kv-mib).")] = None,

@@ -20,7 +20,7 @@ CACHES = ("k", "v", "kv")
 CACHE_HINTS = ("none", "evict_last", "evict_first", "evict_normal")
 PRESETS = ("default", "paper")
 PLACEMENTS = ("start", "end")
-SCOPES = ("cta", "kv-head")
+SCOPES = ("cta", "kv-head", "kv-head-rotate")
 ISSUES = ("inline", "call", "split")
 QUANTIZED = ("skip", "prefetch")
 READS = ("lane", "warp")
@@ -156,7 +156,11 @@ class PatchConfig:
     #: is read (``start``) or after the block's work (``end``).
     placement: str = "start"
     #: Which CTAs prefetch: every CTA (``cta``) or, under GQA, only the first of the
-    #: query heads sharing a KV head (``kv-head``), so each tile is requested once.
+    #: query heads sharing a KV head (``kv-head``), so each tile is requested once, or
+    #: (``kv-head-rotate``) those query heads' CTAs in turn, tile by tile: head h takes the
+    #: tile of iteration i when ``(i + h) & (group - 1) == 0`` (one CTA per tile for a group
+    #: of 2, 4, 8..., at least one otherwise), so no CTA runs the prefetch path every
+    #: iteration (with ``kv-head`` one CTA of the group does, and a small launch waits for it).
     scope: str = "cta"
     #: Prefetch only where at least this many query heads share a KV head
     #: (``num_queries_per_kv >= N``, a runtime test); 1: always. MHA has 1, GQA 32/8 has 4.

@@ -273,7 +273,7 @@ def test_sites_table(git_tree: Path, header: Path, work: Path) -> None:
         (["--size", "100"], "error: invalid size 100: must be a positive multiple of 16 bytes"),
         (["--align", "24"], "error: invalid align 24: must be a power of two >= 16"),
         (["--caches", "q"], "error: invalid caches 'q': choose one of k, v, kv"),
-        (["--scope", "warp"], "error: invalid scope 'warp': choose one of cta, kv-head"),
+        (["--scope", "warp"], "error: invalid scope 'warp': choose one of cta, kv-head, kv-head-rotate"),
         (["--preset", "paper", "--lookahead", "2"], "error: --preset paper fixes lookahead; drop those options"),
     ],
 )

@@ -82,7 +82,7 @@ def test_caches_select_the_loops(caches: str, k: bool, v: bool) -> None:
         ({"caches": "vk"}, "invalid caches 'vk': choose one of k, v, kv"),
         ({"cache_hint": "evict_sometimes"}, "invalid cache-hint 'evict_sometimes': choose one of none, evict_last, evict_first, evict_normal"),
         ({"placement": "middle"}, "invalid placement 'middle': choose one of start, end"),
-        ({"scope": "warp"}, "invalid scope 'warp': choose one of cta, kv-head"),
+        ({"scope": "warp"}, "invalid scope 'warp': choose one of cta, kv-head, kv-head-rotate"),
         ({"preset": "fast"}, "invalid preset 'fast': choose one of default, paper"),
         ({"control": "yes"}, "invalid control 'yes': expected true or false"),
         ({"lookahaed": 2}, "unknown configuration key(s): lookahaed"),

@@ -44,6 +44,7 @@ CONFIGS: dict[str, dict] = {
     "min-ctas-1024-inline": {"min_ctas": 1024, "issue": "inline", **_UNIFORM},
     "read-warp-kv-head-min-group-2": {"read": "warp", "scope": "kv-head", "min_group": 2, "issue": "inline", **_UNIFORM},
     "min-kv-mib-64-call-kv-head": {"min_kv_mib": 64, "scope": "kv-head", "read": "warp", **_UNIFORM},
+    "kv-head-rotate-min-group-2": {"scope": "kv-head-rotate", "min_group": 2, **_UNIFORM},
 }
 
 REGEN = os.environ.get("KVPATCH_REGEN_GOLDEN") == "1"

@@ -133,9 +133,10 @@ _U = {"inherit_rules": False, "fp16": "scope=kv-head,issue=inline"}
         ({"control": True, **_U}, lambda d: [("", AUTO[d])] * 2),  # compiled in, never executed
         ({"read": "warp", "min_group": 2, "min_ctas": 64, **_U}, lambda d: [("", AUTO[d])] * 2),
         ({"read": "warp", "scope": "kv-head", "min_kv_mib": 64, **_U, "fp16": "none"}, lambda d: [("", AUTO[d])] * 2),
+        ({"scope": "kv-head-rotate", "min_group": 2, **_U}, lambda d: [("", AUTO[d])] * 2),
     ],
     ids=["default", "paper", "caches-k", "lookahead2-size8192-align128", "evict-last", "end-kv-head", "control",
-         "read-warp-gates", "min-kv-mib"],
+         "read-warp-gates", "min-kv-mib", "kv-head-rotate"],
 )
 def test_sm90a_ptx_has_the_prefetch(options: dict, expected, tree: Path, stock: str, nvcc_ptx) -> None:
     ptx = nvcc_ptx(tree / "csrc", patched(tree, stock, **options), "sm_90a")
@@ -148,7 +149,8 @@ def test_sm90a_ptx_has_the_prefetch(options: dict, expected, tree: Path, stock: 
         assert len(policies) == ptx.count("cp.async.bulk.prefetch.L2.global.L2::cache_hint") > 0
 
 
-@pytest.mark.parametrize("options", [{}, {"preset": "paper"}, {"read": "warp", **_U}], ids=["default", "paper", "read-warp"])
+@pytest.mark.parametrize("options", [{}, {"preset": "paper"}, {"read": "warp", **_U}, {"scope": "kv-head-rotate", **_U}],
+                         ids=["default", "paper", "read-warp", "kv-head-rotate"])  # fmt: skip
 def test_sm80_builds_without_the_prefetch(options: dict, tree: Path, stock: str, nvcc_ptx) -> None:
     ptx = nvcc_ptx(tree / "csrc", patched(tree, stock, **options), "sm_80")
     assert prefetches(ptx) == NONE

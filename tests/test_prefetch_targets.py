@@ -173,10 +173,18 @@ def _run(exe: Path, cases: list[tuple]) -> list[tuple[list[int], list, list[int]
     return [(parse(out[3 * i]), parse(out[3 * i + 1]), parse(out[3 * i + 2])) for i in range(len(cases))]
 
 
-def _expected(lookahead: int, nw: int, warp: int, start: int, end: int, prefetches: bool) -> tuple[list, list]:
+def _expected(lookahead: int, nw: int, warp: int, start: int, end: int, prefetches: bool,
+              takes=lambda target: True) -> tuple[list, list]:  # fmt: skip
     reads = list(range(start + warp, end, nw))
-    targets = [b + lookahead * nw for b in reads if b + lookahead * nw < end] if prefetches else []
+    targets = [b + lookahead * nw for b in reads if b + lookahead * nw < end and takes(b + lookahead * nw)] if prefetches else []
     return reads, targets
+
+
+def _takes(settings, nw: int, head: int, qpk: int):
+    """Which target blocks this CTA prefetches by its scope: kv-head-rotate's turn, else all."""
+    if settings.scope != "kv-head-rotate":
+        return lambda target: True
+    return lambda target: ((target // nw + head) & (qpk - 1)) == 0
 
 
 def _cases(dtypes: list[str], lanes=(0, 1), heads=((0, 4), (1, 4), (0, 1)), ctas=(64, 4096)) -> list[tuple]:
@@ -200,11 +208,13 @@ _U = {"inherit_rules": False}  # uniform settings: no shipped rule table
      {**_U, "read": "warp", "scope": "kv-head", "min_group": 2, "min_ctas": 1024, "issue": "inline"},
      {**_U, "fp16": "read=warp,scope=kv-head,issue=inline", "bf16": "read=warp,min-group=4", "quantized": "prefetch"},
      {**_U, "min_kv_mib": 1, "quantized": "prefetch"},
-     {**_U, "scope": "kv-head", "read": "warp", "min_group": 2, "fp16": "min-kv-mib=16", "bf16": "min-kv-mib=1"}],
+     {**_U, "scope": "kv-head", "read": "warp", "min_group": 2, "fp16": "min-kv-mib=16", "bf16": "min-kv-mib=1"},
+     {**_U, "scope": "kv-head-rotate"}, {**_U, "scope": "kv-head-rotate", "lookahead": 3, "placement": "end"},
+     {**_U, "scope": "kv-head-rotate", "read": "warp", "min_group": 2, "issue": "inline"}],
     ids=["per-dtype", "lookahead2", "lookahead3", "placement-end", "inline", "quantized-prefetch", "kv-head-all",
          "kernel-rules", "shipped-default", "min-group-2", "bf16-min-group-4", "min-ctas-1024", "min-ctas-per-dtype",
          "read-warp", "read-warp-lookahead3-end", "read-warp-gates", "read-warp-per-dtype", "min-kv-mib-1",
-         "min-kv-mib-per-dtype"],
+         "min-kv-mib-per-dtype", "rotate", "rotate-lookahead3-end", "rotate-read-warp-inline"],
 )  # fmt: skip
 def test_prefetch_targets_the_block_read_lookahead_iterations_later(tmp_path, kind, options):
     """The harness is the v1 kernel (PARTITION_SIZE 0) of head 8 / block 2: a rule for v2 or
@@ -220,7 +230,8 @@ def test_prefetch_targets_the_block_read_lookahead_iterations_later(tmp_path, ki
         dtype, nw, warp, lane, start, end, head, qpk, ctas = case
         q, kv = ("fp16", "fp8") if dtype == "fp8" else (dtype, "auto")  # fp8: an fp16 kernel, uint8_t cache
         settings = cfg.resolve(q, 8, 2, kv, "v1")
-        scope_ok = settings.scope == "cta" or head % qpk == 0
+        scope_ok = settings.scope != "kv-head" or head % qpk == 0
+        takes = _takes(settings, nw, head, qpk)
         quantized_ok = dtype != "fp8" or cfg.quantized == "prefetch"
         # min-kv-mib (in the call helper): the grid's KV estimate, KV heads x sequences x partitions x
         # one partition of 512 tokens in tiles of BLOCK (2) tokens x HEAD (8) x the cache's element, K and V
@@ -228,7 +239,7 @@ def test_prefetch_targets_the_block_read_lookahead_iterations_later(tmp_path, ki
         guarded = (lane == 0 and scope_ok and quantized_ok and not settings.off and qpk >= settings.min_group
                    and ctas >= settings.min_ctas)  # fmt: skip (the loop's guard; the helper tests min-kv-mib)
         on = guarded and kv_bytes >= settings.min_kv_mib << 20
-        want = _expected(settings.lookahead, nw, warp, start, end, on)
+        want = _expected(settings.lookahead, nw, warp, start, end, on, takes)
         assert (reads, targets) == want, f"{kind} loop, {case}"
         assert all(start <= i < end for i in table), f"{kind} loop, {case}: block table read at {table}"
         compiled = quantized_ok and not settings.off  # the kernel holds the prefetch code at all
@@ -236,11 +247,30 @@ def test_prefetch_targets_the_block_read_lookahead_iterations_later(tmp_path, ki
         if compiled and settings.read == "warp":
             assert extra == len(reads), f"{kind} loop, {case}: read=warp reads once per iteration on every lane"
         else:
-            called = _expected(settings.lookahead, nw, warp, start, end, guarded)[1]
+            called = _expected(settings.lookahead, nw, warp, start, end, guarded, takes)[1]
             assert extra == len(called), f"{kind} loop, {case}: read=lane reads only where lane 0 passes the guard"
     # the harness saw prefetches exactly when a bf16 v1 kernel of this size is on
     seen = any(t for _, t, _ in _run(exe, [("bf16", 4, 0, 0, 0, 17, 0, 4, 1 << 20)]))
     assert seen == (not cfg.resolve("bf16", 8, 2, "auto", "v1").off)
+
+
+@pytest.mark.parametrize("kind", ["key", "value"])
+def test_kv_head_rotate_shares_every_tile_among_the_group(tmp_path, kind):
+    """Over the CTAs of one KV head (query heads g*k .. g*k+g-1), kv-head-rotate prefetches every
+    tile the loop would (cta scope) at least once, exactly once when g is a power of two, and
+    no CTA takes more than its share plus one."""
+    exe = _harness(tmp_path, kind, **_U, scope="kv-head-rotate", read="warp")
+    for nw, warp, start, end in LOOPS:
+        for g in (2, 3, 4, 6, 7, 8, 12):
+            heads = [g * 3 + j for j in range(g)]  # the group of KV head 3
+            cases = [("fp16", nw, warp, 0, start, end, h, g, 4096) for h in heads]
+            got = [targets for _, targets, _ in _run(exe, cases)]
+            every = _expected(1, nw, warp, start, end, True)[1]
+            seen = [t for ts in got for t in ts]
+            assert sorted(set(seen)) == every, (nw, warp, start, end, g)
+            if g & (g - 1) == 0:
+                assert sorted(seen) == every, (nw, warp, start, end, g)  # once each
+                assert max(map(len, got)) <= -(-len(every) // g), (nw, warp, start, end, g)
 
 
 @pytest.mark.parametrize("kind", ["key", "value"])

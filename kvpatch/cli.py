@@ -299,6 +299,7 @@ def validate(
     upstream_dir: Annotated[Optional[Path], typer.Option("--upstream-dir", help="Where --upstream writes its run dir, logs and records.")] = None,
     workers: Annotated[Optional[int], typer.Option(help="pytest-xdist workers for --upstream, in all (default: CPU count).")] = None,
     upstream_shard: Annotated[Optional[str], typer.Option("--upstream-shard", help="K/N: run only the K-th of N shares of vLLM's test cases (every N-th case as pytest collects them, from the K-th); the N runs together cover every case once. For machines whose time per run is limited.")] = None,
+    upstream_timeout: Annotated[Optional[float], typer.Option("--upstream-timeout", help="Seconds for the whole --upstream run (default 900); at the limit pytest is interrupted, the report counts what finished and says the run was cut (not a pass).")] = None,
     paper: Annotated[bool, typer.Option(help="Also check the paper preset against stock (when building).")] = False,
     seed: Annotated[int, typer.Option(help="Seed of the random inputs.")] = 0,
     dtypes: Annotated[Optional[str], typer.Option(help="Query dtypes, e.g. fp16,bf16.")] = None,
@@ -321,7 +322,8 @@ def validate(
         seed=seed, dtypes=_csv(dtypes), kv_cache_dtypes=_csv(kv), head_sizes=_csv(head_sizes, int),
         block_sizes=_csv(block_sizes, int), kernels=_csv(kernels), heads=parse_heads(heads) if heads else None,
         alibi=parse_bools(alibi) if alibi else None, contexts=_csv(contexts, int), upstream=upstream,
-        matrix=matrix, upstream_dir=upstream_dir, upstream_shard=upstream_shard, workers=workers, json_out=json_out,
+        matrix=matrix, upstream_dir=upstream_dir, upstream_shard=upstream_shard, upstream_timeout=upstream_timeout, workers=workers,
+        json_out=json_out,
         device=device,
     )  # fmt: skip
     outcome = run_validate_command(opts, console=err, progress=_progress)

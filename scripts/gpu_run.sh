@@ -16,6 +16,8 @@
 # Environment: OUT (default ./gpu-out), TREE (the vLLM release files), PYTHON (python3),
 # WORKERS (pytest-xdist workers for upstream, in all; default 8), UPSTREAM_SHARD (K/N: validate
 # --upstream-shard, the K-th of N shares of vLLM's test cases, for a test too long for one call),
+# UPSTREAM_TIMEOUT (seconds: validate --upstream-timeout; at the limit pytest is interrupted and the
+# report counts what finished, marked cut),
 # HEADLINE_REPS / HELDOUT_REPS (50 / 30), ROUNDS (3), HEADLINE_KERNELS (v1,v2 or dispatched),
 # HELDOUT_NAMES (the libraries the held-out bench compares; default stock,patched),
 # TUNE_REPS (20), TUNE_DTYPES (tune --dtype: e.g. fp16; default every tuned dtype), TUNE_ONLY (tune --only, comma-separated: e.g. fp16/128/16,fp16/256/16), TUNE_QUICK=1 (tune --quick: 144 of the 324 tuning points),
@@ -117,7 +119,7 @@ if has upstream; then
         say "upstream: vLLM's test_paged_attention x {stock, patched}, $WORKERS workers"
         "${KV[@]}" validate --no-matrix --upstream "${TREEOPT[@]}" "${PAIR[@]}" "${INFO[@]}" \
             --upstream-dir "$OUT/upstream" --workers "$WORKERS" --json "$OUT/upstream.json" \
-            ${UPSTREAM_SHARD:+--upstream-shard "$UPSTREAM_SHARD"} \
+            ${UPSTREAM_SHARD:+--upstream-shard "$UPSTREAM_SHARD"} ${UPSTREAM_TIMEOUT:+--upstream-timeout "$UPSTREAM_TIMEOUT"} \
             > "$OUT/upstream.log" 2>&1 &
         UP_PID=$!
     fi

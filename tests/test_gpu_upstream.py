@@ -162,6 +162,15 @@ class OomOnce(Good):
         super().v1(out, *args)
 
 
+class Slow(Good):
+    """Good, but each call takes three seconds: a run the time limit stops part way."""
+
+    def v1(self, out, *args):
+        import time
+        time.sleep(3.0)
+        super().v1(out, *args)
+
+
 class Flip(Good):
     """Good, but one bit off whenever ALiBi is on (the kind of difference vLLM's tolerance lets pass)."""
 
@@ -316,6 +325,28 @@ def test_run_upstream_runs_out_of_memory_tests_again_alone(tmp_path, monkeypatch
         assert (oom.passed, oom.failed) == (8, 0), oom.log_tail
         assert oom.outputs == 8 and rep.identical == {"oom": {"compared": 8, "identical": 8}}
         assert rep.ok
+
+
+def test_a_run_the_time_limit_stops_reports_what_finished_and_is_not_ok(tmp_path, monkeypatch):
+    """At the limit pytest is interrupted, not killed: its JUnit report of the tests that
+    finished is read, the run is marked cut, and the report is not ok (however well those went)."""
+    pytest.importorskip("torch")
+    tree = make_fake_tree(tmp_path / "tree")
+    back = tmp_path / "backend"
+    back.mkdir()
+    (back / "fakeback.py").write_text(BACKEND)
+    monkeypatch.setenv("PYTHONPATH", f"{back}{__import__('os').pathsep}{tree / 'tests/kernels/attention'}")
+    monkeypatch.setattr(U, "write_run_dir", _with_fake_shared_memory(U.write_run_dir))
+    libs = [LibSpec("stock", "python:fakeback.Good", "x"), LibSpec("slow", "python:fakeback.Slow", "x")]
+    rep = U.run_upstream(tree, libs, tmp_path / "out", release="fake", workers=1, timeout=12)
+    runs = {r.name: r for r in rep.runs}
+    assert not runs["stock"].cut and runs["stock"].passed == 8
+    slow = runs["slow"]
+    assert slow.cut and 1 <= slow.passed < 8 and slow.failed == 0, (slow, slow.log_tail)
+    assert (tmp_path / "out" / "junit-slow.xml").is_file()  # written by the interrupted pytest
+    assert rep.identical["slow"]["compared"] == slow.outputs and rep.identical["slow"]["identical"] == slow.outputs
+    assert any("slow: stopped at the time limit" in n for n in rep.notes), rep.notes
+    assert not rep.ok and rep.to_dict()["runs"][1]["cut"] is True
 
 
 def test_shards_are_disjoint_cover_every_case_and_parse_strictly():

@@ -12,6 +12,7 @@ baseline; their configurations come from ``variant_info`` (a JSON file beside th
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -180,6 +181,7 @@ class ValidateOptions(LibraryOptions):
     matrix: bool = True  # False: only --upstream
     upstream_dir: Optional[Path] = None
     upstream_shard: Optional[str] = None  # 'K/N': only that share of the test's cases
+    upstream_timeout: Optional[float] = None  # seconds for the whole --upstream run (default: run_upstream's)
     workers: Optional[int] = None
     json_out: Optional[Path] = None
     device: str = "cuda"
@@ -249,6 +251,11 @@ def run_validate_command(o: ValidateOptions, *, console: Any = None, progress: A
     if o.workers is not None and o.workers < 1:
         raise UsageError(f"--workers must be >= 1, not {o.workers}")
     upstream_shard(o)
+    if o.upstream_timeout is not None:
+        if not o.upstream:
+            raise UsageError("--upstream-timeout needs --upstream")
+        if not (o.upstream_timeout > 0 and math.isfinite(o.upstream_timeout)):
+            raise UsageError(f"--upstream-timeout must be > 0 seconds, not {o.upstream_timeout:g}")
     cases, name, sampling = validate_cases(o)
     check_outputs(json=o.json_out)
     parse_libs(o.libs)
@@ -322,8 +329,9 @@ def _upstream(o: ValidateOptions, libs: Libraries, progress: Any) -> Any:
     out = o.upstream_dir or Path(tempfile.mkdtemp(prefix="kvpatch-upstream-"))
     out.mkdir(parents=True, exist_ok=True)
     try:
+        limit = {} if o.upstream_timeout is None else {"timeout": o.upstream_timeout}
         return run_upstream(tree, libs.specs, out, release=tree.name, workers=o.workers, progress=progress,
-                            shard=upstream_shard(o))  # fmt: skip
+                            shard=upstream_shard(o), **limit)  # fmt: skip
     except UpstreamError as e:
         raise GpuCheckError(str(e)) from None
 

@@ -26,6 +26,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -167,6 +168,9 @@ class UpstreamRun:
     #: Tests that ran out of GPU memory in the parallel pass and were run again one at a time (their
     #: outcome replaces the first one in the counts above).
     rerun: list[str] = field(default_factory=list)
+    #: The time limit stopped this library's run (pytest interrupted, its counts are what had
+    #: finished): the run is incomplete, and the report not ok.
+    cut: bool = False
 
 
 @dataclass
@@ -189,8 +193,8 @@ class UpstreamReport:
 
     @property
     def ok(self) -> bool:
-        """Every run passed with no failures/errors, and every output equals the baseline's."""
-        runs_ok = all(r.failed == 0 and r.errors == 0 and r.passed > 0 for r in self.runs)
+        """Every run finished and passed with no failures/errors, and every output equals the baseline's."""
+        runs_ok = all(r.failed == 0 and r.errors == 0 and r.passed > 0 and not r.cut for r in self.runs)
         same = all(v["identical"] == v["compared"] and v["compared"] > 0 for v in self.identical.values())
         return runs_ok and same
 
@@ -300,7 +304,10 @@ def collect(test: UpstreamTest, run_dir: Path, env: dict[str, str], timeout: flo
     """The test's case names as pytest collects them in ``run_dir`` (on the machine that runs
     them: the parametrization can depend on its GPUs)."""
     argv = [sys.executable, "-m", "pytest", "-q", "--collect-only", f"{test.path}::{test.function}"]
-    p = subprocess.run(argv, cwd=run_dir, env=env, capture_output=True, text=True, timeout=timeout)
+    try:
+        p = subprocess.run(argv, cwd=run_dir, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise UpstreamError(f"pytest did not collect {test.node_id} within {timeout:.0f} s") from None
     names = collected_names(test, p.stdout)
     if not names:
         tail = " | ".join((p.stdout + p.stderr).strip().splitlines()[-3:])
@@ -327,13 +334,24 @@ def _start_pytest(test: UpstreamTest, run_dir: Path, env: dict[str, str], junit:
     return proc, log
 
 
-def _wait(p: subprocess.Popen, timeout: float) -> int:
-    """The process's exit code; killed once ``timeout`` seconds (at least 1) have passed."""
+#: After the time limit: how long pytest may take, once interrupted, to stop its workers and
+#: write its JUnit report of the tests that finished, before it is killed.
+INTERRUPT_GRACE = 60.0
+
+
+def _wait(p: subprocess.Popen, timeout: float) -> tuple[int, bool]:
+    """(exit code, cut): once ``timeout`` seconds (at least 1) have passed, pytest is
+    interrupted (SIGINT, as Ctrl-C: it stops and still writes the JUnit report of what
+    finished), and killed if it has not stopped :data:`INTERRUPT_GRACE` seconds later."""
     try:
-        return p.wait(timeout=max(1.0, timeout))
+        return p.wait(timeout=max(1.0, timeout)), False
     except subprocess.TimeoutExpired:
-        p.kill()
-        return p.wait()
+        p.send_signal(signal.SIGINT)
+        try:
+            return p.wait(timeout=INTERRUPT_GRACE), True
+        except subprocess.TimeoutExpired:
+            p.kill()
+            return p.wait(), True
 
 
 def run_upstream(
@@ -352,7 +370,9 @@ def run_upstream(
     """Run the release's test once per library, all at once (``workers`` xdist
     processes in all, split between them), and compare the outputs with the baseline's.
     ``tests``: only these (``test_paged_attention[...]``, as JUnit names them). ``shard``
-    ``(k, n)``: only the k-th of n shares of the cases (:func:`shard_of`), collected here."""
+    ``(k, n)``: only the k-th of n shares of the cases (:func:`shard_of`), collected here.
+    ``timeout``: seconds for the whole run; at the limit each pytest still running is
+    interrupted, reports what finished, and its run is marked ``cut`` (the report not ok)."""
     t0 = time.perf_counter()
     test = find_test(tree)
     out = Path(out_dir)
@@ -389,9 +409,9 @@ def run_upstream(
     runs: list[UpstreamRun] = []
     cases: list[dict[str, dict[str, Any]]] = []
     for s, p, log, junit, rec, env, started in procs:
-        rc = _wait(p, timeout - (time.perf_counter() - t0))
+        rc, cut = _wait(p, timeout - (time.perf_counter() - t0))
         log.close()
-        runs.append(UpstreamRun(s.name, str(s), rc, seconds=time.perf_counter() - started))
+        runs.append(UpstreamRun(s.name, str(s), rc, seconds=time.perf_counter() - started, cut=cut))
         cases.append(junit_cases(junit) if junit.is_file() else {})
     notes: list[str] = []
     # out of GPU memory beside the other workers: those tests again, one at a time per library
@@ -411,7 +431,8 @@ def run_upstream(
         reruns.append((s, run, got, oom, junit, p, log))
     for s, run, got, oom, junit, p, log in reruns:
         with log:
-            rc = _wait(p, timeout - (time.perf_counter() - t0))
+            rc, cut = _wait(p, timeout - (time.perf_counter() - t0))
+        run.cut = run.cut or cut
         again = junit_cases(junit) if junit.is_file() else {}
         got.update({k: v for k, v in again.items() if k in got})
         run.rerun = sorted(oom)
@@ -435,6 +456,9 @@ def run_upstream(
         report.differing[s.name] = differing
         report.notes += [f"{s.name}: {n}" for n in notes]
     for r in runs:
+        if r.cut:
+            report.notes.append(f"{r.name}: stopped at the time limit ({timeout:.0f} s) after {r.passed + r.failed + r.skipped + r.errors} "
+                                "test(s); the counts and comparisons are of those only")  # fmt: skip
         if r.passed == 0 and r.failed == 0:
             report.notes.append(f"{r.name}: no test ran (rc {r.returncode}); log: {out / f'pytest-{r.name}.log'}")
     report.seconds = time.perf_counter() - t0

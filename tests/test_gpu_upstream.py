@@ -503,3 +503,18 @@ def test_shim_serves_every_import_of_each_releases_test(vllm_release, tmp_path, 
     missing = {k.rsplit(".", 1)[1] for k, v in got.items() if v == "Missing"}
     assert missing <= UNUSED_BY_PAGED_ATTENTION, missing
     assert any(k.endswith(".create_kv_caches_with_random") and v == "function" for k, v in got.items())
+
+
+def test_validate_says_a_cut_run_is_not_a_pass_and_a_failure_is_a_failure():
+    from kvpatch.gpu.commands import ValidateOutcome
+
+    def outcome(cut: bool, failed: int) -> ValidateOutcome:
+        runs = [U.UpstreamRun("stock", "s", 0, passed=5), U.UpstreamRun("patched", "p", 2, passed=3, failed=failed, cut=cut)]
+        rep = U.UpstreamReport("0.6.4", "t::test_paged_attention", "stock", runs,
+                               identical={"patched": {"compared": 3, "identical": 3}}, differing={"patched": []})  # fmt: skip
+        return ValidateOutcome(upstream=rep)
+
+    cut = outcome(cut=True, failed=0)
+    assert not cut.ok and "stopped at the time limit before it finished (patched): not a pass" in cut.why()
+    assert "failed" in outcome(cut=True, failed=1).why()  # a failure is named as one, cut or not
+    assert outcome(cut=False, failed=0).ok

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import signal
 import subprocess
 import sys
 import textwrap
@@ -338,7 +339,13 @@ def test_a_run_the_time_limit_stops_reports_what_finished_and_is_not_ok(tmp_path
     monkeypatch.setenv("PYTHONPATH", f"{back}{__import__('os').pathsep}{tree / 'tests/kernels/attention'}")
     monkeypatch.setattr(U, "write_run_dir", _with_fake_shared_memory(U.write_run_dir))
     libs = [LibSpec("stock", "python:fakeback.Good", "x"), LibSpec("slow", "python:fakeback.Slow", "x")]
-    rep = U.run_upstream(tree, libs, tmp_path / "out", release="fake", workers=1, timeout=12)
+    # as when kvpatch runs as a shell's background job (gpu_run.sh): SIGINT ignored, which children
+    # inherit; the interrupt must still reach pytest
+    ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        rep = U.run_upstream(tree, libs, tmp_path / "out", release="fake", workers=1, timeout=12)
+    finally:
+        signal.signal(signal.SIGINT, ignored)
     runs = {r.name: r for r in rep.runs}
     assert not runs["stock"].cut and runs["stock"].passed == 8
     slow = runs["slow"]

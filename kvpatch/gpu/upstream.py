@@ -330,8 +330,15 @@ def _start_pytest(test: UpstreamTest, run_dir: Path, env: dict[str, str], junit:
     the process and the open log, which the caller closes once the process is done."""
     log = open(log_path, "w")
     proc = subprocess.Popen(pytest_argv(test, junit.resolve(), workers, tests), cwd=run_dir, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)  # fmt: skip
+                            stderr=subprocess.STDOUT, preexec_fn=_interruptible)  # fmt: skip
     return proc, log
+
+
+def _interruptible() -> None:
+    """In the child, before pytest starts: SIGINT back to its default, so Python turns it into
+    KeyboardInterrupt even where kvpatch itself runs with SIGINT ignored (a shell's background
+    job), and the time limit's interrupt (:func:`_wait`) is heard."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 #: After the time limit: how long pytest may take, once interrupted, to stop its workers and
@@ -348,7 +355,8 @@ def _wait(p: subprocess.Popen, timeout: float) -> tuple[int, bool]:
     except subprocess.TimeoutExpired:
         p.send_signal(signal.SIGINT)
         try:
-            return p.wait(timeout=INTERRUPT_GRACE), True
+            rc = p.wait(timeout=INTERRUPT_GRACE)
+            return rc, rc != 0  # 0: it finished every test before the interrupt took effect
         except subprocess.TimeoutExpired:
             p.kill()
             return p.wait(), True

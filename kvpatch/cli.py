@@ -322,9 +322,8 @@ def validate(
         seed=seed, dtypes=_csv(dtypes), kv_cache_dtypes=_csv(kv), head_sizes=_csv(head_sizes, int),
         block_sizes=_csv(block_sizes, int), kernels=_csv(kernels), heads=parse_heads(heads) if heads else None,
         alibi=parse_bools(alibi) if alibi else None, contexts=_csv(contexts, int), upstream=upstream,
-        matrix=matrix, upstream_dir=upstream_dir, upstream_shard=upstream_shard, upstream_timeout=upstream_timeout, workers=workers,
-        json_out=json_out,
-        device=device,
+        matrix=matrix, upstream_dir=upstream_dir, upstream_shard=upstream_shard, upstream_timeout=upstream_timeout,
+        workers=workers, json_out=json_out, device=device,
     )  # fmt: skip
     outcome = run_validate_command(opts, console=err, progress=_progress)
     if outcome.report is not None:

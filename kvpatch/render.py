@@ -200,7 +200,8 @@ def upstream_table(report: Any) -> Table:
         cell = "-" if same is None else f"{same['identical']}/{same['compared']}"
         if same is not None and same["identical"] != same["compared"]:
             cell = f"[red]{cell}[/red]"
-        t.add_row(escape(run.name) + (" [red](cut at the time limit)[/red]" if getattr(run, "cut", False) else ""), str(run.passed), f"[red]{run.failed}[/red]" if run.failed else "0", str(run.skipped),
+        name = escape(run.name) + (" [red](cut at the time limit)[/red]" if run.cut else "")
+        t.add_row(name, str(run.passed), f"[red]{run.failed}[/red]" if run.failed else "0", str(run.skipped),
                   str(run.errors), str(run.outputs), cell)  # fmt: skip
     return t
 

@@ -525,3 +525,18 @@ def test_validate_says_a_cut_run_is_not_a_pass_and_a_failure_is_a_failure():
     assert not cut.ok and "stopped at the time limit before it finished (patched): not a pass" in cut.why()
     assert "failed" in outcome(cut=True, failed=1).why()  # a failure is named as one, cut or not
     assert outcome(cut=False, failed=0).ok
+
+
+def test_the_table_names_the_share_and_a_cut_run():
+    from rich.console import Console
+
+    from kvpatch.render import print_upstream
+
+    runs = [U.UpstreamRun("stock", "s", 0, passed=4, outputs=4), U.UpstreamRun("patched", "p", 2, passed=2, outputs=2, cut=True)]
+    rep = U.UpstreamReport("0.6.4", "t::test_paged_attention", "stock", runs, identical={"patched": {"compared": 2, "identical": 2}},
+                           notes=["patched: stopped at the time limit (12 s) after 2 test(s)"], shard="1/2", selected=4, collected=8)  # fmt: skip
+    console = Console(record=True, width=200)
+    print_upstream(rep, console)
+    text = console.export_text()
+    assert "shard 1/2: 4 of its 8 cases" in text and "patched (cut at the time limit)" in text
+    assert "stock (cut" not in text and "2/2" in text and "note: patched: stopped at the time limit" in text

@@ -272,16 +272,8 @@ def test_run_upstream_against_python_stand_ins(tmp_path, monkeypatch):
     """The whole runner on a fake tree: the test runs unchanged through the shim once per
     'library'; a stand-in one bit off with ALiBi still passes vLLM-style tolerances, and
     the record comparison finds exactly those outputs."""
-    pytest.importorskip("torch")
-    tree = make_fake_tree(tmp_path / "tree")
-    back = tmp_path / "backend"
-    back.mkdir()
-    (back / "fakeback.py").write_text(BACKEND)
-    # the test module is imported as 'test_attention' (rootdir-relative, no __init__ in its folder)
-    monkeypatch.setenv("PYTHONPATH", f"{back}{__import__('os').pathsep}{tree / 'tests/kernels/attention'}")
-    # the fake test asserts 1024 bytes of shared memory: the shim would ask CUDA, so answer for it
+    tree = _stand_in_tree(tmp_path, monkeypatch)
     shim_src = Path(U.__file__).with_name("upstream_shim.py")
-    monkeypatch.setattr(U, "write_run_dir", _with_fake_shared_memory(U.write_run_dir))
     libs = [LibSpec("stock", "python:fakeback.Good", "x"), LibSpec("flip", "python:fakeback.Flip", "x")]
     rep = U.run_upstream(tree, libs, tmp_path / "out", release="fake", workers=1, timeout=300)
     runs = {r.name: r for r in rep.runs}
@@ -299,17 +291,11 @@ def test_run_upstream_against_python_stand_ins(tmp_path, monkeypatch):
 def test_run_upstream_runs_out_of_memory_tests_again_alone(tmp_path, monkeypatch, always):
     """Tests that fail for want of GPU memory in the parallel pass are run again, alone, and
     their second outcome counts; one that runs out of memory again stays failed."""
-    pytest.importorskip("torch")
-    tree = make_fake_tree(tmp_path / "tree")
-    back = tmp_path / "backend"
-    back.mkdir()
-    (back / "fakeback.py").write_text(BACKEND)
+    tree = _stand_in_tree(tmp_path, monkeypatch)
     (tmp_path / "oom").mkdir()
-    monkeypatch.setenv("PYTHONPATH", f"{back}{__import__('os').pathsep}{tree / 'tests/kernels/attention'}")
     monkeypatch.setenv("KVPATCH_TEST_OOM_DIR", str(tmp_path / "oom"))
     if always:
         monkeypatch.setenv("KVPATCH_TEST_OOM_ALWAYS", "1")
-    monkeypatch.setattr(U, "write_run_dir", _with_fake_shared_memory(U.write_run_dir))
     libs = [LibSpec("stock", "python:fakeback.Good", "x"), LibSpec("oom", "python:fakeback.OomOnce", "x")]
     rep = U.run_upstream(tree, libs, tmp_path / "out", release="fake", workers=1, timeout=300)
     runs = {r.name: r for r in rep.runs}
@@ -331,13 +317,7 @@ def test_run_upstream_runs_out_of_memory_tests_again_alone(tmp_path, monkeypatch
 def test_a_run_the_time_limit_stops_reports_what_finished_and_is_not_ok(tmp_path, monkeypatch):
     """At the limit pytest is interrupted, not killed: its JUnit report of the tests that
     finished is read, the run is marked cut, and the report is not ok (however well those went)."""
-    pytest.importorskip("torch")
-    tree = make_fake_tree(tmp_path / "tree")
-    back = tmp_path / "backend"
-    back.mkdir()
-    (back / "fakeback.py").write_text(BACKEND)
-    monkeypatch.setenv("PYTHONPATH", f"{back}{__import__('os').pathsep}{tree / 'tests/kernels/attention'}")
-    monkeypatch.setattr(U, "write_run_dir", _with_fake_shared_memory(U.write_run_dir))
+    tree = _stand_in_tree(tmp_path, monkeypatch)
     libs = [LibSpec("stock", "python:fakeback.Good", "x"), LibSpec("slow", "python:fakeback.Slow", "x")]
     # as when kvpatch runs as a shell's background job (gpu_run.sh): SIGINT ignored, which children
     # inherit; the interrupt must still reach pytest
@@ -381,13 +361,7 @@ def test_collected_names_keep_pytest_order_and_only_the_test():
 def test_run_upstream_in_shards_covers_the_whole_test_once(tmp_path, monkeypatch):
     """Two shards of the fake test: each runs half the cases against both stand-ins, pytest
     collecting them on the machine; together they run and compare every case once."""
-    pytest.importorskip("torch")
-    tree = make_fake_tree(tmp_path / "tree")
-    back = tmp_path / "backend"
-    back.mkdir()
-    (back / "fakeback.py").write_text(BACKEND)
-    monkeypatch.setenv("PYTHONPATH", f"{back}{__import__('os').pathsep}{tree / 'tests/kernels/attention'}")
-    monkeypatch.setattr(U, "write_run_dir", _with_fake_shared_memory(U.write_run_dir))
+    tree = _stand_in_tree(tmp_path, monkeypatch)
     libs = [LibSpec("stock", "python:fakeback.Good", "x"), LibSpec("flip", "python:fakeback.Flip", "x")]
     reps = [U.run_upstream(tree, libs, tmp_path / f"out{k}", release="fake", workers=1, timeout=300, shard=(k, 2))
             for k in (1, 2)]  # fmt: skip
@@ -400,6 +374,21 @@ def test_run_upstream_in_shards_covers_the_whole_test_once(tmp_path, monkeypatch
     assert sum(r.identical["flip"]["compared"] for r in reps) == 8
     assert sum(r.identical["flip"]["identical"] for r in reps) == 4  # as the whole run finds
     assert reps[0].to_dict()["shard"] == "1/2"
+
+
+def _stand_in_tree(tmp_path: Path, monkeypatch) -> Path:
+    """A fake release tree whose test runs through the shim against the stand-in "libraries" of
+    BACKEND (``python:fakeback.NAME``); skips without torch."""
+    pytest.importorskip("torch")
+    tree = make_fake_tree(tmp_path / "tree")
+    back = tmp_path / "backend"
+    back.mkdir()
+    (back / "fakeback.py").write_text(BACKEND)
+    # the test module is imported as 'test_attention' (rootdir-relative, no __init__ in its folder)
+    monkeypatch.setenv("PYTHONPATH", f"{back}{__import__('os').pathsep}{tree / 'tests/kernels/attention'}")
+    # the fake test asserts 1024 bytes of shared memory: the shim would ask CUDA, so answer for it
+    monkeypatch.setattr(U, "write_run_dir", _with_fake_shared_memory(U.write_run_dir))
+    return tree
 
 
 def _with_fake_shared_memory(write_run_dir):

@@ -315,6 +315,12 @@ def collect(test: UpstreamTest, run_dir: Path, env: dict[str, str], timeout: flo
     return names
 
 
+def _lib_env(spec: LibSpec, run_dir: Path, **extra: str) -> dict[str, str]:
+    """The environment pytest runs in against ``spec``: the shim's import path and library."""
+    path = spec.path if spec.path.startswith("python:") else str(Path(spec.path).resolve())
+    return dict(os.environ, PYTHONPATH=pythonpath_for(run_dir), KVPATCH_UPSTREAM_LIB=f"{path}:{spec.prefix}", **extra)
+
+
 def pytest_argv(test: UpstreamTest, junit: Path, workers: int, names: Sequence[str] = ()) -> list[str]:
     """pytest on the test function, or on the given test names (``test_paged_attention[...]``) only."""
     ids = [f"{test.path}::{n}" for n in names] or [f"{test.path}::{test.function}"]
@@ -392,10 +398,7 @@ def run_upstream(
     per = max(1, total // max(1, len(libs)))
     selected = collected = 0
     if shard is not None:
-        spec = next(s for s in libs if s.name == base)
-        path = spec.path if spec.path.startswith("python:") else str(Path(spec.path).resolve())
-        env = dict(os.environ, PYTHONPATH=pythonpath_for(run_dir), KVPATCH_UPSTREAM_LIB=f"{path}:{spec.prefix}")
-        every = list(tests) or collect(test, run_dir, env)
+        every = list(tests) or collect(test, run_dir, _lib_env(next(s for s in libs if s.name == base), run_dir))
         tests = shard_of(every, *shard)
         selected, collected = len(tests), len(every)
         if progress:
@@ -407,9 +410,7 @@ def run_upstream(
         junit = out / f"junit-{s.name}.xml"
         rec = out / f"record-{s.name}"
         shutil.rmtree(rec, ignore_errors=True)
-        path = s.path if s.path.startswith("python:") else str(Path(s.path).resolve())
-        env = dict(os.environ, PYTHONPATH=pythonpath_for(run_dir), KVPATCH_UPSTREAM_LIB=f"{path}:{s.prefix}",
-                   KVPATCH_UPSTREAM_RECORD=str(rec.resolve()))  # fmt: skip
+        env = _lib_env(s, run_dir, KVPATCH_UPSTREAM_RECORD=str(rec.resolve()))
         if progress:
             progress(f"upstream: {test.node_id} against {s.name} ({per} workers)")
         p, log = _start_pytest(test, run_dir, env, junit, out / f"pytest-{s.name}.log", per, tests)

@@ -224,7 +224,7 @@ def tune_table(report: Any, top: int = 3) -> Table:
         for i, s in enumerate(pick.ranked[:top]):
             lo, hi = s.geomean_interval
             table.add_row(escape(inst) if i == 0 else "", escape(pick.name) if i == 0 else "", escape(s.name),
-                          "yes" if s.bit_identical else "NO", str(s.slower), f"{s.worst:.3f}",
+                          ("NO" if not s.bit_identical else "yes, excluded" if s.excluded else "yes"), str(s.slower), f"{s.worst:.3f}",
                           f"{s.geomean:.3f} [{lo:.3f}..{hi:.3f}]")  # fmt: skip
     return table
 

@@ -147,6 +147,9 @@ class Score:
     slower: int = 0
     #: per round, the speedup at each point (for the geomean's interval); may be empty
     rounds: tuple[tuple[float, ...], ...] = ()
+    #: ruled out by ``--exclude`` (e.g. what validate --upstream or the held-out set found after
+    #: tune ran): never picked, and shown as such rather than as not bit-identical
+    excluded: bool = False
 
     @property
     def worst(self) -> float:
@@ -165,7 +168,7 @@ class Score:
         return min(per_round), max(per_round)
 
     def qualifies(self, policy: str = "strict") -> bool:
-        if not self.bit_identical or not self.speedups:
+        if not self.bit_identical or self.excluded or not self.speedups:
             return False
         if policy == "strict" and self.slower:
             return False
@@ -173,7 +176,7 @@ class Score:
 
     def key(self) -> tuple:
         """Sort key, best first: bit-identical, fewer slower points, geomean, worst."""
-        return (not self.bit_identical, self.slower, -self.geomean, -self.worst)
+        return (not self.bit_identical or self.excluded, self.slower, -self.geomean, -self.worst)
 
 
 def _row_kernel(row: dict) -> str:
@@ -316,7 +319,7 @@ class TuneReport:
             "validation_failures": {k: sorted(v) for k, v in sorted(self.failures.items())},
             "ranking": {
                 inst: [
-                    {"name": s.name, "bit_identical": s.bit_identical, "slower": s.slower, "worst": s.worst,
+                    {"name": s.name, "bit_identical": s.bit_identical, "excluded": s.excluded, "slower": s.slower, "worst": s.worst,
                      "geomean": s.geomean, "geomean_interval": list(s.geomean_interval),
                      "qualifies": s.qualifies(self.policy)}
                     for s in p.ranked
@@ -510,5 +513,5 @@ def rechoose(data: dict, *, policy: str = "strict", fallback: str = "off", exclu
             raise UsageError(f"--exclude {cand}@{sel} matches no candidate and kernel of the tune data")
         for i in hits:
             failures.setdefault(scores[i].name, set()).add(scores[i].selector)
-            scores[i] = replace(scores[i], bit_identical=False)
+            scores[i] = replace(scores[i], excluded=True)
     return _report(scores, configs, failures, bench, policy=policy, fallback=fallback, machine=machine)

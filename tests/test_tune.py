@@ -272,6 +272,18 @@ def test_rechoose_adds_exclusions_as_failures_and_chooses_again() -> None:
     assert r.picked == {"bf16/256/16/auto/v1": "off", "bf16/256/16/auto/v2": "inline_cta_la1"}
     assert r.config.resolve("bf16", 256, 16, "auto", "v1").off and r.failures["inline_cta_la1"] == {"bf16/256/16/auto/v1"}
     assert rechoose(data, policy="geomean", exclude=["inline_*@*/v1"]).picked["bf16/256/16/auto/v1"] == "call_cta_la1"
+    # an excluded candidate keeps its measured bit-identity: the table says excluded, not "NO"
+    ranked = {s["name"]: s for s in r.to_json()["ranking"]["bf16/256/16/auto/v1"]}
+    assert ranked["inline_cta_la1"]["excluded"] and ranked["inline_cta_la1"]["bit_identical"]
+    assert not ranked["inline_cta_la1"]["qualifies"] and not ranked["call_cta_la1"]["excluded"]
+    from rich.console import Console
+
+    from kvpatch.render import tune_table
+
+    console = Console(width=200, record=True)
+    console.print(tune_table(r))
+    rows = [line for line in console.export_text().splitlines() if "inline_cta_la1" in line]
+    assert sum("yes, excluded" in line for line in rows) == 1 and not any("NO" in line for line in rows)
 
 
 @pytest.mark.parametrize("exclude, message", [(["inline_cta_la1"], "use CANDIDATE@SELECTOR"),

@@ -11,7 +11,9 @@
 #       --kernels tuned --no-small --no-tree
 # Releases run in the order of RELEASES (default: every LIBROOT/<release>/libs, by name), each only
 # while BUDGET seconds (default 560) leave NEED (default 130) for it. VALIDATE=0 / HELDOUT=0 leave
-# that step out. OUT defaults to ./gpu-out. (Before this script, each run had its own copy:
+# that step out. PACK=1: each release's folder becomes one file, OUT/<release>.tgz, as soon as that
+# release is done (the device tool brings back only so many files, and a run cut part way keeps
+# the releases it finished). OUT defaults to ./gpu-out. (Before this script, each run had its own copy:
 # benchmarks/results/releases-tune-*/run*.sh.)
 set -uo pipefail
 LIBROOT=${1:?usage: scripts/gpu_releases.sh LIBROOT}
@@ -40,11 +42,16 @@ for v in $RELEASES; do
       --head-sizes 64,128,256 --block-sizes 16,32 --kv auto,fp8 --json "$R/validate.json" > "$R/validate.log" 2>&1
     echo "$v validate rc $? ($((SECONDS - T0)) s)"; tail -2 "$R/validate.log"
   fi
-  [[ "${HELDOUT:-1}" == 1 ]] || continue
-  LEFT=$(( BUDGET - (SECONDS - T0) - 5 )); (( LEFT > 150 )) && LEFT=150
-  timeout $LEFT python3 -m kvpatch bench --set heldout "${LIBS[@]}" --variant-info "$L/variants.json" --kernels dispatched \
-    --reps 20 --rounds 3 --json "$R/bench-heldout.json" > "$R/bench-heldout.log" 2>&1
-  echo "$v heldout rc $? ($((SECONDS - T0)) s)"; grep -A12 "dispatched" "$R/bench-heldout.log" | head -14
+  if [[ "${HELDOUT:-1}" == 1 ]]; then
+    LEFT=$(( BUDGET - (SECONDS - T0) - 5 )); (( LEFT > 150 )) && LEFT=150
+    timeout $LEFT python3 -m kvpatch bench --set heldout "${LIBS[@]}" --variant-info "$L/variants.json" --kernels dispatched \
+      --reps 20 --rounds 3 --json "$R/bench-heldout.json" > "$R/bench-heldout.log" 2>&1
+    echo "$v heldout rc $? ($((SECONDS - T0)) s)"; grep -A12 "dispatched" "$R/bench-heldout.log" | head -14
+  fi
+  if [[ "${PACK:-0}" == 1 ]]; then
+    tar czf "$OUT/$v.tgz.partial" -C "$OUT" "$v" && rm -rf "${R:?}" && mv "$OUT/$v.tgz.partial" "$OUT/$v.tgz" \
+      || echo "error: packing $R failed" >&2
+  fi
 done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
   --format=csv > "$OUT/nvidia-smi-end.csv" 2>&1

@@ -42,3 +42,24 @@ def test_lib_specs_stops_on_a_missing_library(tmp_path: Path) -> None:
     done = _lib_specs(tmp_path, tmp_path / "unpacked")
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip() == f"error: {tmp_path}/libkvpatch_stock.so (from {tmp_path}/libs.txt) not found"
+
+
+def test_gpu_releases_packs_each_release_as_it_finishes(tmp_path: Path) -> None:
+    """PACK=1: one OUT/<release>.tgz per release, no folders left (the device tool brings back few files)."""
+    import tarfile
+
+    for v in ("0.6.4", "0.8.5"):
+        libs = tmp_path / "root" / v / "libs"
+        libs.mkdir(parents=True)
+        (libs / "libkvpatch_stock.so").write_bytes(b"x")
+        (libs / "libs.txt").write_text("stock=libkvpatch_stock.so:kvpatch_stock\n")
+        (libs / "variants.json").write_text(f'{{"release": "{v}"}}')
+    out = tmp_path / "out"
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(out), "PACK": "1", "VALIDATE": "0", "HELDOUT": "0",
+           "UNPACK": str(tmp_path / "unpacked"), "HOME": str(tmp_path)}  # fmt: skip
+    done = subprocess.run(["bash", "scripts/gpu_releases.sh", str(tmp_path / "root")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir() if p.name != "nvidia-smi-end.csv") == ["0.6.4.tgz", "0.8.5.tgz"]
+    with tarfile.open(out / "0.8.5.tgz") as tar:
+        assert tar.extractfile("0.8.5/variants.json").read() == b'{"release": "0.8.5"}'

@@ -77,8 +77,13 @@ def main(argv: list[str] | None = None) -> int:
         if not d.is_dir():
             print(f"| {v} | not run | | | | | |")
             continue
-        val = load(d / ("validate-full.json.gz" if (d / "validate-full.json.gz").is_file() else "validate.json.gz"))
-        ident = val["identical"]["patched"]
+        vpath = next((d / n for n in ("validate-full.json.gz", "validate.json.gz") if (d / n).is_file()), None)
+        if vpath is None:  # a run whose validate record did not come back: say so, never a pass
+            vtext = "no record"
+        else:
+            val = load(vpath)
+            ident = val["identical"]["patched"]
+            vtext = f"{ident['identical']}/{ident['checked']} identical ({val['counts']['failed']} failed)"
         bench = load(d / "bench-heldout.json.gz")
         cl = cells(bench)
         for c in CELLS:
@@ -86,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 if on:
                     pooled.setdefault((key, c[1]), []).append(s)
         flagged = f"{bench['flagged_rounds']}/{len(bench['rounds'])}" if "flagged_rounds" in bench else "?"
-        print(f"| {v} | {ident['identical']}/{ident['checked']} identical ({val['counts']['failed']} failed) | "
+        print(f"| {v} | {vtext} | "
               + " | ".join(cell(cl[c]) for c in CELLS) + f" | {flagged} |")  # fmt: skip
     for v in RELEASES:  # validate --upstream (0.10.2/, or a release's full-upstream/ run), and --full there
         extra = root / v / "full-upstream"

@@ -24,8 +24,8 @@ from .machine import Machine
 #: won on 8 of the 13 kernels it turns on (benchmarks/results/read-warp-sass).
 DEFAULT_OVERRIDES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
     ('bf16', (('off', True),)),
-    ('bf16/128/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('issue', 'split'), ('read', 'warp'))),
-    ('bf16/128/16/auto/v2', (('lookahead', 1), ('scope', 'cta'), ('issue', 'split'), ('read', 'warp'))),
+    ('bf16/128/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('issue', 'split'), ('read', 'warp'))),
+    ('bf16/128/16/auto/v2', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('issue', 'split'))),
     ('bf16/128/32/auto', (('off', True),)),
     ('bf16/256/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('issue', 'split'), ('read', 'warp'))),
     ('bf16/256/16/auto/v2', (('lookahead', 1), ('scope', 'kv-head'), ('issue', 'split'))),
@@ -34,16 +34,17 @@ DEFAULT_OVERRIDES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
     ('bf16/64/16/auto/v2', (('lookahead', 2), ('scope', 'cta'), ('issue', 'split'))),
     ('bf16/64/32/auto', (('off', True),)),
     ('fp16', (('off', True),)),
-    ('fp16/128/16/auto', (('off', True),)),
-    ('fp16/128/32/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('issue', 'inline'), ('read', 'warp'))),
+    ('fp16/128/16/auto/v1', (('off', True),)),
+    ('fp16/128/16/auto/v2', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('min_group', 2), ('issue', 'call'))),
+    ('fp16/128/32/auto/v1', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('min_group', 2), ('issue', 'call'))),
     ('fp16/128/32/auto/v2', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('issue', 'call'))),
     ('fp16/256/16/auto', (('off', True),)),
-    ('fp16/256/32/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('min_ctas', 1024), ('issue', 'call'), ('read', 'warp'))),
+    ('fp16/256/32/auto/v1', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('min_group', 2), ('issue', 'call'), ('read', 'warp'))),
     ('fp16/256/32/auto/v2', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('issue', 'inline'), ('read', 'warp'))),
-    ('fp16/64/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('issue', 'inline'), ('read', 'warp'))),
+    ('fp16/64/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('min_group', 2), ('issue', 'call'), ('read', 'warp'))),
     ('fp16/64/16/auto/v2', (('off', True),)),
     ('fp16/64/32/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('issue', 'inline'), ('read', 'warp'))),
-    ('fp16/64/32/auto/v2', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('min_ctas', 1024), ('issue', 'call'))),
+    ('fp16/64/32/auto/v2', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('min_group', 2), ('issue', 'inline'), ('read', 'warp'))),
     ('fp32', (('off', True),)),
 )  # fmt: skip
 
@@ -52,5 +53,5 @@ DEFAULT_OVERRIDES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
 DEFAULT_TUNED_ON = Machine(
     gpu="NVIDIA H200", driver="580.159.04", nvcc="13.0.88", arch="sm_90a",
     flags="-std=c++17 -O2 -g -DNDEBUG --expt-relaxed-constexpr -DENABLE_FP8",
-    note="2026-12-01, vLLM 0.10.2, tuning set, policy strict (benchmarks/results/tune-17)",
+    note="2026-12-01, vLLM 0.10.2, tuning set, policy strict (benchmarks/results/tune-24)",
 )  # fmt: skip

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("folder, table", [("releases-tune-12", "tune-12"), ("releases-tune-17", "tune-17")])
+@pytest.mark.parametrize("folder, table", [("releases-tune-12", "tune-12"), ("releases-tune-17", "tune-17"), ("releases-tune-23", "tune-23")])
 def test_release_summary_regenerates_from_its_raw_data(folder: str, table: str) -> None:
     results = ROOT / "benchmarks/results" / folder
     done = subprocess.run([sys.executable, str(ROOT / "scripts/summarize_releases.py"), str(results), "--table", table],
@@ -45,3 +45,15 @@ def test_release_summary_says_where_the_code_differs(tmp_path: Path) -> None:
     original = subprocess.run([sys.executable, str(ROOT / "scripts/summarize_releases.py"), str(src)],
                               capture_output=True, text=True, timeout=300, check=False).stdout  # fmt: skip
     assert "code differs: 14 pts" in next(line for line in original.splitlines() if line.startswith("| 0.6.4 |"))
+
+
+def test_the_tune_24_view_of_the_tune_23_run_regenerates() -> None:
+    """releases-tune-23/tune24_view.md (the README's never-slower claim for the shipped table) is
+    what its script computes from the raw JSON and tune-24's committed table."""
+    folder = ROOT / "benchmarks/results/releases-tune-23"
+    done = subprocess.run([sys.executable, str(folder / "tune24_view.py")], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (folder / "tune24_view.md").read_text(encoding="utf-8")
+    rows = done.stdout.splitlines()[2:]
+    assert len(rows) == 6 and all(row.count("-0 |") == 4 for row in rows)  # no cell has a slower point
+

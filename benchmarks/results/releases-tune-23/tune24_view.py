@@ -12,9 +12,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
-from kvpatch.config import make_config  # noqa: E402  (the shipped default is tune-24)
+from kvpatch.config import make_config  # noqa: E402
+from kvpatch.config_io import read_config_file  # noqa: E402
 
-cfg = make_config()
+cfg = make_config(**read_config_file(HERE.parent / "tune-24" / "kvpatch.toml")[0])
 print("| release | fp16 warm | fp16 cold | bf16 warm | bf16 cold |\n|---|---|---|---|---|")
 for v in ["0.6.4", "0.8.5", "0.9.2", "0.10.0", "0.10.2", "0.11.2"]:
     bench = json.load(gzip.open(HERE / v / "bench-heldout.json.gz", "rt"))

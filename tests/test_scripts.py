@@ -63,3 +63,31 @@ def test_gpu_releases_packs_each_release_as_it_finishes(tmp_path: Path) -> None:
     assert sorted(p.name for p in out.iterdir() if p.name != "nvidia-smi-end.csv") == ["0.6.4.tgz", "0.8.5.tgz"]
     with tarfile.open(out / "0.8.5.tgz") as tar:
         assert tar.extractfile("0.8.5/variants.json").read() == b'{"release": "0.8.5"}'
+
+
+def test_gpu_run_packs_what_finished_when_stopped_by_a_signal(tmp_path: Path) -> None:
+    """PACK=1 under an outer `timeout`: the run is cut, and OUT still ends as one archive holding
+    what was written before the signal (run 26 lost a cut stage's records: too many files)."""
+    import tarfile
+
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    (libs / "libkvpatch_stock.so").write_bytes(b"s")
+    (libs / "libkvpatch_patched.so").write_bytes(b"p")
+    (libs / "libs.txt").write_text("stock=libkvpatch_stock.so:kvpatch_stock\npatched=libkvpatch_patched.so:kvpatch_patched\n")
+    fake = tmp_path / "python"  # stands in for python3: the preflight passes, validate writes and hangs
+    fake.write_text('#!/bin/bash\nif [[ "$1" == - ]]; then cat >/dev/null; exit 0; fi\n'
+                    'if [[ "$1" == -c ]]; then echo 0; exit 0; fi\n'
+                    'while [[ $# -gt 0 ]]; do [[ "$1" == --json ]] && echo partial > "$2.part"; shift; done\n'
+                    'sleep 60\n')  # fmt: skip
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(out), "PACK": "1", "PYTHON": str(fake), "HOME": str(tmp_path),
+           "UNPACK": str(tmp_path / "unpacked")}  # fmt: skip
+    done = subprocess.run(["timeout", "4", "bash", "scripts/gpu_run.sh", str(libs), "full"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 124, done.stderr  # cut: never a success
+    assert "stopped by a signal" in done.stderr
+    assert [p.name for p in out.iterdir()] == ["gpu-run.tgz"]
+    with tarfile.open(out / "gpu-run.tgz") as tar:
+        assert tar.extractfile("./validate-full.json.part").read() == b"partial\n"

@@ -19,6 +19,7 @@ import gzip
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kvpatch.config_io import config_from_marker  # noqa: E402
@@ -35,9 +36,11 @@ def load(path: Path) -> dict:
         return json.load(f)
 
 
-def cells(bench: dict) -> dict:
-    """(dtype, mode) -> [(speedup, verdict, whether patched's code differs from stock, kernel)] over dispatched points."""
-    cfg = config_from_marker(bench["variant_info"]["patched"]["marker"])
+def cells(bench: dict, cfg: Any = None) -> dict:
+    """(dtype, mode) -> [(speedup, verdict, whether patched's code differs from stock, kernel)] over
+    dispatched points; "differs" by ``cfg`` (a PatchConfig), by default the bench's recorded one."""
+    if cfg is None:
+        cfg = config_from_marker(bench["variant_info"]["patched"]["marker"])
     out: dict = {c: [] for c in CELLS}
     for r in bench["results"]:
         p = r["point"]

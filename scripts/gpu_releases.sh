@@ -11,10 +11,11 @@
 #       --kernels tuned --no-small --no-tree
 # Releases run in the order of RELEASES (default: every LIBROOT/<release>/libs, by name), each only
 # while BUDGET seconds (default 560) leave NEED (default 130) for it. VALIDATE=0 / HELDOUT=0 leave
-# that step out. PACK=1: each release's folder becomes one file, OUT/<release>.tgz, as soon as that
-# release is done (the device tool brings back only so many files, and a run cut part way keeps
-# the releases it finished). OUT defaults to ./gpu-out. (Before this script, each run had its own copy:
-# benchmarks/results/releases-tune-*/run*.sh.)
+# that step out. AA=1: the held-out bench also times stock against itself (bench --aa, variant
+# stock-aa: the method's own false verdicts at the same points). PACK=1: each release's folder
+# becomes one file, OUT/<release>.tgz, as soon as that release is done (the device tool brings
+# back only so many files, and a run cut part way keeps the releases it finished). OUT defaults
+# to ./gpu-out. (Before this script, each run had its own copy: benchmarks/results/releases-tune-*/run*.sh.)
 set -uo pipefail
 LIBROOT=${1:?usage: scripts/gpu_releases.sh LIBROOT}
 [[ -d "$LIBROOT" ]] || { echo "error: $LIBROOT is not a folder" >&2; exit 2; }
@@ -26,6 +27,7 @@ export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:Tr
 RELEASES=${RELEASES:-$(cd "$LIBROOT" && for d in */libs; do printf '%s ' "${d%/libs}"; done)}
 T0=$SECONDS; BUDGET=${BUDGET:-560}; NEED=${NEED:-130}
 UNPACK=${UNPACK:-/tmp/kvpatch-release-libs}
+AA_FLAG=(); [[ "${AA:-0}" == 1 ]] && AA_FLAG=(--aa)
 source scripts/lib_specs.sh
 for v in $RELEASES; do
   left=$(( BUDGET - (SECONDS - T0) ))
@@ -45,7 +47,7 @@ for v in $RELEASES; do
   if [[ "${HELDOUT:-1}" == 1 ]]; then
     LEFT=$(( BUDGET - (SECONDS - T0) - 5 )); (( LEFT > 150 )) && LEFT=150
     timeout $LEFT python3 -m kvpatch bench --set heldout "${LIBS[@]}" --variant-info "$L/variants.json" --kernels dispatched \
-      --reps 20 --rounds 3 --json "$R/bench-heldout.json" > "$R/bench-heldout.log" 2>&1
+      --reps 20 --rounds 3 "${AA_FLAG[@]}" --json "$R/bench-heldout.json" > "$R/bench-heldout.log" 2>&1
     echo "$v heldout rc $? ($((SECONDS - T0)) s)"; grep -A12 "dispatched" "$R/bench-heldout.log" | head -14
   fi
   if [[ "${PACK:-0}" == 1 ]]; then

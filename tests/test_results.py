@@ -12,7 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("folder, table", [("releases-tune-12", "tune-12"), ("releases-tune-17", "tune-17"), ("releases-tune-23", "tune-23")])
+@pytest.mark.parametrize("folder, table", [("releases-tune-12", "tune-12"), ("releases-tune-17", "tune-17"), ("releases-tune-23", "tune-23"),
+                                           ("releases-tune-24", "tune-24"), ("tune-26", "tune-26")])
 def test_release_summary_regenerates_from_its_raw_data(folder: str, table: str) -> None:
     results = ROOT / "benchmarks/results" / folder
     done = subprocess.run([sys.executable, str(ROOT / "scripts/summarize_releases.py"), str(results), "--table", table],
@@ -45,6 +46,31 @@ def test_release_summary_says_where_the_code_differs(tmp_path: Path) -> None:
     original = subprocess.run([sys.executable, str(ROOT / "scripts/summarize_releases.py"), str(src)],
                               capture_output=True, text=True, timeout=300, check=False).stdout  # fmt: skip
     assert "code differs: 14 pts" in next(line for line in original.splitlines() if line.startswith("| 0.6.4 |"))
+
+
+def test_release_summary_counts_the_aa_twin_where_the_run_has_one(tmp_path: Path) -> None:
+    """A held-out run with a stock-aa variant gets the A/A twin's own verdict counts in its cells (the
+    method's false alarms beside the table's); a run without one gets none."""
+    import gzip
+    import json
+    import shutil
+
+    src = ROOT / "benchmarks/results/releases-tune-24/0.6.4"
+    (tmp_path / "0.6.4").mkdir()
+    shutil.copy(src / "validate.json.gz", tmp_path / "0.6.4")
+    bench = json.loads(gzip.decompress((src / "bench-heldout.json.gz").read_bytes()))
+    for r in bench["results"]:
+        r["variants"]["stock-aa"]["verdict"] = "slower"
+    (tmp_path / "0.6.4" / "bench-heldout.json.gz").write_bytes(gzip.compress(json.dumps(bench).encode()))
+    out = subprocess.run([sys.executable, str(ROOT / "scripts/summarize_releases.py"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, check=False).stdout  # fmt: skip
+    row = next(line for line in out.splitlines() if line.startswith("| 0.6.4 |"))
+    assert row.count("A/A twin 0-0-96,") == 4
+    bench["variants"].remove("stock-aa")
+    (tmp_path / "0.6.4" / "bench-heldout.json.gz").write_bytes(gzip.compress(json.dumps(bench).encode()))
+    out = subprocess.run([sys.executable, str(ROOT / "scripts/summarize_releases.py"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, check=False).stdout  # fmt: skip
+    assert "A/A twin" not in next(line for line in out.splitlines() if line.startswith("| 0.6.4 |"))
 
 
 def test_the_tune_24_view_of_the_tune_23_run_regenerates() -> None:

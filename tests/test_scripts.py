@@ -65,6 +65,30 @@ def test_gpu_releases_packs_each_release_as_it_finishes(tmp_path: Path) -> None:
         assert tar.extractfile("0.8.5/variants.json").read() == b'{"release": "0.8.5"}'
 
 
+@pytest.mark.parametrize("aa, expected", [("1", True), ("0", False)])
+def test_gpu_releases_passes_the_aa_twin_to_the_held_out_bench(tmp_path: Path, aa: str, expected: bool) -> None:
+    """AA=1 adds bench --aa (stock timed against itself) to each release's held-out run; without it,
+    the bench runs as before."""
+    libs = tmp_path / "root" / "0.9.2" / "libs"
+    libs.mkdir(parents=True)
+    (libs / "libkvpatch_stock.so").write_bytes(b"x")
+    (libs / "libs.txt").write_text("stock=libkvpatch_stock.so:kvpatch_stock\n")
+    (libs / "variants.json").write_text("{}")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    calls = tmp_path / "calls.txt"
+    (fake / "python3").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (fake / "python3").chmod(0o755)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "VALIDATE": "0", "AA": aa,
+           "UNPACK": str(tmp_path / "unpacked"), "HOME": str(tmp_path)}  # fmt: skip
+    done = subprocess.run(["bash", "scripts/gpu_releases.sh", str(tmp_path / "root")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    bench = [line.split() for line in calls.read_text().splitlines() if "bench" in line.split()]
+    assert len(bench) == 1 and "--set" in bench[0]
+    assert ("--aa" in bench[0]) is expected
+
+
 def test_gpu_run_packs_what_finished_when_stopped_by_a_signal(tmp_path: Path) -> None:
     """PACK=1 under an outer `timeout`: the run is cut, and OUT still ends as one archive holding
     what was written before the signal (run 26 lost a cut stage's records: too many files)."""

@@ -24,7 +24,7 @@
 # AA=1 (both benches also time stock against itself: bench --aa, variant stock-aa),
 # UNPACK (where .so.xz libraries are unpacked; default /tmp/kvpatch-libs: never under OUT, whose
 # files the device tool brings back), PACK=1 (end with OUT holding one file, gpu-run.tgz, of all
-# the results: the device tool brings back at most 8 files, and a run writes more; also when the
+# the results, less upstream/run, vLLM's test files as it ran them: the device tool brings back at most 8 files, and a run writes more; also when the
 # run is stopped by TERM or INT, e.g. an outer timeout: it then exits 143 with what finished packed).
 # Budget on an H200 (16 cores): upstream ~3 min beside full ~1 min; headline ~1.5 min
 # (4 variants, both kernels); heldout ~2.5 min (stock + patched, dispatched kernel only).
@@ -66,10 +66,12 @@ has tune && rm -f "$OUT/kvpatch.toml" "$OUT/tune.json" "$OUT/tune.json.gz" "$OUT
 T0=$(date +%s)
 say() { printf '[%4ss] %s\n' "$(( $(date +%s) - T0 ))" "$*" >&2; }
 # PACK=1: everything under OUT into one archive, OUT/gpu-run.tgz (also when stopped by a signal,
-# e.g. an outer `timeout`: what finished is kept, not left to the device tool's file limit)
+# e.g. an outer `timeout`: what finished is kept, not left to the device tool's file limit), less
+# upstream/run: the copy of vLLM's test files that validate --upstream ran (vLLM source, not a
+# result; TREE has them)
 pack() {
     [[ "${PACK:-0}" == 1 ]] || return 0
-    tar czf "$OUT/../gpu-run.tgz.partial" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv "$OUT/../gpu-run.tgz.partial" "$OUT/gpu-run.tgz" \
+    tar czf "$OUT/../gpu-run.tgz.partial" --exclude=./upstream/run -C "$OUT" . && rm -rf "${OUT:?}"/* && mv "$OUT/../gpu-run.tgz.partial" "$OUT/gpu-run.tgz" \
         || { echo "error: packing $OUT failed" >&2; return 1; }
 }
 trap 'trap - TERM INT; say "stopped by a signal: packing what finished (not a complete run)"; pack; exit 143' TERM INT

@@ -115,3 +115,33 @@ def test_gpu_run_packs_what_finished_when_stopped_by_a_signal(tmp_path: Path) ->
     assert [p.name for p in out.iterdir()] == ["gpu-run.tgz"]
     with tarfile.open(out / "gpu-run.tgz") as tar:
         assert tar.extractfile("./validate-full.json.part").read() == b"partial\n"
+
+
+def test_gpu_run_packs_the_upstream_records_but_not_vllms_test_files(tmp_path: Path) -> None:
+    """PACK=1 after validate --upstream: the archive holds its records and leaves out upstream/run,
+    the copy of vLLM's test files it ran (vLLM source, which is never committed with results)."""
+    import tarfile
+
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    (libs / "libkvpatch_stock.so").write_bytes(b"s")
+    (libs / "libkvpatch_patched.so").write_bytes(b"p")
+    (libs / "libs.txt").write_text("stock=libkvpatch_stock.so:kvpatch_stock\npatched=libkvpatch_patched.so:kvpatch_patched\n")
+    tree = tmp_path / "vllm-0.10.2"
+    tree.mkdir()
+    fake = tmp_path / "python"  # stands in for python3: validate --upstream writes a record and a run dir
+    fake.write_text('#!/bin/bash\nif [[ "$1" == - ]]; then cat >/dev/null; exit 0; fi\n'
+                    'if [[ "$1" == -c ]]; then echo 0; exit 0; fi\n'
+                    'while [[ $# -gt 0 ]]; do if [[ "$1" == --upstream-dir ]]; then mkdir -p "$2/run/tests" "$2/record-stock";\n'
+                    '  echo vllm > "$2/run/tests/test_attention.py"; echo rec > "$2/record-stock/record-gw0.jsonl"; fi; shift; done\n')  # fmt: skip
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(out), "PACK": "1", "PYTHON": str(fake), "HOME": str(tmp_path),
+           "UNPACK": str(tmp_path / "unpacked"), "TREE": str(tree)}  # fmt: skip
+    done = subprocess.run(["bash", "scripts/gpu_run.sh", str(libs), "upstream"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert [p.name for p in out.iterdir()] == ["gpu-run.tgz"], done.stderr
+    with tarfile.open(out / "gpu-run.tgz") as tar:
+        names = tar.getnames()
+    assert "./upstream/record-stock/record-gw0.jsonl" in names
+    assert not [n for n in names if n.startswith("./upstream/run")]

@@ -24,8 +24,9 @@
 # AA=1 (both benches also time stock against itself: bench --aa, variant stock-aa),
 # UNPACK (where .so.xz libraries are unpacked; default /tmp/kvpatch-libs: never under OUT, whose
 # files the device tool brings back), PACK=1 (end with OUT holding one file, gpu-run.tgz, of all
-# the results, less upstream/run, vLLM's test files as it ran them: the device tool brings back at most 8 files, and a run writes more; also when the
-# run is stopped by TERM or INT, e.g. an outer timeout: it then exits 143 with what finished packed).
+# the results, less upstream/run, vLLM's test files as it ran them: the device tool brings back
+# at most 8 files, and a run writes more; also when the run is stopped by TERM or INT, e.g. an
+# outer timeout: it then exits 143 with what finished packed).
 # Budget on an H200 (16 cores): upstream ~3 min beside full ~1 min; headline ~1.5 min
 # (4 variants, both kernels); heldout ~2.5 min (stock + patched, dispatched kernel only).
 set -uo pipefail

@@ -303,6 +303,9 @@ class TuneReport:
     alternatives: dict[str, str] = field(default_factory=dict)
     bench: dict = field(repr=False, default_factory=dict)
     tree: str | None = None  # the tree tuned (for the next command)
+    #: candidate name -> the kernels ``--exclude`` ruled it out of (kept apart from ``failures``:
+    #: an excluded candidate was bit-identical, and reads so when its JSON is chosen from again)
+    exclusions: dict[str, set[str]] = field(default_factory=dict)
 
     @property
     def picked(self) -> dict[str, str]:
@@ -317,6 +320,7 @@ class TuneReport:
             "alternatives": self.alternatives,
             "machine": self.machine.to_dict() if self.machine is not None else None,
             "validation_failures": {k: sorted(v) for k, v in sorted(self.failures.items())},
+            "exclusions": {k: sorted(v) for k, v in sorted(self.exclusions.items()) if v},
             "ranking": {
                 inst: [
                     {"name": s.name, "bit_identical": s.bit_identical, "excluded": s.excluded, "slower": s.slower, "worst": s.worst,
@@ -391,12 +395,12 @@ def run_tune(libs: dict, configs: dict[str, PatchConfig], *, quick: bool, reps: 
 
 
 def _report(scores: list[Score], configs: dict[str, PatchConfig], failures: dict[str, set[str]], bench: dict, *,
-            policy: str, fallback: str, machine: Any) -> TuneReport:  # fmt: skip
+            policy: str, fallback: str, machine: Any, exclusions: dict[str, set[str]] | None = None) -> TuneReport:  # fmt: skip
     """Choose under ``policy``, combine, and note what each other policy would have written."""
     picks = choose(scores, policy)
     config = combine(picks, configs, fallback=fallback)
     alternatives = {p: combine(choose(scores, p), configs, fallback=fallback).marker() for p in POLICIES if p != policy}
-    return TuneReport(config, picks, policy, failures, machine, alternatives, bench)
+    return TuneReport(config, picks, policy, failures, machine, alternatives, bench, exclusions=exclusions or {})
 
 
 def candidate_configs(variant_info: dict[str, dict], baseline: str = "stock") -> dict[str, PatchConfig]:
@@ -412,7 +416,7 @@ def candidate_configs(variant_info: dict[str, dict], baseline: str = "stock") ->
 
 def parse_exclusions(items: Iterable[str]) -> list[tuple[str, str]]:
     """``['inline_*@bf16/256/16/auto/v1']`` -> ``[('inline_*', 'bf16/256/16/auto/v1')]``: shell
-    patterns of candidate names and kernel selectors to count as validation failures."""
+    patterns of candidate names and kernel selectors to rule out (:func:`rechoose`)."""
     out = []
     for item in items:
         cand, sep, sel = str(item).partition("@")
@@ -422,14 +426,14 @@ def parse_exclusions(items: Iterable[str]) -> list[tuple[str, str]]:
     return out
 
 
-def _failures(raw: Any) -> dict[str, set[str]]:
-    """A saved ``validation_failures``: candidate name -> a list of kernel selectors."""
+def _failures(raw: Any, key: str = "validation_failures") -> dict[str, set[str]]:
+    """A saved ``validation_failures`` (or ``exclusions``): candidate name -> a list of kernel selectors."""
     if not isinstance(raw, dict):
-        raise ValueError("validation_failures is not an object")
+        raise ValueError(f"{key} is not an object")
     out = {}
     for name, sels in raw.items():
         if not isinstance(sels, list) or not all(isinstance(x, str) for x in sels):
-            raise ValueError(f"validation_failures[{name!r}] is not a list of kernels")
+            raise ValueError(f"{key}[{name!r}] is not a list of kernels")
         out[str(name)] = set(sels)
     return out
 
@@ -449,7 +453,7 @@ def merge_tune_data(runs: Sequence[dict]) -> dict:
                 if row["dispatched"]:  # what score() reads
                     owner[_row_kernel(row)] = i
         info: dict[str, dict] = {}
-        results, failures = [], {}
+        results, failures, exclusions = [], {}, {}
         for i, data in enumerate(runs):
             bench = data["bench"]
             if bench["baseline"] != runs[0]["bench"]["baseline"]:
@@ -458,6 +462,8 @@ def merge_tune_data(runs: Sequence[dict]) -> dict:
             results += [row for row in bench["results"] if _row_kernel(row) in mine]
             for name, sels in _failures(data.get("validation_failures", {})).items():
                 failures.setdefault(name, set()).update(s for s in sels if s in mine)
+            for name, sels in _failures(data.get("exclusions", {}), "exclusions").items():
+                exclusions.setdefault(name, set()).update(s for s in sels if s in mine)
             for name, vi in bench["variant_info"].items():
                 if name in info and str(info[name].get("marker")) != str(vi.get("marker")):
                     raise UsageError(f"candidate {name!r} names different configurations in two tune JSONs")
@@ -479,20 +485,24 @@ def merge_tune_data(runs: Sequence[dict]) -> dict:
                               "seconds": d["bench"].get("seconds"), "env": d["bench"].get("env")}
                              for i, d in enumerate(runs)]}  # fmt: skip
     return {**last, "bench": bench, "machine": machine,
-            "validation_failures": {k: sorted(v) for k, v in sorted(failures.items()) if v}}
+            "validation_failures": {k: sorted(v) for k, v in sorted(failures.items()) if v},
+            "exclusions": {k: sorted(v) for k, v in sorted(exclusions.items()) if v}}
 
 
 def rechoose(data: dict, *, policy: str = "strict", fallback: str = "off", exclude: Iterable[str] = (),
              machine: Any = None) -> TuneReport:  # fmt: skip
     """A :class:`TuneReport` from a saved tune JSON (:meth:`TuneReport.to_json`): the same bench
     data and validation results, chosen again under ``policy``/``fallback``, with the
-    ``exclude`` patterns (:func:`parse_exclusions`) added as validation failures -- e.g.
-    what ``validate --upstream`` found on a kernel after tune ran."""
+    ``exclude`` patterns (:func:`parse_exclusions`) ruled out -- e.g. what ``validate --upstream``
+    or the held-out set found on a kernel after tune ran. An excluded candidate is never picked
+    and keeps its measured bit-identity; the report's ``exclusions`` (with those the saved JSON
+    already had) record it apart from the validation failures."""
     import fnmatch
 
     try:
         bench = data["bench"]
         failures = _failures(data.get("validation_failures", {}))
+        exclusions = _failures(data.get("exclusions", {}), "exclusions")
         configs = candidate_configs(bench["variant_info"], bench["baseline"])
     except (KeyError, TypeError, AttributeError, ValueError):
         raise UsageError("not a kvpatch tune JSON (no bench data, variant info or validation results)") from None
@@ -512,6 +522,6 @@ def rechoose(data: dict, *, policy: str = "strict", fallback: str = "off", exclu
         if not hits:
             raise UsageError(f"--exclude {cand}@{sel} matches no candidate and kernel of the tune data")
         for i in hits:
-            failures.setdefault(scores[i].name, set()).add(scores[i].selector)
-            scores[i] = replace(scores[i], excluded=True)
-    return _report(scores, configs, failures, bench, policy=policy, fallback=fallback, machine=machine)
+            exclusions.setdefault(scores[i].name, set()).add(scores[i].selector)
+    scores = [replace(s, excluded=True) if s.selector in exclusions.get(s.name, ()) else s for s in scores]
+    return _report(scores, configs, failures, bench, policy=policy, fallback=fallback, machine=machine, exclusions=exclusions)

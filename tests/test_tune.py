@@ -260,7 +260,7 @@ def _saved_report() -> dict:
     return TuneReport(combine(picks, configs), picks, "strict", {}, None, {}, bench).to_json()
 
 
-def test_rechoose_adds_exclusions_as_failures_and_chooses_again() -> None:
+def test_rechoose_rules_out_exclusions_and_chooses_again() -> None:
     from kvpatch.tune import rechoose
 
     data = _saved_report()
@@ -270,7 +270,8 @@ def test_rechoose_adds_exclusions_as_failures_and_chooses_again() -> None:
     # what vLLM's test found on one kernel: the call form has a slower point there (0.95), so strict turns it off
     r = rechoose(data, exclude=["inline_*@bf16/256/16/auto/v1"])
     assert r.picked == {"bf16/256/16/auto/v1": "off", "bf16/256/16/auto/v2": "inline_cta_la1"}
-    assert r.config.resolve("bf16", 256, 16, "auto", "v1").off and r.failures["inline_cta_la1"] == {"bf16/256/16/auto/v1"}
+    assert r.config.resolve("bf16", 256, 16, "auto", "v1").off and r.exclusions == {"inline_cta_la1": {"bf16/256/16/auto/v1"}}
+    assert "inline_cta_la1" not in r.failures  # excluded, not a validation failure
     assert rechoose(data, policy="geomean", exclude=["inline_*@*/v1"]).picked["bf16/256/16/auto/v1"] == "call_cta_la1"
     # an excluded candidate keeps its measured bit-identity: the table says excluded, not "NO"
     ranked = {s["name"]: s for s in r.to_json()["ranking"]["bf16/256/16/auto/v1"]}
@@ -284,6 +285,17 @@ def test_rechoose_adds_exclusions_as_failures_and_chooses_again() -> None:
     console.print(tune_table(r))
     rows = [line for line in console.export_text().splitlines() if "inline_cta_la1" in line]
     assert sum("yes, excluded" in line for line in rows) == 1 and not any("NO" in line for line in rows)
+    # chosen again from the excluded report's own JSON: still excluded, still bit-identical, and a
+    # further --exclude adds to the saved one
+    saved = r.to_json()
+    assert saved["exclusions"] == {"inline_cta_la1": ["bf16/256/16/auto/v1"]} and saved["validation_failures"] == data["validation_failures"]
+    again = rechoose(saved)
+    assert again.picked == r.picked and again.exclusions == r.exclusions
+    ranked = {s["name"]: s for s in again.to_json()["ranking"]["bf16/256/16/auto/v1"]}
+    assert ranked["inline_cta_la1"]["excluded"] and ranked["inline_cta_la1"]["bit_identical"]
+    more = rechoose(saved, exclude=["inline_*@bf16/256/16/auto/v2"])
+    assert more.exclusions == {"inline_cta_la1": {"bf16/256/16/auto/v1", "bf16/256/16/auto/v2"}}
+    assert more.picked["bf16/256/16/auto/v2"] != "inline_cta_la1"
 
 
 @pytest.mark.parametrize("exclude, message", [(["inline_cta_la1"], "use CANDIDATE@SELECTOR"),
@@ -395,6 +407,12 @@ def test_merge_takes_each_kernel_from_the_last_run_that_measured_it() -> None:
     assert [m["kernels"] for m in merged["bench"]["merged_from"]] == [["bf16/128/16/auto/v1"], ["fp16/128/16/auto/v2"]]
     # the order decides: the old run last, fp16 comes from it
     assert rechoose(merge_tune_data([new, old])).picked["fp16/128/16/auto/v2"] == "inline_cta_la1"
+    # a saved exclusion travels with its kernel's measurements, and is dropped with them
+    old["exclusions"] = {"inline_cta_la1": ["bf16/128/16/auto/v1", "fp16/128/16/auto/v2"]}
+    merged = merge_tune_data([old, new])
+    assert merged["exclusions"] == {"inline_cta_la1": ["bf16/128/16/auto/v1"]}
+    assert rechoose(merged).picked["bf16/128/16/auto/v1"] == "call_cta_la1"
+    del old["exclusions"]
     clash = _run({"inline_cta_la1": {"fp16/64/16/auto/v1": [1.1, 1.1]}})
     clash["bench"]["variant_info"]["inline_cta_la1"]["marker"] = candidates()["call_cta_la2"].marker()
     with pytest.raises(UsageError, match="different configurations"):

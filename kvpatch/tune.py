@@ -320,7 +320,7 @@ class TuneReport:
             "alternatives": self.alternatives,
             "machine": self.machine.to_dict() if self.machine is not None else None,
             "validation_failures": {k: sorted(v) for k, v in sorted(self.failures.items())},
-            "exclusions": {k: sorted(v) for k, v in sorted(self.exclusions.items()) if v},
+            "exclusions": _dump_sets(self.exclusions),
             "ranking": {
                 inst: [
                     {"name": s.name, "bit_identical": s.bit_identical, "excluded": s.excluded, "slower": s.slower, "worst": s.worst,
@@ -426,8 +426,10 @@ def parse_exclusions(items: Iterable[str]) -> list[tuple[str, str]]:
     return out
 
 
-def _failures(raw: Any, key: str = "validation_failures") -> dict[str, set[str]]:
-    """A saved ``validation_failures`` (or ``exclusions``): candidate name -> a list of kernel selectors."""
+def _load_sets(data: dict, key: str) -> dict[str, set[str]]:
+    """A saved tune JSON's ``validation_failures`` or ``exclusions`` (candidate name -> a list of
+    kernel selectors; absent: none) as sets."""
+    raw = data.get(key, {})
     if not isinstance(raw, dict):
         raise ValueError(f"{key} is not an object")
     out = {}
@@ -436,6 +438,11 @@ def _failures(raw: Any, key: str = "validation_failures") -> dict[str, set[str]]
             raise ValueError(f"{key}[{name!r}] is not a list of kernels")
         out[str(name)] = set(sels)
     return out
+
+
+def _dump_sets(sets: dict[str, set[str]]) -> dict[str, list[str]]:
+    """What :func:`_load_sets` reads: names and selectors sorted, empty sets left out."""
+    return {k: sorted(v) for k, v in sorted(sets.items()) if v}
 
 
 def merge_tune_data(runs: Sequence[dict]) -> dict:
@@ -460,10 +467,9 @@ def merge_tune_data(runs: Sequence[dict]) -> dict:
                 raise UsageError("the tune JSONs name different baselines")
             mine = {k for k, j in owner.items() if j == i}
             results += [row for row in bench["results"] if _row_kernel(row) in mine]
-            for name, sels in _failures(data.get("validation_failures", {})).items():
-                failures.setdefault(name, set()).update(s for s in sels if s in mine)
-            for name, sels in _failures(data.get("exclusions", {}), "exclusions").items():
-                exclusions.setdefault(name, set()).update(s for s in sels if s in mine)
+            for key, acc in (("validation_failures", failures), ("exclusions", exclusions)):
+                for name, sels in _load_sets(data, key).items():
+                    acc.setdefault(name, set()).update(s for s in sels if s in mine)
             for name, vi in bench["variant_info"].items():
                 if name in info and str(info[name].get("marker")) != str(vi.get("marker")):
                     raise UsageError(f"candidate {name!r} names different configurations in two tune JSONs")
@@ -485,8 +491,7 @@ def merge_tune_data(runs: Sequence[dict]) -> dict:
                               "seconds": d["bench"].get("seconds"), "env": d["bench"].get("env")}
                              for i, d in enumerate(runs)]}  # fmt: skip
     return {**last, "bench": bench, "machine": machine,
-            "validation_failures": {k: sorted(v) for k, v in sorted(failures.items()) if v},
-            "exclusions": {k: sorted(v) for k, v in sorted(exclusions.items()) if v}}
+            "validation_failures": _dump_sets(failures), "exclusions": _dump_sets(exclusions)}
 
 
 def rechoose(data: dict, *, policy: str = "strict", fallback: str = "off", exclude: Iterable[str] = (),
@@ -501,8 +506,8 @@ def rechoose(data: dict, *, policy: str = "strict", fallback: str = "off", exclu
 
     try:
         bench = data["bench"]
-        failures = _failures(data.get("validation_failures", {}))
-        exclusions = _failures(data.get("exclusions", {}), "exclusions")
+        failures = _load_sets(data, "validation_failures")
+        exclusions = _load_sets(data, "exclusions")
         configs = candidate_configs(bench["variant_info"], bench["baseline"])
     except (KeyError, TypeError, AttributeError, ValueError):
         raise UsageError("not a kvpatch tune JSON (no bench data, variant info or validation results)") from None

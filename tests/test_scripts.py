@@ -19,6 +19,34 @@ def _lib_specs(libdir: Path, dest: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=60, check=False)  # fmt: skip
 
 
+def _release_libs(root: Path, release: str, variants: str) -> None:
+    """ROOT/<release>/libs as scripts/gpu_releases.sh reads it: a stock library, libs.txt, variants.json."""
+    libs = root / release / "libs"
+    libs.mkdir(parents=True)
+    (libs / "libkvpatch_stock.so").write_bytes(b"x")
+    (libs / "libs.txt").write_text("stock=libkvpatch_stock.so:kvpatch_stock\n")
+    (libs / "variants.json").write_text(variants)
+
+
+def _run_libs(tmp_path: Path) -> Path:
+    """A library folder as scripts/gpu_run.sh reads it: stock and patched, and libs.txt."""
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    (libs / "libkvpatch_stock.so").write_bytes(b"s")
+    (libs / "libkvpatch_patched.so").write_bytes(b"p")
+    (libs / "libs.txt").write_text("stock=libkvpatch_stock.so:kvpatch_stock\npatched=libkvpatch_patched.so:kvpatch_patched\n")
+    return libs
+
+
+def _fake_python(path: Path, body: str) -> Path:
+    """A stand-in for python3 under scripts/gpu_run.sh: its preflight checks pass, and a kvpatch
+    command runs ``body`` (bash, with the command's arguments in "$@")."""
+    path.write_text('#!/bin/bash\nif [[ "$1" == - ]]; then cat >/dev/null; exit 0; fi\n'
+                    'if [[ "$1" == -c ]]; then echo 0; exit 0; fi\n' + body)  # fmt: skip
+    path.chmod(0o755)
+    return path
+
+
 def test_lib_specs_lists_libraries_and_unpacks_the_xz_ones(tmp_path: Path) -> None:
     libdir, dest = tmp_path / "libs", tmp_path / "unpacked"
     libdir.mkdir()
@@ -49,11 +77,7 @@ def test_gpu_releases_packs_each_release_as_it_finishes(tmp_path: Path) -> None:
     import tarfile
 
     for v in ("0.6.4", "0.8.5"):
-        libs = tmp_path / "root" / v / "libs"
-        libs.mkdir(parents=True)
-        (libs / "libkvpatch_stock.so").write_bytes(b"x")
-        (libs / "libs.txt").write_text("stock=libkvpatch_stock.so:kvpatch_stock\n")
-        (libs / "variants.json").write_text(f'{{"release": "{v}"}}')
+        _release_libs(tmp_path / "root", v, f'{{"release": "{v}"}}')
     out = tmp_path / "out"
     env = {"PATH": "/usr/bin:/bin", "OUT": str(out), "PACK": "1", "VALIDATE": "0", "HELDOUT": "0",
            "UNPACK": str(tmp_path / "unpacked"), "HOME": str(tmp_path)}  # fmt: skip
@@ -69,11 +93,7 @@ def test_gpu_releases_packs_each_release_as_it_finishes(tmp_path: Path) -> None:
 def test_gpu_releases_passes_the_aa_twin_to_the_held_out_bench(tmp_path: Path, aa: str, expected: bool) -> None:
     """AA=1 adds bench --aa (stock timed against itself) to each release's held-out run; without it,
     the bench runs as before."""
-    libs = tmp_path / "root" / "0.9.2" / "libs"
-    libs.mkdir(parents=True)
-    (libs / "libkvpatch_stock.so").write_bytes(b"x")
-    (libs / "libs.txt").write_text("stock=libkvpatch_stock.so:kvpatch_stock\n")
-    (libs / "variants.json").write_text("{}")
+    _release_libs(tmp_path / "root", "0.9.2", "{}")
     fake = tmp_path / "bin"
     fake.mkdir()
     calls = tmp_path / "calls.txt"
@@ -94,17 +114,10 @@ def test_gpu_run_packs_what_finished_when_stopped_by_a_signal(tmp_path: Path) ->
     what was written before the signal (run 26 lost a cut stage's records: too many files)."""
     import tarfile
 
-    libs = tmp_path / "libs"
-    libs.mkdir()
-    (libs / "libkvpatch_stock.so").write_bytes(b"s")
-    (libs / "libkvpatch_patched.so").write_bytes(b"p")
-    (libs / "libs.txt").write_text("stock=libkvpatch_stock.so:kvpatch_stock\npatched=libkvpatch_patched.so:kvpatch_patched\n")
-    fake = tmp_path / "python"  # stands in for python3: the preflight passes, validate writes and hangs
-    fake.write_text('#!/bin/bash\nif [[ "$1" == - ]]; then cat >/dev/null; exit 0; fi\n'
-                    'if [[ "$1" == -c ]]; then echo 0; exit 0; fi\n'
-                    'while [[ $# -gt 0 ]]; do [[ "$1" == --json ]] && echo partial > "$2.part"; shift; done\n'
-                    'sleep 60\n')  # fmt: skip
-    fake.chmod(0o755)
+    libs = _run_libs(tmp_path)
+    fake = _fake_python(tmp_path / "python",  # validate writes and hangs
+                        'while [[ $# -gt 0 ]]; do [[ "$1" == --json ]] && echo partial > "$2.part"; shift; done\n'
+                        'sleep 60\n')  # fmt: skip
     out = tmp_path / "out"
     env = {"PATH": "/usr/bin:/bin", "OUT": str(out), "PACK": "1", "PYTHON": str(fake), "HOME": str(tmp_path),
            "UNPACK": str(tmp_path / "unpacked")}  # fmt: skip
@@ -122,19 +135,12 @@ def test_gpu_run_packs_the_upstream_records_but_not_vllms_test_files(tmp_path: P
     the copy of vLLM's test files it ran (vLLM source, which is never committed with results)."""
     import tarfile
 
-    libs = tmp_path / "libs"
-    libs.mkdir()
-    (libs / "libkvpatch_stock.so").write_bytes(b"s")
-    (libs / "libkvpatch_patched.so").write_bytes(b"p")
-    (libs / "libs.txt").write_text("stock=libkvpatch_stock.so:kvpatch_stock\npatched=libkvpatch_patched.so:kvpatch_patched\n")
+    libs = _run_libs(tmp_path)
     tree = tmp_path / "vllm-0.10.2"
     tree.mkdir()
-    fake = tmp_path / "python"  # stands in for python3: validate --upstream writes a record and a run dir
-    fake.write_text('#!/bin/bash\nif [[ "$1" == - ]]; then cat >/dev/null; exit 0; fi\n'
-                    'if [[ "$1" == -c ]]; then echo 0; exit 0; fi\n'
-                    'while [[ $# -gt 0 ]]; do if [[ "$1" == --upstream-dir ]]; then mkdir -p "$2/run/tests" "$2/record-stock";\n'
-                    '  echo vllm > "$2/run/tests/test_attention.py"; echo rec > "$2/record-stock/record-gw0.jsonl"; fi; shift; done\n')  # fmt: skip
-    fake.chmod(0o755)
+    fake = _fake_python(tmp_path / "python",  # validate --upstream writes a record and a run dir
+                        'while [[ $# -gt 0 ]]; do if [[ "$1" == --upstream-dir ]]; then mkdir -p "$2/run/tests" "$2/record-stock";\n'
+                        '  echo vllm > "$2/run/tests/test_attention.py"; echo rec > "$2/record-stock/record-gw0.jsonl"; fi; shift; done\n')  # fmt: skip
     out = tmp_path / "out"
     env = {"PATH": "/usr/bin:/bin", "OUT": str(out), "PACK": "1", "PYTHON": str(fake), "HOME": str(tmp_path),
            "UNPACK": str(tmp_path / "unpacked"), "TREE": str(tree)}  # fmt: skip

@@ -1,15 +1,22 @@
 """kvpatch: stage memory in L2 ahead of use on Hopper GPUs.
 
-* :mod:`kvpatch.patch` -- the pure pipeline that patches vLLM's PagedAttention header:
-  ``parse`` (libclang) -> ``sites`` (the key/value loops) -> ``plan`` (templates rendered
-  into byte-offset ``edits``, applied and re-parsed); ``markers`` finds earlier injections.
-* :mod:`kvpatch.source` -- the I/O edge: releases, fetching (git, else the sdist), the tree.
-* :mod:`kvpatch.build` -- nvcc builds of stock and patched kernels, SASS checks.
-* :mod:`kvpatch.gpu` -- validation (bit-identity, vLLM's own test) and benchmarks on a GPU.
-* :mod:`kvpatch.prefetch` -- the L2 weight-prefetch runtime and the decode-step benchmark.
+The rooms, from the ground up (each imports only from rooms below it; ``tests/test_layout.py``
+holds the order):
 
-``api`` composes them, ``render`` draws every table, ``cli`` is a thin Typer shell. Importing
-kvpatch does no I/O.
+* ``errors``, ``dtypes``, ``arch``, ``fsutil``, ``templating``, ``progress``, ``abi``: the ground floor;
+* :mod:`kvpatch.config` -- the patch configuration (model, user input, marker, kvpatch.toml, the
+  shipped table); :mod:`kvpatch.source` -- releases, fetching, the tree and its state (I/O);
+* :mod:`kvpatch.patch` -- the pure pipeline: header text -> sites -> edits -> patched text;
+* :mod:`kvpatch.jit` -- the one JIT path: generated CUDA built into cached libraries, SASS checked;
+* :mod:`kvpatch.gpu` -- measuring on a GPU (one timer, one flush, one environment reader);
+  :mod:`kvpatch.prefetch` -- the L2 weight-prefetch runtime; :mod:`kvpatch.vllm_plugin` -- the
+  patched kernels inside a stock vLLM wheel;
+* :mod:`kvpatch.tune` -- choosing settings per kernel; :mod:`kvpatch.decode` -- the model-shaped
+  decode step and its benchmarks;
+* :mod:`kvpatch.commands` -- what each command does; :mod:`kvpatch.render` -- what it prints;
+  :mod:`kvpatch.cli` -- the Typer shell.
+
+Importing kvpatch does no I/O.
 """
 
 __version__ = "0.1.0"

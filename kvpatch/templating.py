@@ -1,7 +1,7 @@
 """Jinja2 over ``templates/``: every piece of CUDA kvpatch generates is rendered here.
 
 ``templates/inject/`` holds what is injected into the header (``kvpatch.patch``),
-``templates/build/`` the launcher translation units (``kvpatch.build``) and
+``templates/build/`` the launcher translation units (``kvpatch.jit``) and
 ``templates/prefetch/`` the weight-prefetch kernel (``kvpatch.prefetch``).
 """
 

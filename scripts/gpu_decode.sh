@@ -55,13 +55,14 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,po
 
 rc=0
 say "GPU tests"
-timeout 100 "$PY" -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/test_prefetch_gpu.py > "$OUT/gpu_tests.txt" 2>&1 || rc=$?
+timeout 100 "$PY" -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/prefetch/test_prefetch_gpu.py > "$OUT/gpu_tests.txt" 2>&1 || rc=$?
 tail -3 "$OUT/gpu_tests.txt" | tee -a "$OUT/log.txt"
 
 say "GEMM micro-benchmark"
 timeout 45 "$PY" - "$OUT/micro.json" <<'PYEOF' > "$OUT/micro.txt" 2>&1 || rc=$?
 import json, sys
-from kvpatch.prefetch.decode import micro_table, run_micro_gemm
+from kvpatch.decode.micro import run_micro_gemm
+from kvpatch.render import micro_table
 for dtype in ("bf16", "fp16"):
     m = run_micro_gemm(dtype=dtype)
     print(micro_table(m))
@@ -72,7 +73,7 @@ cat "$OUT/micro.txt" | tee -a "$OUT/log.txt"
 bench() {  # name, timeout, extra args...
   local name=$1 limit=$2; shift 2
   say "bench-decode $name"
-  timeout "$limit" "$PY" -m kvpatch.prefetch.decode --libs-file "$LIBS_DIR/libs.txt" --prefetch-lib "$PF_LIB" \
+  timeout "$limit" "$PY" -m kvpatch bench-decode --libs-file "$LIBS_DIR/libs.txt" --prefetch-lib "$PF_LIB" \
     --layers "$LAYERS" --rounds "$ROUNDS" --cap "$CAP" \
     --json "$OUT/decode_$name.json" --plot "$OUT/decode_$name.png" --text "$OUT/decode_$name.txt" "$@" \
     > "$OUT/decode_$name.log" 2>&1 || { local r=$?; say "bench-decode $name exit $r"; rc=$r; }

@@ -8,7 +8,7 @@
 # library is built here by kvpatch.prefetch.kernel.build_prefetch_library), and the attention
 # libraries in $KVPATCH_LIBS_TXT (default /tmp/libs/libs.txt: NAME=PATH:PREFIX lines with
 # 'stock' and 'patched', fp16+bf16, head 64 and 128, block 16).
-# Stages (python -m kvpatch.prefetch.sweep, see its docstring): micro-benchmark of the prefetch
+# Stages (python -m kvpatch bench-decode-sweep, see its docstring): micro-benchmark of the prefetch
 # kernel; stage 1 (one knob at a time) and stage 2 (caps) on Llama-3.1-8B bf16 batch 1/4/8 x
 # ctx 1k/4k; the pick; the full decode bench with it (8B bf16+fp16, 1B bf16). Then the GPU tests
 # if time is left. Every stage is cut by the budget (KVPATCH_SWEEP_BUDGET seconds, default 230).
@@ -61,7 +61,7 @@ say "prefetch library $PF_LIB"
 rc=0
 LEFT=$((280 - (SECONDS - T0)))
 say "sweep + final bench (budget $BUDGET s, hard limit $LEFT s)"
-timeout "$LEFT" "$PY" -m kvpatch.prefetch.sweep --libs-file "$LIBS_ABS" --out "$D" --budget "$BUDGET" --prefetch-lib "$PF_LIB" \
+timeout "$LEFT" "$PY" -m kvpatch bench-decode-sweep --libs-file "$LIBS_ABS" --out "$D" --budget "$BUDGET" --prefetch-lib "$PF_LIB" \
   > "$D/sweep_stdout.txt" 2> "$D/sweep_stderr.txt" || { rc=$?; say "sweep exit $rc"; tail -5 "$D/sweep_stderr.txt" | tee -a "$D/log.txt"; }
 LEFT=$((290 - (SECONDS - T0)))
 if (( LEFT > 25 )); then

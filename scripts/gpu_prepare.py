@@ -38,12 +38,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from rich.console import Console  # noqa: E402
 from rich.markup import escape  # noqa: E402
 
-from kvpatch import build as B  # noqa: E402
-from kvpatch.render import build_table  # noqa: E402
+from kvpatch import jit as B  # noqa: E402
+from kvpatch.cli.base import TerminalProgress  # noqa: E402
+from kvpatch.commands.common import local_machine  # noqa: E402
+from kvpatch.commands.tune import tune_build_spec  # noqa: E402
 from kvpatch.config import load_config_file, make_config  # noqa: E402
-from kvpatch.gpu.commands import marker_of  # noqa: E402
+from kvpatch.render import build_table  # noqa: E402
 from kvpatch.source.fetch import fetch_release  # noqa: E402
-from kvpatch.machine import local  # noqa: E402
 from kvpatch.source.releases import HEADER, revision_of  # noqa: E402
 
 
@@ -83,7 +84,6 @@ def main() -> None:
         name, _, toml = item.partition("=")
         small[name] = make_config(**load_config_file(Path(toml)))
     if args.tune:
-        from kvpatch.gpu.tune_command import tune_build_spec
         from kvpatch.tune import candidates, parse_grids
 
         grids = parse_grids(args.grid)
@@ -104,17 +104,18 @@ def main() -> None:
         specs.append(_tuned_spec(tree, small_variants, args.arch))
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    nvcc = local().nvcc
+    nvcc = local_machine().nvcc
     lines, info, builds = [], {}, []
+    progress = TerminalProgress(console)
     for spec in specs:
-        result = B.build(spec, jobs=args.jobs, console=console)
+        result = B.build(spec, jobs=args.jobs, progress=progress)
+        progress.close()
         builds.append(result.to_dict())
-        flags = {p.variant.name: list(p.compile_flags) for p in B.plan(spec)}
         for v, r in zip(spec.variants, result.variants):
             dest = out / (Path(r.library).name + ".xz")
             dest.write_bytes(lzma.compress(Path(r.library).read_bytes(), preset=6))
             lines.append(f"{r.name}={Path(r.library).name}:{r.prefix}")
-            info[r.name] = {"marker": marker_of(v.header), "compile_flags": flags.get(r.name),
+            info[r.name] = {"marker": v.marker, "compile_flags": list(r.compile_flags),
                             "archs": list(r.archs), "configs": len(r.configs), "vllm": revision_of(stock) or args.vllm,
                             "nvcc": nvcc}  # fmt: skip
         console.print(build_table(result))
@@ -132,8 +133,6 @@ def main() -> None:
 
 def _tuned_spec(tree: Path, variants: list, arch: str):
     """The tuned instantiations (fp16/bf16 x head 64/128/256 x block 16/32), auto and fp8 caches."""
-    from kvpatch.gpu.tune_command import tune_build_spec
-
     return tune_build_spec(tree, variants, arch, kv_cache_dtypes=("auto", "fp8"))
 
 

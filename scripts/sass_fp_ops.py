@@ -11,7 +11,7 @@ loop nvcc stops unswitching; fp16 differs in count and is bit-identical).
 """
 import gzip, json, sys
 
-from kvpatch.build.inspect import scan_sass_kernels  # the FP ops counted: kvpatch.build.inspect.FP_OPS
+from kvpatch.jit.sass import scan_sass_kernels  # the FP ops counted: kvpatch.jit.sass.FP_OPS
 
 if len(sys.argv) != 3:
     sys.exit("usage: python scripts/sass_fp_ops.py BUILD.json OUT.json")

@@ -284,8 +284,8 @@ def nvcc_ptx(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path, str, s
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not on PATH: the PTX checks need the CUDA toolkit")
-    from kvpatch.build.flags import vllm_nvcc_flags  # not at import time: see HEADER above
-    from kvpatch.build.plan import stub_headers
+    from kvpatch.jit.flags import vllm_nvcc_flags  # not at import time: see HEADER above
+    from kvpatch.jit.plan import stub_headers
 
     root = tmp_path_factory.mktemp("nvcc")
     stubs = root / "stubs"

@@ -1,4 +1,4 @@
-"""Tests for kvpatch.build (and kvpatch.gpu.launch's loading): planning is pure, nvcc at the edge.
+"""Tests for kvpatch.jit (and kvpatch.gpu.launch's loading): planning is pure, nvcc at the edge.
 
 The tests that compile need nvcc (they are skipped without it) and the SASS tools
 (``nvidia-cuda-cuobjdump``, ``nvidia-cuda-nvdisasm``). They build small specs (one
@@ -20,7 +20,7 @@ import pytest
 from rich.console import Console
 
 from kvpatch import build as B
-from kvpatch.build import (
+from kvpatch.jit import (
     Arch,
     BuildSpec,
     KernelConfig,
@@ -45,9 +45,9 @@ from kvpatch.gpu.launch import Kernels
 from kvpatch.patch.markers import unpatch
 from kvpatch.render import build_table
 
-# kvpatch.build re-exports functions named like two of its modules (toolchain, plan)
-TOOLCHAIN = importlib.import_module("kvpatch.build.toolchain")
-COMPILE = importlib.import_module("kvpatch.build.compile")
+# kvpatch.jit re-exports functions named like two of its modules (toolchain, plan)
+TOOLCHAIN = importlib.import_module("kvpatch.jit.toolchain")
+COMPILE = importlib.import_module("kvpatch.jit.compile")
 
 
 def _have_nvcc() -> bool:
@@ -449,7 +449,7 @@ def test_scan_sass():
 
 
 def test_scan_sass_counts_floating_point_ops():
-    from kvpatch.build.inspect import scan_sass_kernels
+    from kvpatch.jit.sass import scan_sass_kernels
 
     sass = """\
 	code for sm_90a
@@ -480,7 +480,7 @@ def _loop_sass(gap: int) -> str:
 
 
 def test_key_loop_load_use_measures_how_far_ahead_loads_issue():
-    from kvpatch.build.inspect import key_loop_load_use, scan_sass_kernels
+    from kvpatch.jit.sass import key_loop_load_use, scan_sass_kernels
 
     far = scan_sass_kernels(_loop_sass(40).splitlines())[("sm_90a", "_Zk")].load_use
     near = scan_sass_kernels(_loop_sass(4).splitlines())[("sm_90a", "_Zk")].load_use

@@ -641,7 +641,7 @@ def test_full_matrix_covers_every_vllm_instantiation(tmp_path):
         per.setdefault((c.dtype, c.kv_cache_dtype, c.head_size, c.block_size, c.kernel, c.alibi), []).append(c)
     assert all(len(v) == 2 and v[0].context <= 17 < 513 <= v[1].context and v[0].num_heads != v[1].num_heads
                for v in per.values())
-    # the sizes come from the tree's launcher file (kvpatch.build.vllm_kernel_set)
+    # the sizes come from the tree's launcher file (kvpatch.jit.vllm_kernel_set)
     launcher = tmp_path / "csrc/attention/paged_attention_v1.cu"
     launcher.parent.mkdir(parents=True)
     launcher.write_text("LAUNCH_PAGED_ATTENTION_V1(64);\nLAUNCH_PAGED_ATTENTION_V1(96);\n"
@@ -1046,7 +1046,7 @@ def test_bench_reports_need_no_libclang():
         rep = Rp.BenchReport("stock", names, Rp.finish_results(raw, names, 4e12), {}, {}, variant_info=info)
         row = json.loads(rep.to_json())["summary"][0]
         assert row["slower"] == 1 and row["slower_stock_code"] == 1, row
-        assert not [m for m in sys.modules if m.startswith(("clang", "git", "kvpatch.build"))]
+        assert not [m for m in sys.modules if m.startswith(("clang", "git", "kvpatch.jit"))]
         print("ok")
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -1076,13 +1076,13 @@ def test_commands_on_prebuilt_libraries_need_no_libclang(tmp_path, command):
 
 
 def test_no_module_needs_libclang_to_import():
-    """Every package imports without libclang and git (tune on the H200 imports kvpatch.build
+    """Every package imports without libclang and git (tune on the H200 imports kvpatch.jit
     for the machine record); parsing a header without libclang is a one-line PatchError."""
     import textwrap
 
     code = WITHOUT_CLANG_AND_GIT + textwrap.dedent("""
-        import kvpatch.api, kvpatch.build, kvpatch.cli, kvpatch.patch, kvpatch.tune
-        from kvpatch.build import plan, toolchain, vllm_nvcc_flags
+        import kvpatch.api, kvpatch.jit, kvpatch.cli, kvpatch.patch, kvpatch.tune
+        from kvpatch.jit import plan, toolchain, vllm_nvcc_flags
         from kvpatch.machine import local
         from kvpatch.errors import PatchError
         local(arch="sm_90a")

@@ -58,7 +58,7 @@ def _fake_smi(bindir: Path, line: str) -> None:
 
 
 def test_local_reads_nvidia_smi_and_kvpatchs_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvpatch.build.flags import vllm_nvcc_flags
+    from kvpatch.jit.flags import vllm_nvcc_flags
 
     _fake_smi(tmp_path, "NVIDIA A100-SXM4-80GB, 535.54.03")
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")

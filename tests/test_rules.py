@@ -240,7 +240,7 @@ void* kvpatch_test_kernels[] = {
 
 def _ptx(tmp: Path, csrc: Path, header: str, head: int, block: int) -> str:
     tmp.mkdir(parents=True)
-    from kvpatch.build import stub_headers, vllm_nvcc_flags
+    from kvpatch.jit import stub_headers, vllm_nvcc_flags
 
     for name, text in stub_headers().items():
         (tmp / "stubs" / name).parent.mkdir(parents=True, exist_ok=True)
@@ -362,7 +362,7 @@ def test_a_split_copy_that_is_not_stocks_loop_is_refused(vllm_release: Callable[
 
 def _ffma(tmp: Path, csrc: Path, header: str, head: int = 128, block: int = 16) -> dict[str, int]:
     """FFMA instructions per kernel in the SASS (ptxas, not the PTX: they differ by one)."""
-    from kvpatch.build.toolchain import find_cuda_tool
+    from kvpatch.jit.toolchain import find_cuda_tool
 
     nvcc = Path(shutil.which("nvcc") or "nvcc")
     ptxas, cuobjdump = find_cuda_tool("ptxas", nvcc), find_cuda_tool("cuobjdump", nvcc)

@@ -10,7 +10,7 @@ Method (see NOTES.md and the device METHOD.md):
   and listed.
 * ``kernels``: both kernels at every point, or ``("dispatched",)`` for only the one
   vLLM launches (v1 iff max_seq_len <= 8192 and (one partition or seqs*heads > 512)).
-* warm: back-to-back launches; cold: :class:`~kvpatch.gpu.timing.L2Flush` (read and
+* warm: back-to-back launches; cold: :class:`~kvpatch.gpu.flush.L2Flush` (read and
   write a buffer of >= 2x L2, then read it) before each launch, outside the timed
   region (one CUDA event pair around the launch; for v2 that covers its two kernels).
 * Variants are interleaved within a round (:func:`~kvpatch.gpu.timing.carryover_order`:
@@ -43,8 +43,10 @@ from .dispatch import KERNELS, PARTITION_SIZE
 from .env import SmiSampler, collect_env, nvidia_smi_query
 from .inputs import make_generator, make_inputs, make_kv_pool
 from .points import BenchPoint, pool_blocks, point_set
-from .report import STOCK_MARKER, BenchReport, finish_results
-from .timing import L2Flush, Timer, adaptive_reps, l2_bytes_of, measure_copy_bandwidth, time_interleaved
+from .bench_report import BenchReport, finish_results
+from .report import STOCK_MARKER
+from .flush import L2Flush
+from .timing import Timer, adaptive_reps, l2_bytes_of, measure_copy_bandwidth, time_interleaved
 
 #: The A/A control's variant name (it runs the baseline's code, and records stock's marker).
 AA = "stock-aa"

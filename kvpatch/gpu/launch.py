@@ -1,4 +1,4 @@
-"""Call a library built by :mod:`kvpatch.build` from Python, with torch tensors.
+"""Call a library built by :mod:`kvpatch.jit` from Python, with torch tensors.
 
 Also the harness's side of a launch: naming libraries (``NAME=path.so:prefix``),
 loading them, the output buffers (NaN-poisoned) and a launch as vLLM's op makes it.
@@ -67,7 +67,7 @@ class Kernels:
 
     @classmethod
     def from_build(cls, result: Any) -> Kernels:
-        """From a :class:`kvpatch.build.VariantResult`."""
+        """From a :class:`kvpatch.jit.VariantResult`."""
         return cls(result.library, result.prefix)
 
     def __repr__(self) -> str:
@@ -111,7 +111,8 @@ class Kernels:
 
         qd = D.by_torch_name(str(query.dtype))
         if qd is None:
-            raise ValueError(f"unsupported query dtype {query.dtype}: use float16, bfloat16 or float32")
+            names = ", ".join(d.torch for d in D.QUERY_DTYPES.values())
+            raise ValueError(f"unsupported query dtype {query.dtype}: use one of {names}")
         dtype_name, dtype = qd.name, qd.code
         if out.dtype != query.dtype:
             raise ValueError(f"out is {out.dtype} but query is {query.dtype}")

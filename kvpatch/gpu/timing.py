@@ -9,11 +9,7 @@
   waits for the host (a kernel timed while the GPU waits for its launch measures the
   host); an event after the sleep proves it, and a chunk the host did not queue in
   time is timed again with a longer sleep.
-* :class:`L2Flush` makes "cold" cold: it READS and WRITES a buffer of at least twice
-  the L2 (``buf.add_(1)``), then READS it once more (a sum), so the L2 ends full of
-  clean lines of that buffer: the KV data is gone from L2, and no dirty line is left
-  to be written back while the timed kernel runs (a ``zero_()`` flush leaves the L2
-  full of dirty lines).
+* :class:`~kvpatch.gpu.flush.L2Flush` (its own module) makes "cold" cold.
 * :func:`adaptive_reps`: more timed launches for short kernels (a 10 us kernel gets
   3x the launches of a >= 30 us one).
 
@@ -129,7 +125,7 @@ def time_interleaved(
     reps: int,
     warmup: int,
     timer: Timer,
-    flush: Callable[[], None] | None = None,
+    flush: Callable[[], None] | Sequence[Callable[[], None] | None] | None = None,
 ) -> list[list[float]]:
     """One round: ``warmup`` untimed launches of each, then ``ceil(reps / n)`` cycles of
     :func:`carryover_order` (so each launcher is timed ``reps`` times, rounded up to a
@@ -145,13 +141,16 @@ def time_interleaved(
     the last third of their launches that way). If the lead has ended by the time the
     chunk is queued, the chunk is timed again with twice the lead."""
     n = len(launchers)
+    flushes = list(flush) if isinstance(flush, (list, tuple)) else [flush] * n
+    if len(flushes) != n:
+        raise ValueError(f"{len(flushes)} flushes for {n} launchers")
     cycle = carryover_order(n)
     cycles = math.ceil(reps / n)
     t0 = time.perf_counter()
     for _ in range(warmup):
-        for fn in launchers:
-            if flush is not None:
-                flush()
+        for fn, fl in zip(launchers, flushes):
+            if fl is not None:
+                fl()
             fn()
     host = (time.perf_counter() - t0) / max(1, warmup * n) + EVENT_COST_S
     sequence = cycle * cycles
@@ -171,8 +170,8 @@ def time_interleaved(
             # is done (lead_done not reached) cannot have waited for any launch of it
             lead_done = timer.lead(1.3 * host * len(chunk) * 2**attempt)
             for k, i in enumerate(chunk):
-                if flush is not None:
-                    flush()
+                if flushes[i] is not None:
+                    flushes[i]()
                 ev[2 * k].record()
                 launchers[i]()
                 ev[2 * k + 1].record()
@@ -195,33 +194,6 @@ def adaptive_reps(base_reps: int, kernel_us: float, *, short_us: float = SHORT_K
     if not kernel_us > 0 or kernel_us >= short_us:
         return base_reps
     return int(base_reps * min(max_factor, math.ceil(short_us / kernel_us)))
-
-
-class L2Flush:
-    """Evict the L2 before a cold launch: read+write then read a buffer of >= 2x L2.
-
-    ``nbytes`` defaults to 3x the L2 (at least 2x L2 + 1 MiB). The buffer is float32;
-    its values only count up, so it never turns into a pattern the hardware could
-    skip. Call the object to flush (asynchronously, on the current stream)."""
-
-    def __init__(self, device: Any, l2_bytes: int, nbytes: int | None = None) -> None:
-        import torch
-
-        if nbytes is not None and nbytes < 2 * l2_bytes:
-            raise ValueError(f"an L2 flush buffer must be >= 2x the L2 ({2 * l2_bytes} bytes), not {nbytes}")
-        self.nbytes = int(nbytes or max(3 * l2_bytes, 2 * l2_bytes + 2**20))
-        self.buf = torch.zeros(self.nbytes // 4, dtype=torch.float32, device=device)
-        self.sink = torch.zeros((), dtype=torch.float32, device=device)
-
-    def __call__(self) -> None:
-        import torch
-
-        self.buf.add_(1.0)  # read + write every line
-        torch.sum(self.buf, dim=0, out=self.sink)  # read it again: the dirty lines are written back here, not in the kernel
-
-    @property
-    def method(self) -> str:
-        return f"buf.add_(1) then sum(buf) over {self.nbytes} bytes (read+write, then read)"
 
 
 def measure_copy_bandwidth(device: Any, nbytes: int, reps: int = 10, timer: Timer | None = None) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from . import launch as L
 from .dispatch import KERNELS, check_kernel
 from .inputs import DTYPES, KV_CACHE_DTYPES, cache_x, make_inputs
 from .reference import max_alibi_bias, max_rel_l2_per_seq, reference_attention, ref_tolerance
+from .cases import ValidateCase
 from .report import CaseResult, ValidateReport, VariantCheck
 
 #: Context lengths: one token, mid-block, just past one partition, and spanning 3-5
@@ -50,43 +51,6 @@ ALIBI_HEADS = ((32, 8), (16, 16))
 ALIBI_NUM_SEQS = 8
 DEFAULT_HEAD_SIZES = (64, 128, 256)
 DEFAULT_BLOCK_SIZES = (16, 32)
-
-
-@dataclass(frozen=True)
-class ValidateCase:
-    """One configuration. ``context`` is the longest sequence's length (= max_seq_len);
-    the batch's other sequences are random lengths in [1, context]."""
-
-    dtype: str
-    kv_cache_dtype: str
-    head_size: int
-    block_size: int
-    kernel: str
-    num_heads: int
-    num_kv_heads: int
-    alibi: bool
-    context: int
-    num_seqs: int = 3
-
-    @property
-    def name(self) -> str:
-        return (
-            f"{self.kernel} q={self.dtype} kv={self.kv_cache_dtype} head={self.head_size} "
-            f"block={self.block_size} heads={self.num_heads}/{self.num_kv_heads} "
-            f"alibi={'on' if self.alibi else 'off'} ctx={self.context}"
-        )
-
-    @property
-    def config(self) -> str:
-        """The build configuration this case needs (``Kernels.configs`` entry)."""
-        return L.config_label(self.dtype, self.kv_cache_dtype, self.head_size, self.block_size)
-
-    def seq_lens(self, seed: int) -> list[int]:
-        """``num_seqs`` lengths: ``context`` itself, plus random ones in [1, context], shuffled."""
-        rng = random.Random(seed)
-        lens = [self.context] + [rng.randint(1, self.context) for _ in range(self.num_seqs - 1)]
-        rng.shuffle(lens)
-        return lens
 
 
 def _check(dtypes: Sequence[str], kv_cache_dtypes: Sequence[str], kernels: Sequence[str],
@@ -138,11 +102,11 @@ def quick_matrix() -> list[ValidateCase]:
 
 def vllm_sizes(tree: str | Path | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The head and block sizes the tree's paged_attention_v1.cu instantiates
-    (``kvpatch.build.vllm_kernel_set``); vLLM's known set without a tree."""
+    (``kvpatch.jit.vllm_kernel_set``); vLLM's known set without a tree."""
     if tree is None:
         return VLLM_HEAD_SIZES, VLLM_BLOCK_SIZES
     try:
-        from .. import build as B  # parsing work only when a tree is given
+        from .. import jit as B  # parsing work only when a tree is given
     except ImportError:  # a GPU machine without kvpatch's build dependencies (libclang)
         return VLLM_HEAD_SIZES, VLLM_BLOCK_SIZES
     heads, blocks = B.vllm_kernel_set(Path(tree))

@@ -3,7 +3,8 @@
 Every region kvpatch injects starts with a ``// kvpatch:begin <label> <configuration>``
 line and ends with ``// kvpatch:end <label>``; libclang returns both as comment tokens,
 so :func:`injections` finds them from the AST's token stream, and :func:`strip`
-turns them into deletions that restore the stock bytes exactly.
+turns them into deletions that restore the stock bytes exactly (the one reader of
+markers: :mod:`.header` uses it).
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ from dataclasses import dataclass
 from .libclang import ci
 
 from ..errors import PatchError
-from .edits import Edit, apply
-from .interrupts import interruptible
-from .parse import Parsed, parse_header
+from .edits import Edit
+from .parse import Parsed
 
 BEGIN = "// kvpatch:begin"
 END = "// kvpatch:end"
@@ -73,14 +73,3 @@ def injections(p: Parsed) -> list[Injection]:
 def strip(p: Parsed) -> list[Edit]:
     """Deletions that remove every earlier injection from the parsed header."""
     return [Edit(j.start, j.end - j.start, "", f"strip {j.label}") for j in injections(p)]
-
-
-@interruptible
-def unpatch(text: str, header_path: str) -> tuple[str, tuple[str, ...]]:
-    """``text`` without kvpatch's injections, and the markers that were removed."""
-    parsed = parse_header(text, header_path)
-    found = injections(parsed)
-    if not found:
-        return text, ()
-    stock = apply(parsed.data, strip(parsed))
-    return stock, tuple(sorted({j.marker for j in found}))

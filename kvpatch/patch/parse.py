@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from ..dtypes import QUERY_DTYPES
 from .libclang import ci
 
 #: Virtual directory the stand-in headers live under (never created on disk).
@@ -81,7 +82,7 @@ typedef __builtin_va_list __gnuc_va_list;
 """,
 }
 
-_PRELUDE = """\
+_PRELUDE_TEMPLATE = """\
 #define __device__ __attribute__((device))
 #define __global__ __attribute__((global))
 #define __host__ __attribute__((host))
@@ -100,8 +101,8 @@ struct int2 { int x, y; };
 struct int4 { int x, y, z, w; };
 struct __half { unsigned short x; };
 struct __half2 { __half x, y; };
-struct __nv_bfloat16 { unsigned short x; };
-struct __nv_bfloat162 { __nv_bfloat16 x, y; };
+struct BF16 { unsigned short x; };
+struct BF162 { BF16 x, y; };
 typedef struct CUstream_st* cudaStream_t;
 template <class T> __device__ T __shfl_xor_sync(unsigned, T, int, int = 32);
 template <class T> __device__ T __shfl_sync(unsigned, T, int, int = 32);
@@ -113,6 +114,8 @@ __device__ float2 make_float2(float, float);
 __device__ float4 make_float4(float, float, float, float);
 """
 
+#: The bf16 type is a struct libclang must know (its name: the dtype table's).
+_PRELUDE = _PRELUDE_TEMPLATE.replace("BF16", QUERY_DTYPES["bf16"].c_type)
 _PRELUDE_PATH = f"{VIRTUAL_ROOT}/kvpatch_prelude.h"
 
 #: libclang's CXTranslationUnit_KeepGoing: keep parsing after errors in other headers.

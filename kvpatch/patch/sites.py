@@ -25,6 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .cursors import (
+    after_trailing_comment, flatten_sum, in_main_file, indent_at, line_break_before, operator, own_line_break,
+    ref_name, refs, strip_wrappers, text_of,
+)  # fmt: skip
 from .libclang import CursorKind, ci
 
 from ..errors import PatchError
@@ -98,115 +102,11 @@ class Sites:
         return iter((self.key, self.value))
 
 
-# --------------------------------------------------------------------------- helpers
-
-
-def _text(p: Parsed, node: ci.Cursor) -> str:
-    """The node's source as one line: comments dropped, whitespace runs made one space."""
-    parts: list[str] = []
-    last_end = None
-    for tok in node.get_tokens():
-        if tok.kind == ci.TokenKind.COMMENT:
-            continue
-        start = tok.extent.start.offset
-        if last_end is not None and start > last_end:
-            parts.append(" ")
-        parts.append(tok.spelling)
-        last_end = tok.extent.end.offset
-    return "".join(parts)
-
-
-def _line_break_before(p: Parsed, offset: int) -> int:
-    """The offset of the line break ending the line before the one holding ``offset``."""
-    start = p.data.rfind(b"\n", 0, offset)
-    if start < 0:
-        raise PatchError(f"{FUNCTION} starts on the first line of the file")
-    return start - 1 if p.data[start - 1 : start] == b"\r" else start
-
-
-def _after_trailing_comment(p: Parsed, offset: int) -> int:
-    """``offset``, moved past comments that follow it on the same line.
-
-    Code inserted at ``offset`` starts with a newline; a trailing ``// note`` after
-    the statement would otherwise end up after kvpatch's last line.
-    """
-    data, i = p.data, offset
-    while True:
-        while data[i : i + 1] in (b" ", b"\t"):
-            i += 1
-        if data.startswith(b"//", i):
-            end = data.find(b"\n", i)
-            end = len(data) if end < 0 else end
-            return end - 1 if data[end - 1 : end] == b"\r" else end
-        if data.startswith(b"/*", i):
-            close = data.find(b"*/", i + 2)
-            if close < 0 or b"\n" in data[i:close]:
-                return offset  # a block comment running onto the next lines: stay put
-            i = close + 2
-            offset = i
-            continue
-        return offset
-
-
-def _in_main_file(p: Parsed, node: ci.Cursor) -> bool:
-    return node.location.file is not None and node.location.file.name == p.path
-
-
-def _strip_wrappers(node: ci.Cursor) -> ci.Cursor:
-    """Look through implicit casts, parentheses and unexposed wrappers."""
-    while node.kind in (K.UNEXPOSED_EXPR, K.PAREN_EXPR, K.CXX_STATIC_CAST_EXPR,
-                        K.CSTYLE_CAST_EXPR, K.CXX_FUNCTIONAL_CAST_EXPR):  # fmt: skip
-        kids = [c for c in node.get_children() if c.kind != K.TYPE_REF]
-        if len(kids) != 1:
-            break
-        node = kids[0]
-    return node
-
-
-def _operator(p: Parsed, node: ci.Cursor) -> str | None:
-    """The operator spelling of a binary operator node (token between its operands)."""
-    kids = list(node.get_children())
-    if len(kids) != 2:
-        return None
-    lhs_end = kids[0].extent.end.offset
-    for tok in node.get_tokens():
-        if tok.kind != ci.TokenKind.COMMENT and tok.extent.start.offset >= lhs_end:
-            return tok.spelling
-    return None
-
-
-def _ref_name(node: ci.Cursor) -> str | None:
-    node = _strip_wrappers(node)
-    if node.kind == K.DECL_REF_EXPR:
-        return node.spelling
-    return None
-
-
-def _refs(node: ci.Cursor) -> list[ci.Cursor]:
-    return [c for c in node.walk_preorder() if c.kind == K.DECL_REF_EXPR]
-
-
-def _indent_at(p: Parsed, offset: int) -> str:
-    start = p.data.rfind(b"\n", 0, offset) + 1
-    prefix = p.data[start:offset]
-    return prefix.decode() if prefix.strip() == b"" else ""
-
-
-def _flatten_sum(p: Parsed, node: ci.Cursor) -> list[ci.Cursor]:
-    node = _strip_wrappers(node)
-    if node.kind == K.BINARY_OPERATOR and _operator(p, node) == "+":
-        lhs, rhs = node.get_children()
-        return _flatten_sum(p, lhs) + _flatten_sum(p, rhs)
-    return [node]
-
-
-# --------------------------------------------------------------------------- locating
-
 
 def _function(p: Parsed) -> ci.Cursor:
     for node in p.tu.cursor.walk_preorder():
         if (node.kind == K.FUNCTION_TEMPLATE and node.spelling == FUNCTION
-                and node.is_definition() and _in_main_file(p, node)):  # fmt: skip
+                and node.is_definition() and in_main_file(p, node)):  # fmt: skip
             return node
     raise PatchError(f"{FUNCTION} (a function template) not found in the header")
 
@@ -234,15 +134,15 @@ def _block_loop(p: Parsed, node: ci.Cursor) -> _Loop | None:
     if len(decls) != 1:
         return None
     var = decls[0].spelling
-    if inc.kind != K.COMPOUND_ASSIGNMENT_OPERATOR or _operator(p, inc) != "+=":
+    if inc.kind != K.COMPOUND_ASSIGNMENT_OPERATOR or operator(p, inc) != "+=":
         return None
     inc_lhs, inc_rhs = inc.get_children()
-    if _ref_name(inc_lhs) != var:
+    if ref_name(inc_lhs) != var:
         return None
-    if cond.kind != K.BINARY_OPERATOR or _operator(p, cond) != "<":
+    if cond.kind != K.BINARY_OPERATOR or operator(p, cond) != "<":
         return None
     cond_lhs, cond_rhs = cond.get_children()
-    if _ref_name(cond_lhs) != var:
+    if ref_name(cond_lhs) != var:
         return None
     for stmt in body.get_children():
         if stmt.kind != K.DECL_STMT:
@@ -254,9 +154,9 @@ def _block_loop(p: Parsed, node: ci.Cursor) -> _Loop | None:
                 if sub.kind != K.ARRAY_SUBSCRIPT_EXPR:
                     continue
                 base, index = sub.get_children()
-                table = _ref_name(base)
-                if table and _ref_name(index) == var:
-                    return _Loop(node, var, _text(p, inc_rhs), _text(p, cond_rhs), body,
+                table = ref_name(base)
+                if table and ref_name(index) == var:
+                    return _Loop(node, var, text_of(p, inc_rhs), text_of(p, cond_rhs), body,
                                  stmt, decl.spelling, table)  # fmt: skip
     return None
 
@@ -267,21 +167,21 @@ def _tile_address(p: Parsed, loop: _Loop, cache: str) -> tuple[str, str, frozens
         c.spelling for c in loop.body.walk_preorder() if c.kind == K.VAR_DECL
     }
     for node in loop.body.walk_preorder():
-        if node.kind != K.BINARY_OPERATOR or _operator(p, node) != "+":
+        if node.kind != K.BINARY_OPERATOR or operator(p, node) != "+":
             continue
-        terms = _flatten_sum(p, node)
-        if _ref_name(terms[0]) != cache:
+        terms = flatten_sum(p, node)
+        if ref_name(terms[0]) != cache:
             continue
         block_stride, head_terms, head_names = None, [], set()
         for term in terms[1:]:
-            names = {r.spelling for r in _refs(term)}
-            if term.kind == K.BINARY_OPERATOR and _operator(p, term) == "*" \
+            names = {r.spelling for r in refs(term)}
+            if term.kind == K.BINARY_OPERATOR and operator(p, term) == "*" \
                     and loop.block_number in names:  # fmt: skip
                 a, b = term.get_children()
-                other = b if _ref_name(a) == loop.block_number else a
-                block_stride = _text(p, other)
+                other = b if ref_name(a) == loop.block_number else a
+                block_stride = text_of(p, other)
             elif not names & declared_inside:
-                head_terms.append(_text(p, term))
+                head_terms.append(text_of(p, term))
                 head_names |= names
         if block_stride and head_terms:
             return block_stride, " + ".join(head_terms), frozenset(head_names)
@@ -293,7 +193,7 @@ def _tile_address(p: Parsed, loop: _Loop, cache: str) -> tuple[str, str, frozens
 
 def _inner_loop(p: Parsed, loop: _Loop, cache: str) -> ci.Cursor:
     """The innermost ``for`` that holds the cache read, else the first one after it."""
-    ref = next(r for r in _refs(loop.body) if r.spelling == cache)
+    ref = next(r for r in refs(loop.body) if r.spelling == cache)
     at = ref.extent.start.offset
     fors = [n for n in loop.body.walk_preorder() if n.kind == K.FOR_STMT]
     holding = [f for f in fors if f.extent.start.offset <= at < f.extent.end.offset]
@@ -333,26 +233,19 @@ def _site(p: Parsed, kind: str, loop: _Loop, address: tuple[str, str, frozenset[
         head_offset_expr=head_offset,
         line=loop.node.extent.start.line,
         block_number_line=loop.decl_stmt.extent.start.line,
-        after_block_number=_after_trailing_comment(p, decl_end),
-        body_indent=_indent_at(p, loop.decl_stmt.extent.start.offset),
-        body_last_end=_after_trailing_comment(p, body_stmts[-1].extent.end.offset),
-        inner_open=_after_trailing_comment(p, inner_body.extent.start.offset + 1),
+        after_block_number=after_trailing_comment(p, decl_end),
+        body_indent=indent_at(p, loop.decl_stmt.extent.start.offset),
+        body_last_end=after_trailing_comment(p, body_stmts[-1].extent.end.offset),
+        inner_open=after_trailing_comment(p, inner_body.extent.start.offset + 1),
         inner_var=inner_decls[0].spelling,
-        inner_indent=_indent_at(p, inner_stmts[0].extent.start.offset) if inner_stmts else "",
+        inner_indent=indent_at(p, inner_stmts[0].extent.start.offset) if inner_stmts else "",
         loop_start=loop.node.extent.start.offset,
         loop_end=loop.node.extent.end.offset,
-        before_loop=_own_line_break(p, loop.node.extent.start.offset),
-        loop_indent=_indent_at(p, loop.node.extent.start.offset),
+        before_loop=own_line_break(p, loop.node.extent.start.offset),
+        loop_indent=indent_at(p, loop.node.extent.start.offset),
         loop_text=p.data[loop.node.extent.start.offset : loop.node.extent.end.offset].decode(),
     )
 
-
-def _own_line_break(p: Parsed, offset: int) -> int:
-    """The line break before ``offset``'s line when only blanks precede it there, else -1."""
-    start = p.data.rfind(b"\n", 0, offset)
-    if start < 0 or p.data[start + 1 : offset].strip():
-        return -1
-    return start - 1 if p.data[start - 1 : start] == b"\r" else start
 
 
 def _kernel_names(p: Parsed, fn: ci.Cursor, cache_param: ci.Cursor) -> dict[str, str]:
@@ -409,7 +302,7 @@ def sites_of(p: Parsed, exclude: tuple[tuple[int, int], ...] = ()) -> Sites:
         loop = _block_loop(p, node)
         if loop is None:
             continue
-        read = {r.spelling for r in _refs(loop.body)}
+        read = {r.spelling for r in refs(loop.body)}
         for kind, cache in CACHE_PARAMS.items():
             if cache in read:
                 loops[kind].append(loop)
@@ -429,7 +322,7 @@ def sites_of(p: Parsed, exclude: tuple[tuple[int, int], ...] = ()) -> Sites:
     head, qpk = _gqa_names(p, names["_inits"], key_address[2])
     return Sites(
         function_line=fn.extent.start.line,
-        before_function=_line_break_before(p, fn.extent.start.offset),
+        before_function=line_break_before(p, fn.extent.start.offset),
         cache_type=names["cache_type"],
         scalar_type=names["scalar_type"],
         head_size_param="HEAD_SIZE",
@@ -450,7 +343,7 @@ def _alibi_name(inits: dict[str, ci.Cursor], param: ci.Cursor | None) -> str | N
     if param is None:
         return None
     for name, init in inits.items():
-        if any(r.spelling == ALIBI_PARAM for r in _refs(init)):
+        if any(r.spelling == ALIBI_PARAM for r in refs(init)):
             return name
     return None
 
@@ -464,9 +357,9 @@ def _gqa_names(p: Parsed, inits: dict[str, ci.Cursor], head_names: frozenset[str
     for name, init in inits.items():
         if name not in head_names:
             continue
-        node = _strip_wrappers(init)
-        if node.kind == K.BINARY_OPERATOR and _operator(p, node) == "/":
+        node = strip_wrappers(init)
+        if node.kind == K.BINARY_OPERATOR and operator(p, node) == "/":
             a, b = node.get_children()
-            if _ref_name(a) and _ref_name(b):
-                return _ref_name(a), _ref_name(b)
+            if ref_name(a) and ref_name(b):
+                return ref_name(a), ref_name(b)
     raise PatchError("no '<head> / <queries per kv>' initialiser for the KV head index")

@@ -2,10 +2,10 @@
 loaded with ctypes.
 
 The source is ``templates/prefetch/l2_prefetch.cu.j2`` rendered from a
-:class:`PrefetchKernelSpec`; :func:`build_prefetch_library` is the one function that
-touches the build machinery (nvcc and arch parsing from :mod:`kvpatch.build`, the
-content-keyed cache under ``cache_root()/builds/<hash>``, a file lock around
-build-and-check, ``cuobjdump --dump-sass``). The library exports::
+:class:`PrefetchKernelSpec`; :func:`build_prefetch_library` hands it to kvpatch's one
+JIT path (:mod:`kvpatch.jit.prefetch_plan`: the content-keyed cache under
+``cache_root()/builds/<hash>``, a file lock around build-and-check, the compile flags
+of every kvpatch build, the SASS check). The library exports::
 
     int kvpatch_l2_prefetch(const void* table, int rows, int grid, void* stream);
     int kvpatch_l2_prefetch_ex(const void* table, int rows, int grid, int threads,
@@ -14,7 +14,7 @@ build-and-check, ``cuobjdump --dump-sass``). The library exports::
     const char* kvpatch_l2_prefetch_config(void);
     const char* kvpatch_l2_prefetch_error_string(int code);
 
-What nvcc 13.0 emits (checked after every build, see :func:`check_sass`):
+What nvcc 13.0 emits (checked after every build, :func:`kvpatch.jit.sass.check_prefetch_library`):
 
 * sm_90 and newer: ``cp.async.bulk.prefetch.L2.global[.L2::cache_hint]`` ->
   ``UBLKPF.L2 [URa], URb[, desc[URc]]``.
@@ -27,27 +27,17 @@ Nothing here imports torch or does I/O at import time.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import json
 import os
-import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import Any, Sequence
 
+from ..arch import Arch, parse_arch_list
 from ..config import MAX_SIZE
 from ..errors import BuildError, UsageError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..build import Arch
-
 #: ``kvpatch_l2_prefetch_abi_version()``: bump when the exported functions change.
 PREFETCH_ABI_VERSION = 2
-#: Bump when the generated code or the cache layout changes.
-PREFETCH_BUILD_FORMAT = 2
-#: Library file name inside its cache directory.
-LIBRARY_NAME = "libkvpatch_l2_prefetch.so"
 #: Eviction priorities: the createpolicy hint on sm_90+, the prefetch qualifier below.
 HINTS = ("evict_last", "evict_normal", "evict_first", "none")
 #: The ``hint`` argument of ``kvpatch_l2_prefetch_ex`` for each name.
@@ -57,9 +47,6 @@ MAX_THREADS = 1024
 #: The largest chunk one bulk prefetch is given: the instruction's size limit, the same
 #: one the KV patch's ``--size`` has (kvpatch.config.MAX_SIZE, 2^20 - 16).
 MAX_CHUNK = MAX_SIZE
-#: SASS per arch family: the bulk prefetch, and the per-line prefetches.
-SASS_BULK = "UBLKPF"
-SASS_LINE = re.compile(r"\bCCTL\.E\.(PF2|PML2)\b")
 #: Environment variable naming a prebuilt library (used when the controller builds none).
 LIBRARY_ENV = "KVPATCH_PREFETCH_LIB"
 
@@ -106,56 +93,11 @@ class PrefetchKernelSpec:
 
 
 def _archs(archs: str | Sequence[Arch]) -> list[Arch]:
-    from .. import build as B
-
-    parsed = B.parse_arch_list(archs) if isinstance(archs, str) else list(archs)
+    parsed = parse_arch_list(archs) if isinstance(archs, str) else list(archs)
     old = [str(a) for a in parsed if a.major < 8]
     if old:
         raise UsageError(f"the L2 prefetch needs sm_80 or newer; cannot build for {', '.join(old)}")
     return parsed
-
-
-def compile_flags(archs: Sequence[Arch]) -> list[str]:
-    """nvcc flags (compile and link in one call), vLLM-like: no fast math."""
-    flags = ["-std=c++17", "-O3", "-DNDEBUG", "-shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden"]
-    for arch in archs:
-        flags += arch.gencode_flags()
-    return [*flags, "-Xptxas", "-v"]
-
-
-def sass_by_arch(lines: Iterable[str]) -> dict[str, list[str]]:
-    """``cuobjdump --dump-sass`` lines -> ``{'sm_90a': [instruction text, ...]}``."""
-    out: dict[str, list[str]] = {}
-    arch = ""
-    for line in lines:
-        if m := re.match(r"^\s*code for (sm_\w+)", line):
-            arch = m.group(1)
-            out.setdefault(arch, [])
-        elif arch and (m := re.match(r"^\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)):
-            out[arch].append(m.group(1))
-    return out
-
-
-def check_sass(text: str, archs: Sequence[Arch]) -> dict[str, dict[str, int]]:
-    """Count the prefetch instructions per arch; :class:`BuildError` unless every sm_90+
-    arch has ``UBLKPF`` (and no per-line prefetch) and every older one the per-line
-    ``CCTL.E.PF2``/``PML2`` (and no ``UBLKPF``)."""
-    found = sass_by_arch(text.splitlines())
-    report: dict[str, dict[str, int]] = {}
-    for arch in archs:
-        instrs = found.get(arch.code)
-        if instrs is None and arch.suffix == "f":  # cuobjdump names family SASS by its SM: sm_100
-            instrs = found.get(f"sm_{arch.major}{arch.minor}")
-        if instrs is None:
-            raise BuildError(f"prefetch library: no SASS for {arch.code} (found {', '.join(found) or 'none'})")
-        bulk = sum(SASS_BULK in i for i in instrs)
-        line = sum(bool(SASS_LINE.search(i)) for i in instrs)
-        report[arch.code] = {"bulk": bulk, "line": line}
-        if arch.major >= 9 and (bulk == 0 or line):
-            raise BuildError(f"prefetch library: {arch.code} SASS has {bulk} {SASS_BULK} and {line} CCTL prefetches; expected {SASS_BULK} only")
-        if arch.major < 9 and (line == 0 or bulk):
-            raise BuildError(f"prefetch library: {arch.code} SASS has {line} CCTL.E.PF2/PML2 and {bulk} {SASS_BULK}; expected the per-line prefetch only")
-    return report
 
 
 def check_launch(threads: int | None = None, chunk: int | None = None, hint: str | None = None) -> None:
@@ -179,52 +121,16 @@ def build_prefetch_library(
 ) -> Path:
     """Build (or find in the cache) the prefetch library for ``archs``; return its path.
 
-    The cache directory is ``<cache>/builds/<sha256 of source, flags, nvcc --version>``
-    (``cache`` defaults to :func:`kvpatch.source.fetch.cache_root`); a file lock
-    guards build and check, so concurrent callers build once. The directory holds the
-    source, ``ptxas.log``, ``kernel.sass`` and ``result.json`` (archs, SASS counts).
-    Raises :class:`BuildError` when nvcc or cuobjdump fails or the SASS check fails.
+    The cache directory is ``<cache>/builds/l2prefetch-<sha256 of source, flags, nvcc
+    --version>`` (``cache`` defaults to :func:`kvpatch.source.fetch.cache_root`); a file lock
+    guards build and check, so concurrent callers build once; a cached library counts only
+    when it still has the size and sha256 its ``result.json`` records. Raises
+    :class:`BuildError` when nvcc or cuobjdump fails or the SASS check fails.
     """
-    import filelock
-
-    from .. import build as B
-    from ..fsutil import write_atomic, write_if_different
-    from ..source.fetch import cache_root
+    from ..jit.prefetch_plan import build_prefetch_library as build
 
     spec = spec or PrefetchKernelSpec()
-    arch_list = _archs(archs)
-    tc = B.toolchain()
-    B.validate_archs(arch_list, tc)
-    source = spec.source()
-    flags = compile_flags(arch_list)
-    blob = json.dumps({"format": PREFETCH_BUILD_FORMAT, "source": source, "flags": flags, "nvcc": tc.version}, sort_keys=True)
-    key = "l2prefetch-" + hashlib.sha256(blob.encode()).hexdigest()[:20]
-    builds = (Path(cache) if cache is not None else cache_root()) / "builds"
-    out = builds / key
-    library = out / LIBRARY_NAME
-    builds.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(str(builds / f"{key}.lock")):
-        if library.is_file() and (out / "result.json").is_file():
-            return library
-        write_if_different(out / "l2_prefetch.cu", source)
-        tmp = out / (LIBRARY_NAME + ".tmp")
-        argv = [str(tc.nvcc), "l2_prefetch.cu", "-o", tmp.name, *flags]
-        done = subprocess.run(argv, cwd=out, capture_output=True, text=True, check=False)
-        write_atomic(out / "ptxas.log", done.stdout + done.stderr)
-        if done.returncode != 0:
-            output = [ln.strip() for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
-            lines = [ln for ln in output if "error" in ln.lower() or "fatal" in ln.lower()] or output or ["(no output)"]
-            raise BuildError(f"nvcc failed building the L2 prefetch library: {lines[0]} (all of it: {out / 'ptxas.log'})")
-        tools = B.find_inspector(tc.nvcc)
-        dump = subprocess.run([str(tools.cuobjdump), "--dump-sass", tmp.name], cwd=out, capture_output=True, text=True, env=tools.env(), check=False)
-        if dump.returncode != 0:
-            raise BuildError(f"cuobjdump --dump-sass {LIBRARY_NAME} failed: {dump.stderr.strip()[:200]}")
-        write_atomic(out / "kernel.sass", dump.stdout)
-        counts = check_sass(dump.stdout, arch_list)
-        os.replace(tmp, library)
-        result = {"archs": [str(a) for a in arch_list], "spec": spec.marker, "nvcc": tc.release, "sass": counts, "library": str(library)}
-        write_atomic(out / "result.json", json.dumps(result, indent=1) + "\n")
-    return library
+    return build(spec.source(), spec.marker, _archs(archs), cache=cache).library
 
 
 def archs_for_capability(major: int, minor: int) -> str:

@@ -1,0 +1,151 @@
+"""The ``kvpatch`` command: each command parses options into its ``commands`` dataclass, runs
+it, and renders the report (:mod:`kvpatch.render`).
+
+Exit codes: 0 success; 1 other failure; 2 invalid parameters or configuration; 3 a release
+could not be fetched (unknown, unsupported, no network); 4 the source cannot be patched
+(sites not found, local edits, failed re-parse); 5 build or tool failure, or a missing tool
+(also: no GPU); 6 a GPU check failed (bit mismatch); 130 interrupted (Ctrl-C), 143 SIGTERM,
+129 SIGHUP. The codes live with the error types, kvpatch/errors.py. Errors are one line on
+stderr, ``error: kvpatch COMMAND: ...`` (``--debug`` adds the traceback).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+from typing import Annotated, NoReturn
+
+import typer
+from rich.markup import escape
+
+from .. import __version__
+from ..errors import KvpatchError
+from . import patching, building, measuring, decode  # noqa: F401,I001  (each registers its commands, in this order)
+from .base import DEBUG, app, io
+
+
+def _version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"kvpatch {__version__}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
+) -> None:
+    DEBUG["on"] = debug
+
+
+# --------------------------------------------------------------------------- signals
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the process is, so that every cleanup a Ctrl-C runs
+    (temporary files, nvcc's process groups, the workspace lock) runs for it too."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+#: The signal that ended the command (None: none, or Ctrl-C).
+_SIGNAL: dict[str, int | None] = {"num": None}
+#: What a shell reports for each ending: 128 + the signal's number.
+EXIT_BY_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    if _SIGNAL["num"] is None:
+        _SIGNAL["num"] = signum
+        raise Terminated(signum)
+
+
+def _install_signals() -> None:
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            signal.signal(sig, _on_signal)
+        except (ValueError, OSError):  # not the main thread, or not this platform
+            pass
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _command_name(argv: list[str]) -> str:
+    """The subcommand being run (``apply``), from the arguments: its first non-option word."""
+    names = {c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands}
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg if arg in names else ""
+    return ""
+
+
+def _one_line(message: str, code: int) -> NoReturn:
+    """Print ``error: kvpatch COMMAND: message`` (user text escaped, never read as markup) and exit."""
+    text = re.sub(r"[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]+", " ", str(message)).strip() or "failed"
+    command = _command_name(sys.argv[1:])
+    where = f"kvpatch {command}: " if command else ""
+    io.err.print(f"[red]error:[/] {escape(where + text)}", highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+def _os_error(e: OSError) -> str:
+    """An OSError in one line: what failed, on which path, why."""
+    why = e.strerror or str(e) or type(e).__name__
+    where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+    return f"{where}: {why}" if where else why
+
+
+def _interrupted() -> NoReturn:
+    num = _SIGNAL["num"]
+    if num is None:
+        _one_line("interrupted (Ctrl-C)", 130)
+    _one_line(f"terminated ({signal.Signals(num).name})", EXIT_BY_SIGNAL.get(num, 128 + num))
+
+
+def run() -> None:
+    """Console-script entry point: one-line errors, exit codes from the error type.
+
+    With ``standalone_mode=False`` Typer *returns* the exit code of an ``Exit`` (and turns
+    a KeyboardInterrupt inside a command into ``Abort``) instead of exiting, so the returned
+    code is what this process must exit with. SIGTERM and SIGHUP end a command as Ctrl-C
+    does (cleanup first), with exit 143 and 129.
+    """
+    for name in ("stdout", "stderr"):  # started with the stream closed (cmd >&-): write nowhere, do not crash
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115 - lives as long as the process
+    _install_signals()
+    try:
+        code = app(standalone_mode=False)
+    except KeyboardInterrupt:  # outside the command (typer converts one inside it), or a signal
+        _interrupted()
+    except KvpatchError as e:
+        if DEBUG["on"]:
+            raise
+        _one_line(str(e), e.exit_code)
+    except typer.Abort:
+        _interrupted()
+    except typer.Exit as e:
+        code = e.exit_code
+    except OSError as e:  # the file system said no (permissions, read-only, disk full)
+        if DEBUG["on"]:
+            raise
+        _one_line(_os_error(e), 1)
+    except Exception as e:
+        # Usage errors come from the click that typer vendors: each has format_message() and
+        # an exit_code (2 for usage errors). One line each, except "no arguments", which shows the help.
+        if type(e).__name__ == "NoArgsIsHelpError":
+            e.show()
+            sys.exit(e.exit_code)
+        if callable(getattr(e, "format_message", None)) and isinstance(getattr(e, "exit_code", None), int):
+            ctx = getattr(e, "ctx", None)
+            hint = f" (see '{ctx.command_path if ctx is not None else 'kvpatch'} --help')"
+            _one_line(e.format_message() + hint, e.exit_code)
+        raise
+    if code == 130:
+        _interrupted()
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,198 @@
+"""What every command of the CLI shares: the app, the two consoles, the progress it draws,
+option types, and the one ``--json`` convention.
+
+``--json PATH`` writes the command's report as JSON to PATH; ``--json -`` writes it to
+stdout instead of the table (so ``kvpatch sites --json - | jq`` works). Files are the
+form for long GPU runs (their reports are large, the terminal gets the table); ``-``
+the form for the quick commands' pipes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Any, Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from ..errors import UsageError
+from ..progress import Progress
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Patch vLLM's PagedAttention decode kernel with an L2 bulk prefetch of the next KV block; "
+    "prefetch weights into L2 while HBM idles.",
+    epilog="Exit codes: 0 ok, 2 bad parameters, 3 fetch failed, 4 cannot patch, 5 build or tool failure "
+    "(no GPU too), 6 GPU check failed, 130 interrupted (143 SIGTERM, 129 SIGHUP), 1 other.",
+)
+
+#: Columns a console narrower than this (``COLUMNS=0``, a tiny terminal) is drawn with.
+MIN_WIDTH = 40
+#: Columns when stdout is not a terminal: wide enough that no table cell is cut.
+PIPE_WIDTH = 10_000
+
+
+def console_for(stream: Any) -> Console:
+    """A console for ``stream``: the terminal's width (at least :data:`MIN_WIDTH`: a zero or
+    tiny ``COLUMNS`` must not eat output), or, piped, a width that keeps every cell whole."""
+    terminal = hasattr(stream, "isatty") and stream.isatty()
+    if terminal:
+        width = shutil.get_terminal_size((80, 24)).columns
+        width = width if width >= MIN_WIDTH else 80
+    else:
+        width = PIPE_WIDTH
+    return Console(file=stream, width=width, soft_wrap=True, force_terminal=terminal or None, highlight=False)
+
+
+class Consoles:
+    """stdout (results) and stderr (progress, warnings, errors), made when first used so that
+    they follow the streams the process really has."""
+
+    @property
+    def out(self) -> Console:
+        return console_for(sys.stdout)
+
+    @property
+    def err(self) -> Console:
+        return console_for(sys.stderr)
+
+
+io = Consoles()
+#: ``--debug``: tracebacks for errors
+DEBUG = {"on": False}
+
+
+class TerminalProgress(Progress):
+    """Progress on stderr: each line as it comes; each step a spinner on a terminal, a line
+    with its time when piped."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._lock = threading.Lock()
+        self._bars: Any = None
+
+    def say(self, text: str) -> None:
+        self.console.print(escape(text), highlight=False, soft_wrap=True)
+
+    @contextlib.contextmanager
+    def step(self, label: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        if not self.console.is_terminal:
+            yield
+            self.say(f"{label} ({time.perf_counter() - t0:.1f} s)")
+            return
+        with self._lock:
+            if self._bars is None:
+                from rich.progress import Progress as Bars
+                from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
+
+                self._bars = Bars(SpinnerColumn(finished_text="✓"), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                  console=self.console)  # fmt: skip
+                self._bars.start()
+            task = self._bars.add_task(escape(label), total=1)
+        try:
+            yield
+        finally:
+            self._bars.update(task, completed=1, description=escape(f"{label} ({time.perf_counter() - t0:.1f} s)"))
+
+    def close(self) -> None:
+        if self._bars is not None:
+            self._bars.stop()
+            self._bars = None
+
+
+@contextlib.contextmanager
+def progress() -> Iterator[TerminalProgress]:
+    """The progress a command runs with (its spinners stopped when it ends)."""
+    p = TerminalProgress(io.err)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def warn(line: str) -> None:
+    """One warning line on stderr (``warning: `` prefixed unless the line has it)."""
+    text = line if line.startswith("warning:") else f"warning: {line}"
+    io.err.print(escape(text), highlight=False, soft_wrap=True)
+
+
+def cwd() -> Path:
+    return Path.cwd()
+
+
+def csv(text: Optional[str], kind: Any = str) -> Optional[list]:
+    """``'a,b'`` (or ``;``-separated) -> a list; None stays None."""
+    if text is None:
+        return None
+    try:
+        return [kind(x.strip()) for x in text.replace(";", ",").split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"invalid list {text!r}") from None
+
+
+def json_target(value: Optional[str]) -> tuple[Optional[Path], bool]:
+    """``--json``'s value -> (the file a command writes, whether stdout holds the JSON);
+    ``-`` is stdout."""
+    if value is None:
+        return None, False
+    if value == "-":
+        return Path("/dev/stdout"), True
+    return Path(value), False
+
+
+def emit_json(value: Optional[str], data: Any) -> bool:
+    """Write ``data`` as ``--json`` asks (nothing without it); True when it went to stdout."""
+    if value is None:
+        return False
+    text = json.dumps(data, indent=2) + "\n"
+    if value == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return True
+    from ..fsutil import check_outputs, write_atomic
+
+    check_outputs(json=value)
+    write_atomic(value, text)
+    return False
+
+
+# --------------------------------------------------------------------------- option types
+
+VllmOpt = Annotated[Optional[str], typer.Option("--vllm", metavar="VERSION", help="vLLM release: v0.10.2 or 0.10.2.")]
+TreeOpt = Annotated[
+    Optional[Path],
+    typer.Option("--tree", metavar="DIR", help="An existing vLLM checkout (default: the tree of the last apply here)."),
+]
+JsonOpt = Annotated[
+    Optional[str],
+    typer.Option("--json", metavar="PATH", help="Write the report as JSON to PATH ('-': to stdout, instead of the table)."),
+]
+ArchOpt = Annotated[
+    str, typer.Option("--arch", metavar="ARCHS", help="TORCH_CUDA_ARCH_LIST syntax: 9.0a, 9.0, '8.0;9.0a', 9.0+PTX.")
+]
+LibOpt = Annotated[
+    list[str],
+    typer.Option("--lib", metavar="NAME=PATH.so:PREFIX",
+                 help="A prebuilt library (repeatable); nothing is built, 'stock' is the baseline."),
+]  # fmt: skip
+VariantInfoOpt = Annotated[
+    Optional[Path],
+    typer.Option("--variant-info", metavar="FILE",
+                 help="With --lib: JSON {name: marker or {marker, compile_flags, ...}} recorded in the report."),
+]  # fmt: skip
+DeviceOpt = Annotated[str, typer.Option("--device", hidden=True, help="torch device (tests: cpu).")]
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip() not in ("", "0")

@@ -1,0 +1,93 @@
+"""The decode-step commands: bench-decode, and the weight-prefetch sweep (a maintainer's
+command, hidden from --help)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+
+from ..errors import GpuCheckError
+from ..gpu.defaults import DECODE_LAYERS, DECODE_ROUNDS
+from .base import ArchOpt, JsonOpt, TreeOpt, app, csv, cwd, io, json_target, progress
+
+LibsFileOpt = Annotated[Optional[Path], typer.Option("--libs-file", metavar="FILE", help="A file of NAME=PATH.so:PREFIX lines ('#' comments), as scripts/gpu_prepare.py writes libs.txt.")]
+
+
+@app.command("bench-decode")
+def bench_decode(
+    lib: Annotated[list[str], typer.Option("--lib", metavar="NAME=PATH.so:PREFIX", help="Attention libraries (repeatable; 'stock' required). Default: build stock+patched from the tree.")] = [],  # noqa: B006
+    libs_file: LibsFileOpt = None,
+    tree: TreeOpt = None,
+    arch: ArchOpt = "9.0a",
+    models: Annotated[Optional[str], typer.Option(metavar="LIST", help="llama-3.1-8b,llama-3.2-1b (default both).")] = None,
+    dtypes: Annotated[Optional[str], typer.Option(metavar="LIST", help="bf16,fp16 (default both).")] = None,
+    batches: Annotated[Optional[str], typer.Option(metavar="LIST", help="Default 1,4,16,64.")] = None,
+    contexts: Annotated[Optional[str], typer.Option(metavar="LIST", help="Default 1024,4096,16384.")] = None,
+    layers: Annotated[int, typer.Option(metavar="N", help="Decoder layers per step.")] = DECODE_LAYERS,
+    rounds: Annotated[int, typer.Option(metavar="N", help="Interleaved rounds (spread = min..max over them).")] = DECODE_ROUNDS,
+    reps: Annotated[Optional[int], typer.Option(metavar="N", help="Timed replays per variant and round (default: ~0.15 s a round).")] = None,
+    wpf: Annotated[Optional[str], typer.Option("--wpf", metavar="CONFIG", help="A whole weight-prefetch configuration, e.g. 'cap=1:32,4:16;grid=132;hint=evict_normal'.")] = None,
+    cap: Annotated[Optional[str], typer.Option(metavar="MIB", help="Weight-prefetch cap: per-batch MiB '1:32,4:32,8:16', one MiB value, 'off' or 'default'.")] = None,
+    grid: Annotated[Optional[str], typer.Option(metavar="N", help="Prefetch CTAs, or 'auto' (one per MiB, 4..32).")] = None,
+    threads: Annotated[Optional[int], typer.Option(metavar="N", help="Prefetch threads per CTA (multiple of 32).")] = None,
+    chunk: Annotated[Optional[int], typer.Option(metavar="BYTES", help="Bytes per bulk prefetch (multiple of 16).")] = None,
+    hint: Annotated[Optional[str], typer.Option(metavar="HINT", help="evict_last, evict_normal, evict_first or none.")] = None,
+    fork: Annotated[Optional[str], typer.Option(metavar="attn|qkv", help="Fork the prefetch before attention or before the QKV GEMM.")] = None,
+    join: Annotated[Optional[str], typer.Option(metavar="step|oproj", help="Join once per step or before each o_proj.")] = None,
+    priority: Annotated[Optional[str], typer.Option(metavar="PRIORITY", help="Side stream priority: high, normal or an int.")] = None,
+    prefetch_lib: Annotated[Optional[Path], typer.Option("--prefetch-lib", metavar="FILE", help="A built prefetch library (default: build one).")] = None,
+    cold: Annotated[bool, typer.Option("--cold", help="Flush L2 (read+write >= 2x L2, then read) before every step.")] = False,
+    micro: Annotated[bool, typer.Option("--micro", help="Also run the GEMM-after-idle micro-benchmark.")] = False,
+    json_out: JsonOpt = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", metavar="FILE", help="Write a PNG of the speedups here.")] = None,
+    text: Annotated[Optional[Path], typer.Option("--text", metavar="FILE", help="Also write the table (as printed) here.")] = None,
+) -> None:
+    """GPU: a model-shaped decode step (CUDA graph): stock, patched, and both with the L2 weight prefetch."""
+    from ..commands import decode as D
+    from ..fsutil import write_atomic
+    from ..render import decode_text, micro_table
+
+    path, to_stdout = json_target(json_out)
+    knobs = dict(wpf=wpf, cap=cap, grid=grid, threads=threads, chunk=chunk, hint=hint, fork=fork, join=join,
+                 priority=priority)  # fmt: skip
+    opts = D.DecodeOptions(libs=lib, libs_file=libs_file, tree=tree, cwd=cwd(), arch=arch, models=csv(models),
+                           dtypes=csv(dtypes), batches=csv(batches, int), contexts=csv(contexts, int), layers=layers,
+                           rounds=rounds, reps=reps, prefetch={k: v for k, v in knobs.items() if v is not None},
+                           prefetch_lib=prefetch_lib, cold=cold, micro=micro, json_out=path, plot=plot, text=text)  # fmt: skip
+    with progress() as p:
+        report = D.run(opts, progress=p)
+    table = decode_text(report) + ("\n\n" + micro_table(report.micro) if report.micro else "")
+    if text is not None:
+        write_atomic(text, table + "\n")
+    if not to_stdout:
+        io.out.print(escape(table), highlight=False, soft_wrap=True)
+    if not report.summary()["all_identical"]:
+        raise GpuCheckError("outputs differ from stock")
+
+
+@app.command("bench-decode-sweep", hidden=True)
+def bench_decode_sweep(
+    lib: Annotated[list[str], typer.Option("--lib", metavar="NAME=PATH.so:PREFIX", help="'stock' and 'patched'.")] = [],  # noqa: B006
+    libs_file: LibsFileOpt = None,
+    out: Annotated[Path, typer.Option("--out", metavar="DIR", help="Where sweep.json, sweep.txt and the final benches go.")] = Path("sweep-out"),
+    budget: Annotated[float, typer.Option(metavar="SECONDS", help="For all stages (the final bench is skipped past it).")] = 260.0,
+    prefetch_lib: Annotated[Optional[Path], typer.Option("--prefetch-lib", metavar="FILE")] = None,
+    final: Annotated[bool, typer.Option("--final/--no-final", help="Bench the pick at the end.")] = True,
+) -> None:
+    """GPU, for maintainers: tune the L2 weight prefetch's knobs and caps on the decode step, then bench the pick."""
+    from ..commands import decode as D
+    from ..decode.sweep import all_identical
+    from ..fsutil import write_atomic
+    from ..render import sweep_text
+
+    opts = D.SweepOptions(libs=lib, libs_file=libs_file, out=out, budget=budget, prefetch_lib=prefetch_lib, final=final)
+    with progress() as p:
+        result = D.run_sweep(opts, progress=p)
+    text = sweep_text(result)
+    write_atomic(out / "sweep.txt", text + "\n")
+    io.out.print(escape(text), highlight=False, soft_wrap=True)
+    if not all_identical(result):
+        raise GpuCheckError("outputs differ from stock")

@@ -1,0 +1,155 @@
+"""The patching commands: apply, sites, diff, revert, config (options -> commands -> render)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+from rich.syntax import Syntax
+
+from ..errors import UsageError
+from .base import JsonOpt, TreeOpt, VllmOpt, app, cwd, emit_json, io, progress, warn
+
+_RULE_HELP = ("Settings for the instantiations a selector picks: 'bf16/80/32=off', 'fp16/64=issue=call' "
+              "(dtype[/head[/block[/kv[/kernel]]]], kernel v1 or v2, * for any; the most specific rule decides a "
+              "kernel; repeatable; SEL=none drops a default rule).")  # fmt: skip
+
+
+@app.command()
+def apply(
+    vllm: VllmOpt = None,
+    tree: TreeOpt = None,
+    config: Annotated[Optional[Path], typer.Option("--config", metavar="FILE", help="kvpatch.toml with any of the options below.")] = None,
+    preset: Annotated[Optional[str], typer.Option(metavar="default|paper", help="default, or paper (the paper's exact mechanism).")] = None,
+    lookahead: Annotated[Optional[int], typer.Option(metavar="N", help="Prefetch block_idx + N*NUM_WARPS (default 1).")] = None,
+    size: Annotated[Optional[str], typer.Option(metavar="BYTES", help="auto (one K/V tile: BLOCK_SIZE*HEAD_SIZE*sizeof(cache_t)) or bytes, a multiple of 16.")] = None,
+    align: Annotated[Optional[int], typer.Option(metavar="BYTES", help="Round the address down to this power of two >= 16 (default 16).")] = None,
+    caches: Annotated[Optional[str], typer.Option(metavar="k|v|kv", help="Which loops prefetch (default kv).")] = None,
+    cache_hint: Annotated[Optional[str], typer.Option(metavar="HINT", help="none, evict_last, evict_first or evict_normal.")] = None,
+    placement: Annotated[Optional[str], typer.Option(metavar="start|end", help="After the block number is read, or after the block's work.")] = None,
+    scope: Annotated[Optional[str], typer.Option(metavar="SCOPE", help="cta (every CTA prefetches), kv-head (one CTA per KV head under GQA) or kv-head-rotate (the KV head's CTAs take turns, block by block).")] = None,
+    min_group: Annotated[Optional[int], typer.Option("--min-group", metavar="N", help="Prefetch only where >= N query heads share a KV head (a runtime test; 1 = always; MHA has 1).")] = None,
+    min_ctas: Annotated[Optional[int], typer.Option("--min-ctas", metavar="N", help="Prefetch only in launches of >= N CTAs (query heads x sequences x partitions; a runtime test; 1 = always).")] = None,
+    min_kv_mib: Annotated[Optional[int], typer.Option("--min-kv-mib", metavar="MIB", help="issue=call only: the call helper skips the prefetch unless the launch's KV cache, estimated from the grid, is >= MIB (0 = always).")] = None,
+    control: Annotated[Optional[bool], typer.Option("--control/--no-control", help="Compile the prefetch but never run it (for measurements).")] = None,
+    issue: Annotated[Optional[str], typer.Option(metavar="call|inline|split", help="call (an out-of-line helper; keeps stock's code generation), inline (asm in the loop), split (inline, and the key loop runs as stock's copy when the ALiBi slope is not 0).")] = None,
+    read: Annotated[Optional[str], typer.Option(metavar="lane|warp", help="lane (lane 0 reads the next block number inside the guard) or warp (every lane reads it before the guard).")] = None,
+    quantized: Annotated[Optional[str], typer.Option(metavar="skip|prefetch", help="skip (fp8-cache kernels stay stock, the default) or prefetch.")] = None,
+    fp16: Annotated[Optional[str], typer.Option("--fp16", metavar="SETTINGS", help="Settings for the fp16 kernels no rule names: 'off' (the default), key=value,... (e.g. 'issue=inline,lookahead=2': turns them on), or 'none' (the base settings).")] = None,
+    bf16: Annotated[Optional[str], typer.Option("--bf16", metavar="SETTINGS", help="As --fp16, for bf16 kernels.")] = None,
+    fp32: Annotated[Optional[str], typer.Option("--fp32", metavar="SETTINGS", help="As --fp16, for fp32 kernels.")] = None,
+    rule: Annotated[Optional[list[str]], typer.Option("--rule", metavar="SELECTOR=SETTINGS", help=_RULE_HELP)] = None,
+    remote: Annotated[str, typer.Option(metavar="URL", help="git remote to fetch releases from.")] = "",
+    force: Annotated[bool, typer.Option("--force", help="Patch even if the header has local edits.")] = False,
+    json_out: JsonOpt = None,
+) -> None:
+    """Fetch a vLLM release (or use --tree), locate the key/value loop sites, inject the prefetch."""
+    from ..commands import apply as A
+    from ..render import config_summary, sites_table
+
+    settings = dict(lookahead=lookahead, size=size, align=align, caches=caches, cache_hint=cache_hint,
+                    placement=placement, scope=scope, min_group=min_group, min_ctas=min_ctas, min_kv_mib=min_kv_mib,
+                    control=control, issue=issue, read=read)  # fmt: skip
+    opts = A.ApplyOptions(vllm=vllm, tree=tree, cwd=cwd(), config=config, preset=preset, settings=settings,
+                          quantized=quantized, dtypes={"fp16": fp16, "bf16": bf16, "fp32": fp32}, rules=rule or [],
+                          remote=remote or None, force=force)  # fmt: skip
+    with progress() as p:
+        report = A.run(opts, progress=p)
+    for line in report.unreached:
+        warn(line)
+    for line in report.machine_differences:
+        warn(f"tuned on another machine: {line} (re-run kvpatch tune here)")
+    if emit_json(json_out, report.to_json()):
+        return
+    out = io.out
+    header = escape(str(report.tree.header))
+    if not report.changed:
+        out.print(f"[green]already applied[/]: {header}", highlight=False)
+    else:
+        out.print(f"[green]{'replaced' if report.previous else 'patched'}[/] {header}", highlight=False)
+    out.print(sites_table(report.sites, {s.kind: "yes" for s in report.sites
+                                          if (s.kind == "key" and report.config.k) or (s.kind == "value" and report.config.v)}))  # fmt: skip
+    out.print(escape(config_summary(report.config)), highlight=False)
+    if report.tuned_on is not None:
+        out.print(f"tuned on: {escape(report.tuned_on.describe())}", highlight=False)
+    out.print("next: kvpatch diff  |  kvpatch build --arch 9.0a  |  kvpatch revert", highlight=False)
+
+
+@app.command()
+def sites(vllm: VllmOpt = None, tree: TreeOpt = None, json_out: JsonOpt = None) -> None:
+    """Show where the key and value loop sites are (no changes made)."""
+    from ..commands import sites as S
+    from ..render import sites_table
+
+    with progress() as p:
+        report = S.run(S.SitesOptions(vllm=vllm, tree=tree, cwd=cwd()), progress=p)
+    if emit_json(json_out, report.to_json()):
+        return
+    found = report.sites
+    io.out.print(f"{escape(str(report.header))}: paged_attention_kernel at line {found.function_line}", highlight=False)
+    io.out.print(sites_table(found, report.injected))
+    if report.injected and not report.intact:
+        warn("kvpatch's regions were changed after kvpatch wrote them")
+
+
+@app.command()
+def diff(
+    tree: TreeOpt = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE", help="Write the patch to FILE ('-': stdout).")] = None,
+) -> None:
+    """Print what apply changed as a unified diff (a patch git apply / patch -p1 accept)."""
+    from ..commands import diff as D
+    from ..fsutil import check_outputs, write_atomic
+
+    if output is not None and str(output) != "-":
+        check_outputs(output=output)
+    with progress() as p:
+        report = D.run(D.DiffOptions(tree=tree, cwd=cwd()), progress=p)
+    for line in report.warnings:
+        warn(line)
+    text = report.text
+    if output is not None and str(output) == "-":
+        sys.stdout.write(text)
+        return
+    if output is not None:
+        write_atomic(output, text)
+        shown = escape(str(output))
+        io.err.print(f"wrote {shown}" if text else f"wrote {shown} (empty: the tree is stock)", highlight=False)
+        return
+    if not text:
+        io.err.print("no changes: the header is stock")
+        return
+    if io.out.is_terminal:
+        io.out.print(Syntax(text, "diff", theme="ansi_dark", background_color="default"))
+    else:
+        sys.stdout.write(text)
+
+
+@app.command()
+def revert(
+    tree: TreeOpt = None,
+    force: Annotated[bool, typer.Option("--force", help="Revert even if kvpatch's regions were edited (the edits are lost).")] = False,
+) -> None:
+    """Remove kvpatch's injection: the header is stock again, byte for byte."""
+    from ..commands import revert as R
+
+    with progress() as p:
+        report = R.run(R.RevertOptions(tree=tree, cwd=cwd(), force=force), progress=p)
+    shown = escape(str(report.header))
+    io.out.print(f"[green]reverted[/] {shown}" if report.changed else f"nothing to revert: {shown} is stock", highlight=False)
+
+
+@app.command("config")
+def show_config(
+    config: Annotated[Optional[Path], typer.Option("--config", metavar="FILE", help="kvpatch.toml to read.")] = None,
+    preset: Annotated[Optional[str], typer.Option(metavar="default|paper", help="default or paper.")] = None,
+) -> None:
+    """Print the effective configuration as a complete kvpatch.toml (with where its rules were tuned)."""
+    from ..commands import show_config as C
+
+    if preset is not None and preset not in ("default", "paper"):
+        raise UsageError(f"invalid preset {preset!r}: choose one of default, paper")
+    sys.stdout.write(C.run(C.ConfigOptions(config=config, preset=preset)).toml)

@@ -1,0 +1,140 @@
+"""``kvpatch apply``: fetch (or take) a tree, patch its header, write it with the state.
+
+The data flow: options -> a configuration (:func:`kvpatch.config.config_and_tuned`) ->
+the tree (fetched and checked out, or ``--tree``, or the last apply's) -> the header read
+and parsed once (:func:`kvpatch.patch.read_header`) -> refused if kvpatch's regions or the
+text outside them were edited -> patched and re-checked (:func:`kvpatch.patch.patch_header`)
+-> header and ``.kvpatch/state.json`` written as one step, under the workspace lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from ..config import Machine, PatchConfig, config_and_tuned, differences, unreached
+from ..patch import Result, Sites, patch_header, read_header
+from ..progress import QUIET, Progress
+from ..source.workspace import STATE_DIR, State, Tree, check_no_local_edits, resolve_tree, sha256
+from ..source.workspace import workspace_lock, write_header_and_state
+from .tree import check_target, edited_regions, fetch_tree, state_or_none
+
+#: The base settings ``apply`` takes on its command line (each None when not given).
+SETTINGS = ("lookahead", "size", "align", "caches", "cache_hint", "placement", "scope", "min_group", "min_ctas",
+            "min_kv_mib", "control", "issue", "read")  # fmt: skip
+
+
+@dataclass
+class ApplyOptions:
+    vllm: Optional[str] = None
+    tree: Optional[Path] = None
+    cwd: Path = field(default_factory=Path.cwd)
+    config: Optional[Path] = None  # a kvpatch.toml
+    preset: Optional[str] = None
+    settings: dict[str, Any] = field(default_factory=dict)  # SETTINGS given on the command line
+    quantized: Optional[str] = None
+    dtypes: dict[str, Optional[str]] = field(default_factory=dict)  # --fp16/--bf16/--fp32 text
+    rules: list[str] = field(default_factory=list)  # --rule SELECTOR=SETTINGS
+    remote: Optional[str] = None
+    force: bool = False
+    #: this machine's record (None: read it when the configuration says where it was tuned)
+    here: Optional[Machine] = None
+
+
+@dataclass(frozen=True)
+class ApplyReport:
+    tree: Tree
+    version: str | None
+    config: PatchConfig
+    result: Result
+    before: str  # the header as apply found it
+    #: where the configuration's rules were tuned (None: unknown), and how this machine differs
+    tuned_on: Machine | None = None
+    machine_differences: tuple[str, ...] = ()
+    #: options and rules given that change no kernel, one line each
+    unreached: tuple[str, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return self.result.patched != self.before
+
+    @property
+    def sites(self) -> Sites:
+        return self.result.sites
+
+    @property
+    def previous(self) -> tuple[str, ...]:
+        return self.result.previous
+
+    def to_json(self) -> dict:
+        return {
+            "tree": str(self.tree.root),
+            "header": str(self.tree.header),
+            "version": self.version,
+            "config": self.config.to_toml_dict(),
+            "marker": self.config.marker(),
+            "changed": self.changed,
+            "previous": list(self.previous),
+            "sites": asdict(self.sites),
+            "edits": [{"offset": e.offset, "length": e.length, "what": e.what} for e in self.result.edits],
+            "tuned_on": self.tuned_on.to_dict() if self.tuned_on is not None else None,
+            "machine_differences": list(self.machine_differences),
+            "unreached": list(self.unreached),
+        }
+
+
+def configure(o: ApplyOptions) -> tuple[PatchConfig, Machine | None, list[str]]:
+    """The options as a configuration, where its rules were tuned, and the options given that
+    change no kernel (pure but for reading ``--config``)."""
+    from ..config import parse_rules
+
+    rules = parse_rules(o.rules) if o.rules else None
+    settings = {k: o.settings.get(k) for k in SETTINGS}
+    cfg, tuned = config_and_tuned(o.config, preset=o.preset, quantized=o.quantized, rules=rules,
+                                  **{d: o.dtypes.get(d) for d in ("fp16", "bf16", "fp32")}, **settings)  # fmt: skip
+    lines: list[str] = []
+    if cfg.preset == "default":
+        given = [k for k, v in (*settings.items(), ("quantized", o.quantized)) if v is not None]
+        selectors = [*(rules or {}), *(d for d, v in o.dtypes.items() if v is not None)]
+        lines = unreached(cfg, given, selectors)
+    return cfg, tuned, lines
+
+
+def run(o: ApplyOptions, *, progress: Progress = QUIET) -> ApplyReport:
+    """Patch the tree's header; idempotent; refuses edits kvpatch did not make (unless ``force``)."""
+    cfg, tuned, lines = configure(o)
+    cwd = o.cwd
+    state = State.load(cwd) if o.vllm is None and o.tree is None else None  # corrupt: its one-line error
+    if state is not None and not Path(state.tree).is_dir() and state.version is not None \
+            and Path(state.tree) == cwd / STATE_DIR / f"vllm-{state.version}":  # fmt: skip
+        from ..source.fetch import check_release
+
+        check_release(state.version)  # kvpatch's own checkout of a release, removed: check it out again
+        version, target = state.version, None
+    elif state is not None:  # again: the tree the last apply here used
+        version, target = state.version, resolve_tree(None, cwd)
+    else:
+        version = check_target(o.vllm, o.tree)
+        target = resolve_tree(o.tree, cwd) if o.tree is not None else None
+    with workspace_lock(cwd):
+        if target is None:
+            target = fetch_tree(version, cwd, o.remote, progress)
+        current = target.read_header()
+        header = read_header(current, str(target.header))
+        if not o.force and not header.injected.intact:
+            raise edited_regions(header.injected, target.header)
+        result = patch_header(header, cfg)
+        if not o.force:
+            path = str(target.header)
+            check_no_local_edits(target, result.stock, unpatch=lambda text: read_header(text, path).stock,
+                                 state=state_or_none(cwd), note=progress.say)  # fmt: skip
+        new_state = State(tree=str(target.root), version=version, config=cfg.to_toml_dict(), marker=cfg.marker(),
+                          stock_sha256=sha256(result.stock))  # fmt: skip
+        write_header_and_state(target, current, result.patched, new_state, cwd)
+    diffs: tuple[str, ...] = ()
+    if tuned is not None:
+        from .common import local_machine
+
+        diffs = tuple(differences(tuned, o.here if o.here is not None else local_machine()))
+    return ApplyReport(target, version, cfg, result, current, tuned, diffs, tuple(lines))

@@ -1,0 +1,161 @@
+"""What the commands share: the libraries a GPU command runs on, option parsing that must
+happen before anything runs, and this machine's record.
+
+The GPU commands (validate, bench, tune, bench-decode) run on a tree's variants, built
+here, or on prebuilt libraries given as ``NAME=path.so:prefix`` (nothing is built; their
+configurations come from a ``--variant-info`` JSON beside them, ``stock`` is the baseline).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from ..config import Machine
+from ..errors import UsageError
+from ..fsutil import write_atomic
+from ..gpu import launch as L
+from ..gpu.report import STOCK_MARKER
+from ..progress import QUIET, Progress
+
+
+@dataclass
+class LibraryOptions:
+    """What validate, bench, tune and bench-decode share: the tree to build from (or prebuilt
+    ``libs``, NAME=f.so:PREFIX, with their configurations in ``variant_info``), the working
+    directory and the arch."""
+
+    tree: Optional[Path] = None
+    cwd: Path = field(default_factory=Path.cwd)
+    arch: str = "9.0a"
+    libs: list[str] = field(default_factory=list)
+    variant_info: Optional[Path] = None
+
+
+@dataclass
+class Libraries:
+    """What a command runs on: loaded libraries and each one's provenance."""
+
+    libs: dict[str, Any]
+    info: dict[str, dict[str, Any]]
+    specs: list[L.LibSpec]
+
+
+def parse_libs(lib_specs: Sequence[str]) -> list[L.LibSpec]:
+    """``--lib`` values parsed (UsageError, one line): checked before the GPU is."""
+    try:
+        return L.parse_lib_specs(lib_specs)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def load_variant_info(path: Optional[Path]) -> dict[str, Any]:
+    """``{name: marker-or-dict}`` from a JSON file (``scripts/gpu_prepare.py`` writes ``variants.json``)."""
+    if path is None:
+        return {}
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise UsageError(f"cannot read --variant-info {path}: {str(e).splitlines()[0][:120]}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--variant-info {path}: expected a JSON object of name -> configuration")
+    return {str(k): (v if isinstance(v, dict) else {"marker": v}) for k, v in data.items()}
+
+
+def prebuilt(lib_specs: Sequence[str], variant_info: Optional[Path] = None,
+             loader: Optional[Callable[[list[L.LibSpec]], dict[str, Any]]] = None) -> Libraries:  # fmt: skip
+    """Libraries given on the command line, loaded as given (by ``loader``, default :func:`launch.load_libs`)."""
+    specs = parse_libs(lib_specs)
+    extra = load_variant_info(variant_info)
+    info = {s.name: {**L.lib_info(s.path, s.prefix), **extra.get(s.name, {})} for s in specs}
+    for name, i in info.items():
+        i.setdefault("marker", STOCK_MARKER if name == "stock" else "unknown (no --variant-info)")
+    try:
+        libs = (loader or L.load_libs)(specs)
+    except (RuntimeError, OSError) as e:
+        raise UsageError(str(e)) from None
+    return Libraries(libs, info, specs)
+
+
+def built(result: Any, variants: Sequence[Any]) -> Libraries:
+    """Libraries of a :func:`kvpatch.jit.build` result, with each variant's marker and compile flags."""
+    markers = {v.name: v.marker for v in variants}
+    specs = [L.LibSpec(v.name, str(v.library), v.prefix) for v in result.variants]
+    flags = {v.name: list(v.compile_flags) for v in result.variants}
+    info = {s.name: {**L.lib_info(s.path, s.prefix), "marker": markers.get(s.name, "?"),
+                     "compile_flags": flags.get(s.name)} for s in specs}  # fmt: skip
+    return Libraries(L.load_libs(specs), info, specs)
+
+
+def build_libraries(tree: Optional[Path], cwd: Path, arch: str, variants: list, progress: Progress,
+                    **kernel_options: Any) -> Libraries:  # fmt: skip
+    """Build ``variants`` of the tree (``--tree``, else the last apply's) and load them."""
+    from .. import jit
+    from .tree import resolve
+
+    target = resolve(tree, cwd)
+    spec = jit.make_spec(target.root, variants, arch, **kernel_options)
+    return built(jit.build(spec, progress=progress), variants)
+
+
+def require_device(device: str) -> None:
+    """A CUDA GPU when the command runs on ``cuda`` (the tests run on ``cpu``): checked
+    after every option and before anything is built or loaded."""
+    if str(device).startswith("cuda"):
+        from ..gpu.env import require_cuda
+
+        require_cuda()
+
+
+def write_if(path: Optional[Path], text: str) -> None:
+    """Write ``text`` to ``path`` atomically; nothing when ``path`` is None."""
+    if path is not None:
+        write_atomic(path, text)
+
+
+def parse_heads(text: str) -> list[tuple[int, int]]:
+    """``'32/8,8/1'`` -> ``[(32, 8), (8, 1)]``."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        q, sep, kv = part.partition("/")
+        try:
+            out.append((int(q), int(kv)))
+        except ValueError:
+            raise UsageError(f"invalid heads {part!r}: use QUERY/KV, e.g. 32/8") from None
+        if not sep:
+            raise UsageError(f"invalid heads {part!r}: use QUERY/KV, e.g. 32/8")
+        q_heads, kv_heads = out[-1]
+        if q_heads < 1 or kv_heads < 1 or q_heads % kv_heads:
+            raise UsageError(f"invalid heads {part!r}: KV heads >= 1 and query heads a positive multiple of them")
+    return out
+
+
+def parse_bools(text: str) -> list[bool]:
+    m = {"on": True, "off": False, "true": True, "false": False, "1": True, "0": False}
+    try:
+        return [m[x.strip().lower()] for x in text.split(",") if x.strip()]
+    except KeyError as e:
+        raise UsageError(f"invalid on/off list {text!r}: {e}") from None
+
+
+def local_machine(*, arch: str | None = None) -> Machine:
+    """This machine: the first GPU nvidia-smi lists (none without it), the nvcc a build would
+    use, and kvpatch's compile flags (those every kvpatch build passes)."""
+    from ..gpu.env import nvidia_smi_query
+    from ..jit.flags import vllm_nvcc_flags
+    from ..jit.toolchain import nvcc_version_of
+
+    rows = nvidia_smi_query(("name", "driver_version")) if shutil.which("nvidia-smi") else None
+    gpu = driver = None
+    if rows:
+        gpu, driver = rows[0].get("name"), rows[0].get("driver_version")
+    return Machine(gpu=gpu, driver=driver, nvcc=nvcc_version_of(), arch=arch, flags=" ".join(vllm_nvcc_flags()))
+
+
+__all__ = [
+    "QUIET", "Libraries", "LibraryOptions", "Progress", "build_libraries", "built", "load_variant_info",
+    "local_machine", "parse_bools", "parse_heads", "parse_libs", "prebuilt", "require_device", "write_if",
+]  # fmt: skip

@@ -1,0 +1,169 @@
+"""``kvpatch bench-decode`` (and the weight-prefetch sweep): a model-shaped decode step,
+stock and patched attention, each with and without the L2 weight prefetch.
+
+The data flow: options checked (models, dtypes, the weight-prefetch configuration, the
+outputs) -> the GPU checked -> the attention libraries (``--lib``/``--libs-file``, or stock +
+patched built from the tree for the models' head sizes) -> :func:`kvpatch.decode.bench.run_bench_decode`
+(per point: capture, outputs bit-identical first, interleaved rounds) -> the report (JSON,
+plot; the CLI writes the text).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from ..errors import UsageError
+from ..fsutil import check_outputs
+from ..gpu.defaults import DECODE_LAYERS, DECODE_ROUNDS
+from ..progress import QUIET, Progress
+from .common import LibraryOptions, build_libraries, parse_libs, require_device
+
+
+@dataclass
+class DecodeOptions(LibraryOptions):
+    libs_file: Optional[Path] = None  # NAME=PATH.so:PREFIX lines, '#' comments
+    models: Optional[list[str]] = None
+    dtypes: Optional[list[str]] = None
+    batches: Optional[list[int]] = None
+    contexts: Optional[list[int]] = None
+    layers: int = DECODE_LAYERS
+    rounds: int = DECODE_ROUNDS
+    reps: Optional[int] = None
+    #: the weight prefetch: a whole configuration (``wpf``) and single knobs over it
+    prefetch: dict[str, Any] = field(default_factory=dict)
+    prefetch_lib: Optional[Path] = None
+    cold: bool = False
+    micro: bool = False
+    json_out: Optional[Path] = None
+    plot: Optional[Path] = None
+    text: Optional[Path] = None  # checked here, written by the CLI (the text is a rendering)
+
+
+#: The knobs of ``prefetch``.
+PREFETCH_KNOBS = ("cap", "grid", "threads", "chunk", "hint", "fork", "join", "priority")
+
+
+def weight_prefetch_of(prefetch: Mapping[str, Any]) -> Any:
+    """The options' prefetch -> a :class:`~kvpatch.decode.options.WeightPrefetch` (``wpf``: the
+    whole configuration as text, e.g. the sweep's pick; single knobs override it)."""
+    from ..decode.options import WeightPrefetch
+
+    bad = sorted(set(prefetch) - {*PREFETCH_KNOBS, "wpf"})
+    if bad:
+        raise UsageError(f"unknown weight-prefetch option(s): {', '.join(bad)}")
+    given = [(k, prefetch[k]) for k in PREFETCH_KNOBS if prefetch.get(k) is not None]
+    for k, v in given:
+        if str(v).strip() == "" or any(c in str(v) for c in ";="):
+            raise UsageError(f"invalid --{k} {str(v)!r}: one value (a whole configuration goes in --wpf)")
+    try:
+        base = WeightPrefetch.parse(prefetch["wpf"]) if prefetch.get("wpf") else None
+        return WeightPrefetch.parse(";".join(f"{k}={v}" for k, v in given), base)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def library_specs(libs: list[str], libs_file: Optional[Path]) -> list:
+    """``--lib`` items and a libs file's lines -> specs; 'stock' among them (when any)."""
+    items = list(libs)
+    if libs_file is not None:
+        try:
+            text = Path(libs_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"--libs-file {libs_file}: {getattr(e, 'strerror', None) or e}") from None
+        items += [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    specs = parse_libs(items)
+    if specs and "stock" not in [s.name for s in specs]:
+        raise UsageError("--lib: one library must be named 'stock' (the baseline)")
+    return specs
+
+
+def check(o: DecodeOptions) -> tuple[list[str], list[str], list[int], list[int], Any, list]:
+    """Every option checked (one-line UsageError) before the GPU is: (models, dtypes,
+    batches, contexts, weight prefetch, library specs)."""
+    from ..decode.models import model_shape
+    from ..decode.options import DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_DTYPES, DEFAULT_MODELS
+    from ..decode.step import DTYPES
+
+    models = list(o.models or DEFAULT_MODELS)
+    try:
+        for m in models:
+            model_shape(m)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    dtypes = list(o.dtypes or DEFAULT_DTYPES)
+    bad = [d for d in dtypes if d not in DTYPES]
+    if bad:
+        raise UsageError(f"invalid dtype {bad[0]!r}: {' or '.join(DTYPES)}")
+    batches, contexts = list(o.batches or DEFAULT_BATCHES), list(o.contexts or DEFAULT_CONTEXTS)
+    if any(v < 1 for v in (*batches, *contexts)) or o.layers < 1 or o.rounds < 1 or (o.reps is not None and o.reps < 1):
+        raise UsageError("--batches, --contexts, --layers, --rounds and --reps must be >= 1")
+    wpf = weight_prefetch_of(o.prefetch)
+    specs = library_specs(o.libs, o.libs_file)
+    check_outputs(json=o.json_out, plot=o.plot, text=o.text)
+    return models, dtypes, batches, contexts, wpf, specs
+
+
+def run(o: DecodeOptions, *, progress: Progress = QUIET) -> Any:
+    """``kvpatch bench-decode``: the :class:`~kvpatch.decode.report.DecodeReport` (JSON and plot written)."""
+    from ..decode.models import model_shape
+
+    from ..arch import parse_arch_list
+    from .tree import resolve, variants_for
+
+    models, dtypes, batches, contexts, wpf, specs = check(o)
+    target = None
+    if not specs:  # the tree to build from, and the arch, checked before the GPU is
+        parse_arch_list(o.arch)
+        target = resolve(o.tree, o.cwd)
+    require_device("cuda")
+    from ..decode.bench import run_bench_decode
+    from ..decode.micro import run_micro_gemm
+
+    if specs:
+        from ..gpu.launch import load_libs
+
+        try:
+            libs: Mapping[str, Any] = load_libs(specs)
+        except (RuntimeError, OSError) as e:
+            raise UsageError(str(e)) from None
+    else:
+        variants = variants_for(target, o.cwd, progress)
+        heads = sorted({model_shape(m).head_size for m in models})
+        libs = build_libraries(o.tree, o.cwd, o.arch, variants, progress, dtypes=dtypes, head_sizes=heads,
+                               block_sizes=[16], kv_cache_dtypes=["auto"]).libs  # fmt: skip
+    report = run_bench_decode(libs, models=models, dtypes=dtypes, batches=batches, contexts=contexts, layers=o.layers,
+                              rounds=o.rounds, reps=o.reps, cold=o.cold, weight_prefetch=wpf,
+                              prefetch_library=str(o.prefetch_lib) if o.prefetch_lib else None,
+                              json_path=o.json_out, plot_path=o.plot, progress=progress.say)  # fmt: skip
+    if o.micro:
+        report.micro = run_micro_gemm(str(o.prefetch_lib) if o.prefetch_lib else None, priority=wpf.priority)
+        if o.json_out:
+            report.save_json(o.json_out)
+    return report
+
+
+@dataclass
+class SweepOptions:
+    libs: list[str] = field(default_factory=list)
+    libs_file: Optional[Path] = None
+    out: Path = Path("sweep-out")
+    budget: float = 260.0
+    prefetch_lib: Optional[Path] = None
+    final: bool = True
+
+
+def run_sweep(o: SweepOptions, *, progress: Progress = QUIET) -> dict[str, Any]:
+    """The weight-prefetch sweep (:mod:`kvpatch.decode.sweep`): ``sweep.json`` in ``out``."""
+    specs = library_specs(o.libs, o.libs_file)
+    if not {"stock", "patched"} <= {s.name for s in specs}:
+        raise UsageError(f"the sweep needs libraries 'stock' and 'patched', got {', '.join(s.name for s in specs) or 'none'}")
+    if not o.budget > 0:
+        raise UsageError(f"--budget must be > 0 seconds, not {o.budget:g}")
+    require_device("cuda")
+    from ..decode.sweep import run_sweep as sweep
+    from ..gpu.launch import load_libs
+
+    return sweep(load_libs(specs), o.out, budget_s=o.budget, prefetch_library=str(o.prefetch_lib) if o.prefetch_lib else None,
+                 final=o.final, progress=progress.say)  # fmt: skip

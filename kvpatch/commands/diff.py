@@ -1,0 +1,49 @@
+"""``kvpatch diff``: kvpatch's change to the tree's header as a patch ``git apply`` takes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from ..errors import PatchError
+from ..patch import read_header
+from ..progress import QUIET, Progress
+from ..source.workspace import check_no_local_edits, unified_diff
+from .tree import resolve, state_mismatch, state_or_none
+
+
+@dataclass
+class DiffOptions:
+    tree: Optional[Path] = None
+    cwd: Path = field(default_factory=Path.cwd)
+
+
+@dataclass(frozen=True)
+class DiffReport:
+    header: Path
+    text: str  # the unified diff ('' when the header is stock)
+    warnings: tuple[str, ...] = ()  # why the diff may not be what apply made, one line each
+
+
+def run(o: DiffOptions, *, progress: Progress = QUIET) -> DiffReport:
+    """The diff of the stock text (the header without kvpatch's regions) against the header;
+    warnings when the regions were edited by hand (the patch carries the edits) or the text
+    outside them was (they are the patch's context)."""
+    target = resolve(o.tree, o.cwd)
+    path = str(target.header)
+    header = read_header(target.read_header(), path)
+    found = header.injected
+    warnings = [line for line in (state_mismatch(target, found, o.cwd),) if line]
+    text = unified_diff(found.stock, header.text)
+    if text:
+        if not found.intact:
+            warnings.append(f"warning: kvpatch's regions in {target.header} were edited by hand; the patch carries "
+                            "those edits ('kvpatch apply --force' rewrites the regions)")  # fmt: skip
+        try:
+            check_no_local_edits(target, found.stock, unpatch=lambda t: read_header(t, path).stock,
+                                 state=state_or_none(o.cwd), note=lambda line: None)  # fmt: skip
+        except PatchError:
+            warnings.append(f"warning: {target.header} has edits kvpatch did not make; they are the patch's context, so "
+                            "it applies only to a checkout with the same edits")  # fmt: skip
+    return DiffReport(target.header, text, tuple(warnings))

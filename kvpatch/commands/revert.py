@@ -1,0 +1,38 @@
+"""``kvpatch revert``: kvpatch's regions removed; the header is stock again, byte for byte."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from ..patch import read_header
+from ..progress import QUIET, Progress
+from ..source.workspace import workspace_lock, write_header_and_state
+from .tree import edited_regions, resolve
+
+
+@dataclass
+class RevertOptions:
+    tree: Optional[Path] = None
+    cwd: Path = field(default_factory=Path.cwd)
+    force: bool = False  # revert even if kvpatch's regions were edited (the edits are lost)
+
+
+@dataclass(frozen=True)
+class RevertReport:
+    header: Path
+    changed: bool
+
+
+def run(o: RevertOptions, *, progress: Progress = QUIET) -> RevertReport:
+    """Strip kvpatch's injection; refuses (without ``force``) when the regions were edited:
+    stripping them would drop the edit."""
+    target = resolve(o.tree, o.cwd)
+    with workspace_lock(o.cwd):
+        current = target.read_header()
+        header = read_header(current, str(target.header))
+        if not o.force and not header.injected.intact:
+            raise edited_regions(header.injected, target.header)
+        write_header_and_state(target, current, header.stock, None, o.cwd)
+    return RevertReport(target.header, header.stock != current)

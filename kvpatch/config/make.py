@@ -1,0 +1,226 @@
+"""From user input to a :class:`~.model.PatchConfig`: every way a configuration reaches
+kvpatch (CLI options, ``--preset``, a ``kvpatch.toml``) ends in :func:`make_config`, so
+the rules live in one place."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from typing import Any
+
+from ..errors import UsageError
+from .defaults import DEFAULT_OVERRIDES
+from .model import (
+    CHOICES, DTYPES, MAX_ALIGN, MAX_LOOKAHEAD, MAX_MIN_CTAS, MAX_MIN_GROUP, MAX_MIN_KV_MIB, MAX_SIZE, OVERRIDABLE,
+    PAPER, PRESETS, PatchConfig, Selector, LIMITS, ascii_digits,
+)  # fmt: skip
+
+
+def _parse_size(value: Any) -> int | None:
+    if value is None or value == "auto":
+        return None
+    if isinstance(value, bool):
+        raise UsageError(f"invalid size {value!r}: use 'auto' or a number of bytes")
+    if not (isinstance(value, int) or (isinstance(value, str) and ascii_digits(value.strip()))):
+        raise UsageError(f"invalid size {_short(value)}: use 'auto' or a number of bytes")
+    if isinstance(value, str) and len(value.strip().lstrip("0")) > 12:
+        raise UsageError(f"invalid size {_short(value)}: at most {MAX_SIZE} bytes (cp.async.bulk.prefetch's limit)")
+    size = int(value)
+    if size <= 0 or size % 16:
+        raise UsageError(f"invalid size {size}: must be a positive multiple of 16 bytes")
+    if size > MAX_SIZE:
+        raise UsageError(f"invalid size {size}: at most {MAX_SIZE} bytes (cp.async.bulk.prefetch's limit)")
+    return size
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise UsageError(f"invalid {name} {value!r}: choose one of {', '.join(allowed)}")
+    return value
+
+
+def _int(name: str, value: Any) -> int:
+    """An int, or a string of one; floats (2.5, and 2.0 too) and bools are refused."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and ascii_digits(value.strip().removeprefix("+").removeprefix("-")):
+        if len(value.strip().lstrip("+-").lstrip("0")) > 12:  # no bound here is anywhere near 12 digits
+            raise UsageError(f"invalid {name} {_short(value)}: at most {LIMITS.get(name, 2**31 - 1)}")
+        return int(value)
+    raise UsageError(f"invalid {name} {_short(value)}: expected an integer")
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, cut to fit one line (a value may be thousands of characters)."""
+    text = repr(value) if not isinstance(value, int) or value.bit_length() < 64 else f"{str(value)[:12]}... ({len(str(value))} digits)"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def make_config(**options: Any) -> PatchConfig:
+    """Validate options (``None`` = not given) into a :class:`PatchConfig`.
+
+    ``preset='paper'`` fixes lookahead, size, placement and scope to the paper's
+    values; giving any of those explicitly alongside it is an error rather than a
+    silent override.
+    """
+    known = ({f.name for f in fields(PatchConfig)} - {"overrides", "off"}) | set(DTYPES) | {"rules", "inherit_rules"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise UsageError(f"unknown configuration key(s): {', '.join(unknown)}")
+    given = {k: v for k, v in options.items() if v is not None}
+    preset = _choice("preset", given.get("preset", "default"), PRESETS)
+    cfg = PatchConfig()
+    if "lookahead" in given:
+        la = _int("lookahead", given["lookahead"])
+        if la < 1:
+            raise UsageError(f"invalid lookahead {_short(la)}: must be >= 1")
+        if la > MAX_LOOKAHEAD:
+            raise UsageError(f"invalid lookahead {_short(la)}: at most {MAX_LOOKAHEAD} "
+                             "(block_idx + lookahead * NUM_WARPS must stay within int)")  # fmt: skip
+        cfg = replace(cfg, lookahead=la)
+    if "min_group" in given:
+        mg = _int("min_group", given["min_group"])
+        if not 1 <= mg <= MAX_MIN_GROUP:
+            raise UsageError(f"invalid min-group {_short(mg)}: must be 1..{MAX_MIN_GROUP}")
+        cfg = replace(cfg, min_group=mg)
+    if "min_ctas" in given:
+        mc = _int("min_ctas", given["min_ctas"])
+        if not 1 <= mc <= MAX_MIN_CTAS:
+            raise UsageError(f"invalid min-ctas {_short(mc)}: must be 1..{MAX_MIN_CTAS}")
+        cfg = replace(cfg, min_ctas=mc)
+    if "min_kv_mib" in given:
+        mk = _int("min_kv_mib", given["min_kv_mib"])
+        if not 0 <= mk <= MAX_MIN_KV_MIB:
+            raise UsageError(f"invalid min-kv-mib {_short(mk)}: must be 0..{MAX_MIN_KV_MIB}")
+        cfg = replace(cfg, min_kv_mib=mk)
+    if "size" in given:
+        cfg = replace(cfg, size=_parse_size(given["size"]))
+    if "align" in given:
+        al = _int("align", given["align"])
+        if al < 16 or al & (al - 1):
+            raise UsageError(f"invalid align {_short(al)}: must be a power of two >= 16")
+        if al > MAX_ALIGN:
+            raise UsageError(f"invalid align {_short(al)}: at most {MAX_ALIGN} (the address is rounded down to it)")
+        cfg = replace(cfg, align=al)
+    if cfg.size is not None and cfg.align > cfg.size:
+        raise UsageError(f"invalid align {cfg.align}: larger than size {cfg.size}, the rounded-down window could miss the tile")
+    for key, allowed in CHOICES.items():
+        if key in given:
+            cfg = replace(cfg, **{key: _choice(key.replace("_", "-"), given[key], allowed)})
+    if "control" in given:
+        if not isinstance(given["control"], bool):
+            raise UsageError(f"invalid control {given['control']!r}: expected true or false")
+        cfg = replace(cfg, control=given["control"])
+    if cfg.min_kv_mib and cfg.issue != "call" and preset != "paper":
+        raise UsageError(f"min-kv-mib {cfg.min_kv_mib} needs issue=call (its test is in the call helper), not issue={cfg.issue}")
+    if preset == "paper":
+        clash = sorted(k for k, fixed in {**PAPER, "min_group": 1, "min_ctas": 1, "min_kv_mib": 0,
+                                                    "read": "lane"}.items()
+                       if k in given and getattr(cfg, k) != fixed)  # fmt: skip
+        if clash:
+            raise UsageError(f"--preset paper fixes {', '.join(clash)}; drop those options")
+        if any(d in given for d in (*DTYPES, "rules", "inherit_rules")):
+            raise UsageError("--preset paper takes no per-dtype settings or rules")
+        return replace(cfg, preset="paper", overrides=(), **PAPER)
+    return replace(cfg, overrides=_overrides(cfg, given))
+
+
+def parse_override(text: str) -> dict[str, Any]:
+    """``'scope=kv-head,issue=inline'`` (the CLI form) -> a dict; ``'none'`` -> {}; ``'off'`` -> {'off': True}."""
+    if text.strip() in ("", "none"):
+        return {}
+    out: dict[str, Any] = {}
+    for item in text.split(","):
+        if item.strip() == "off":
+            out["off"] = True
+            continue
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UsageError(f"invalid per-dtype setting {item!r}: use key=value[,key=value...] or off")
+        value = value.strip()
+        name = key.strip().replace("-", "_")
+        if name in out:
+            raise UsageError(f"invalid per-dtype setting {text!r}: {key.strip()} given twice")
+        out[name] = {"true": True, "false": False}.get(value, value)
+    return out
+
+
+def parse_rules(items: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """``['bf16/80/32=off', 'fp16/64=issue=call']`` (repeated ``--rule``) -> {selector: settings}."""
+    out: dict[str, str] = {}
+    for item in items:
+        selector, sep, settings = item.partition("=")
+        if not sep or not selector.strip():
+            raise UsageError(f"invalid --rule {item!r}: use SELECTOR=SETTINGS, e.g. bf16/80/32=off or fp16/64=issue=call")
+        key = str(Selector.parse(selector))
+        if key in out:
+            raise UsageError(f"--rule {key} given twice")
+        out[key] = settings
+    return out
+
+
+def _rule_settings(name: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        value = parse_override(value)
+    if not isinstance(value, dict):
+        raise UsageError(f"invalid {name} settings {value!r}: a table of {', '.join(OVERRIDABLE)}, 'off' or 'none'")
+    value = {str(k).replace("-", "_"): v for k, v in value.items()}
+    bad = sorted(set(value) - set(OVERRIDABLE))
+    if bad:
+        raise UsageError(f"{name} cannot override {', '.join(bad)} (only {', '.join(OVERRIDABLE)})")
+    if "off" in value and value["off"] is not True:
+        if value["off"] is not False:
+            raise UsageError(f"invalid {name} off {value['off']!r}: expected true")
+        if len(value) == 1:
+            raise UsageError(f"{name}: 'off = false' alone changes nothing; give the settings that turn these "
+                             "kernels on (e.g. issue = \"call\"), or 'none' to drop the rule")  # fmt: skip
+        del value["off"]
+    if value.get("off") and len(value) > 1:
+        raise UsageError(f"{name}: 'off' takes no other settings")
+    return value
+
+
+def _overrides(base: PatchConfig, given: dict[str, Any]) -> tuple:
+    """Validated rules: the defaults (none with ``inherit_rules`` false: a complete table,
+    as :meth:`PatchConfig.to_toml_dict` writes it), changed by the per-dtype tables and
+    ``rules`` given."""
+    inherit = given.get("inherit_rules", True)
+    if not isinstance(inherit, bool):
+        raise UsageError(f"invalid inherit-rules {inherit!r}: expected true or false")
+    result = dict(DEFAULT_OVERRIDES) if inherit else {}
+    requested: dict[str, Any] = {d: given[d] for d in DTYPES if d in given}
+    rules = given.get("rules")
+    if rules is not None:
+        if rules == "none":  # drop every default rule that is not a dtype's own table
+            result = {k: v for k, v in result.items() if k in DTYPES}
+        elif isinstance(rules, dict):
+            for selector, value in rules.items():
+                key = str(Selector.parse(selector))
+                if key in requested:
+                    raise UsageError(f"rule {key} given twice")
+                requested[key] = value
+        else:
+            raise UsageError(f"invalid rules {rules!r}: a table of selector = settings, or 'none'")
+    plain = {**base.to_toml_dict(), **{d: "none" for d in DTYPES}, "rules": "none", "inherit_rules": False}
+    for key, value in requested.items():
+        settings = _rule_settings(key, value)
+        if not settings:
+            result.pop(key, None)
+            continue
+        if settings.get("off"):
+            result[key] = (("off", True),)
+            continue
+        # validate the values the way the base ones are, then keep the normalised values
+        effective = make_config(**{**plain, **settings})
+        result[key] = tuple((k, getattr(effective, k)) for k in OVERRIDABLE if k in settings)
+    overrides = tuple(sorted(result.items()))
+    live = replace(base, overrides=overrides).live_variants()
+    gated = [f"{sel or 'the base'} (issue={c.issue})" for sel, c in live if c.min_kv_mib and c.issue != "call" and not c.off]
+    if gated:
+        raise UsageError(f"min-kv-mib needs issue=call (its test is in the call helper), but {', '.join(gated[:3])}"
+                         + (f" and {len(gated) - 3} more" if len(gated) > 3 else "") + " would inherit it: give those "
+                         "rules min-kv-mib=0, or set it only in call rules")  # fmt: skip
+    callers = {(c.align, c.cache_hint) for _, c in live
+               if c.issue == "call" and not c.off}  # fmt: skip (shadowed settings reach no kernel: not counted)
+    if len(callers) > 1:
+        raise UsageError("the kernels that use issue=call share one helper: give them the same align and cache-hint")
+    return overrides

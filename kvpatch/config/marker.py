@@ -1,0 +1,48 @@
+"""The marker text, read back: :func:`config_from_marker` is the exact inverse of
+:meth:`~.model.PatchConfig.marker` (``config_from_marker(cfg.marker()) == cfg``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import UsageError
+from .make import make_config, parse_override
+from .model import DTYPES, PatchConfig, Selector
+
+
+#: marker word -> configuration key, where they differ.
+_MARKER_KEYS = {"hint": "cache_hint", "min-group": "min_group", "min-ctas": "min_ctas", "min-kv-mib": "min_kv_mib"}
+
+
+def config_from_marker(text: str) -> PatchConfig:
+    """The configuration a marker's text (:meth:`PatchConfig.marker`) was written for.
+
+    The inverse of ``marker()``: ``config_from_marker(cfg.marker()) == cfg``. Raises
+    :class:`UsageError` for text ``marker()`` cannot have written.
+    """
+    options: dict[str, Any] = {}
+    dtypes: dict[str, Any] = {d: "none" for d in DTYPES}
+    rules: dict[str, Any] = {}  # every rule the marker does not name is absent (inherit_rules=False)
+    for word in text.split():
+        if word == "control":
+            options["control"] = True
+            continue
+        selector, colon, items = word.partition(":")
+        if colon and (selector in DTYPES or "/" in selector):
+            settings = parse_override(items)
+            if selector in DTYPES:
+                dtypes[selector] = settings
+            else:
+                rules[str(Selector.parse(selector))] = settings
+            continue
+        key, eq, value = word.partition("=")
+        if not eq or key in options:
+            raise UsageError(f"not a kvpatch marker: {text[:80]!r}")
+        options[_MARKER_KEYS.get(key, key)] = value
+    if options.get("preset") == "paper":
+        cfg = make_config(**options)
+    else:
+        cfg = make_config(**options, **dtypes, rules=rules, inherit_rules=False)
+    if cfg.marker() != " ".join(text.split()):
+        raise UsageError(f"not a kvpatch marker: {text[:80]!r}")
+    return cfg

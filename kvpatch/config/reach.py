@@ -1,0 +1,62 @@
+"""What a configuration reaches: the options and rules that change no kernel vLLM builds
+(``kvpatch apply`` warns about those given on its command line)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterable, Sequence
+
+from ..dtypes import VLLM_BLOCK_SIZES, VLLM_HEAD_SIZES
+from .model import DTYPES, RULE_KERNELS, RULE_KV, PatchConfig, Selector
+
+#: Settings that apply to every kernel that prefetches (no rule sets them).
+GLOBAL_SETTINGS = ("caches", "placement")
+
+
+def unreached(cfg: PatchConfig, options: Iterable[str] = (), selectors: Iterable[str] = (),
+              head_sizes: Sequence[int] = VLLM_HEAD_SIZES, block_sizes: Sequence[int] = VLLM_BLOCK_SIZES) -> list[str]:  # fmt: skip
+    """The base settings (``options``: ``'lookahead'``...) and rules (``selectors``) that
+    change no kernel vLLM builds, one line each (for a warning): a rule that selects no such
+    kernel, or only fp8-cache kernels under ``quantized=skip``, or whose kernels more specific
+    rules all decide; a setting every prefetching kernel takes from its own rule, or any
+    setting when no kernel prefetches; ``quantized=prefetch`` when every fp8-cache kernel is off."""
+    kernels = list(itertools.product(DTYPES, head_sizes, block_sizes, RULE_KV, RULE_KERNELS))
+    rules = dict(cfg.overrides)
+    decided: set[str | None] = set()
+    reached: set[str] = set()
+    prefetching = fp8_prefetching = False
+    for (_, _, _, kv, _), sel, settings in cfg.kernel_variants(head_sizes, block_sizes):
+        decided.add(sel)
+        if settings.off:
+            continue
+        prefetching = True
+        fp8_prefetching = fp8_prefetching or kv != "auto"
+        own = dict(rules.get(sel, ())) if sel is not None else {}
+        reached.update(o for o in options if o in GLOBAL_SETTINGS or o not in own)
+    out = []
+    for o in options:
+        flag = "--" + o.replace("_", "-")
+        if o == "quantized":
+            if cfg.quantized == "prefetch" and not fp8_prefetching:
+                out.append(f"{flag} prefetch changes no kernel: every fp8-cache kernel is off by its rules "
+                           "(turn some on, e.g. --rule 'bf16/128/16/fp8=issue=call')")  # fmt: skip
+        elif o not in reached and not prefetching:
+            out.append(f"{flag} changes no kernel: no kernel prefetches under these rules")
+        elif o not in reached:
+            out.append(f"{flag} changes no kernel: every kernel that prefetches takes {o.replace('_', '-')} from a "
+                       f"rule of its own (set it there, e.g. --rule 'fp16/64/16/auto/v1={o.replace('_', '-')}=...')")  # fmt: skip
+    for sel in selectors:
+        key = str(Selector.parse(sel))
+        if key not in rules or key in decided:
+            continue
+        chosen = Selector.parse(key)
+        hits = [kernel for kernel in kernels if chosen.matches(*kernel)]
+        if not hits:
+            why = (f"it selects no kernel vLLM builds (head sizes {', '.join(map(str, head_sizes))}; "
+                   f"block sizes {', '.join(map(str, block_sizes))})")  # fmt: skip
+        elif all(kv != "auto" for _, _, _, kv, _ in hits) and cfg.quantized != "prefetch":
+            why = "it selects only fp8-cache kernels, which stay stock under quantized=skip (add --quantized prefetch)"
+        else:
+            why = "more specific rules decide every kernel it selects (name the kernels, e.g. dtype/head/block/auto/v1)"
+        out.append(f"rule {key} changes no kernel: {why}")
+    return out

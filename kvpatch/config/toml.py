@@ -1,0 +1,165 @@
+"""``kvpatch.toml``: reading and writing a configuration.
+
+:func:`read_config_file` reads a file into :func:`~.make.make_config`'s options (one-line
+errors for what TOML or kvpatch refuses), :func:`dump_config` writes what it reads back, and
+:func:`config_and_tuned` layers the command line over a file.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from .defaults import DEFAULT_TUNED_ON
+from .machine import Machine
+from .make import make_config
+from .model import PatchConfig
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """:func:`read_config_file`'s options (the ``[kvpatch.tuned]`` record checked and left out)."""
+    return read_config_file(path)[0]
+
+
+def read_config_file(path: Path) -> tuple[dict[str, Any], Machine | None]:
+    """Read a ``kvpatch.toml``: keys at top level or under ``[kvpatch]`` (not both); '-' or '_';
+    returns ``(options for make_config, the [kvpatch.tuned] machine record or None)``.
+
+    Every problem is a :class:`UsageError` (exit 2) in one line: a missing, unreadable
+    or non-UTF-8 file, a directory, invalid TOML, keys beside ``[kvpatch]``, and a key
+    given twice in its two spellings (``cache-hint`` and ``cache_hint``).
+    """
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise UsageError(f"config file {path} is a directory") from None
+    except OSError as e:
+        raise UsageError(f"cannot read config file {path}: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8").removeprefix("\ufeff")  # a BOM (Windows editors write one)
+    except UnicodeDecodeError as e:
+        raise UsageError(f"config file {path} is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"invalid TOML in {path}: {e}") from None
+    except ValueError as e:  # e.g. an integer of thousands of digits
+        raise UsageError(f"invalid TOML in {path}: {str(e).splitlines()[0][:100]}") from None
+    if "kvpatch" in data:
+        table = data["kvpatch"]
+        if not isinstance(table, dict):
+            raise UsageError(f"invalid config file {path}: [kvpatch] must be a table")
+        beside = sorted(k for k in data if k != "kvpatch")
+        if beside:
+            raise UsageError(f"invalid config file {path}: key(s) {', '.join(beside)} outside [kvpatch] "
+                             "(put every setting under [kvpatch], or use no [kvpatch] table)")  # fmt: skip
+    else:
+        table = data
+    options = {_key(k, path): (_table(v, path, k) if isinstance(v, dict) else v) for k, v in _unique(table, path).items()}
+    tuned = options.pop("tuned", None)
+    return options, (None if tuned is None else Machine.from_dict(tuned, f"[kvpatch.tuned] in {path}"))
+
+
+def _key(key: Any, path: Path) -> str:
+    return str(key).replace("-", "_")
+
+
+def _unique(table: dict[str, Any], path: Path, where: str = "") -> dict[str, Any]:
+    """``table``, refusing a key given in both spellings ('cache-hint' and 'cache_hint')."""
+    seen: dict[str, str] = {}
+    for key in table:
+        norm = str(key).replace("-", "_")
+        if norm in seen:
+            raise UsageError(f"invalid config file {path}: {where}{seen[norm]!r} and {key!r} are the same setting; keep one")
+        seen[norm] = str(key)
+    return table
+
+
+def _table(value: dict[str, Any], path: Path, name: str) -> dict[str, Any]:
+    if str(name) == "rules":  # rule selectors are kept as written; their settings are tables too
+        return {str(a): (_table(b, path, f"rules.{a}") if isinstance(b, dict) else b) for a, b in value.items()}
+    return {_key(a, path): b for a, b in _unique(value, path, f"[{name}] ").items()}
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    return _toml_string(str(value))
+
+
+def dump_config(cfg: PatchConfig, tuned: Machine | None = None) -> str:
+    """``kvpatch.toml`` text that :func:`read_config_file` reads back to ``(cfg, tuned)``."""
+    lines = ["[kvpatch]"]
+    tables = []
+    for key, value in cfg.to_toml_dict().items():
+        if isinstance(value, dict):
+            tables.append((key, value))
+            continue
+        lines.append(f"{key.replace('_', '-')} = {_toml_value(value)}")
+    for name, table in tables:
+        lines.append("")
+        lines.append(f"[kvpatch.{name}]")
+        if name == "rules":
+            lines += [f'"{sel}" = {{ ' + ", ".join(f"{k.replace('_', '-')} = {_toml_value(v)}" for k, v in items.items()) + " }"
+                      for sel, items in table.items()]  # fmt: skip
+            continue
+        lines += [f"{k.replace('_', '-')} = {_toml_value(v)}" for k, v in table.items()]
+    if tuned is not None:
+        lines += ["", "[kvpatch.tuned]"] + [f"{k} = {_toml_string(v)}" for k, v in tuned.to_dict().items()]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_string(value: str) -> str:
+    """A TOML basic string (quotes, backslashes and control characters escaped)."""
+    out = []
+    for ch in value:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def config_and_tuned(config_file: Path | None, **options) -> tuple[PatchConfig, Machine | None]:
+    """A config file's values overridden by the options given on the command line (``--rule``s
+    added to the file's rules), and where its rules were tuned: the file's
+    ``[kvpatch.tuned]``; without a file, the shipped default's machine (for the default
+    preset); None when unknown (a file without the record, the paper preset)."""
+    values, tuned = read_config_file(config_file) if config_file else ({}, None)
+    given = {k: v for k, v in options.items() if v is not None}
+    if isinstance(values.get("rules"), dict) and isinstance(given.get("rules"), dict):
+        given["rules"] = {**values["rules"], **given["rules"]}  # --rule adds to the file's rules
+    values.update(given)
+    cfg = make_config(**values)
+    if config_file is None and cfg.preset == "default":
+        tuned = DEFAULT_TUNED_ON
+    return cfg, (tuned if cfg.preset == "default" else None)
+
+
+#: The variants ``kvpatch bench`` names itself (stock, the tree's patch, the presets; the A/A
+#: twin, ``stock-aa``, is no identifier).
+RESERVED_VARIANTS = ("stock", "patched", "paper", "control")
+
+
+def variant_configs(variant: list[str]) -> dict[str, PatchConfig]:
+    """``--variant NAME=config.toml`` items -> {name: configuration}."""
+    extra: dict[str, PatchConfig] = {}
+    for item in variant:
+        name, sep, path = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise UsageError(f"invalid --variant {item!r}: use NAME=config.toml")
+        if name in RESERVED_VARIANTS:
+            raise UsageError(f"invalid --variant {item!r}: {name!r} is one of bench's own variants "
+                             f"({', '.join(RESERVED_VARIANTS)}); pick another name")  # fmt: skip
+        if name in extra:
+            raise UsageError(f"--variant {name} given twice")
+        extra[name] = make_config(**load_config_file(Path(path)))
+    return extra

@@ -1,0 +1,285 @@
+"""Reading what nvcc produced, the one place that parses it: ``ptxas -v`` logs (registers,
+spills) and the SASS (``cuobjdump --dump-sass``): per kernel (which hold ``UBLKPF``, their
+floating-point ops, the key loop's load-use distance) and per arch (the weight-prefetch
+kernel's check, :func:`check_prefetch_library`)."""
+
+from __future__ import annotations
+
+import gzip
+import re
+import shutil
+import statistics
+from dataclasses import replace
+import subprocess
+from pathlib import Path
+from typing import Iterable, Iterator, Mapping, NamedTuple, Sequence
+
+from ..dtypes import KV_CACHE_DTYPES, QUERY_DTYPES, by_demangled
+from ..errors import BuildError
+from ..arch import Arch, code_major
+from .result import PREFETCH_SASS, KernelInfo, VariantResult
+from .signatures import KERNELS, KernelSignature
+from .toolchain import Inspector, first_error, run_text
+
+
+_PTXAS_ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\w+)'")
+_PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_REGS = re.compile(r"Used (\d+) registers")
+
+
+def parse_ptxas_log(text: str) -> dict[tuple[str, str], dict[str, int]]:
+    """``ptxas -v`` output -> ``{(arch, symbol): {registers, spill_stores, spill_loads, stack_bytes}}``."""
+    out: dict[tuple[str, str], dict[str, int]] = {}
+    current: tuple[str, str] | None = None
+    for line in text.splitlines():
+        if m := _PTXAS_ENTRY.search(line):
+            current = (m.group(2), m.group(1))
+            out[current] = {"registers": 0, "spill_stores": 0, "spill_loads": 0, "stack_bytes": 0}
+        elif current is None:
+            continue
+        elif m := _PTXAS_FRAME.search(line):
+            stack, stores, loads = (int(g) for g in m.groups())
+            out[current].update(stack_bytes=stack, spill_stores=stores, spill_loads=loads)
+        elif m := _PTXAS_REGS.search(line):
+            out[current]["registers"] = int(m.group(1))
+    return out
+
+
+_SASS_ARCH = re.compile(r"^\s*code for (sm_\w+)")
+_SASS_FUNCTION = re.compile(r"^\s*Function : (\S+)")
+
+
+#: The floating-point SASS instructions counted per kernel (tensor-core MMA excluded); the
+#: ``issue=split`` check compares their FFMA (:meth:`~kvpatch.jit.result.BuildResult.split_warnings`).
+FP_OPS = re.compile(r"(FFMA|FADD|FMUL|HFMA2(?!\.MMA)|HADD2|HMUL2|FMNMX|MUFU|F2F|FSEL)\b")
+#: One SASS instruction: its address (4 hex digits, more past 0xffff) and its text without the predicate.
+_SASS_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([^;]*);")
+_BRANCH = re.compile(r"^BRA(?:\.\w+)*\s+(?:`\(\S+\)\s*)?0x([0-9a-f]+)")
+_LOAD = re.compile(r"^LDG(\S*)\s+R(\d+),")
+
+
+class SassKernel(NamedTuple):
+    """What :func:`scan_sass_kernels` reads of one kernel's SASS."""
+
+    has_prefetch: bool
+    fp_ops: dict[str, int]
+    #: :func:`key_loop_load_use`, or None where it finds no such loop.
+    load_use: float | None = None
+
+
+def key_loop_load_use(instrs: Sequence[tuple[int, str]]) -> float | None:
+    """How far ahead of their use the key loop issues its global loads: the median, over the
+    loop's ``LDG``s, of the instructions between the load and the first instruction that reads
+    a register it loaded (the loop's end where none does). ``instrs``: (address, text without
+    predicate) in order. The key loop is the first loop (a backward branch's range; the
+    innermost one starting there) holding at least 4 ``LDG`` and an ``LDS``: in vLLM's kernels the
+    loop over KV blocks, which loads the keys and reads the query from shared memory.
+
+    A heuristic about ptxas' schedule, not a timing: where it is short, each load's latency is
+    exposed (benchmarks/results/ctas-probe)."""
+    index = {addr: i for i, (addr, _) in enumerate(instrs)}
+    loops = []
+    for i, (_, text) in enumerate(instrs):
+        if (m := _BRANCH.match(text)) and (target := index.get(int(m.group(1), 16))) is not None and target < i:
+            loops.append((target, i))
+    ops = [text.split(" ", 1)[0] for _, text in instrs]
+
+    def holds(a: int, b: int) -> bool:
+        body = ops[a : b + 1]
+        return sum(o.startswith("LDG") for o in body) >= 4 and any(o.startswith("LDS") for o in body)
+
+    candidates = sorted(x for x in loops if holds(*x))
+    if not candidates:
+        return None
+    start, end = candidates[0]
+    start, end = min(((a, b) for a, b in candidates if a >= start and b <= end), key=lambda x: x[1] - x[0])
+    distances = []
+    for i in range(start, end + 1):
+        m = _LOAD.match(instrs[i][1])
+        if not m:
+            continue
+        width = 4 if ".128" in m.group(1) else 2 if ".64" in m.group(1) else 1
+        regs = re.compile(r"\bR(?:" + "|".join(str(int(m.group(2)) + k) for k in range(width)) + r")\b")
+        use = next((j for j in range(i + 1, end + 1) if regs.search(instrs[j][1].partition(",")[2])), end + 1)
+        distances.append(use - i)
+    return float(statistics.median(distances)) if distances else None
+
+
+def sass_functions(lines: Iterable[str]) -> Iterator[tuple[str, str | None, list[tuple[int, str]]]]:
+    """``cuobjdump --dump-sass`` lines -> ``(arch, symbol, [(address, instruction), ...])`` per
+    function, in order (symbol None for code outside a ``Function :`` block); an instruction
+    is its text without the predicate."""
+    arch, symbol, instrs = "", None, []  # type: ignore[var-annotated]
+    started = False
+    for line in lines:
+        if (m := _SASS_ARCH.match(line)) or (f := _SASS_FUNCTION.match(line)):
+            if started:
+                yield arch, symbol, instrs
+            if m:
+                arch, symbol = m.group(1), None
+            else:
+                symbol = f.group(1)
+            instrs, started = [], True
+        elif started and (i := _SASS_INSTR.search(line)):
+            instrs.append((int(i.group(1), 16), i.group(2).strip()))
+    if started:
+        yield arch, symbol, instrs
+
+
+def scan_sass_kernels(lines: Iterable[str]) -> dict[tuple[str, str], SassKernel]:
+    """``cuobjdump --dump-sass`` lines -> ``{(arch, symbol): SassKernel}``: whether it holds
+    UBLKPF, its floating-point op counts and its key loop's load-use distance."""
+    out: dict[tuple[str, str], SassKernel] = {}
+    for arch, symbol, instrs in sass_functions(lines):
+        if symbol is None:
+            continue
+        ops: dict[str, int] = {}
+        for _, text in instrs:
+            if fp := FP_OPS.match(text):
+                ops[fp.group(1)] = ops.get(fp.group(1), 0) + 1
+        has = any(PREFETCH_SASS in text for _, text in instrs)
+        out[(arch, symbol)] = SassKernel(has, ops, key_loop_load_use(instrs))
+    return out
+
+
+#: The weight-prefetch kernel's per-line prefetch below sm_90 (``prefetch.global.L2[::evict_*]``).
+LINE_PREFETCH_SASS = re.compile(r"\bCCTL\.E\.(PF2|PML2)\b")
+
+
+def check_prefetch_library(lines: Iterable[str], archs: Sequence[Arch]) -> dict[str, dict[str, int]]:
+    """The weight-prefetch library's SASS check: per arch the count of bulk prefetches
+    (``UBLKPF``) and per-line ones (``CCTL.E.PF2/PML2``); :class:`BuildError` unless every
+    sm_90+ arch has bulk prefetches only and every older one per-line prefetches only."""
+    found: dict[str, list[str]] = {}
+    for arch, _, instrs in sass_functions(lines):
+        found.setdefault(arch, []).extend(text for _, text in instrs)
+    report: dict[str, dict[str, int]] = {}
+    for arch in archs:
+        instrs = found.get(arch.code)
+        if instrs is None and arch.suffix == "f":  # cuobjdump names family SASS by its SM: sm_100
+            instrs = found.get(f"sm_{arch.major}{arch.minor}")
+        if instrs is None:
+            raise BuildError(f"prefetch library: no SASS for {arch.code} (found {', '.join(found) or 'none'})")
+        bulk = sum(PREFETCH_SASS in i for i in instrs)
+        line = sum(bool(LINE_PREFETCH_SASS.search(i)) for i in instrs)
+        report[arch.code] = {"bulk": bulk, "line": line}
+        if arch.major >= 9 and (bulk == 0 or line):
+            raise BuildError(f"prefetch library: {arch.code} SASS has {bulk} {PREFETCH_SASS} and {line} CCTL prefetches; "
+                             f"expected {PREFETCH_SASS} only")  # fmt: skip
+        if arch.major < 9 and (line == 0 or bulk):
+            raise BuildError(f"prefetch library: {arch.code} SASS has {line} CCTL.E.PF2/PML2 and {bulk} {PREFETCH_SASS}; "
+                             "expected the per-line prefetch only")  # fmt: skip
+    return report
+
+
+def scan_sass(lines: Iterable[str]) -> dict[tuple[str, str], bool]:
+    """``cuobjdump --dump-sass`` lines -> ``{(arch, symbol): holds UBLKPF}``."""
+    return {k: v.has_prefetch for k, v in scan_sass_kernels(lines).items()}
+
+
+def demangle(symbols: Sequence[str]) -> dict[str, str]:
+    """Demangle with ``c++filt`` when there is one; otherwise names map to themselves."""
+    tool = shutil.which("c++filt")
+    if not tool or not symbols:
+        return {s: s for s in symbols}
+    done = subprocess.run([tool], input="\n".join(symbols), capture_output=True, text=True, check=False)
+    names = done.stdout.splitlines()
+    if done.returncode != 0 or len(names) != len(symbols):
+        return {s: s for s in symbols}
+    return dict(zip(symbols, names))
+
+
+_KV_BY_CODE = {str(kv.code): kv.name for kv in KV_CACHE_DTYPES.values()}
+
+
+def describe_kernel(demangled: str, sigs: Mapping[str, KernelSignature]) -> dict[str, object] | None:
+    """``{kernel, dtype, kv_cache_dtype, head_size, block_size}`` of a demangled kernel name."""
+    for kind, name in KERNELS.items():
+        marker = f"::{name}<"
+        start = demangled.find(marker)
+        if start < 0:
+            continue
+        args = dict(zip(sigs[kind].template_params, _template_args(demangled, start + len(marker))))
+        kv = re.sub(r"^\(.*\)", "", args.get("KV_DTYPE", "0"))
+        scalar = args.get("scalar_t", "?")
+        dtype = by_demangled(scalar)
+        return {
+            "kernel": kind,
+            "dtype": dtype.name if dtype else scalar,
+            "kv_cache_dtype": _KV_BY_CODE.get(kv, kv) if kind != "reduce" else "",
+            "head_size": int(args.get("HEAD_SIZE", 0)),
+            "block_size": int(args.get("BLOCK_SIZE", 0)),
+        }
+    return None
+
+
+def _template_args(text: str, start: int) -> list[str]:
+    args, depth, current = [], 0, ""
+    for ch in text[start:]:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            if depth == 0:
+                break
+            depth -= 1
+        if ch == "," and depth == 0:
+            args.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    args.append(current.strip())
+    return args
+
+
+def reread_sass(result: VariantResult) -> VariantResult:
+    """``result`` with each kernel's floating-point op counts and :attr:`~KernelInfo.load_use`
+    read again from its kept SASS (``kernels.sass.gz``): for builds made before kvpatch read
+    the load-use distance, which also counted FP ops only up to address 0xffff."""
+    with gzip.open(result.sass, "rt", encoding="utf-8") as f:
+        found = scan_sass_kernels(f)
+
+    def again(k: KernelInfo) -> KernelInfo:
+        got = found.get((k.arch, k.symbol))
+        return k if got is None else replace(k, fp_ops=tuple(sorted(got.fp_ops.items())), load_use=got.load_use)
+
+    return replace(result, kernels=tuple(again(k) for k in result.kernels))
+
+
+def dump_sass(tools: Inspector, library: Path, out: Path) -> dict[tuple[str, str], SassKernel]:
+    """Stream ``cuobjdump --dump-sass`` into ``out`` (gzip: --all's SASS is ~300 MB) and scan it."""
+    tmp = out.with_name(out.name + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=3) as f:
+        proc = subprocess.Popen(
+            [str(tools.cuobjdump), "--dump-sass", str(library)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=tools.env(),
+        )  # fmt: skip
+        assert proc.stdout is not None and proc.stderr is not None
+
+        def tee() -> Iterator[str]:
+            for line in proc.stdout:
+                f.write(line)
+                yield line
+
+        found = scan_sass_kernels(tee())
+        err = proc.stderr.read()
+        if proc.wait() != 0:
+            raise BuildError(f"cuobjdump --dump-sass {library.name} failed: {first_error(err)}")
+    tmp.replace(out)
+    return found
+
+
+def dump_sass_text(tools: Inspector, library: Path, out: Path) -> str:
+    """``cuobjdump --dump-sass`` of a small library: its text, also written to ``out``."""
+    from ..fsutil import write_atomic
+
+    text = run_text([str(tools.cuobjdump), "--dump-sass", str(library)], env=tools.env())
+    write_atomic(out, text)
+    return text
+
+
+def extract_cubins(tools: Inspector, library: Path, dest: Path) -> None:
+    """``cuobjdump --extract-elf all`` into ``dest`` (emptied of older cubins first)."""
+    dest.mkdir(exist_ok=True)
+    for old in dest.glob("*.cubin"):
+        old.unlink()
+    run_text([str(tools.cuobjdump), "--extract-elf", "all", str(library)], cwd=dest, env=tools.env())

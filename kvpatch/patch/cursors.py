@@ -1,0 +1,120 @@
+"""Reading libclang cursors and the bytes under them: the small helpers :mod:`.sites` locates with."""
+
+from __future__ import annotations
+
+from ..errors import PatchError
+from .libclang import CursorKind, ci
+from .parse import Parsed
+
+K = CursorKind
+
+
+def text_of(p: Parsed, node: ci.Cursor) -> str:
+    """The node's source as one line: comments dropped, whitespace runs made one space."""
+    parts: list[str] = []
+    last_end = None
+    for tok in node.get_tokens():
+        if tok.kind == ci.TokenKind.COMMENT:
+            continue
+        start = tok.extent.start.offset
+        if last_end is not None and start > last_end:
+            parts.append(" ")
+        parts.append(tok.spelling)
+        last_end = tok.extent.end.offset
+    return "".join(parts)
+
+
+def line_break_before(p: Parsed, offset: int) -> int:
+    """The offset of the line break ending the line before the one holding ``offset``."""
+    start = p.data.rfind(b"\n", 0, offset)
+    if start < 0:
+        raise PatchError("the kernel starts on the first line of the file")
+    return start - 1 if p.data[start - 1 : start] == b"\r" else start
+
+
+def after_trailing_comment(p: Parsed, offset: int) -> int:
+    """``offset``, moved past comments that follow it on the same line.
+
+    Code inserted at ``offset`` starts with a newline; a trailing ``// note`` after
+    the statement would otherwise end up after kvpatch's last line.
+    """
+    data, i = p.data, offset
+    while True:
+        while data[i : i + 1] in (b" ", b"\t"):
+            i += 1
+        if data.startswith(b"//", i):
+            end = data.find(b"\n", i)
+            end = len(data) if end < 0 else end
+            return end - 1 if data[end - 1 : end] == b"\r" else end
+        if data.startswith(b"/*", i):
+            close = data.find(b"*/", i + 2)
+            if close < 0 or b"\n" in data[i:close]:
+                return offset  # a block comment running onto the next lines: stay put
+            i = close + 2
+            offset = i
+            continue
+        return offset
+
+
+def in_main_file(p: Parsed, node: ci.Cursor) -> bool:
+    return node.location.file is not None and node.location.file.name == p.path
+
+
+def strip_wrappers(node: ci.Cursor) -> ci.Cursor:
+    """Look through implicit casts, parentheses and unexposed wrappers."""
+    while node.kind in (K.UNEXPOSED_EXPR, K.PAREN_EXPR, K.CXX_STATIC_CAST_EXPR,
+                        K.CSTYLE_CAST_EXPR, K.CXX_FUNCTIONAL_CAST_EXPR):  # fmt: skip
+        kids = [c for c in node.get_children() if c.kind != K.TYPE_REF]
+        if len(kids) != 1:
+            break
+        node = kids[0]
+    return node
+
+
+def operator(p: Parsed, node: ci.Cursor) -> str | None:
+    """The operator spelling of a binary operator node (token between its operands)."""
+    kids = list(node.get_children())
+    if len(kids) != 2:
+        return None
+    lhs_end = kids[0].extent.end.offset
+    for tok in node.get_tokens():
+        if tok.kind != ci.TokenKind.COMMENT and tok.extent.start.offset >= lhs_end:
+            return tok.spelling
+    return None
+
+
+def ref_name(node: ci.Cursor) -> str | None:
+    node = strip_wrappers(node)
+    if node.kind == K.DECL_REF_EXPR:
+        return node.spelling
+    return None
+
+
+def refs(node: ci.Cursor) -> list[ci.Cursor]:
+    return [c for c in node.walk_preorder() if c.kind == K.DECL_REF_EXPR]
+
+
+def indent_at(p: Parsed, offset: int) -> str:
+    start = p.data.rfind(b"\n", 0, offset) + 1
+    prefix = p.data[start:offset]
+    return prefix.decode() if prefix.strip() == b"" else ""
+
+
+def flatten_sum(p: Parsed, node: ci.Cursor) -> list[ci.Cursor]:
+    node = strip_wrappers(node)
+    if node.kind == K.BINARY_OPERATOR and operator(p, node) == "+":
+        lhs, rhs = node.get_children()
+        return flatten_sum(p, lhs) + flatten_sum(p, rhs)
+    return [node]
+
+
+# --------------------------------------------------------------------------- locating
+
+
+
+def own_line_break(p: Parsed, offset: int) -> int:
+    """The line break before ``offset``'s line when only blanks precede it there, else -1."""
+    start = p.data.rfind(b"\n", 0, offset)
+    if start < 0 or p.data[start + 1 : offset].strip():
+        return -1
+    return start - 1 if p.data[start - 1 : start] == b"\r" else start

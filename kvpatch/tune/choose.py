@@ -1,0 +1,185 @@
+"""Scoring candidates from a bench report, choosing per kernel, and writing the picks as one
+configuration (pure)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from ..config import DTYPES, RULE_KERNELS, PatchConfig, Selector, make_config
+from ..errors import UsageError
+from ..gpu.points import kernel_selector
+from ..gpu.stats import SLOWER, geomean
+
+
+def validation_failures(report: Any) -> dict[str, set[str]]:
+    """``{candidate: {kernel selector, ...}}`` where it failed a validate report's cases.
+
+    A case where stock itself failed counts against every candidate: bit-identity with
+    a stock that did not run correctly proves nothing.
+    """
+    out: dict[str, set[str]] = {}
+    for r in report.results:
+        c = r.case
+        inst = kernel_selector(c.dtype, c.head_size, c.block_size, c.kv_cache_dtype, c.kernel)
+        for name, vc in r.variants.items():
+            if vc.status == "fail" or r.reasons:
+                out.setdefault(name, set()).add(inst)
+    return out
+
+
+@dataclass(frozen=True)
+class Score:
+    """One candidate on one kernel (``selector``: ``fp16/128/16/auto/v1``): its speedups at
+    the tuning points where vLLM dispatches that kernel."""
+
+    name: str
+    selector: str
+    speedups: tuple[float, ...]
+    bit_identical: bool
+    #: points whose interval lies below 1.00
+    slower: int = 0
+    #: per round, the speedup at each point (for the geomean's interval); may be empty
+    rounds: tuple[tuple[float, ...], ...] = ()
+    #: ruled out by ``--exclude`` (e.g. what validate --upstream or the held-out set found after
+    #: tune ran): never picked, and shown as such rather than as not bit-identical
+    excluded: bool = False
+
+    @property
+    def worst(self) -> float:
+        return min(self.speedups) if self.speedups else math.nan
+
+    @property
+    def geomean(self) -> float:
+        return geomean(self.speedups) if self.speedups else math.nan
+
+    @property
+    def geomean_interval(self) -> tuple[float, float]:
+        """min..max over rounds of the round's geomean (the geomean itself without rounds)."""
+        per_round = [geomean(r) for r in self.rounds if r and all(x > 0 for x in r)]
+        if not per_round:
+            return self.geomean, self.geomean
+        return min(per_round), max(per_round)
+
+    def qualifies(self, policy: str = "strict") -> bool:
+        if not self.bit_identical or self.excluded or not self.speedups:
+            return False
+        if policy == "strict" and self.slower:
+            return False
+        return self.geomean_interval[0] > 1.0
+
+    def key(self) -> tuple:
+        """Sort key, best first: bit-identical, fewer slower points, geomean, worst."""
+        return (not self.bit_identical or self.excluded, self.slower, -self.geomean, -self.worst)
+
+
+def row_kernel(row: dict) -> str:
+    """The kernel selector (``fp16/128/16/auto/v2``) of one saved bench result row."""
+    p = row["point"]
+    return kernel_selector(p["dtype"], p.get("head_size", 128), p.get("block_size", 16),
+                           p.get("kv_cache_dtype", "auto"), row["kernel"])  # fmt: skip
+
+
+def score(bench: dict, failures: dict[str, set[str]]) -> list[Score]:
+    """Scores from a bench report's JSON dict and :func:`validation_failures`."""
+    acc: dict[tuple[str, str], list[dict]] = {}
+    for r in bench["results"]:
+        if not r["dispatched"]:
+            continue
+        inst = row_kernel(r)
+        _check_selector(inst)
+        for name, timing in r["variants"].items():
+            if name != bench["baseline"]:
+                acc.setdefault((name, inst), []).append(timing)
+    out = []
+    for (name, inst), timings in sorted(acc.items()):
+        per_round = [tuple(_speedup(x) for x in (t.get("speedup_rounds") or ())) for t in timings]
+        n_rounds = min(len(r) for r in per_round) if per_round else 0
+        rounds = tuple(tuple(r[i] for r in per_round) for i in range(n_rounds))
+        out.append(Score(name, inst, tuple(_speedup(t["speedup"]) for t in timings),
+                         inst not in failures.get(name, set()), sum(t.get("verdict") == SLOWER for t in timings),
+                         rounds))  # fmt: skip
+    return out
+
+
+def _speedup(x: Any) -> float:
+    """A measured speedup: a finite number > 0 (ValueError otherwise: the data is damaged)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not (0 < x < math.inf):
+        raise ValueError(f"invalid speedup {x!r}")
+    return float(x)
+
+
+def _check_selector(text: str) -> None:
+    """A measured kernel names one kernel exactly (no ``*``, every part valid)."""
+    try:
+        sel = Selector.parse(text)
+    except UsageError:
+        raise ValueError(f"invalid kernel {text!r}") from None
+    if sel.specificity != 5 or sel.kernel not in RULE_KERNELS:
+        raise ValueError(f"invalid kernel {text!r}")
+
+
+@dataclass(frozen=True)
+class Pick:
+    """What :func:`choose` decided for one kernel: the winner (None: ``off``) and the ranking."""
+
+    selector: str
+    winner: Score | None
+    ranked: tuple[Score, ...]
+
+    @property
+    def name(self) -> str:
+        return self.winner.name if self.winner is not None else "off"
+
+
+def choose(scores: Iterable[Score], policy: str = "strict") -> dict[str, Pick]:
+    """Per kernel, the best qualifying candidate (see the module docstring), or off."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}: choose {', '.join(POLICIES)}")
+    by_inst: dict[str, list[Score]] = {}
+    for s in scores:
+        by_inst.setdefault(s.selector, []).append(s)
+    picks = {}
+    for inst, ss in sorted(by_inst.items()):
+        ranked = tuple(sorted(ss, key=Score.key))
+        ok = sorted((s for s in ss if s.qualifies(policy)), key=lambda s: (-s.geomean, -s.worst))
+        picks[inst] = Pick(inst, ok[0] if ok else None, ranked)
+    return picks
+
+
+def combine(picks: dict[str, Pick], configs: dict[str, PatchConfig], *, fallback: str = "off") -> PatchConfig:
+    """One configuration: the base settings; per tuned instantiation one rule
+    (``fp16/128/16/auto``) when its two kernels got the same pick, else one per kernel
+    (``.../v1``, ``.../v2``; a kernel tune did not measure gets the other's); and for
+    every other instantiation ``fallback``: ``off`` (a rule per dtype) or ``base`` (the
+    base settings). No other rule survives."""
+    if fallback not in FALLBACKS:
+        raise ValueError(f"unknown fallback {fallback!r}: choose {', '.join(FALLBACKS)}")
+    # the candidates' shared settings, with every key a grid may vary at kvpatch's base values
+    default = make_config()
+    base = replace(next(iter(configs.values())), overrides=(), **{k: getattr(default, k) for k in GRID_KEYS})
+    plain = {k: v for k, v in base.to_toml_dict().items() if k not in ("rules", "inherit_rules", *DTYPES)}
+    always = {k for k, _ in GRID}  # the default grid's keys always; a gate only where it is set (the base has it at 1)
+
+    def settings(pick: Pick) -> Any:
+        if pick.winner is None:
+            return "off"
+        cand = configs[pick.winner.name]
+        return {k: getattr(cand, k) for k in GRID_KEYS if k in always or getattr(cand, k) != getattr(default, k)}
+
+    by_inst: dict[str, dict[str, Any]] = {}
+    for sel, pick in picks.items():
+        inst, _, kernel = sel.rpartition("/")
+        by_inst.setdefault(inst, {})[kernel] = settings(pick)
+    rules: dict[str, Any] = {}
+    for inst, per_kernel in sorted(by_inst.items()):
+        values = list(per_kernel.values())
+        if all(v == values[0] for v in values):
+            rules[inst] = values[0]
+        else:
+            for kernel, value in per_kernel.items():
+                rules[f"{inst}/{kernel}"] = value
+    dtypes = {d: ("off" if fallback == "off" else "none") for d in DTYPES}
+    return make_config(**plain, **dtypes, rules=rules, inherit_rules=False)
+

@@ -1,0 +1,74 @@
+"""What ``kvpatch tune`` reports: the configuration, the picks and the measurements (its JSON
+is what ``tune --from`` chooses again from)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import PatchConfig
+from .choose import Pick
+
+
+@dataclass
+class TuneReport:
+    config: PatchConfig
+    picks: dict[str, Pick]
+    policy: str
+    failures: dict[str, set[str]]
+    #: the machine it ran on (kvpatch.config.Machine)
+    machine: Any = None
+    #: the configuration each other policy would have written (marker text)
+    alternatives: dict[str, str] = field(default_factory=dict)
+    bench: dict = field(repr=False, default_factory=dict)
+    tree: str | None = None  # the tree tuned (for the next command)
+    #: candidate name -> the kernels ``--exclude`` ruled it out of (kept apart from ``failures``:
+    #: an excluded candidate was bit-identical, and reads so when its JSON is chosen from again)
+    exclusions: dict[str, set[str]] = field(default_factory=dict)
+
+    @property
+    def picked(self) -> dict[str, str]:
+        return {inst: p.name for inst, p in self.picks.items()}
+
+    def to_json(self) -> dict:
+        return {
+            "config": self.config.to_toml_dict(),
+            "marker": self.config.marker(),
+            "policy": self.policy,
+            "picked": self.picked,
+            "alternatives": self.alternatives,
+            "machine": self.machine.to_dict() if self.machine is not None else None,
+            "validation_failures": {k: sorted(v) for k, v in sorted(self.failures.items())},
+            "exclusions": dump_sets(self.exclusions),
+            "ranking": {
+                inst: [
+                    {"name": s.name, "bit_identical": s.bit_identical, "excluded": s.excluded, "slower": s.slower, "worst": s.worst,
+                     "geomean": s.geomean, "geomean_interval": list(s.geomean_interval),
+                     "qualifies": s.qualifies(self.policy)}
+                    for s in p.ranked
+                ]
+                for inst, p in self.picks.items()
+            },  # fmt: skip
+            "bench": self.bench,
+        }
+
+
+
+def load_sets(data: dict, key: str) -> dict[str, set[str]]:
+    """A saved tune JSON's ``validation_failures`` or ``exclusions`` (candidate name -> a list of
+    kernel selectors; absent: none) as sets."""
+    raw = data.get(key, {})
+    if not isinstance(raw, dict):
+        raise ValueError(f"{key} is not an object")
+    out = {}
+    for name, sels in raw.items():
+        if not isinstance(sels, list) or not all(isinstance(x, str) for x in sels):
+            raise ValueError(f"{key}[{name!r}] is not a list of kernels")
+        out[str(name)] = set(sels)
+    return out
+
+
+def dump_sets(sets: dict[str, set[str]]) -> dict[str, list[str]]:
+    """What :func:`load_sets` reads: names and selectors sorted, empty sets left out."""
+    return {k: sorted(v) for k, v in sorted(sets.items()) if v}
+

@@ -69,11 +69,11 @@ def cell(rows: list, aa: list | None = None) -> str:
     """One table cell; ``aa``: the same points' A/A twin (stock against itself), whose own
     "slower" count is the bench's false-alarm floor."""
     on = [r for r in rows if r[2]]
-    text = f"{geomean([r[0] for r in rows]):.2f} (min {min(r[0] for r in rows):.2f}), {counts(rows)}"
+    text = f"{geomean([r[0] for r in rows]):.2f} (min {min(r[0] for r in rows):.3f}), {counts(rows)}"
     if on:
-        text += f"; code differs: {len(on)} pts, {counts(on)}, min {min(r[0] for r in on):.2f}"
+        text += f"; code differs: {len(on)} pts, {counts(on)}, min {min(r[0] for r in on):.3f}"
     if aa:
-        text += f"; A/A twin {counts(aa)}, min {min(r[0] for r in aa):.2f}"
+        text += f"; A/A twin {geomean([r[0] for r in aa]):.2f}, {counts(aa)}, min {min(r[0] for r in aa):.3f}"
     return text
 
 

@@ -15,7 +15,8 @@
 # stock-aa: the method's own false verdicts at the same points). PACK=1: each release's folder
 # becomes one file, OUT/<release>.tgz, as soon as that release is done (the device tool brings
 # back only so many files, and a run cut part way keeps the releases it finished). OUT defaults
-# to ./gpu-out. (Before this script, each run had its own copy: benchmarks/results/releases-tune-*/run*.sh.)
+# to ./gpu-out. What a run writes is the raw data of benchmarks/evidence/ folders (heldout-six-releases/,
+# bit-identity/); scripts/summarize_releases.py summarizes such a folder.
 set -uo pipefail
 LIBROOT=${1:?usage: scripts/gpu_releases.sh LIBROOT}
 [[ -d "$LIBROOT" ]] || { echo "error: $LIBROOT is not a folder" >&2; exit 2; }

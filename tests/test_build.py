@@ -523,7 +523,7 @@ def _build_gated_and_plain(tree: Path, cache, issue: str, **gate):
 @needs_nvcc
 def test_build_warns_where_ptxas_schedules_the_key_loads_next_to_their_use(tree_0102, build_cache):
     """fp16 head 128 block 16 v1: with min-ctas 1024 and read=warp, ptxas issues each key load
-    right before its use (0.49x stock on the H200, benchmarks/results/ctas-probe); without the
+    right before its use (0.49x stock on the H200: ctas-probe in benchmarks/ARCHIVE.md); without the
     gate it issues them all up front (1.10x)."""
     result = _build_gated_and_plain(tree_0102, build_cache, "inline", min_ctas=1024)
     warned = {w.split(": ")[0] + " " + w.split(": ")[1].split()[0] for w in result.schedule_warnings()}
@@ -535,7 +535,7 @@ def test_build_warns_where_ptxas_schedules_the_key_loads_next_to_their_use(tree_
 def test_min_kv_mib_leaves_the_calling_loop_as_without_it(tree_0102, build_cache):
     """min-kv-mib's test lives in the call helper, so the loop calling it keeps the ungated
     form's key-load schedule (a test in the loop moved the loads next to their use:
-    benchmarks/results/kv-gate-probe), and the helper still holds the prefetch."""
+    kv-gate-probe in benchmarks/ARCHIVE.md), and the helper still holds the prefetch."""
     result = _build_gated_and_plain(tree_0102, build_cache, "call", min_kv_mib=64)
     assert result.schedule_warnings() == []
     by = {v.name: {k.kernel: k for k in v.kernels if k.kernel != "reduce"} for v in result.variants}

@@ -83,8 +83,8 @@ def test_a_kernel_part_selects_one_of_the_two_kernels() -> None:
 
 def test_the_default_is_the_tuned_table_with_everything_else_off() -> None:
     cfg = make_config()
-    # tuned kernels: what tune picked per kernel (benchmarks/results/tune-23: tune-15/16's picks,
-    # then tune-22's rotate runs for fp16 block 16, fp16 block 32 and bf16 128/16)
+    # tuned kernels: what tune picked per kernel (benchmarks/evidence/default-table: tune-16's bf16
+    # picks, then tune-22's rotate runs for fp16 block 16, fp16 block 32 and bf16 128/16)
     v1 = cfg.resolve("fp16", 64, 16, "auto", "v1")
     assert (v1.issue, v1.scope, v1.lookahead, v1.min_group, v1.read, v1.off) == ("call", "kv-head-rotate", 1, 2, "warp", False)
     assert cfg.resolve("fp16", 64, 16, "auto", "v2").off
@@ -117,7 +117,7 @@ def test_the_shipped_default_is_what_tune_wrote_on_the_h200() -> None:
     from kvpatch.config_io import read_config_file
 
     root = Path(__file__).resolve().parents[1]
-    options, tuned = read_config_file(root / "benchmarks/results/tune-24/kvpatch.toml")
+    options, tuned = read_config_file(root / "benchmarks/evidence/default-table/kvpatch.toml")
     assert make_config(**options) == make_config()
     from kvpatch.machine import FIELDS
 
@@ -136,7 +136,7 @@ def test_the_shipped_table_is_what_tune_chooses_from_the_fixed_timing_runs() -> 
 
     from kvpatch.tune import merge_tune_data, rechoose
 
-    root = Path(__file__).resolve().parents[1] / "benchmarks/results"
+    root = Path(__file__).resolve().parents[1] / "benchmarks/evidence/default-table"
     runs = [json.loads(gzip.decompress((root / name / "tune.json.gz").read_bytes())) for name in RUNS]
     report = rechoose(merge_tune_data(runs), policy="strict", exclude=["*@fp16/256/16/auto/v2"])
     assert report.config == make_config()

@@ -1,0 +1,280 @@
+"""Print an evidence folder's summary.md (markdown) from the raw data in it.
+
+    python scripts/summarize_evidence.py benchmarks/evidence/FOLDER > benchmarks/evidence/FOLDER/summary.md
+
+The folder's run.toml says which kind of evidence it is (``kind``) and, per run, the files that
+run wrote (``files``) and what they are for; each kind below reads exactly those files:
+
+* ``tune-table``: runs ``python -m kvpatch tune --from ...`` on the saved tune JSONs (no GPU),
+  checks that it writes the committed table, and prints the pick of every kernel;
+* ``bit-identity``: validate and vLLM-test records, and SASS comparisons between libraries;
+* ``heldout``: held-out benches, one per header revision (``scripts/summarize_releases.py``);
+* ``headline``: headline benches, and a table of the headline kernels' key-loop load-use distance;
+* ``decode-step``: ``kvpatch bench-decode`` JSONs;
+* ``weight-prefetch``: a ``python -m kvpatch.prefetch.sweep`` JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+import summarize_releases as releases  # noqa: E402
+from summarize_releases import CELLS, load  # noqa: E402
+
+from kvpatch.gpu.stats import geomean  # noqa: E402
+
+
+def run_files(cfg: dict) -> list[tuple[dict, str]]:
+    return [(run, f) for run in cfg["run"] for f in run.get("files", [])]
+
+
+def span(xs: list[float], fmt: str = ".2f") -> str:
+    lo, hi = format(min(xs), fmt), format(max(xs), fmt)
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+# --------------------------------------------------------------------------- tune-table
+
+
+def tune_table(folder: Path, cfg: dict) -> list[str]:
+    run = next(r for r in cfg["run"] if "from" in r)
+    args = [a for f in run["from"] for a in ("--from", f)] + [a for e in run.get("exclude", []) for a in ("--exclude", e)]
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+        done = subprocess.run([sys.executable, "-m", "kvpatch", "tune", *args, "-o", f"{tmp}/kvpatch.toml", "--json", f"{tmp}/tune.json"],
+                              cwd=folder, env=env, capture_output=True, text=True, check=False)  # fmt: skip
+        if done.returncode != 0:
+            raise SystemExit(f"kvpatch tune --from failed:\n{done.stderr}")
+        written = Path(tmp, "kvpatch.toml").read_text(encoding="utf-8")
+        data = json.loads(Path(tmp, "tune.json").read_text(encoding="utf-8"))
+    same = written == (folder / run["output"]).read_text(encoding="utf-8")
+    shown = " ".join(["kvpatch tune"] + [f"'{a}'" if "*" in a else a for a in args] + ["-o", run["output"]])
+    lines = [f"`{shown}` writes `{run['output']}` byte for byte: {'yes' if same else 'NO'}", ""]
+    source = {}
+    for path, merged in zip(run["from"], data["bench"]["merged_from"]):
+        name = str(Path(path).parent)
+        source.update({k: name for k in merged["kernels"]})
+        lines.append(f"* `{path}`: {len(merged['kernels'])} kernels measured last there")
+    rules = tomllib.loads(written)["kvpatch"]["rules"]
+    on = {k: rules[k] for k, p in data["picked"].items() if p != "off"}
+    lines += ["", f"Kernels on: {len(on)} of {len(data['picked'])}; with `scope = kv-head-rotate`: "
+                  f"{sum(1 for r in on.values() if r.get('scope') == 'kv-head-rotate')}; with `read = warp`: "
+                  f"{sum(1 for r in on.values() if r.get('read') == 'warp')}."]  # fmt: skip
+    excluded = {k for ks in data["exclusions"].values() for k in ks}
+    if excluded:
+        lines.append(f"Excluded after tune: {', '.join(sorted(excluded))} (every candidate there; `{'`, `'.join(run['exclude'])}`).")
+    lines += ["", "Per kernel, policy strict: the pick (else off) and, over that kernel's tuning points in the run it was "
+                  "measured in, the candidate shown (the pick, or for a kernel off the best candidate tune ranked): "
+                  "bit-identical, points slower than stock beyond noise, worst point, geomean [interval over rounds].", "",
+              "| kernel | measured in | pick | candidate shown | bit-identical | slower | worst | geomean |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for kernel, pick in sorted(data["picked"].items()):
+        best = next((s for s in data["ranking"][kernel] if s["name"] == pick), data["ranking"][kernel][0])
+        ident = "yes, excluded" if best["excluded"] else ("yes" if best["bit_identical"] else "no")
+        lo, hi = best["geomean_interval"]
+        lines.append(f"| {kernel} | {source.get(kernel, '?')} | {pick} | {best['name']} | {ident} | {best['slower']} | "
+                     f"{best['worst']:.3f} | {best['geomean']:.3f} [{lo:.3f}..{hi:.3f}] |")  # fmt: skip
+    return lines
+
+
+# --------------------------------------------------------------------------- bit-identity
+
+KERNEL = re.compile(r"paged_attention_(v[12])_kernelI(tt|13__nv_bfloat16S1_|ff)Li(\d+)ELi(\d+)ELi\d+EL2ns_18Fp8KVCacheDataTypeE(\d)")
+DTYPES = {"tt": "fp16", "13__nv_bfloat16S1_": "bf16", "ff": "fp32"}
+
+
+def kernel_name(mangled: str) -> str:
+    """A mangled paged_attention kernel as dtype/head/block/cache/kernel."""
+    m = KERNEL.search(mangled)
+    if not m:
+        return mangled
+    kernel, dt, head, block, cache = m.groups()
+    return f"{DTYPES[dt]}/{head}/{block}/{'auto' if cache == '0' else 'fp8'}/{kernel}"
+
+
+def sass_sections(path: Path) -> list[dict]:
+    """The comparisons in a SASS comparison file: its counts line and the kernels that differ."""
+    out: list[dict] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        m = re.match(r"(\d+) stock kernels, (\d+) patched; identical (\d+), differ (\d+), missing (\d+)", line)
+        if m:
+            out.append({"kernels": int(m[2]), "identical": int(m[3]), "differ": int(m[4]), "missing": int(m[5]), "names": []})
+        elif line.startswith("differs: "):
+            out[-1]["names"].append(kernel_name(line.split(": ", 1)[1]))
+    return out
+
+
+def bit_identity(folder: Path, cfg: dict) -> list[str]:
+    lines = ["| release | table | check | result |", "|---|---|---|---|"]
+    sass, kernels_on = [], []
+    for run, name in run_files(cfg):
+        path = folder / name
+        check = run.get("check", {}).get(name) if isinstance(run.get("check"), dict) else run.get("check")
+        if name.endswith(("validate.json.gz", "validate-full.json.gz")):
+            val = load(path)
+            ident = val["identical"]["patched"]
+            lines.append(f"| {run['release']} | {run['table']} | {check} | {ident['identical']}/{ident['checked']} identical to "
+                         f"stock, {val['counts']['failed']} failed, {val['counts']['skipped']} skipped |")  # fmt: skip
+        elif name.endswith("upstream.json"):
+            up = load(path)["upstream"]
+            text = "; ".join(f"{r['name']} {r['passed']} passed, {r['failed']} failed" for r in up["runs"])
+            same = up["identical"]["patched"]
+            text += f"; {same['identical']}/{same['compared']} patched outputs equal stock's"
+            rerun = [f"{r['name']} {len(r['rerun'])}" for r in up["runs"] if r.get("rerun")]
+            if rerun:
+                text += f"; run again alone after running out of GPU memory beside the other workers: {', '.join(rerun)}"
+            if any(r.get("cut") for r in up["runs"]):
+                text += "; CUT at the time limit"
+            lines.append(f"| {run['release']} | {run['table']} | {check} | {text} |")
+        elif name.endswith("kernels-on.txt"):
+            kernels_on += [(run, line) for line in path.read_text(encoding="utf-8").splitlines() if re.match(r"\w+/\d+/\d+/\w+/v[12]: ", line)]
+        elif name.endswith(".txt"):
+            sass += [(label, s) for label, s in zip(run["labels"][name], sass_sections(path), strict=True)]
+    lines += ["", "SASS (`cuobjdump` of each library, kernel by kernel):", "",
+              "| comparison | kernels | identical | differ | missing | the kernels that differ |", "|---|---|---|---|---|---|"]
+    for label, s in sass:
+        names = ", ".join(sorted(s["names"])) if len(s["names"]) <= 2 else f"{len(s['names'])} kernels"
+        lines.append(f"| {label} | {s['kernels']} | {s['identical']} | {s['differ']} | {s['missing']} | {names} |")
+    if kernels_on:
+        fields = [re.match(r"(\S+): regs (\d+) \[(\d+)\], spills (\d+)/(\d+), FFMA (\d+) \[(\d+)\]", line).groups() for _r, line in kernels_on]
+        lines += ["", f"The {len(fields)} kernels with a prefetch ({kernels_on[0][0]['table']}): FFMA count equal to stock's in "
+                      f"{sum(1 for f in fields if f[5] == f[6])}, spills in {sum(1 for f in fields if f[3] != '0' or f[4] != '0')}; "
+                      f"registers {span([int(f[1]) for f in fields], 'd')} (stock's {span([int(f[2]) for f in fields], 'd')})."]  # fmt: skip
+    for cover in cfg.get("cover", []):
+        lines += ["", cover["claim"]]
+        gaps = None
+        for part in cover["runs"]:
+            val = load(folder / part["validate"])
+            s = sass_sections(folder / part["sass"])[part["section"] - 1]
+            ident = val["identical"]["patched"]
+            gaps = set(s["names"]) if gaps is None else gaps & set(s["names"])
+            lines.append(f"* `{part['validate']}`: {ident['identical']}/{ident['checked']} identical; its library's SASS differs "
+                         f"from the shipped table's at {s['differ']} of {s['kernels']} kernels ({', '.join(sorted(s['names'])) or 'none'})")  # fmt: skip
+        lines.append(f"* kernels that differ in every one of these runs: {', '.join(sorted(gaps or [])) or 'none'}")
+    return lines
+
+
+# --------------------------------------------------------------------------- held-out, headline
+
+
+def heldout(folder: Path, cfg: dict) -> list[str]:
+    lines, runs = releases.heldout(folder, cfg["table"])
+    return lines + releases.verdicts(runs) + releases.pooled(runs, cfg["table"])
+
+
+def headline(folder: Path, cfg: dict) -> list[str]:
+    lines: list[str] = []
+    for run, name in run_files(cfg):
+        if name.endswith(".json.gz"):
+            lines += releases.headline(run["label"], load(folder / name), run["table"])
+        else:  # a whitespace table: the headline kernels' registers and key-loop load-use distance
+            rows = [line.split() for line in (folder / name).read_text(encoding="utf-8").splitlines() if line and not line.startswith("#")]
+            lines += ["", f"## The headline kernels' key loops ({run['label']}): median instructions between each key load "
+                          "and its first use (load_use)", "",
+                      "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]  # fmt: skip
+            lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    return lines[1:] if lines and lines[0] == "" else lines
+
+
+# --------------------------------------------------------------------------- decode step
+
+
+def decode_step(folder: Path, cfg: dict) -> list[str]:
+    lines: list[str] = []
+    for _run, name in run_files(cfg):
+        d = load(folder / name)
+        pts = d["points"]
+        batches = sorted({p["batch"] for p in pts})
+        ctxs = sorted({p["context"] for p in pts})
+        model = pts[0]["model"]
+        lines += ["" if lines else None,
+                  f"## {model}: the whole step, patched over stock ({d['layers']} layers in one CUDA graph, {d['mode']} L2, "
+                  f"median of {d['rounds']} rounds; each cell the range over context {'/'.join(map(str, ctxs))})", "",
+                  "| dtype | " + " | ".join(f"batch {b}" for b in batches) + " | attention's share of stock's step |",
+                  "|---|" + "---|" * (len(batches) + 1)]  # fmt: skip
+        for dt in sorted({p["dtype"] for p in pts}):
+            mine = [p for p in pts if p["dtype"] == dt]
+            row = [span([p["variants"]["patched"]["speedup"]["median"] for p in mine if p["batch"] == b]) for b in batches]
+            share = [100 * p["variants"]["stock"]["attention_share"] for p in mine]
+            lines.append(f"| {dt} | " + " | ".join(row) + f" | {span(share, '.0f')}% |")
+        v1 = [f"{p['dtype']} B{p['batch']}/{p['context']} {p['variants']['patched']['speedup']['median']:.3f}" for p in pts if p["kernel"] == "v1"]
+        wpf = {str(p["variants"]["stock+wpf"]["weight_prefetch"]["label"]) for p in pts if p["variants"].get("stock+wpf")}
+        lines += ["", f"Geomean over the {len(pts)} points: {geomean([p['variants']['patched']['speedup']['median'] for p in pts]):.3f}. "
+                      f"Outputs bit-identical to stock at every point: {'yes' if all(p['all_identical'] for p in pts) else 'NO'}. "
+                      f"Points where vLLM dispatches v1: {', '.join(v1) or 'none'}. "
+                      f"Weight prefetch in the +wpf variants: {', '.join(sorted(wpf)) or 'none'}."]  # fmt: skip
+    return [x for x in lines if x is not None]
+
+
+# --------------------------------------------------------------------------- weight prefetch
+
+
+def weight_prefetch(folder: Path, cfg: dict) -> list[str]:
+    (_run, name), = run_files(cfg)
+    d = load(folder / name)
+    mg = d["micro_gemm"]
+    lines = [f"## In isolation: a GEMM right after a {mg['idle_us']:.0f} us kernel that leaves HBM idle, L2 flushed before, "
+             f"{mg['dtype']}, median of {mg['trials']}", "",
+             "| gemm | m | weight MiB | prefetched MiB | cold us | prefetched us | warm us | speedup |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in mg["results"]:
+        lines.append(f"| {r['gemm']} | {r['m']} | {r['weight_bytes'] / 2**20:.0f} | {r['prefetched_bytes'] / 2**20:.0f} | {r['cold_us']:.1f} | "
+                     f"{r['prefetched_us']:.1f} | {r['warm_us']:.1f} | {r['speedup']:.2f}x |")  # fmt: skip
+    lines += ["", f"With the prefetch: {span([r['speedup'] for r in mg['results']])}x."]
+    every = []
+    for stage, what in (("stage1", "one knob at a time"), ("stage2", "caps, with the knobs stage 1 picked")):
+        pts = d[stage]["points"]
+        p0 = pts[0]
+        names = [n for n in p0["variants"] if "+wpf" in n]
+        lines += ["", f"## In the decode step, {stage.replace('stage', 'stage ')}: {what} ({p0['model']} {p0['dtype']}, {p0['layers']} layers, "
+                      f"batch x context {', '.join(str(p['batch']) + '/' + str(p['context']) for p in pts)}; each variant against the same "
+                      "library without the weight prefetch)", "",
+                  "| variant | settings | min | max | geomean | points slower beyond the spread |", "|---|---|---|---|---|---|"]  # fmt: skip
+        here, paid = [], []
+        for n in names:
+            sp = [p["variants"][n]["speedup_vs_library"] for p in pts]
+            here += [s["median"] for s in sp]
+            if geomean([s["median"] for s in sp]) > 1 and not any(s["max"] < 1 for s in sp):
+                paid.append(n)
+            label = p0["variants"][n]["weight_prefetch"]["label"]
+            lines.append(f"| {n} | {label} | {min(s['median'] for s in sp):.3f} | {max(s['median'] for s in sp):.3f} | "
+                         f"{geomean([s['median'] for s in sp]):.3f} | {sum(1 for s in sp if s['max'] < 1)} of {len(sp)} |")  # fmt: skip
+        every += here
+        same = all(p["all_identical"] for p in pts)
+        lines += ["", f"This stage: {min(here):.3f}-{max(here):.3f}x per point; settings with a geomean above 1 and no point "
+                      f"slower beyond the spread: {', '.join(paid) or 'none'}. Outputs bit-identical to stock at every point: "
+                      f"{'yes' if same else 'NO'}."]  # fmt: skip
+    caps = d["picked"]["caps_why"]
+    lines += ["", f"Over both stages: {min(every):.3f}-{max(every):.3f}x per point. The cap picked per batch bucket: "
+                  + ", ".join(f"batch <= {b}: {w['cap_mib']} MiB" for b, w in caps.items()) + "."]  # fmt: skip
+    return lines
+
+
+KINDS = {"tune-table": tune_table, "bit-identity": bit_identity, "heldout": heldout, "headline": headline,
+         "decode-step": decode_step, "weight-prefetch": weight_prefetch}  # fmt: skip
+
+
+def summary(folder: Path) -> str:
+    cfg = tomllib.loads((folder / "run.toml").read_text(encoding="utf-8"))
+    return "\n".join([f"# {cfg['title']}", "", *KINDS[cfg["kind"]](folder, cfg)]) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", type=Path, help="an evidence folder (with run.toml)")
+    sys.stdout.write(summary(ap.parse_args(argv).folder))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

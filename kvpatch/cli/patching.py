@@ -18,31 +18,56 @@ _RULE_HELP = ("Settings for the instantiations a selector picks: 'bf16/80/32=off
               "kernel; repeatable; SEL=none drops a default rule).")  # fmt: skip
 
 
+# the configuration's options, shared by apply and config
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", metavar="FILE", help="kvpatch.toml with any of the options below.")]
+PresetOpt = Annotated[Optional[str], typer.Option(metavar="default|paper", help="default, or paper (the paper's exact mechanism).")]
+LookaheadOpt = Annotated[Optional[int], typer.Option(metavar="N", help="Prefetch block_idx + N*NUM_WARPS (default 1).")]
+SizeOpt = Annotated[Optional[str], typer.Option(metavar="BYTES", help="auto (one K/V tile: BLOCK_SIZE*HEAD_SIZE*sizeof(cache_t)) or bytes, a multiple of 16.")]
+AlignOpt = Annotated[Optional[int], typer.Option(metavar="BYTES", help="Round the address down to this power of two >= 16 (default 16).")]
+CachesOpt = Annotated[Optional[str], typer.Option(metavar="k|v|kv", help="Which loops prefetch (default kv).")]
+CacheHintOpt = Annotated[Optional[str], typer.Option(metavar="HINT", help="none, evict_last, evict_first or evict_normal.")]
+PlacementOpt = Annotated[Optional[str], typer.Option(metavar="start|end", help="After the block number is read, or after the block's work.")]
+ScopeOpt = Annotated[Optional[str], typer.Option(metavar="SCOPE", help="cta (every CTA prefetches), kv-head (one CTA per KV head under GQA) or kv-head-rotate (the KV head's CTAs take turns, block by block).")]
+MinGroupOpt = Annotated[Optional[int], typer.Option("--min-group", metavar="N", help="Prefetch only where >= N query heads share a KV head (a runtime test; 1 = always; MHA has 1).")]
+MinCtasOpt = Annotated[Optional[int], typer.Option("--min-ctas", metavar="N", help="Prefetch only in launches of >= N CTAs (query heads x sequences x partitions; a runtime test; 1 = always).")]
+MinKvMibOpt = Annotated[Optional[int], typer.Option("--min-kv-mib", metavar="MIB", help="issue=call only: the call helper skips the prefetch unless the launch's KV cache, estimated from the grid, is >= MIB (0 = always).")]
+ControlOpt = Annotated[Optional[bool], typer.Option("--control/--no-control", help="Compile the prefetch but never run it (for measurements).")]
+IssueOpt = Annotated[Optional[str], typer.Option(metavar="call|inline|split", help="call (an out-of-line helper; keeps stock's code generation), inline (asm in the loop), split (inline, and the key loop runs as stock's copy when the ALiBi slope is not 0).")]
+ReadOpt = Annotated[Optional[str], typer.Option(metavar="lane|warp", help="lane (lane 0 reads the next block number inside the guard) or warp (every lane reads it before the guard).")]
+QuantizedOpt = Annotated[Optional[str], typer.Option(metavar="skip|prefetch", help="skip (fp8-cache kernels stay stock, the default) or prefetch.")]
+Fp16Opt = Annotated[Optional[str], typer.Option("--fp16", metavar="SETTINGS", help="Settings for the fp16 kernels no rule names: 'off' (the default), key=value,... (e.g. 'issue=inline,lookahead=2': turns them on), or 'none' (the base settings).")]
+Bf16Opt = Annotated[Optional[str], typer.Option("--bf16", metavar="SETTINGS", help="As --fp16, for bf16 kernels.")]
+Fp32Opt = Annotated[Optional[str], typer.Option("--fp32", metavar="SETTINGS", help="As --fp16, for fp32 kernels.")]
+RuleOpt = Annotated[Optional[list[str]], typer.Option("--rule", metavar="SELECTOR=SETTINGS", help=_RULE_HELP)]
+UntunedOpt = Annotated[bool, typer.Option("--untuned", help="Start from the base settings everywhere: no shipped table (every kernel prefetches, with your settings).")]
+
+
 @app.command()
 def apply(
     vllm: VllmOpt = None,
     tree: TreeOpt = None,
-    config: Annotated[Optional[Path], typer.Option("--config", metavar="FILE", help="kvpatch.toml with any of the options below.")] = None,
-    preset: Annotated[Optional[str], typer.Option(metavar="default|paper", help="default, or paper (the paper's exact mechanism).")] = None,
-    lookahead: Annotated[Optional[int], typer.Option(metavar="N", help="Prefetch block_idx + N*NUM_WARPS (default 1).")] = None,
-    size: Annotated[Optional[str], typer.Option(metavar="BYTES", help="auto (one K/V tile: BLOCK_SIZE*HEAD_SIZE*sizeof(cache_t)) or bytes, a multiple of 16.")] = None,
-    align: Annotated[Optional[int], typer.Option(metavar="BYTES", help="Round the address down to this power of two >= 16 (default 16).")] = None,
-    caches: Annotated[Optional[str], typer.Option(metavar="k|v|kv", help="Which loops prefetch (default kv).")] = None,
-    cache_hint: Annotated[Optional[str], typer.Option(metavar="HINT", help="none, evict_last, evict_first or evict_normal.")] = None,
-    placement: Annotated[Optional[str], typer.Option(metavar="start|end", help="After the block number is read, or after the block's work.")] = None,
-    scope: Annotated[Optional[str], typer.Option(metavar="SCOPE", help="cta (every CTA prefetches), kv-head (one CTA per KV head under GQA) or kv-head-rotate (the KV head's CTAs take turns, block by block).")] = None,
-    min_group: Annotated[Optional[int], typer.Option("--min-group", metavar="N", help="Prefetch only where >= N query heads share a KV head (a runtime test; 1 = always; MHA has 1).")] = None,
-    min_ctas: Annotated[Optional[int], typer.Option("--min-ctas", metavar="N", help="Prefetch only in launches of >= N CTAs (query heads x sequences x partitions; a runtime test; 1 = always).")] = None,
-    min_kv_mib: Annotated[Optional[int], typer.Option("--min-kv-mib", metavar="MIB", help="issue=call only: the call helper skips the prefetch unless the launch's KV cache, estimated from the grid, is >= MIB (0 = always).")] = None,
-    control: Annotated[Optional[bool], typer.Option("--control/--no-control", help="Compile the prefetch but never run it (for measurements).")] = None,
-    issue: Annotated[Optional[str], typer.Option(metavar="call|inline|split", help="call (an out-of-line helper; keeps stock's code generation), inline (asm in the loop), split (inline, and the key loop runs as stock's copy when the ALiBi slope is not 0).")] = None,
-    read: Annotated[Optional[str], typer.Option(metavar="lane|warp", help="lane (lane 0 reads the next block number inside the guard) or warp (every lane reads it before the guard).")] = None,
-    quantized: Annotated[Optional[str], typer.Option(metavar="skip|prefetch", help="skip (fp8-cache kernels stay stock, the default) or prefetch.")] = None,
-    fp16: Annotated[Optional[str], typer.Option("--fp16", metavar="SETTINGS", help="Settings for the fp16 kernels no rule names: 'off' (the default), key=value,... (e.g. 'issue=inline,lookahead=2': turns them on), or 'none' (the base settings).")] = None,
-    bf16: Annotated[Optional[str], typer.Option("--bf16", metavar="SETTINGS", help="As --fp16, for bf16 kernels.")] = None,
-    fp32: Annotated[Optional[str], typer.Option("--fp32", metavar="SETTINGS", help="As --fp16, for fp32 kernels.")] = None,
-    rule: Annotated[Optional[list[str]], typer.Option("--rule", metavar="SELECTOR=SETTINGS", help=_RULE_HELP)] = None,
+    config: ConfigOpt = None,
+    preset: PresetOpt = None,
+    lookahead: LookaheadOpt = None,
+    size: SizeOpt = None,
+    align: AlignOpt = None,
+    caches: CachesOpt = None,
+    cache_hint: CacheHintOpt = None,
+    placement: PlacementOpt = None,
+    scope: ScopeOpt = None,
+    min_group: MinGroupOpt = None,
+    min_ctas: MinCtasOpt = None,
+    min_kv_mib: MinKvMibOpt = None,
+    control: ControlOpt = None,
+    issue: IssueOpt = None,
+    read: ReadOpt = None,
+    quantized: QuantizedOpt = None,
+    fp16: Fp16Opt = None,
+    bf16: Bf16Opt = None,
+    fp32: Fp32Opt = None,
+    rule: RuleOpt = None,
     remote: Annotated[str, typer.Option(metavar="URL", help="git remote to fetch releases from.")] = "",
+    untuned: UntunedOpt = False,
     force: Annotated[bool, typer.Option("--force", help="Patch even if the header has local edits.")] = False,
     json_out: JsonOpt = None,
 ) -> None:
@@ -55,11 +80,9 @@ def apply(
                     control=control, issue=issue, read=read)  # fmt: skip
     opts = A.ApplyOptions(vllm=vllm, tree=tree, cwd=cwd(), config=config, preset=preset, settings=settings,
                           quantized=quantized, dtypes={"fp16": fp16, "bf16": bf16, "fp32": fp32}, rules=rule or [],
-                          remote=remote or None, force=force)  # fmt: skip
+                          untuned=untuned, remote=remote or None, force=force)  # fmt: skip
     with progress() as p:
         report = A.run(opts, progress=p)
-    for line in report.unreached:
-        warn(line)
     for line in report.machine_differences:
         warn(f"tuned on another machine: {line} (re-run kvpatch tune here)")
     if emit_json(json_out, report.to_json()):
@@ -144,12 +167,36 @@ def revert(
 
 @app.command("config")
 def show_config(
-    config: Annotated[Optional[Path], typer.Option("--config", metavar="FILE", help="kvpatch.toml to read.")] = None,
-    preset: Annotated[Optional[str], typer.Option(metavar="default|paper", help="default or paper.")] = None,
+    config: ConfigOpt = None,
+    preset: PresetOpt = None,
+    lookahead: LookaheadOpt = None,
+    size: SizeOpt = None,
+    align: AlignOpt = None,
+    caches: CachesOpt = None,
+    cache_hint: CacheHintOpt = None,
+    placement: PlacementOpt = None,
+    scope: ScopeOpt = None,
+    min_group: MinGroupOpt = None,
+    min_ctas: MinCtasOpt = None,
+    min_kv_mib: MinKvMibOpt = None,
+    control: ControlOpt = None,
+    issue: IssueOpt = None,
+    read: ReadOpt = None,
+    quantized: QuantizedOpt = None,
+    fp16: Fp16Opt = None,
+    bf16: Bf16Opt = None,
+    fp32: Fp32Opt = None,
+    rule: RuleOpt = None,
+    untuned: UntunedOpt = False,
 ) -> None:
-    """Print the effective configuration as a complete kvpatch.toml (with where its rules were tuned)."""
-    from ..commands import show_config as C
+    """Print the effective configuration as a complete kvpatch.toml, each setting with where it came from (the command line, the config file, the shipped table or the default) and where its rules were tuned."""
+    from ..commands import configuration as C
 
-    if preset is not None and preset not in ("default", "paper"):
-        raise UsageError(f"invalid preset {preset!r}: choose one of default, paper")
-    sys.stdout.write(C.run(C.ConfigOptions(config=config, preset=preset)).toml)
+    settings = dict(lookahead=lookahead, size=size, align=align, caches=caches, cache_hint=cache_hint,
+                    placement=placement, scope=scope, min_group=min_group, min_ctas=min_ctas, min_kv_mib=min_kv_mib,
+                    control=control, issue=issue, read=read)  # fmt: skip
+    opts = C.ConfigOptions(config=config, preset=preset, settings=settings, quantized=quantized,
+                           dtypes={"fp16": fp16, "bf16": bf16, "fp32": fp32}, rules=rule or [], untuned=untuned)  # fmt: skip
+    with progress() as p:
+        report = C.run(opts, progress=p)
+    sys.stdout.write(report.toml)

@@ -11,31 +11,22 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
-from ..config import Machine, PatchConfig, config_and_tuned, differences, unreached
+from ..config import Machine, PatchConfig, differences
 from ..patch import Result, Sites, patch_header, read_header
 from ..progress import QUIET, Progress
 from ..source.workspace import STATE_DIR, State, Tree, check_no_local_edits, resolve_tree, sha256
 from ..source.workspace import workspace_lock, write_header_and_state
+from .configuration import ConfigOptions, configure
 from .tree import check_target, edited_regions, fetch_tree, state_or_none
-
-#: The base settings ``apply`` takes on its command line (each None when not given).
-SETTINGS = ("lookahead", "size", "align", "caches", "cache_hint", "placement", "scope", "min_group", "min_ctas",
-            "min_kv_mib", "control", "issue", "read")  # fmt: skip
 
 
 @dataclass
-class ApplyOptions:
+class ApplyOptions(ConfigOptions):
     vllm: Optional[str] = None
     tree: Optional[Path] = None
     cwd: Path = field(default_factory=Path.cwd)
-    config: Optional[Path] = None  # a kvpatch.toml
-    preset: Optional[str] = None
-    settings: dict[str, Any] = field(default_factory=dict)  # SETTINGS given on the command line
-    quantized: Optional[str] = None
-    dtypes: dict[str, Optional[str]] = field(default_factory=dict)  # --fp16/--bf16/--fp32 text
-    rules: list[str] = field(default_factory=list)  # --rule SELECTOR=SETTINGS
     remote: Optional[str] = None
     force: bool = False
     #: this machine's record (None: read it when the configuration says where it was tuned)
@@ -54,6 +45,9 @@ class ApplyReport:
     machine_differences: tuple[str, ...] = ()
     #: options and rules given that change no kernel, one line each
     unreached: tuple[str, ...] = ()
+    #: what the user's base settings replaced in the shipped table, and where that puts
+    #: bit-identity at risk, one line each (said before the header is written)
+    overridden: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -81,29 +75,16 @@ class ApplyReport:
             "tuned_on": self.tuned_on.to_dict() if self.tuned_on is not None else None,
             "machine_differences": list(self.machine_differences),
             "unreached": list(self.unreached),
+            "overridden": list(self.overridden),
         }
-
-
-def configure(o: ApplyOptions) -> tuple[PatchConfig, Machine | None, list[str]]:
-    """The options as a configuration, where its rules were tuned, and the options given that
-    change no kernel (pure but for reading ``--config``)."""
-    from ..config import parse_rules
-
-    rules = parse_rules(o.rules) if o.rules else None
-    settings = {k: o.settings.get(k) for k in SETTINGS}
-    cfg, tuned = config_and_tuned(o.config, preset=o.preset, quantized=o.quantized, rules=rules,
-                                  **{d: o.dtypes.get(d) for d in ("fp16", "bf16", "fp32")}, **settings)  # fmt: skip
-    lines: list[str] = []
-    if cfg.preset == "default":
-        given = [k for k, v in (*settings.items(), ("quantized", o.quantized)) if v is not None]
-        selectors = [*(rules or {}), *(d for d, v in o.dtypes.items() if v is not None)]
-        lines = unreached(cfg, given, selectors)
-    return cfg, tuned, lines
 
 
 def run(o: ApplyOptions, *, progress: Progress = QUIET) -> ApplyReport:
     """Patch the tree's header; idempotent; refuses edits kvpatch did not make (unless ``force``)."""
-    cfg, tuned, lines = configure(o)
+    resolved, lines, overridden = configure(o)
+    cfg, tuned = resolved.config, resolved.tuned
+    for line in (*lines, *overridden):  # before anything is written
+        progress.say(line if line.startswith("warning:") else f"warning: {line}" if " changes no kernel" in line else f"note: {line}")
     cwd = o.cwd
     state = State.load(cwd) if o.vllm is None and o.tree is None else None  # corrupt: its one-line error
     if state is not None and not Path(state.tree).is_dir() and state.version is not None \
@@ -137,4 +118,4 @@ def run(o: ApplyOptions, *, progress: Progress = QUIET) -> ApplyReport:
         from .common import local_machine
 
         diffs = tuple(differences(tuned, o.here if o.here is not None else local_machine()))
-    return ApplyReport(target, version, cfg, result, current, tuned, diffs, tuple(lines))
+    return ApplyReport(target, version, cfg, result, current, tuned, diffs, tuple(lines), tuple(overridden))

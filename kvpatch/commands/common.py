@@ -9,7 +9,6 @@ configurations come from a ``--variant-info`` JSON beside them, ``stock`` is the
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -148,7 +147,7 @@ def local_machine(*, arch: str | None = None) -> Machine:
     from ..jit.flags import vllm_nvcc_flags
     from ..jit.toolchain import nvcc_version_of
 
-    rows = nvidia_smi_query(("name", "driver_version")) if shutil.which("nvidia-smi") else None
+    rows = nvidia_smi_query(("name", "driver_version"))
     gpu = driver = None
     if rows:
         gpu, driver = rows[0].get("name"), rows[0].get("driver_version")

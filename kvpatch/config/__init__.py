@@ -3,7 +3,8 @@
 * :mod:`.model`: the settings and :class:`PatchConfig` (its rules, its marker text);
 * :mod:`.make`: :func:`make_config`, the one function user input goes through;
 * :mod:`.marker`: the marker text read back (:func:`config_from_marker`);
-* :mod:`.toml`: ``kvpatch.toml`` read and written;
+* :mod:`.toml`: ``kvpatch.toml`` read and written; :mod:`.layers`: the precedence of what a
+  user gives over the shipped table, and where each setting came from;
 * :mod:`.reach`: which options and rules change no kernel (``apply`` warns);
 * :mod:`.defaults`: the shipped rule table and the machine it was tuned on;
 * :mod:`.machine`: a machine record and how two differ.
@@ -21,7 +22,8 @@ from .model import (
     SCOPES, PatchConfig, Selector,
 )  # fmt: skip
 from .reach import unreached
-from .toml import RESERVED_VARIANTS, config_and_tuned, dump_config, load_config_file, read_config_file, variant_configs
+from .layers import config_and_tuned
+from .toml import RESERVED_VARIANTS, dump_config, load_config_file, read_config_file, variant_configs
 
 __all__ = [
     "CACHES", "CACHE_HINTS", "CHOICES", "DEFAULT_OVERRIDES", "DEFAULT_TUNED_ON", "DTYPES", "ISSUES", "MAX_ALIGN",

@@ -11,19 +11,19 @@ from .machine import Machine
 #: and GQA 64/8), written as tune wrote them: ``kvpatch tune --from tune-15-fp16-warp/tune.json.gz
 #: --from tune-16-bf16-warp/tune.json.gz --from tune-22-rotate/fp16-b16/tune.json.gz --from
 #: tune-22-rotate/bf16-128-16/tune.json.gz --from tune-22-rotate/fp16-b32/tune.json.gz --exclude
-#: '*@fp16/256/16/auto/v2'`` (benchmarks/results/tune-24, docs/tuning.md): each kernel from the
+#: '*@fp16/256/16/auto/v2'`` (benchmarks/evidence/default-table, docs/tuning.md): each kernel from the
 #: last run that measured it; fp16 block 16/32 and bf16 128/16 from tune-22 (scope kv-head and
 #: kv-head-rotate side by side), the other bf16 kernels from tune-16 (issue split, scope
 #: cta/kv-head, lookahead 1/2, read lane/warp). The exclusion: the held-out set found the one
 #: kernel tune-23 (the same command without it) turned on that was slower than stock at a point
-#: on every header revision (benchmarks/results/releases-tune-23); the held-out set may only turn
+#: on every header revision (the releases-tune-23 run, benchmarks/ARCHIVE.md); the held-out set may only turn
 #: a kernel off. Per kernel (v1/v2) of each tuned instantiation -- fp16/bf16 x head 64/128/256 x
 #: block 16/32, auto cache -- the fastest candidate that was bit-identical to stock there and
 #: slower than stock at none of its tuning points, else ``off``; every instantiation it did not
 #: measure (other head/block sizes, fp32) is ``off`` by the per-dtype rules. fp8 caches are
 #: skipped by ``quantized=skip``. bf16 block 16 takes ``issue=split`` (inline asm in the key
 #: loop, with stock's loop kept for heads whose ALiBi slope is not 0), which is how it stays
-#: bit-identical where the inline form alone is not (benchmarks/results/split-1). 14 kernels
+#: bit-identical where the inline form alone is not (the split-1 runs, benchmarks/ARCHIVE.md). 14 kernels
 #: on: 7 with ``scope=kv-head-rotate`` (the group's CTAs take turns prefetching, tile by tile),
 #: 7 with ``read=warp`` (every lane reads the next block number; read-warp-sass).
 DEFAULT_OVERRIDES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
@@ -57,5 +57,5 @@ DEFAULT_OVERRIDES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
 DEFAULT_TUNED_ON = Machine(
     gpu="NVIDIA H200", driver="580.159.04", nvcc="13.0.88", arch="sm_90a",
     flags="-std=c++17 -O2 -g -DNDEBUG --expt-relaxed-constexpr -DENABLE_FP8",
-    note="2026-12-01, vLLM 0.10.2, tuning set, policy strict (benchmarks/results/tune-24)",
+    note="2026-12-01, vLLM 0.10.2, tuning set, policy strict (benchmarks/evidence/default-table)",
 )  # fmt: skip

@@ -179,19 +179,18 @@ def _rule_settings(name: str, value: Any) -> dict[str, Any]:
     return value
 
 
-def _overrides(base: PatchConfig, given: dict[str, Any]) -> tuple:
-    """Validated rules: the defaults (none with ``inherit_rules`` false: a complete table,
-    as :meth:`PatchConfig.to_toml_dict` writes it), changed by the per-dtype tables and
-    ``rules`` given."""
+def _requested(given: dict[str, Any]) -> tuple[bool, dict[str, Any], bool]:
+    """(whether the shipped table is inherited, the user's rules and per-dtype tables by
+    selector, whether ``rules = "none"`` drops the table's non-dtype rules)."""
     inherit = given.get("inherit_rules", True)
     if not isinstance(inherit, bool):
         raise UsageError(f"invalid inherit-rules {inherit!r}: expected true or false")
-    result = dict(DEFAULT_OVERRIDES) if inherit else {}
     requested: dict[str, Any] = {d: given[d] for d in DTYPES if d in given}
     rules = given.get("rules")
+    drop = False
     if rules is not None:
         if rules == "none":  # drop every default rule that is not a dtype's own table
-            result = {k: v for k, v in result.items() if k in DTYPES}
+            drop = True
         elif isinstance(rules, dict):
             for selector, value in rules.items():
                 key = str(Selector.parse(selector))
@@ -200,18 +199,92 @@ def _overrides(base: PatchConfig, given: dict[str, Any]) -> tuple:
                 requested[key] = value
         else:
             raise UsageError(f"invalid rules {rules!r}: a table of selector = settings, or 'none'")
+    return inherit, requested, drop
+
+
+def _table(base: PatchConfig, given: dict[str, Any], inherit: bool, requested: dict[str, Any],
+           drop: bool) -> tuple[dict[str, tuple], dict[str, tuple[Any, list[str]]]]:  # fmt: skip
+    """The shipped table as this configuration inherits it (none without ``inherit``), and
+    what the user's base settings replaced in it: ``{setting: (value, [selectors])}``.
+
+    A base setting the user gives applies to every kernel the table leaves prefetching: in
+    each inherited rule that is not ``off`` and not replaced by a rule of the user's, the
+    table's value of that setting gives way to the user's (a rule the user gives keeps its
+    own: it is stronger). Which kernels prefetch at all stays the table's."""
+    if not inherit:
+        return {}, {}
+    table = {k: v for k, v in DEFAULT_OVERRIDES if not drop or k in DTYPES}
+    user = {k: getattr(base, k) for k in OVERRIDABLE if k != "off" and given.get(k) is not None}
+    replaced: dict[str, tuple[Any, list[str]]] = {}
+    for sel, items in list(table.items()):
+        if sel in requested or dict(items).get("off"):
+            continue
+        for k, v in items:
+            if k in user and user[k] != v:
+                replaced.setdefault(k, (user[k], []))[1].append(sel)
+        table[sel] = tuple((k, user.get(k, v)) for k, v in items)
+    return table, replaced
+
+
+def _layer(under: tuple, over: tuple) -> tuple:
+    """Rule settings ``over`` laid on ``under``: ``over``'s values win; ``off`` in ``over`` is
+    off, settings in ``over`` turn an ``off`` rule on."""
+    top = dict(over)
+    if top.get("off"):
+        return (("off", True),)
+    merged = {k: v for k, v in under if k != "off"} if not dict(under).get("off") else {}
+    merged.update(top)
+    return tuple((k, merged[k]) for k in OVERRIDABLE if k in merged)
+
+
+def table_overrides(**options: Any) -> dict[str, tuple[Any, list[str]]]:
+    """What the base settings among ``options`` (as :func:`make_config` takes them) replace in
+    the shipped table: ``{setting: (value, [rule selectors])}``; validated as make_config does."""
+    cfg = make_config(**options)
+    given = {k: v for k, v in options.items() if v is not None}
+    if cfg.preset == "paper":
+        return {}
+    return _table(replace(cfg, overrides=()), given, *_requested(given))[1]
+
+
+def _overrides(base: PatchConfig, given: dict[str, Any]) -> tuple:
+    """Validated rules, in this precedence (the strongest first): a rule the user gives (at
+    every kernel it selects, setting by setting: a more specific rule of the shipped table
+    within it takes the user's values of what the user's rule sets, and is turned on by it);
+    a base setting the user gives (:func:`_table`); the shipped table's rules (none with
+    ``inherit_rules`` false: a complete table, as :meth:`PatchConfig.to_toml_dict` writes
+    it); the base defaults. A per-dtype table (``--fp16``, or a rule that names only a dtype)
+    is the settings of that dtype's kernels no other rule names, as before."""
+    inherit, requested, drop = _requested(given)
+    table, _ = _table(base, given, inherit, {}, drop)
     plain = {**base.to_toml_dict(), **{d: "none" for d in DTYPES}, "rules": "none", "inherit_rules": False}
+    user: dict[str, tuple | None] = {}
     for key, value in requested.items():
         settings = _rule_settings(key, value)
         if not settings:
+            user[key] = None  # 'none': the table's rule of this selector is dropped
+        elif settings.get("off"):
+            user[key] = (("off", True),)
+        else:  # validate the values the way the base ones are, then keep the normalised values
+            effective = make_config(**{**plain, **settings})
+            user[key] = tuple((k, getattr(effective, k)) for k in OVERRIDABLE if k in settings)
+    result = dict(table)
+    for key, items in user.items():
+        if items is None:
             result.pop(key, None)
+        else:
+            result[key] = _layer(table.get(key, ()), items)
+    # a user's rule wins at every kernel it selects: also where a more specific table rule decides
+    for key, items in sorted(user.items(), key=lambda kv: Selector.parse(kv[0]).specificity):
+        if items is None or key in DTYPES:
             continue
-        if settings.get("off"):
-            result[key] = (("off", True),)
-            continue
-        # validate the values the way the base ones are, then keep the normalised values
-        effective = make_config(**{**plain, **settings})
-        result[key] = tuple((k, getattr(effective, k)) for k in OVERRIDABLE if k in settings)
+        mine = Selector.parse(key)
+        for tkey, titems in table.items():
+            inter = mine.intersect(Selector.parse(tkey))
+            if tkey == key or inter is None or inter == mine:
+                continue  # the same rule (layered above), disjoint, or the user's rule decides there anyway
+            where = str(inter)
+            result[where] = _layer(result.get(where, titems), items)
     overrides = tuple(sorted(result.items()))
     live = replace(base, overrides=overrides).live_variants()
     gated = [f"{sel or 'the base'} (issue={c.issue})" for sel, c in live if c.min_kv_mib and c.issue != "call" and not c.off]

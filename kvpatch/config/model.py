@@ -97,9 +97,12 @@ class Selector:
         if dtype is not None and dtype not in DTYPES:
             raise UsageError(f"invalid selector {text!r}: dtype {dtype!r} is not one of {', '.join(DTYPES)}, *")
         sizes = []
-        for what, value in (("head size", head), ("block size", block)):
+        for what, value, known in (("head size", head, VLLM_HEAD_SIZES), ("block size", block, VLLM_BLOCK_SIZES)):
             if value is not None and not (ascii_digits(value) and 0 < int(value) <= 1024):
                 raise UsageError(f"invalid selector {text!r}: {what} {value!r} is not a number (or *)")
+            if value is not None and int(value) not in known:
+                raise UsageError(f"invalid selector {text!r}: vLLM builds no kernel of {what} {int(value)} "
+                                 f"(it builds {', '.join(map(str, known))})")  # fmt: skip
             sizes.append(None if value is None else int(value))
         if kv is not None and kv not in RULE_KV:
             raise UsageError(f"invalid selector {text!r}: kv-cache {kv!r} is not one of {', '.join(RULE_KV)}, *")
@@ -116,6 +119,18 @@ class Selector:
         while parts and parts[-1] == "*":
             parts.pop()
         return "/".join(parts)
+
+    def intersect(self, other: Selector) -> Selector | None:
+        """The kernels both select, as a selector (None: none)."""
+        parts = []
+        for a, b in zip(self._parts(), other._parts()):
+            if a is not None and b is not None and a != b:
+                return None
+            parts.append(a if a is not None else b)
+        return Selector(*parts)
+
+    def _parts(self) -> tuple:
+        return (self.dtype, self.head_size, self.block_size, self.kv_cache, self.kernel)
 
     @property
     def specificity(self) -> int:

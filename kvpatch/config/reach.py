@@ -14,14 +14,18 @@ GLOBAL_SETTINGS = ("caches", "placement")
 
 
 def unreached(cfg: PatchConfig, options: Iterable[str] = (), selectors: Iterable[str] = (),
-              head_sizes: Sequence[int] = VLLM_HEAD_SIZES, block_sizes: Sequence[int] = VLLM_BLOCK_SIZES) -> list[str]:  # fmt: skip
+              head_sizes: Sequence[int] = VLLM_HEAD_SIZES, block_sizes: Sequence[int] = VLLM_BLOCK_SIZES, *,
+              user_rules: Iterable[str] | None = None) -> list[str]:  # fmt: skip
     """The base settings (``options``: ``'lookahead'``...) and rules (``selectors``) that
     change no kernel vLLM builds, one line each (for a warning): a rule that selects no such
     kernel, or only fp8-cache kernels under ``quantized=skip``, or whose kernels more specific
     rules all decide; a setting every prefetching kernel takes from its own rule, or any
-    setting when no kernel prefetches; ``quantized=prefetch`` when every fp8-cache kernel is off."""
+    setting when no kernel prefetches; ``quantized=prefetch`` when every fp8-cache kernel is off.
+    ``user_rules``: the selectors of the rules the user gave (None: every rule is theirs): only
+    those keep their own settings against a base setting; the shipped table's rules take it."""
     kernels = list(itertools.product(DTYPES, head_sizes, block_sizes, RULE_KV, RULE_KERNELS))
     rules = dict(cfg.overrides)
+    owned = {str(Selector.parse(s)) for s in user_rules} if user_rules is not None else set()
     decided: set[str | None] = set()
     reached: set[str] = set()
     prefetching = fp8_prefetching = False
@@ -31,7 +35,8 @@ def unreached(cfg: PatchConfig, options: Iterable[str] = (), selectors: Iterable
             continue
         prefetching = True
         fp8_prefetching = fp8_prefetching or kv != "auto"
-        own = dict(rules.get(sel, ())) if sel is not None else {}
+        mine = sel is not None and (user_rules is None or sel in owned)
+        own = dict(rules.get(sel, ())) if mine else {}
         reached.update(o for o in options if o in GLOBAL_SETTINGS or o not in own)
     out = []
     for o in options:

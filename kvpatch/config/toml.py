@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from .defaults import DEFAULT_TUNED_ON
 from .machine import Machine
 from .make import make_config
-from .model import PatchConfig
+from .model import DTYPES, PatchConfig
 
 
 def load_config_file(path: Path) -> dict[str, Any]:
@@ -93,21 +92,29 @@ def _toml_value(value: Any) -> str:
     return _toml_string(str(value))
 
 
-def dump_config(cfg: PatchConfig, tuned: Machine | None = None) -> str:
-    """``kvpatch.toml`` text that :func:`read_config_file` reads back to ``(cfg, tuned)``."""
+def dump_config(cfg: PatchConfig, tuned: Machine | None = None, *, sources: Any = None) -> str:
+    """``kvpatch.toml`` text that :func:`read_config_file` reads back to ``(cfg, tuned)``;
+    with ``sources`` (a :class:`~.layers.Resolved`), each line says where it came from."""
+    settings = getattr(sources, "settings", {}) or {}
+    rule_from = getattr(sources, "rules", {}) or {}
+
+    def note(where: str | None) -> str:
+        return f"  # {where}" if where else ""
+
     lines = ["[kvpatch]"]
     tables = []
     for key, value in cfg.to_toml_dict().items():
         if isinstance(value, dict):
             tables.append((key, value))
             continue
-        lines.append(f"{key.replace('_', '-')} = {_toml_value(value)}")
+        where = settings.get(key) if key not in DTYPES else rule_from.get(key, "no rule" if sources else None)
+        lines.append(f"{key.replace('_', '-')} = {_toml_value(value)}{note(where)}")
     for name, table in tables:
         lines.append("")
-        lines.append(f"[kvpatch.{name}]")
+        lines.append(f"[kvpatch.{name}]" + note(rule_from.get(name) if name in DTYPES else None))
         if name == "rules":
-            lines += [f'"{sel}" = {{ ' + ", ".join(f"{k.replace('_', '-')} = {_toml_value(v)}" for k, v in items.items()) + " }"
-                      for sel, items in table.items()]  # fmt: skip
+            lines += [f'"{sel}" = {{ ' + ", ".join(f"{k.replace('_', '-')} = {_toml_value(v)}" for k, v in items.items())
+                      + " }" + note(rule_from.get(sel)) for sel, items in table.items()]  # fmt: skip
             continue
         lines += [f"{k.replace('_', '-')} = {_toml_value(v)}" for k, v in table.items()]
     if tuned is not None:
@@ -126,22 +133,6 @@ def _toml_string(value: str) -> str:
         else:
             out.append(ch)
     return '"' + "".join(out) + '"'
-
-
-def config_and_tuned(config_file: Path | None, **options) -> tuple[PatchConfig, Machine | None]:
-    """A config file's values overridden by the options given on the command line (``--rule``s
-    added to the file's rules), and where its rules were tuned: the file's
-    ``[kvpatch.tuned]``; without a file, the shipped default's machine (for the default
-    preset); None when unknown (a file without the record, the paper preset)."""
-    values, tuned = read_config_file(config_file) if config_file else ({}, None)
-    given = {k: v for k, v in options.items() if v is not None}
-    if isinstance(values.get("rules"), dict) and isinstance(given.get("rules"), dict):
-        given["rules"] = {**values["rules"], **given["rules"]}  # --rule adds to the file's rules
-    values.update(given)
-    cfg = make_config(**values)
-    if config_file is None and cfg.preset == "default":
-        tuned = DEFAULT_TUNED_ON
-    return cfg, (tuned if cfg.preset == "default" else None)
 
 
 #: The variants ``kvpatch bench`` names itself (stock, the tree's patch, the presets; the A/A

@@ -1,7 +1,7 @@
 """Options of the decode benchmark and of its weight prefetch, and their text forms.
 
-Pure Python (no torch): the CLI, ``python -m kvpatch.prefetch.decode`` and the sweep
-parse their options here, and the CPU tests check them.
+Pure Python (no torch): the commands and the sweep parse their options here, and the
+CPU tests check them.
 
 :class:`WeightPrefetch` is one weight-prefetch configuration of the decode step: the
 per-batch cap, the launch knobs of the prefetch kernel (grid, threads per CTA, chunk,
@@ -28,9 +28,9 @@ DEFAULT_ROUNDS = DECODE_ROUNDS
 DEFAULT_MODELS = ("llama-3.1-8b", "llama-3.2-1b")
 DEFAULT_DTYPES = ("bf16", "fp16")
 #: Per-batch weight-prefetch caps in MiB (bucket bounds: batch b uses the smallest key
-#: >= b; above the largest key, no prefetch). The first H200 run (benchmarks/results/
-#: decode-1) measured these at 0.99x: they are the baseline the sweep
-#: (:mod:`.sweep`) starts from, not a tuned value.
+#: >= b; above the largest key, no prefetch). The first H200 run (decode-1, benchmarks/ARCHIVE.md)
+#: measured these at 0.99x: they are the baseline the sweep (:mod:`.sweep`) starts from,
+#: not a tuned value.
 DEFAULT_CAPS_MIB: dict[int, int] = {1: 32, 2: 32, 4: 32, 8: 16}
 MiB = 1 << 20
 #: Where in a layer the prefetch is forked: right before attention (after the QKV GEMM
@@ -97,15 +97,6 @@ def variant_names(libs: Iterable[str], wpf: bool = True) -> list[str]:
     return names + ([n + WPF for n in names] if wpf else [])
 
 
-def parse_lib_arg(text: str) -> tuple[str, str, str]:
-    """``NAME=path.so:PREFIX`` -> (name, path, prefix): :func:`kvpatch.gpu.launch.parse_lib_spec`,
-    the one parser of library specs (ValueError)."""
-    from ..gpu.launch import parse_lib_spec
-
-    spec = parse_lib_spec(text)
-    return spec.name, spec.path, spec.prefix
-
-
 def parse_ints(text: str, what: str = "list") -> list[int]:
     """``'1,4,16'`` -> ``[1, 4, 16]`` (each >= 1)."""
     try:
@@ -135,7 +126,7 @@ class WeightPrefetch:
     priority: str | int = "high"
 
     def __post_init__(self) -> None:
-        from .kernel import check_launch
+        from ..prefetch.kernel import check_launch
 
         check_launch(self.threads, self.chunk, self.hint)
         if self.grid is not None and (isinstance(self.grid, bool) or not isinstance(self.grid, int) or self.grid < 1):

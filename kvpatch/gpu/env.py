@@ -84,6 +84,11 @@ def decode_event_reasons(value: str | int | None) -> list[str]:
     return names
 
 
+def smi_available() -> bool:
+    """Whether nvidia-smi is here to ask (read only)."""
+    return shutil.which("nvidia-smi") is not None
+
+
 def _run(cmd: list[str], timeout: float = 15.0) -> str | None:
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -105,7 +110,7 @@ def parse_smi_csv(text: str, fields: Sequence[str]) -> list[dict[str, str]]:
 def nvidia_smi_query(fields: Sequence[str] = SMI_FIELDS) -> list[dict[str, str]] | None:
     """One dict per GPU from ``nvidia-smi --query-gpu`` (read only); fields this
     driver does not know are dropped. None without nvidia-smi."""
-    if not shutil.which("nvidia-smi"):
+    if not smi_available():
         return None
 
     def query(fs: Sequence[str]) -> list[dict[str, str]] | None:
@@ -234,7 +239,7 @@ class SmiSampler:
         self._proc: subprocess.Popen | None = None
         self._file: Any = None
         self._samples: list[Sample] | None = None
-        self.available = shutil.which("nvidia-smi") is not None
+        self.available = smi_available()
 
     def start(self) -> "SmiSampler":
         if not self.available:

@@ -75,7 +75,7 @@ def random_alibi_slopes(num_heads: int, rng: random.Random) -> list[float]:
     compiler fused the ALiBi multiply-add rounds like one that did not; with the models'
     magnitudes scaled by a random factor (what kvpatch drew before) the softmax stays flat,
     and an ulp in a float logit reaches a 16-bit v1 output only now and then. On the H200
-    (benchmarks/results/eval-tune-7/probe.log) two such v1 kernels differed from stock in 14
+    (the eval-tune-7 probe, benchmarks/ARCHIVE.md) two such v1 kernels differed from stock in 14
     of 24 cases (0-32 outputs each) with scaled model slopes and in 24 of 24 (10-3135
     outputs) with these."""
     return [rng.gauss(0.0, 1.0) for _ in range(num_heads)]

@@ -192,7 +192,7 @@ class BuildResult:
         ahead of their use as the 'stock' variant's same kernel (:attr:`KernelInfo.load_use`):
         ptxas scheduled each load next to its use, so its latency is exposed. On the H200
         every tuned candidate like that was slower than stock somewhere (:data:`LOAD_USE_RATIO`,
-        benchmarks/results/ctas-probe).
+        the ctas-probe run, benchmarks/ARCHIVE.md).
         Empty without a 'stock' variant or without the numbers (a cached build of an older
         kvpatch)."""
         out = []

@@ -76,7 +76,7 @@ def key_loop_load_use(instrs: Sequence[tuple[int, str]]) -> float | None:
     loop over KV blocks, which loads the keys and reads the query from shared memory.
 
     A heuristic about ptxas' schedule, not a timing: where it is short, each load's latency is
-    exposed (benchmarks/results/ctas-probe)."""
+    exposed (the ctas-probe run, benchmarks/ARCHIVE.md)."""
     index = {addr: i for i, (addr, _) in enumerate(instrs)}
     loops = []
     for i, (_, text) in enumerate(instrs):

@@ -208,3 +208,34 @@ def write_both(first: str | os.PathLike[str], first_data: str | bytes,
         staged.commit()
     finally:
         staged.discard()
+
+
+def read_input(path: str | os.PathLike[str], what: str, *, limit: int | None = None) -> bytes:
+    """The bytes of an input file the user named (a config, a saved JSON, a list of libraries),
+    as one-line :class:`UsageError`s for every way it is not one: missing, a directory, not a
+    regular file (a FIFO would block forever, a device never ends: refused before opening),
+    unreadable, or larger than ``limit`` bytes."""
+    shown = os.fspath(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise UsageError(f"{what} not found: {shown}") from None
+    except OSError as e:
+        raise UsageError(f"cannot read {what} {shown}: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"{what} {shown} is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"{what} {shown} is not a regular file (a pipe, socket or device)")
+    if limit is not None and st.st_size > limit:
+        raise UsageError(f"{what} {shown} is larger than {limit >> 20} MiB: not one kvpatch reads")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise UsageError(f"cannot read {what} {shown}: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # swapped for a pipe after the check
+            raise UsageError(f"{what} {shown} is not a regular file (a pipe, socket or device)")
+        data = f.read(limit + 1 if limit is not None else -1)
+    if limit is not None and len(data) > limit:
+        raise UsageError(f"{what} {shown} is larger than {limit >> 20} MiB: not one kvpatch reads")
+    return data

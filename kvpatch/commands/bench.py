@@ -16,7 +16,7 @@ from ..errors import UsageError
 from ..fsutil import check_outputs
 from ..gpu.defaults import DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP
 from ..progress import QUIET, Progress
-from .common import LibraryOptions, build_libraries, parse_libs, prebuilt, require_device, write_if
+from .common import check_sources, LibraryOptions, build_libraries, parse_libs, prebuilt, require_device, write_if
 
 
 @dataclass
@@ -96,7 +96,7 @@ def run(o: BenchOptions, *, progress: Progress = QUIET) -> Any:
     except ValueError as e:
         raise UsageError(str(e)) from None
     check_outputs(json=o.json_out, plot=o.plot)
-    parse_libs(o.libs)
+    check_sources(o)
     require_device(o.device)
     if o.libs:
         libs = prebuilt(o.libs, o.variant_info)

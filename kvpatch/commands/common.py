@@ -55,10 +55,12 @@ def load_variant_info(path: Optional[Path]) -> dict[str, Any]:
     """``{name: marker-or-dict}`` from a JSON file (``scripts/gpu_prepare.py`` writes ``variants.json``)."""
     if path is None:
         return {}
+    from ..fsutil import read_input
+
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as e:
-        raise UsageError(f"cannot read --variant-info {path}: {str(e).splitlines()[0][:120]}") from None
+        data = json.loads(read_input(path, "--variant-info", limit=64 << 20))
+    except (ValueError, RecursionError) as e:
+        raise UsageError(f"cannot read --variant-info {path}: {str(e).splitlines()[0][:120] or 'nested too deeply'}") from None
     if not isinstance(data, dict):
         raise UsageError(f"--variant-info {path}: expected a JSON object of name -> configuration")
     return {str(k): (v if isinstance(v, dict) else {"marker": v}) for k, v in data.items()}
@@ -98,6 +100,23 @@ def build_libraries(tree: Optional[Path], cwd: Path, arch: str, variants: list, 
     target = resolve(tree, cwd)
     spec = jit.make_spec(target.root, variants, arch, **kernel_options)
     return built(jit.build(spec, progress=progress), variants)
+
+
+def check_sources(o: LibraryOptions) -> None:
+    """What a GPU command runs on, checked before the GPU is: the ``--lib`` specs (files
+    that exist), or the tree to build from and the arch to build for."""
+    from ..arch import parse_arch_list
+    from .tree import resolve
+
+    specs = parse_libs(o.libs)
+    for s in specs:
+        if not Path(s.path).is_file():
+            raise UsageError(f"--lib {s.name}: no library at {s.path}")
+    if not specs:
+        parse_arch_list(o.arch)
+        resolve(o.tree, o.cwd)
+    if o.variant_info is not None:
+        load_variant_info(o.variant_info)
 
 
 def require_device(device: str) -> None:

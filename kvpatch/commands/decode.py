@@ -68,10 +68,12 @@ def library_specs(libs: list[str], libs_file: Optional[Path]) -> list:
     """``--lib`` items and a libs file's lines -> specs; 'stock' among them (when any)."""
     items = list(libs)
     if libs_file is not None:
+        from ..fsutil import read_input
+
         try:
-            text = Path(libs_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise UsageError(f"--libs-file {libs_file}: {getattr(e, 'strerror', None) or e}") from None
+            text = read_input(libs_file, "--libs-file", limit=1 << 20).decode("utf-8")
+        except UnicodeDecodeError:
+            raise UsageError(f"--libs-file {libs_file} is not UTF-8") from None
         items += [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     specs = parse_libs(items)
     if specs and "stock" not in [s.name for s in specs]:

@@ -18,7 +18,7 @@ from ..errors import UsageError
 from ..fsutil import check_outputs, write_atomic, write_both
 from ..gpu.defaults import DEFAULT_ROUNDS, TUNE_REPS
 from ..progress import QUIET, Progress
-from .common import Libraries, LibraryOptions, built, local_machine, parse_libs, prebuilt
+from .common import Libraries, LibraryOptions, built, check_sources, local_machine, parse_libs, prebuilt
 
 
 @dataclass
@@ -107,7 +107,9 @@ def run(o: TuneOptions, *, progress: Progress = QUIET) -> Any:
         raise UsageError("--exclude works with --from (a saved tune JSON)")
     if o.libs and o.grid:
         raise UsageError("--grid builds candidates; with --lib the candidates are the libraries given")
-    parse_libs(o.libs)
+    check_sources(o)
+    if not o.libs and not T.candidates(None, grids):
+        raise UsageError("the --grid yields no candidate (min-kv-mib pairs only with issue=call)")
     require_cuda()
     tree = None
     if o.libs:
@@ -143,21 +145,10 @@ def run(o: TuneOptions, *, progress: Progress = QUIET) -> Any:
 def _rechoose_command(o: TuneOptions) -> Any:
     """``kvpatch tune --from tune.json [--from more.json]``: the saved measurements (merged,
     per kernel the last run's), chosen again; writes the same files."""
-    import gzip
-
     from .. import tune as T
     from ..config import Machine
 
-    runs = []
-    for path in map(Path, o.from_json):
-        try:
-            raw = path.read_bytes()
-            data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-        except (OSError, ValueError, EOFError) as e:
-            raise UsageError(f"cannot read tune JSON {path}: {e}") from None
-        if not isinstance(data, dict):
-            raise UsageError(f"{path} is not a kvpatch tune JSON")
-        runs.append(data)
+    runs = [read_tune_json(path) for path in map(Path, o.from_json)]
     data = runs[0] if len(runs) == 1 else T.merge_tune_data(runs)
     names = ", ".join(f"{Path(p).parent.name}/{Path(p).name}" if Path(p).parent.name else Path(p).name for p in o.from_json)
     machine = Machine.from_dict(data["machine"], f"machine in {names}") if isinstance(data.get("machine"), dict) else None
@@ -165,6 +156,38 @@ def _rechoose_command(o: TuneOptions) -> Any:
         extra = f"chosen again from {names}, policy {o.policy}" + (f", excluding {', '.join(o.exclude)}" if o.exclude else "")
         machine = replace(machine, note="; ".join(x for x in (machine.note, extra) if x))
     return _write_tune(o, T.rechoose(data, policy=o.policy, fallback=o.fallback, exclude=o.exclude, machine=machine))
+
+
+#: A saved tune JSON larger than this (on disk, or decompressed) is not one kvpatch wrote: the
+#: largest real one is ~30 MB.
+MAX_TUNE_JSON = 1 << 30
+
+
+def read_tune_json(path: Path) -> dict:
+    """A saved tune JSON (gzipped or not), bounded: one-line UsageError for a file that is not
+    one, is nested too deeply, or would decompress past :data:`MAX_TUNE_JSON`."""
+    import zlib
+
+    from ..fsutil import read_input
+
+    raw = read_input(path, "tune JSON", limit=MAX_TUNE_JSON)
+    if raw[:2] == b"\x1f\x8b":
+        d = zlib.decompressobj(wbits=31)
+        try:
+            raw = d.decompress(raw, MAX_TUNE_JSON + 1)
+        except zlib.error as e:
+            raise UsageError(f"cannot read tune JSON {path}: corrupt gzip ({e})") from None
+        if len(raw) > MAX_TUNE_JSON or d.unconsumed_tail:
+            raise UsageError(f"cannot read tune JSON {path}: it decompresses to more than {MAX_TUNE_JSON >> 20} MiB")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read tune JSON {path}: {str(e).splitlines()[0][:120]}") from None
+    except RecursionError:
+        raise UsageError(f"cannot read tune JSON {path}: nested too deeply") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} is not a kvpatch tune JSON")
+    return data
 
 
 def _write_tune(o: TuneOptions, report: Any) -> Any:

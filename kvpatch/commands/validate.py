@@ -17,7 +17,7 @@ from typing import Any, Optional
 from ..errors import GpuCheckError, UsageError
 from ..fsutil import check_outputs
 from ..progress import QUIET, Progress
-from .common import Libraries, LibraryOptions, build_libraries, parse_libs, prebuilt, require_device, write_if
+from .common import check_sources, Libraries, LibraryOptions, build_libraries, parse_libs, prebuilt, require_device, write_if
 
 
 @dataclass
@@ -119,7 +119,7 @@ def run(o: ValidateOptions, *, progress: Progress = QUIET) -> ValidateOutcome:
             raise UsageError(f"--upstream-timeout must be > 0 seconds, not {o.upstream_timeout:g}")
     cases, name, sampling = validate_cases(o)
     check_outputs(json=o.json_out)
-    parse_libs(o.libs)
+    check_sources(o)
     require_device(o.device)
     if o.libs:
         libs = prebuilt(o.libs, o.variant_info)

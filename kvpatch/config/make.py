@@ -4,6 +4,7 @@ the rules live in one place."""
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import fields, replace
 from typing import Any
 
@@ -49,9 +50,14 @@ def _int(name: str, value: Any) -> int:
     raise UsageError(f"invalid {name} {_short(value)}: expected an integer")
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 40, 40
+
+
 def _short(value: Any) -> str:
-    """``repr(value)``, cut to fit one line (a value may be thousands of characters)."""
-    text = repr(value) if not isinstance(value, int) or value.bit_length() < 64 else f"{str(value)[:12]}... ({len(str(value))} digits)"
+    """``repr(value)``, cut to fit one line (a value may be thousands of characters, or
+    nested thousands deep)."""
+    text = _REPR.repr(value) if not isinstance(value, int) or value.bit_length() < 64 else f"{str(value)[:12]}... ({len(str(value))} digits)"
     return text if len(text) <= 40 else text[:37] + "..."
 
 

@@ -17,6 +17,10 @@ from .make import make_config
 from .model import DTYPES, PatchConfig
 
 
+#: A kvpatch.toml is a few kB; a larger input is not one.
+MAX_CONFIG_BYTES = 16 << 20
+
+
 def load_config_file(path: Path) -> dict[str, Any]:
     """:func:`read_config_file`'s options (the ``[kvpatch.tuned]`` record checked and left out)."""
     return read_config_file(path)[0]
@@ -30,14 +34,9 @@ def read_config_file(path: Path) -> tuple[dict[str, Any], Machine | None]:
     or non-UTF-8 file, a directory, invalid TOML, keys beside ``[kvpatch]``, and a key
     given twice in its two spellings (``cache-hint`` and ``cache_hint``).
     """
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"config file not found: {path}") from None
-    except IsADirectoryError:
-        raise UsageError(f"config file {path} is a directory") from None
-    except OSError as e:
-        raise UsageError(f"cannot read config file {path}: {e.strerror or e}") from None
+    from ..fsutil import read_input
+
+    raw = read_input(path, "config file", limit=MAX_CONFIG_BYTES)
     try:
         text = raw.decode("utf-8").removeprefix("\ufeff")  # a BOM (Windows editors write one)
     except UnicodeDecodeError as e:
@@ -48,6 +47,8 @@ def read_config_file(path: Path) -> tuple[dict[str, Any], Machine | None]:
         raise UsageError(f"invalid TOML in {path}: {e}") from None
     except ValueError as e:  # e.g. an integer of thousands of digits
         raise UsageError(f"invalid TOML in {path}: {str(e).splitlines()[0][:100]}") from None
+    except RecursionError:
+        raise UsageError(f"invalid TOML in {path}: nested too deeply") from None
     if "kvpatch" in data:
         table = data["kvpatch"]
         if not isinstance(table, dict):

@@ -29,9 +29,9 @@ def require_cuda() -> None:
     try:
         import torch
     except ImportError:
-        raise BuildError("validate and bench need torch with CUDA (pip install torch)") from None
+        raise BuildError("this command needs torch built with CUDA (pip install torch), and a GPU") from None
     if not torch.cuda.is_available():
-        raise BuildError(f"no CUDA GPU visible to torch {torch.__version__}: validate and bench run on a GPU")
+        raise BuildError(f"this command runs on a GPU, and none is visible to torch {torch.__version__}")
 
 
 SMI_FIELDS = (

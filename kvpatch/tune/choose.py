@@ -4,13 +4,14 @@ configuration (pure)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from ..config import DTYPES, RULE_KERNELS, PatchConfig, Selector, make_config
 from ..errors import UsageError
 from ..gpu.points import kernel_selector
 from ..gpu.stats import SLOWER, geomean
+from .grid import FALLBACKS, GRID, GRID_KEYS, POLICIES
 
 
 def validation_failures(report: Any) -> dict[str, set[str]]:

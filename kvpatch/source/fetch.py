@@ -37,6 +37,7 @@ from rich.markup import escape
 
 from ..errors import BuildError, FetchError, UsageError
 from ..fsutil import write_atomic
+from . import git as gitcmd
 from .releases import HEADER, SUPPORTED, carries_header
 from .sdist import _download, _find_sdist, _redact, _unpack
 
@@ -215,11 +216,11 @@ def _remove_leftovers(releases: Path, tag: str) -> None:
 def _obtain(version: str, tree: Path, tmp: Path, *, remote: str, console: Console, git_timeout: float) -> str:
     """Fill ``tree`` with the release via git, else the sdist; return a line describing the source."""
     tag = release_tag(version)
-    git = require_git(f"fetching vLLM {version}")
+    require_git(f"fetching vLLM {version}")
     try:
         _clone(remote, tag, tree, timeout=git_timeout)
         return f"git {_redact(remote)} {tag}"
-    except (git.GitError, OSError, ValueError) as exc:
+    except (gitcmd.GitFailed, OSError, ValueError) as exc:
         git_reason = _git_reason(exc, git_timeout)
         shutil.rmtree(tree, ignore_errors=True)
     index = _index_url()
@@ -233,7 +234,11 @@ def _obtain(version: str, tree: Path, tmp: Path, *, remote: str, console: Consol
     _download(sdist, archive, console)
     mtime = _unpack(archive, f"vllm-{version}", tree)
     archive.unlink()
-    _make_repo(tree, version, date=mtime)
+    try:
+        _make_repo(tree, version, date=mtime)
+    except (gitcmd.GitFailed, OSError) as exc:
+        why = exc.reason() if isinstance(exc, gitcmd.GitFailed) else (getattr(exc, "strerror", None) or str(exc))
+        raise FetchError(f"cannot commit the unpacked {sdist.filename} into the cache: git said {why}") from None
     return f"sdist {_redact(sdist.url)} sha256={sdist.sha256}"
 
 
@@ -241,92 +246,78 @@ def _obtain(version: str, tree: Path, tmp: Path, *, remote: str, console: Consol
 
 
 def git_executable() -> str | None:
-    """The git kvpatch would run (GitPython's choice: ``$GIT_PYTHON_GIT_EXECUTABLE``, else PATH)."""
+    """The git kvpatch runs (``$GIT_PYTHON_GIT_EXECUTABLE``, as GitPython chose it, else PATH)."""
     return shutil.which(os.environ.get("GIT_PYTHON_GIT_EXECUTABLE") or "git")
 
 
-def require_git(why: str):
-    """GitPython, imported only where git is needed (its import fails without a git
-    executable, and most commands never need one); exit 5 naming git otherwise."""
-    if git_executable() is None:
+def require_git(why: str) -> str:
+    """The git executable; exit 5 naming git when there is none."""
+    found = git_executable()
+    if found is None:
         raise BuildError(f"git not found on PATH: {why} needs it (install git)")
-    try:
-        import git
-    except ImportError as exc:  # a git GitPython cannot run
-        raise BuildError(f"git cannot be used ({str(exc).strip().splitlines()[0]}): {why} needs it") from None
-    return git
+    return found
 
 
 def _clone(remote: str, tag: str, dest: Path, *, timeout: float) -> None:
-    """Shallow-clone ``tag`` of ``remote`` into ``dest`` (killed after ``timeout`` s); tag HEAD."""
-    git = require_git("git clone")
-    git.Git.check_unsafe_protocols(remote)  # refuse ext:: and friends
-    runner = git.Git()
-    runner.update_environment(GIT_TERMINAL_PROMPT="0")  # never block on a credentials prompt
-    runner(c="advice.detachedHead=false").clone(
-        "--quiet", "--depth=1", "--single-branch", "--branch", tag, "--", remote, str(dest),
-        kill_after_timeout=timeout,
-    )
-    repo = git.Repo(dest)
-    head = repo.head.commit
-    if tag not in repo.tags or repo.tags[tag].commit != head:
-        repo.create_tag(tag, ref=head, force=True)
+    """Shallow-clone ``tag`` of ``remote`` into ``dest`` (killed after ``timeout`` s); tag HEAD.
+
+    Run as every git command on kvpatch's repositories is (:mod:`.git`): none of the
+    caller's git environment or configuration, no hooks, no template.
+    """
+    exe = require_git("git clone")
+    gitcmd.check_remote(remote)  # ext::, fd::, other remote helpers, options
+    gitcmd.run(gitcmd.own(exe, "clone", "--quiet", "--template=", "--depth=1", "--single-branch", "--branch", tag,
+                          "--", remote, dest),
+               env=gitcmd.own_env(network=True), timeout=timeout)  # fmt: skip
+    env = gitcmd.own_env()
+    gitdir = dest / ".git"
+    head = gitcmd.run(gitcmd.own(exe, "rev-parse", "--verify", "HEAD^{commit}", git_dir=gitdir), env=env).strip()
+    try:
+        tagged = gitcmd.run(gitcmd.own(exe, "rev-parse", "-q", "--verify", f"refs/tags/{tag}^{{commit}}",
+                                       git_dir=gitdir), env=env).strip()  # fmt: skip
+    except gitcmd.GitFailed:
+        tagged = b""
+    if tagged != head:
+        gitcmd.run(gitcmd.own(exe, "tag", "-f", tag, head.decode(), git_dir=gitdir), env=env)
 
 
 def _git_reason(exc: BaseException, timeout: float | None = None) -> str:
     """A short, one-line reason for a failed clone."""
-    git = require_git("git clone")
-    if isinstance(exc, git.GitCommandError):
-        text = str(exc.stderr or "")
-        if "Timeout: the command" in text or "kill_after_timeout" in text:  # GitPython killed it
+    if isinstance(exc, gitcmd.GitFailed):
+        if exc.timed_out:
             return f"timed out after {timeout:g} s" if timeout is not None else "timed out"
-        lines = [re.sub(r"^(stderr:\s*)?['\"]?", "", line.strip()).strip("'\" ") for line in text.splitlines()]
-        lines = [line for line in lines if line]
-        reason = lines[-1] if lines else f"exit status {exc.status}"
-        reason = re.sub(r"^(fatal|error):\s*", "", reason)
-        reason = re.sub(r"^unable to access '[^']*':\s*", "", reason)
-    else:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return exc.reason()
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return reason if len(reason) <= 160 else reason[:157] + "..."
 
 
 def _make_repo(tree: Path, version: str, *, date: int) -> None:
     """Turn ``tree`` into a repository with one commit of every file, tagged ``v<version>``.
 
-    Independent of the user's git configuration: identity via env vars, global
-    and system config ignored, signing and hooks off.  ``date`` (from the sdist)
-    makes the commit id the same on every machine.
+    Independent of the user's git environment and configuration (:mod:`.git`):
+    identity and dates set here, hooks, signing and templates off, the repository named
+    explicitly. ``date`` (from the sdist) makes the commit id the same on every machine.
+    The tree's own ``.gitattributes`` cannot change what is committed (filters, eol,
+    ident, encodings): ``.git/info/attributes`` outranks it.
     """
     name, email = _IDENTITY
     # git refuses dates before 1970 or after 2099: an absurd member mtime must not stop the commit
     stamp = f"@{min(max(int(date), 0), 4_102_444_799)} +0000"
-    git = require_git("unpacking a source distribution")
-    runner = git.Git(str(tree))
-    runner.update_environment(
-        GIT_CONFIG_GLOBAL=os.devnull,
-        GIT_CONFIG_NOSYSTEM="1",
-        GIT_AUTHOR_NAME=name,
-        GIT_AUTHOR_EMAIL=email,
-        GIT_COMMITTER_NAME=name,
-        GIT_COMMITTER_EMAIL=email,
-        GIT_AUTHOR_DATE=stamp,
-        GIT_COMMITTER_DATE=stamp,
-    )
-    options = [
-        f"user.name={name}",
-        f"user.email={email}",
-        "commit.gpgsign=false",
-        "tag.gpgsign=false",
-        "core.autocrlf=false",
-        "core.safecrlf=false",
-        "gc.auto=0",
-        "init.defaultBranch=main",
-    ]
-    cfg = runner(c=options)
-    cfg.init("--quiet")
-    cfg.add("-A", "--force", ".")  # --force: the sdist's own .gitignore must not drop files
-    cfg.commit("--quiet", "--no-verify", "-m", f"vLLM {version} (source distribution)")
-    cfg.tag(release_tag(version))
+    exe = require_git("unpacking a source distribution")
+    env = gitcmd.own_env(extra={
+        "GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": email,
+        "GIT_AUTHOR_DATE": stamp, "GIT_COMMITTER_DATE": stamp,
+    })  # fmt: skip
+    gitdir = tree / ".git"
+    gitcmd.run(gitcmd.own(exe, "init", "--quiet", "--template=", tree), env=env)
+    (gitdir / "info").mkdir(exist_ok=True)
+    (gitdir / "info" / "attributes").write_text("* -text -filter -ident -working-tree-encoding -export-subst\n")
+    repo = {"git_dir": gitdir, "work_tree": tree}
+    # --force: the sdist's own .gitignore must not drop files
+    gitcmd.run(gitcmd.own(exe, "add", "-A", "--force", "--", ".", **repo), env=env, cwd=tree)
+    gitcmd.run(gitcmd.own(exe, "commit", "--quiet", "--no-verify", "-m", f"vLLM {version} (source distribution)",
+                          **repo), env=env, cwd=tree)  # fmt: skip
+    gitcmd.run(gitcmd.own(exe, "tag", release_tag(version), git_dir=gitdir), env=env)
 
 
 # --------------------------------------------------------------------------- package index

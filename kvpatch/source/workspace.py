@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -28,6 +27,7 @@ import filelock
 
 from ..errors import BuildError, KvpatchError, PatchError, UsageError
 from ..fsutil import Staged, stage, write_atomic
+from . import git as gitcmd
 from .releases import HEADER, revision_of
 
 __all__ = [
@@ -87,20 +87,16 @@ class Tree:
         git = shutil.which("git")
         if git is None:
             return None, "git is not on PATH"
-        try:
-            proc = subprocess.run(
-                [git, "-C", str(self.root), "show", f"HEAD:{HEADER}"],
-                capture_output=True,
-                env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"},
-            )
+        try:  # the user's configuration (safe.directory, autocrlf), never a leaked GIT_DIR
+            out = gitcmd.run(gitcmd.user(git, self.root, "show", f"HEAD:{HEADER}"), env=gitcmd.user_env())
         except OSError as e:
             return None, f"git cannot run ({e.strerror or e})"
-        if proc.returncode != 0:
-            lines = [line.strip() for line in proc.stderr.decode("utf-8", "replace").splitlines() if line.strip()]
+        except gitcmd.GitFailed as e:
+            lines = [line.strip() for line in e.stderr.splitlines() if line.strip()]
             why = next((line for line in lines if "dubious ownership" in line), lines[-1] if lines else "")
             return None, f"'git show HEAD:{HEADER}' failed ({why.removeprefix('fatal: ')[:120]})"
         try:
-            return proc.stdout.decode("utf-8"), ""
+            return out.decode("utf-8"), ""
         except UnicodeDecodeError:
             return None, "the committed header is not UTF-8"
 
@@ -314,18 +310,14 @@ def checkout(release_tree: Path, dest: Path, tag: str) -> None:
         raise BuildError(f"git not found on PATH: checking out {tag} into {dest} needs it (install git)")
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
-        proc = subprocess.run(
-            [git, "clone", "--quiet", "--local", "--branch", tag, str(release_tree), str(tmp)],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C"},
-        )
-        if proc.returncode != 0:
-            last = [line for line in proc.stderr.splitlines() if line.strip()][-1:] or ["no output"]
+        try:
+            gitcmd.run(gitcmd.own(git, "clone", "--quiet", "--template=", "--local", "--branch", tag, "--",
+                                  release_tree, tmp), env=gitcmd.own_env())  # fmt: skip
+        except gitcmd.GitFailed as e:
             raise KvpatchError(
-                f"could not check out {tag} from the cached release {release_tree} ({last[0].strip()[:160]}); "
+                f"could not check out {tag} from the cached release {release_tree} ({e.reason()}); "
                 f"if the cache is damaged, delete {release_tree} and run again"
-            )
+            ) from None
         os.replace(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -82,9 +82,24 @@ def _unsupported(version: str) -> FetchError:
 
 
 def cache_root() -> Path:
-    """``$KVPATCH_CACHE`` if set, else the platform's user cache dir. Creates nothing."""
+    """``$KVPATCH_CACHE`` if set, else the platform's user cache dir; always absolute (a
+    relative one is taken relative to the current directory, now). Creates nothing."""
     env = os.environ.get("KVPATCH_CACHE")
-    return Path(env).expanduser() if env else Path(platformdirs.user_cache_dir("kvpatch"))
+    if env:
+        return _absolute(Path(env).expanduser(), f"KVPATCH_CACHE={env}")
+    return _absolute(Path(platformdirs.user_cache_dir("kvpatch")), "the user cache directory")
+
+
+def _absolute(path: Path, what: str) -> Path:
+    """``path`` made absolute against the current directory (``..`` kept: a symlinked
+    directory before it must not change where it points)."""
+    if path.is_absolute():
+        return path
+    try:
+        return Path.cwd() / path
+    except OSError as e:  # the current directory was removed
+        raise UsageError(f"{what} is relative and the current directory cannot be read ({e.strerror or e}); "
+                         "give an absolute path") from None
 
 
 def check_release(version: str) -> None:
@@ -115,7 +130,7 @@ def fetch_release(
     check_release(version)
     console = console if console is not None else Console(stderr=True)
     tag = release_tag(version)
-    releases = Path(cache if cache is not None else cache_root()) / "releases"
+    releases = (_absolute(Path(cache), "the cache") if cache is not None else cache_root()) / "releases"
     final = releases / tag
     marker = releases / f"{tag}.complete"
     noheader = releases / f"{tag}.noheader"
@@ -301,6 +316,7 @@ def _make_repo(tree: Path, version: str, *, date: int) -> None:
     ident, encodings): ``.git/info/attributes`` outranks it.
     """
     name, email = _IDENTITY
+    tree = tree.absolute()
     # git refuses dates before 1970 or after 2099: an absurd member mtime must not stop the commit
     stamp = f"@{min(max(int(date), 0), 4_102_444_799)} +0000"
     exe = require_git("unpacking a source distribution")

@@ -291,12 +291,24 @@ def _write_header(tree: Tree, text: str) -> None:
 # --------------------------------------------------------------------------- checkout
 
 
-def checkout(release_tree: Path, dest: Path, tag: str) -> None:
-    """A private clone of the cached pristine release at ``dest`` (objects hardlinked).
+def _same_device(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` (existing paths) are on one file system: git can hardlink."""
+    try:
+        return os.stat(a).st_dev == os.stat(b).st_dev
+    except OSError:
+        return False
 
-    Call under :func:`workspace_lock`. A ``dest`` left empty or broken (no ``.git``, no
-    header) is replaced; a ``.partial`` clone of a killed run is removed first.
+
+def checkout(release_tree: Path, dest: Path, tag: str) -> None:
+    """A private clone of the cached pristine release at ``dest``.
+
+    Objects are hardlinked when the cache is on the working directory's file system and
+    copied otherwise, or when linking fails there (``fs.protected_hardlinks``, a cache
+    another user owns). Call under :func:`workspace_lock`. A ``dest`` left empty or
+    broken (no ``.git``, no header) is replaced; a ``.partial`` clone of a killed run is
+    removed first.
     """
+    release_tree, dest = Path(release_tree).absolute(), Path(dest).absolute()
     if (dest / ".git").exists() and (dest / HEADER).exists():
         return
     if dest.is_dir() and not any(dest.iterdir()):
@@ -309,15 +321,22 @@ def checkout(release_tree: Path, dest: Path, tag: str) -> None:
     if git is None:
         raise BuildError(f"git not found on PATH: checking out {tag} into {dest} needs it (install git)")
     dest.parent.mkdir(parents=True, exist_ok=True)
+    modes = ["--local", "--no-hardlinks"] if _same_device(release_tree / ".git" / "objects", dest.parent) \
+        else ["--no-hardlinks"]  # fmt: skip
     try:
-        try:
-            gitcmd.run(gitcmd.own(git, "clone", "--quiet", "--template=", "--local", "--branch", tag, "--",
-                                  release_tree, tmp), env=gitcmd.own_env())  # fmt: skip
-        except gitcmd.GitFailed as e:
-            raise KvpatchError(
-                f"could not check out {tag} from the cached release {release_tree} ({e.reason()}); "
-                f"if the cache is damaged, delete {release_tree} and run again"
-            ) from None
+        for mode in modes:
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                gitcmd.run(gitcmd.own(git, "clone", "--quiet", "--template=", mode, "--branch", tag, "--",
+                                      release_tree, tmp), env=gitcmd.own_env())  # fmt: skip
+                break
+            except gitcmd.GitFailed as e:
+                if mode != modes[-1]:
+                    continue  # hardlinking failed (or something else did: a copy says which)
+                raise KvpatchError(
+                    f"could not check out {tag} from the cached release {release_tree} ({e.reason()}); "
+                    f"if the cache is damaged, delete {release_tree} and run again"
+                ) from None
         os.replace(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -31,7 +31,7 @@ from . import git as gitcmd
 from .releases import HEADER, revision_of
 
 __all__ = [
-    "STATE_DIR", "State", "Tree", "check_no_local_edits", "checkout", "resolve_tree", "unified_diff",
+    "STATE_DIR", "State", "Tree", "check_no_local_edits", "checkout", "protected_paths", "resolve_tree", "unified_diff",
     "workspace_lock", "write_atomic", "write_header_and_state",
 ]  # fmt: skip
 
@@ -243,6 +243,24 @@ def resolve_tree(tree: Path | None, cwd: Path) -> Tree:
 
 
 # --------------------------------------------------------------------------- writing a workspace
+
+
+def protected_paths(cwd: Path, tree: Tree | None = None) -> dict[str, Path]:
+    """What no output of a command run in ``cwd`` may overwrite, by what it is: kvpatch's
+    state directory (``.kvpatch/``: the state, the lock, the checkouts; all of it) and
+    the tree's header (``tree``, else the tree the last apply here recorded, if any).
+    For :func:`kvpatch.fsutil.check_outputs`'s ``protected``."""
+    paths = {f"kvpatch's state directory {STATE_DIR}/": cwd / STATE_DIR}
+    if tree is None:
+        try:
+            state = State.load(cwd)
+        except KvpatchError:  # a corrupt state names no tree; the command says so itself
+            state = None
+        tree = Tree(Path(state.tree)) if state is not None else None
+    if tree is not None:
+        paths["the tree's header"] = tree.header
+    return paths
+
 
 
 @contextlib.contextmanager

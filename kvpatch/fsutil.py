@@ -5,7 +5,9 @@ over the target, so a symlinked file is updated where it really lives (the link 
 a link) and a reader never sees a partial file; on any failure the old file is left as
 it was and the temporary file is removed. A path that names a device, pipe or socket
 (``/dev/stdout``, ``/dev/null``) is written in place: there is nothing to replace, and
-renaming over it would clobber the device node. ``write_if_different`` skips the write
+renaming over it would clobber the device node; a FIFO nobody reads fails after
+:data:`FIFO_WAIT` seconds instead of blocking forever. :func:`read_regular` reads an
+input only if it is a regular file (a FIFO, socket or device could block or never end). ``write_if_different`` skips the write
 when the content is already there (build inputs keep their mtimes).
 """
 
@@ -68,14 +70,117 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, mode: int |
             view = view[os.write(fd, view):]
         return Path(path)
     if _in_place(path):
-        with open(path, "wb") as f:
-            f.write(raw)
+        _write_in_place(path, raw)
         return Path(path)
     staged = stage(path, raw, mode=mode)
     try:
         return staged.commit()
     finally:
         staged.discard()
+
+
+#: How long an output that is a FIFO waits for a reader (``kvpatch diff -o pipe`` started
+#: before the ``cat pipe`` that reads it) before failing, rather than blocking forever.
+FIFO_WAIT = 30.0
+
+
+def _write_in_place(path: str | os.PathLike[str], raw: bytes) -> None:
+    """Write to a device or FIFO as it is. Opened non-blocking: a FIFO without a reader is
+    retried until :data:`FIFO_WAIT` runs out, then an OSError (ENXIO) says so; writing
+    then blocks as a pipe does (a reader that goes away is a BrokenPipeError)."""
+    import fcntl
+    import time
+
+    deadline = time.monotonic() + FIFO_WAIT
+    flags = os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        try:
+            fd = os.open(path, flags)
+            break
+        except OSError as e:
+            fifo = e.errno == errno.ENXIO and stat.S_ISFIFO(os.stat(path).st_mode)
+            if not fifo:
+                raise
+            if time.monotonic() >= deadline:
+                raise OSError(errno.ENXIO, f"no process reads the FIFO (waited {FIFO_WAIT:g} s)", os.fspath(path)) from None
+            time.sleep(0.05)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        view = memoryview(raw)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+#: The most :func:`read_regular` reads by default (a header is ~40 kB, a state file less).
+READ_LIMIT = 64 << 20
+
+
+class NotRegularFileError(OSError):
+    """A path that names a FIFO, socket or device where a regular file is read; ``kind``
+    says which ("a FIFO")."""
+
+    def __init__(self, path: str | os.PathLike[str], kind: str) -> None:
+        super().__init__(errno.EINVAL, f"is {kind}, not a regular file", os.fspath(path))
+        self.kind = kind
+
+
+class FileTooLargeError(OSError):
+    """A file larger than the reader's limit."""
+
+    def __init__(self, path: str | os.PathLike[str], size: int, limit: int) -> None:
+        super().__init__(errno.EFBIG, f"is {size} bytes, more than the {limit} bytes kvpatch reads", os.fspath(path))
+        self.size, self.limit = size, limit
+
+
+def file_kind(mode: int) -> str:
+    """What a ``st_mode`` is, in words: "a regular file", "a FIFO", "a directory" ..."""
+    for test, kind in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symlink")):  # fmt: skip
+        if test(mode):
+            return kind
+    return "not a file"
+
+
+def read_regular(path: str | os.PathLike[str], *, limit: int | None = None) -> bytes:
+    """The bytes of the regular file at ``path`` (symlinks followed), never blocking.
+
+    Anything else is refused before it is opened for reading: FileNotFoundError,
+    IsADirectoryError, :class:`NotRegularFileError` (FIFO, socket, device: reading
+    could block forever or never end), :class:`FileTooLargeError` beyond ``limit``
+    (default :data:`READ_LIMIT`). It is opened non-blocking and checked again on the
+    descriptor, so a file swapped for a FIFO in between cannot block either.
+    """
+    limit = READ_LIMIT if limit is None else limit
+    mode = os.stat(path).st_mode
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, "Is a directory", os.fspath(path))
+    if not stat.S_ISREG(mode):
+        raise NotRegularFileError(path, file_kind(mode))
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFileError(path, file_kind(st.st_mode))
+        if st.st_size > limit:
+            raise FileTooLargeError(path, st.st_size, limit)
+        chunks, size = [], 0
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:  # grew while read
+                raise FileTooLargeError(path, size, limit)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- writing in two steps
 
 
 class Staged:

@@ -26,6 +26,7 @@ from typing import Callable, Iterator
 import filelock
 
 from ..errors import BuildError, KvpatchError, PatchError, UsageError
+from .. import fsutil
 from ..fsutil import Staged, stage, write_atomic
 from . import git as gitcmd
 from .releases import HEADER, revision_of
@@ -63,14 +64,7 @@ class Tree:
 
     def read_header(self) -> str:
         """The header's text (CRLF kept); one-line errors for every way reading can fail."""
-        try:
-            data = self.header.read_bytes()
-        except FileNotFoundError:
-            raise PatchError(f"{self.root} has no {HEADER}: not a supported vLLM tree") from None
-        except IsADirectoryError:
-            raise PatchError(f"{self.header} is a directory, not vLLM's header") from None
-        except OSError as e:
-            raise PatchError(f"cannot read {self.header}: {e.strerror or e}") from None
+        data = self.read_header_bytes()
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -79,6 +73,24 @@ class Tree:
                 f"{self.header} is not UTF-8 (byte 0x{data[e.start]:02x} at line {line}): "
                 "kvpatch patches vLLM's UTF-8 header only"
             ) from None
+
+    def read_header_bytes(self) -> bytes:
+        """The header's bytes; refused (PatchError) unless it is a regular file: a FIFO,
+        socket or device is never opened for reading (it could block forever)."""
+        try:
+            return fsutil.read_regular(self.header)
+        except FileNotFoundError:
+            raise PatchError(f"{self.root} has no {HEADER}: not a supported vLLM tree") from None
+        except IsADirectoryError:
+            raise PatchError(f"{self.header} is a directory, not vLLM's header") from None
+        except fsutil.NotRegularFileError as e:
+            raise PatchError(f"{self.header} is {e.kind}, not a regular file: kvpatch reads and replaces "
+                             "vLLM's header file only") from None  # fmt: skip
+        except fsutil.FileTooLargeError as e:
+            raise PatchError(f"{self.header} is {e.size} bytes: not vLLM's header (kvpatch reads at most "
+                             f"{e.limit})") from None  # fmt: skip
+        except OSError as e:
+            raise PatchError(f"cannot read {self.header}: {e.strerror or e}") from None
 
     def committed_header(self) -> tuple[str | None, str]:
         """(the header as committed at HEAD, '') or (None, why it cannot be read)."""
@@ -184,17 +196,25 @@ class State:
         return json.dumps(self.__dict__, indent=2) + "\n"
 
     def save(self, cwd: Path) -> None:
-        write_atomic(State.path(cwd), self.text())
+        """Replace the state file (whatever is there: a FIFO is replaced, never written into)."""
+        staged = stage(State.path(cwd), self.text())
+        try:
+            staged.commit()
+        finally:
+            staged.discard()
 
     @staticmethod
     def load(cwd: Path) -> State | None:
         path = State.path(cwd)
         try:
-            data = json.loads(path.read_bytes().decode("utf-8"))
+            data = json.loads(fsutil.read_regular(path).decode("utf-8"))
         except FileNotFoundError:
             return None
         except IsADirectoryError:
             raise KvpatchError(f"{path} is a directory; delete it and run 'kvpatch apply' again") from None
+        except (fsutil.NotRegularFileError, fsutil.FileTooLargeError) as e:
+            raise KvpatchError(f"{path} {e.strerror}: not the file kvpatch writes; delete it and run "
+                               "'kvpatch apply' again") from None  # fmt: skip
         except OSError as e:
             raise KvpatchError(f"cannot read {path}: {e.strerror or e}") from None
         except ValueError as e:  # not UTF-8 / not JSON

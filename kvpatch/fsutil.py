@@ -148,7 +148,13 @@ def file_kind(mode: int) -> str:
 
 
 def read_regular(path: str | os.PathLike[str], *, limit: int | None = None) -> bytes:
-    """The bytes of the regular file at ``path`` (symlinks followed), never blocking.
+    """The bytes of the regular file at ``path``; see :func:`read_regular_with_stat`."""
+    return read_regular_with_stat(path, limit=limit)[0]
+
+
+def read_regular_with_stat(path: str | os.PathLike[str], *, limit: int | None = None) -> tuple[bytes, os.stat_result]:
+    """The bytes of the regular file at ``path`` (symlinks followed), never blocking, and
+    its ``fstat`` (the file those bytes came from: device, inode, mtime).
 
     Anything else is refused before it is opened for reading: FileNotFoundError,
     IsADirectoryError, :class:`NotRegularFileError` (FIFO, socket, device: reading
@@ -175,7 +181,7 @@ def read_regular(path: str | os.PathLike[str], *, limit: int | None = None) -> b
             size += len(chunk)
             if size > limit:  # grew while read
                 raise FileTooLargeError(path, size, limit)
-        return b"".join(chunks)
+        return b"".join(chunks), st
     finally:
         os.close(fd)
 

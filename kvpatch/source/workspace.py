@@ -53,6 +53,20 @@ def _lf(text: str) -> str:
 
 
 @dataclass(frozen=True)
+class HeaderSnapshot:
+    """Which file a header read came from, and when it was last written."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+
+    @staticmethod
+    def of(st: os.stat_result) -> HeaderSnapshot:
+        return HeaderSnapshot(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@dataclass(frozen=True)
 class Tree:
     """A vLLM source tree kvpatch patches."""
 
@@ -64,7 +78,20 @@ class Tree:
 
     def read_header(self) -> str:
         """The header's text (CRLF kept); one-line errors for every way reading can fail."""
-        data = self.read_header_bytes()
+        return self.read_header_snapshot()[0]
+
+    def read_header_snapshot(self) -> tuple[str, HeaderSnapshot]:
+        """The header's text and a snapshot of the file it was read from, for
+        :func:`write_header_and_state` (``seen=``) to tell whether it changed since."""
+        data, st = self._read()
+        return self._decode(data), HeaderSnapshot.of(st)
+
+    def read_header_bytes(self) -> bytes:
+        """The header's bytes; refused (PatchError) unless it is a regular file: a FIFO,
+        socket or device is never opened for reading (it could block forever)."""
+        return self._read()[0]
+
+    def _decode(self, data: bytes) -> str:
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -74,11 +101,9 @@ class Tree:
                 "kvpatch patches vLLM's UTF-8 header only"
             ) from None
 
-    def read_header_bytes(self) -> bytes:
-        """The header's bytes; refused (PatchError) unless it is a regular file: a FIFO,
-        socket or device is never opened for reading (it could block forever)."""
+    def _read(self) -> tuple[bytes, os.stat_result]:
         try:
-            return fsutil.read_regular(self.header)
+            return fsutil.read_regular_with_stat(self.header)
         except FileNotFoundError:
             raise PatchError(f"{self.root} has no {HEADER}: not a supported vLLM tree") from None
         except IsADirectoryError:
@@ -295,35 +320,56 @@ def workspace_lock(cwd: Path) -> Iterator[None]:
         yield
 
 
-def write_header_and_state(tree: Tree, old: str, new: str | None, state: State | None, cwd: Path) -> None:
+def write_header_and_state(tree: Tree, old: str, new: str | None, state: State | None, cwd: Path, *,
+                           seen: HeaderSnapshot | None = None) -> None:  # fmt: skip
     """Write the header (``new``; None = unchanged) and the state as one step, state last.
 
     The state is written to a temporary file first (a full disk fails there, before
-    the header changes); then the header is replaced; then the state file is renamed
-    into place. If that last step fails, the header is put back as it was.
+    the header changes); then the header's replacement is staged beside it; then the
+    header is checked against ``old``, the text the caller read (and ``seen``, the
+    snapshot of that read, when given: the same file, not rewritten since): a header
+    saved by someone else meanwhile is a PatchError and keeps their text; then the
+    header is renamed into place, then the state file. If that last step fails, the
+    header is put back as it was.
     """
+    changing = new is not None and new != old
     staged: Staged | None = stage(State.path(cwd), state.text()) if state is not None else None
+    header: Staged | None = None
     try:
-        if new is not None and new != old:
-            _write_header(tree, new)
+        if changing:
+            header = _stage_header(tree, new)
+            _check_unchanged(tree, old, seen)
+            try:
+                header.commit()
+            except OSError as e:
+                raise PatchError(f"cannot write {tree.header}: {e.strerror or e} (the header is unchanged)") from None
         if staged is not None:
             try:
                 staged.commit()
             except BaseException:
-                if new is not None and new != old:
+                if changing:
                     with contextlib.suppress(Exception):
                         write_atomic(tree.header, old)
                 raise
     finally:
-        if staged is not None:
-            staged.discard()
+        for pending in (header, staged):
+            if pending is not None:
+                pending.discard()
 
 
-def _write_header(tree: Tree, text: str) -> None:
+def _stage_header(tree: Tree, text: str) -> Staged:
     try:
-        write_atomic(tree.header, text)
+        return fsutil.stage(tree.header, text)
     except OSError as e:
         raise PatchError(f"cannot write {tree.header}: {e.strerror or e} (the header is unchanged)") from None
+
+
+def _check_unchanged(tree: Tree, old: str, seen: HeaderSnapshot | None) -> None:
+    """Refuse (PatchError) when the header is no longer what the caller read."""
+    data, st = tree._read()
+    if data != old.encode("utf-8") or (seen is not None and HeaderSnapshot.of(st) != seen):
+        raise PatchError(f"{tree.header} changed while kvpatch was patching it (saved by an editor or another "
+                         "program?); it is left as it is now, with those changes: run the command again")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- checkout

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -32,7 +33,7 @@ from . import git as gitcmd
 from .releases import HEADER, revision_of
 
 __all__ = [
-    "STATE_DIR", "State", "Tree", "check_no_local_edits", "checkout", "protected_paths", "resolve_tree", "unified_diff",
+    "STATE_DIR", "State", "Tree", "check_header_writable", "check_no_local_edits", "checkout", "protected_paths", "resolve_tree", "unified_diff",
     "workspace_lock", "write_atomic", "write_header_and_state",
 ]  # fmt: skip
 
@@ -320,8 +321,28 @@ def workspace_lock(cwd: Path) -> Iterator[None]:
         yield
 
 
+def check_header_writable(tree: Tree, *, force_write: bool = False) -> None:
+    """Refuse (PatchError) to replace a header its owner made read-only (no owner write
+    bit: root passes every access check, so the mode is read too) or this user may not
+    write (``os.access``): the atomic rename would replace it regardless of its
+    permissions. ``force_write`` (a ``--force-write`` option) replaces it anyway; the new
+    header keeps the old one's mode. A missing header is left to the reader to report."""
+    if force_write:
+        return
+    try:
+        mode = os.stat(tree.header).st_mode
+    except OSError:
+        return
+    octal = f"{stat.S_IMODE(mode):04o}"
+    if not mode & stat.S_IWUSR:
+        raise PatchError(f"{tree.header} is read-only (mode {octal}): kvpatch leaves it as it is; make it "
+                         "writable (chmod u+w) to patch it")  # fmt: skip
+    if not os.access(tree.header, os.W_OK):
+        raise PatchError(f"{tree.header} is not writable by this user (mode {octal}): kvpatch leaves it as it is")
+
+
 def write_header_and_state(tree: Tree, old: str, new: str | None, state: State | None, cwd: Path, *,
-                           seen: HeaderSnapshot | None = None) -> None:  # fmt: skip
+                           seen: HeaderSnapshot | None = None, force_write: bool = False) -> None:  # fmt: skip
     """Write the header (``new``; None = unchanged) and the state as one step, state last.
 
     The state is written to a temporary file first (a full disk fails there, before
@@ -330,9 +351,13 @@ def write_header_and_state(tree: Tree, old: str, new: str | None, state: State |
     snapshot of that read, when given: the same file, not rewritten since): a header
     saved by someone else meanwhile is a PatchError and keeps their text; then the
     header is renamed into place, then the state file. If that last step fails, the
-    header is put back as it was.
+    header is put back as it was. A header that is read-only, or not this user's to
+    write, is refused before anything is written (:func:`check_header_writable`),
+    unless ``force_write``.
     """
     changing = new is not None and new != old
+    if changing:
+        check_header_writable(tree, force_write=force_write)
     staged: Staged | None = stage(State.path(cwd), state.text()) if state is not None else None
     header: Staged | None = None
     try:

@@ -7,14 +7,17 @@ remembered in ``.kvpatch/state.json`` so that ``diff``, ``build`` and ``revert``
 need no arguments.
 
 Everything that changes a workspace (the checkout under ``.kvpatch/``, the header,
-``state.json``) happens under one lock per workspace, ``.kvpatch/lock``; the header
-and the state are written as one step (:func:`write_header_and_state`).
+``state.json``) happens under one lock per workspace, ``.kvpatch/lock``, and every
+write of a tree's header under the tree's lock (in its git directory, else beside the
+header); :func:`locked` takes both, in that order. The header and the state are
+written as one step (:func:`write_header_and_state`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
+import errno
 import hashlib
 import json
 import os
@@ -24,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-import filelock
 
 from ..errors import BuildError, KvpatchError, PatchError, UsageError
 from .. import fsutil
@@ -33,8 +35,9 @@ from . import git as gitcmd
 from .releases import HEADER, revision_of
 
 __all__ = [
-    "STATE_DIR", "State", "Tree", "check_header_writable", "check_no_local_edits", "checkout", "protected_paths", "resolve_tree", "unified_diff",
-    "workspace_lock", "write_atomic", "write_header_and_state",
+    "STATE_DIR", "State", "Tree", "check_header_writable", "check_no_local_edits", "checkout", "locked",
+    "protected_paths", "resolve_tree", "tree_lock", "tree_lock_path", "unified_diff", "workspace_lock", "write_atomic",
+    "write_header_and_state",
 ]  # fmt: skip
 
 STATE_DIR = ".kvpatch"
@@ -305,20 +308,100 @@ def protected_paths(cwd: Path, tree: Tree | None = None) -> dict[str, Path]:
         tree = Tree(Path(state.tree)) if state is not None else None
     if tree is not None:
         paths["the tree's header"] = tree.header
+        paths["the tree's lock"] = tree_lock_path(tree)
     return paths
 
 
 
+#: The tree's lock: in its git directory (never in ``git status``), else beside the header.
+TREE_LOCK_IN_GIT = "kvpatch-lock"
+TREE_LOCK_BESIDE_HEADER = ".kvpatch.lock"
+
+
 @contextlib.contextmanager
-def workspace_lock(cwd: Path) -> Iterator[None]:
-    """Hold ``cwd/.kvpatch/lock``: one apply/revert at a time changes this workspace."""
+def workspace_lock(cwd: Path, *, timeout: float | None = None,
+                   on_wait: Callable[[], None] | None = None) -> Iterator[None]:  # fmt: skip
+    """Hold ``cwd/.kvpatch/lock``: one apply/revert at a time changes this workspace.
+
+    The file stays after the command (waiters must share its inode) and says so in its
+    text; only a running kvpatch holds it (:func:`kvpatch.fsutil.hold_lock`)."""
     folder = cwd / STATE_DIR
     try:
         folder.mkdir(exist_ok=True)
     except FileExistsError:
         raise KvpatchError(f"{folder} is not a directory; move it away") from None
-    with filelock.FileLock(str(folder / LOCK_FILE)):
+    with fsutil.hold_lock(folder / LOCK_FILE, timeout=timeout, on_wait=on_wait,
+                          what=f"this workspace ({folder})"):  # fmt: skip
         yield
+
+
+def _git_dir(root: Path) -> Path | None:
+    """The git directory of the checkout at ``root``: ``root/.git``, or where a ``.git``
+    file (a worktree, a submodule) points. Read from the files, never from ``GIT_DIR``."""
+    dotgit = root / ".git"
+    if dotgit.is_dir():
+        return dotgit
+    try:
+        first = fsutil.read_regular(dotgit, limit=4096).decode("utf-8").splitlines()[0]
+    except (OSError, UnicodeDecodeError, IndexError):
+        return None
+    if not first.startswith("gitdir:"):
+        return None
+    target = Path(first[len("gitdir:"):].strip())
+    target = target if target.is_absolute() else root / target
+    return target if target.is_dir() else None
+
+
+def _tree_lock_candidates(tree: Tree) -> list[Path]:
+    gitdir = _git_dir(tree.root)
+    beside = fsutil.resolve_target(tree.header).parent / TREE_LOCK_BESIDE_HEADER
+    return ([gitdir / TREE_LOCK_IN_GIT] if gitdir is not None else []) + [beside]
+
+
+def tree_lock_path(tree: Tree) -> Path:
+    """Where the tree's lock lives: ``<git dir>/kvpatch-lock`` for a git checkout (no
+    ``git status`` shows it), else ``.kvpatch.lock`` beside the (resolved) header."""
+    return _tree_lock_candidates(tree)[0]
+
+
+@contextlib.contextmanager
+def tree_lock(tree: Tree, *, timeout: float | None = None,
+              on_wait: Callable[[], None] | None = None) -> Iterator[None]:  # fmt: skip
+    """Hold the tree's lock (:func:`tree_lock_path`): one kvpatch at a time writes a
+    tree's header, whichever working directory it runs in. Re-entrant in a thread.
+
+    Where the git directory cannot take a file (read-only, another user's), the lock
+    beside the header is used; where neither can, the tree cannot be written either
+    and nothing is locked (the write fails on its own, in one line)."""
+    unlockable = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR)
+    with contextlib.ExitStack() as stack:
+        for path in _tree_lock_candidates(tree):
+            try:
+                stack.enter_context(fsutil.hold_lock(path, timeout=timeout, on_wait=on_wait,
+                                                     what=f"the tree {tree.root}"))  # fmt: skip
+                break
+            except TimeoutError:
+                raise
+            except OSError as e:
+                if e.errno not in unlockable:
+                    raise
+        yield
+
+
+@contextlib.contextmanager
+def locked(cwd: Path, tree: Tree | None = None, *, timeout: float | None = None,
+           on_wait: Callable[[], None] | None = None) -> Iterator[None]:  # fmt: skip
+    """Hold the workspace's lock, then the tree's (``tree``; None: the workspace's only).
+
+    Always in that order, and a tree lock is never held while waiting for a workspace
+    lock: two commands cannot deadlock. Hold it from reading the header to writing it,
+    so that two working directories patching one ``--tree`` run one after the other."""
+    with workspace_lock(cwd, timeout=timeout, on_wait=on_wait):
+        if tree is None:
+            yield
+            return
+        with tree_lock(tree, timeout=timeout, on_wait=on_wait):
+            yield
 
 
 def check_header_writable(tree: Tree, *, force_write: bool = False) -> None:
@@ -355,6 +438,12 @@ def write_header_and_state(tree: Tree, old: str, new: str | None, state: State |
     write, is refused before anything is written (:func:`check_header_writable`),
     unless ``force_write``.
     """
+    with tree_lock(tree):  # re-entrant: held already under locked(cwd, tree)
+        _write_header_and_state(tree, old, new, state, cwd, seen=seen, force_write=force_write)
+
+
+def _write_header_and_state(tree: Tree, old: str, new: str | None, state: State | None, cwd: Path, *,
+                            seen: HeaderSnapshot | None, force_write: bool) -> None:  # fmt: skip
     changing = new is not None and new != old
     if changing:
         check_header_writable(tree, force_write=force_write)

@@ -17,6 +17,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import stat
 import tempfile
 import threading
@@ -237,6 +238,50 @@ def stage(path: str | os.PathLike[str], data: str | bytes, *, mode: int | None =
         Path(tmp).unlink(missing_ok=True)
         raise
     return Staged(Path(tmp), target)
+
+
+#: A temporary file of :func:`stage` older than this (seconds) belongs to no live writer:
+#: staging takes milliseconds, so a concurrent writer's is always younger.
+STALE_AFTER = 10.0
+#: The names :func:`stage` gives (``tempfile.mkstemp``: 8 of ``[a-z0-9_]``).
+_TEMP_NAME = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp")
+
+
+def is_temp_name(filename: str, name: str | None = None) -> bool:
+    """Whether ``filename`` is a temporary file :func:`stage` writes (for target ``name``)."""
+    match = _TEMP_NAME.fullmatch(filename)
+    return match is not None and (name is None or match["name"] == name)
+
+
+def remove_stale_temps(folder: str | os.PathLike[str], names: Iterable[str] | None = None, *,
+                       older_than: float | None = None) -> list[Path]:  # fmt: skip
+    """Remove what killed writes left in ``folder``: regular files named as :func:`stage`
+    names them (for one of ``names``; None: for any name) and older than ``older_than``
+    seconds (default :data:`STALE_AFTER`). Nothing else is touched, symlinks and
+    directories of such names included. Idempotent and safe to run concurrently: a file
+    already gone is skipped. Returns what was removed."""
+    limit = time.time() - (STALE_AFTER if older_than is None else older_than)
+    wanted = None if names is None else set(names)
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _TEMP_NAME.fullmatch(entry.name)
+        if match is None or (wanted is not None and match["name"] not in wanted):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode) or st.st_mtime > limit:
+                continue
+            os.unlink(entry.path)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            continue  # not ours to remove after all (permissions): left as it is
+        removed.append(Path(entry.path))
+    return sorted(removed)
 
 
 def write_if_different(path: str | os.PathLike[str], data: str | bytes) -> bool:

@@ -36,7 +36,7 @@ from .releases import HEADER, revision_of
 
 __all__ = [
     "STATE_DIR", "State", "Tree", "check_header_writable", "check_no_local_edits", "checkout", "locked",
-    "protected_paths", "resolve_tree", "tree_lock", "tree_lock_path", "unified_diff", "workspace_lock", "write_atomic",
+    "protected_paths", "remove_stale_temps", "resolve_tree", "tree_lock", "tree_lock_path", "unified_diff", "workspace_lock", "write_atomic",
     "write_header_and_state",
 ]  # fmt: skip
 
@@ -434,7 +434,8 @@ def write_header_and_state(tree: Tree, old: str, new: str | None, state: State |
     snapshot of that read, when given: the same file, not rewritten since): a header
     saved by someone else meanwhile is a PatchError and keeps their text; then the
     header is renamed into place, then the state file. If that last step fails, the
-    header is put back as it was. A header that is read-only, or not this user's to
+    header is put back as it was. Temporary files killed writes left beside the header
+    and in ``.kvpatch/`` are removed first (:func:`remove_stale_temps`). A header that is read-only, or not this user's to
     write, is refused before anything is written (:func:`check_header_writable`),
     unless ``force_write``.
     """
@@ -445,6 +446,7 @@ def write_header_and_state(tree: Tree, old: str, new: str | None, state: State |
 def _write_header_and_state(tree: Tree, old: str, new: str | None, state: State | None, cwd: Path, *,
                             seen: HeaderSnapshot | None, force_write: bool) -> None:  # fmt: skip
     changing = new is not None and new != old
+    remove_stale_temps(tree, cwd)
     if changing:
         check_header_writable(tree, force_write=force_write)
     staged: Staged | None = stage(State.path(cwd), state.text()) if state is not None else None
@@ -469,6 +471,14 @@ def _write_header_and_state(tree: Tree, old: str, new: str | None, state: State 
         for pending in (header, staged):
             if pending is not None:
                 pending.discard()
+
+
+def remove_stale_temps(tree: Tree, cwd: Path) -> list[Path]:
+    """Remove the temporary files killed writes left beside the (resolved) header and in
+    ``cwd/.kvpatch/`` (:func:`kvpatch.fsutil.remove_stale_temps`: kvpatch's exact
+    names, older than a few seconds). Called by every write, under the tree's lock."""
+    header = fsutil.resolve_target(tree.header)
+    return fsutil.remove_stale_temps(header.parent, [header.name]) + fsutil.remove_stale_temps(cwd / STATE_DIR)
 
 
 def _stage_header(tree: Tree, text: str) -> Staged:

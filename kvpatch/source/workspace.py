@@ -260,8 +260,23 @@ class State:
         if not ok:
             raise KvpatchError(f"corrupt {path} (not the object kvpatch writes); delete it and run "
                                "'kvpatch apply' again")  # fmt: skip
+        if data["version"] is not None and not _canonical(data["version"]):
+            shown = repr(data["version"]) if len(data["version"]) <= 40 else repr(data["version"][:37]) + "..."
+            raise KvpatchError(f"corrupt {path} (version {shown} is not a release number as kvpatch writes it); "
+                               "delete it and run 'kvpatch apply' again")  # fmt: skip
         return State(tree=data["tree"], version=data["version"], config=data["config"],
                      marker=data.get("marker"), stock_sha256=data.get("stock_sha256"))  # fmt: skip
+
+
+def _canonical(version: str) -> bool:
+    """Whether ``version`` is a release number as :func:`kvpatch.source.fetch.normalize_version`
+    returns it (``'0.10.2'``; not ``'v0.10.2'``, ``'0.10.02'``, ``'0.10.2\\n'``, ``''``)."""
+    from .fetch import normalize_version
+
+    try:
+        return normalize_version(version) == version
+    except UsageError:
+        return False
 
 
 def resolve_tree(tree: Path | None, cwd: Path) -> Tree:

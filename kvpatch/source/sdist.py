@@ -16,6 +16,7 @@ import json
 import lzma
 import math
 import os
+import re
 import shutil
 import sys
 import tarfile
@@ -76,9 +77,21 @@ class _Unreachable(Exception):
         self.reason = reason
 
 
+def _parse_url(url: str) -> urllib.parse.SplitResult:
+    """``urlsplit`` that also checks what it parses lazily (the port, the host): a ValueError
+    here ("Invalid IPv6 URL", "Port out of range") instead of later, wherever it is read."""
+    parts = urllib.parse.urlsplit(url)
+    _ = parts.port, parts.hostname, parts.username, parts.password
+    return parts
+
+
 def _index_scheme(index: str) -> str:
     """The index URL's scheme, refusing what is not an http(s) or file URL."""
-    parts = urllib.parse.urlsplit(index)
+    try:
+        parts = _parse_url(index)
+    except ValueError as exc:
+        raise FetchError(f"the package index {_redact(index)!r} (PIP_INDEX_URL or pip's index-url) is not a valid "
+                         f"URL ({_short_reason(exc)})") from None  # fmt: skip
     if parts.scheme in ("http", "https") and parts.hostname:
         return parts.scheme
     if parts.scheme == "file":
@@ -119,7 +132,7 @@ def _remote_packages(index: str) -> list:
     except (requests.ConnectionError, requests.Timeout) as exc:
         raise _Unreachable(_short_reason(exc)) from None
     except (UnsupportedContentTypeError, UnsupportedRepoVersionError, pydantic.ValidationError, ValueError,
-            KeyError, TypeError) as exc:  # fmt: skip
+            KeyError, TypeError, RecursionError) as exc:  # fmt: skip  (RecursionError: JSON nested too deep)
         raise FetchError(f"package index {_redact(index)} sent a vllm page kvpatch cannot read "
                          f"({type(exc).__name__}: {_short_reason(exc)})") from None  # fmt: skip
     except requests.RequestException as exc:
@@ -148,7 +161,7 @@ def _local_packages(index: str) -> list:
             page = ProjectPage.from_html("vllm", (folder / "index.html").read_bytes(), base)
         else:
             raise _NotFound()
-    except (pydantic.ValidationError, ValueError, KeyError, TypeError) as exc:
+    except (pydantic.ValidationError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise FetchError(f"package index {_redact(index)} has a vllm page kvpatch cannot read "
                          f"({type(exc).__name__}: {_short_reason(exc)})") from None  # fmt: skip
     return list(page.packages)
@@ -162,6 +175,11 @@ def _short_reason(exc: BaseException) -> str:
 def _sdist_from(pkg, index: str) -> _Sdist:
     """The package's download, checked: an http(s) link (a file:// link only on a file://
     index), carrying the index's credentials exactly when it is on the index's host."""
+    try:
+        _parse_url(pkg.url)
+    except ValueError as exc:
+        raise FetchError(f"refusing the link {_redact(pkg.url)!r} on {_redact(index)}: not a valid URL "
+                         f"({_short_reason(exc)})") from None  # fmt: skip
     url = _with_index_credentials(pkg.url, index)
     scheme = urllib.parse.urlsplit(url).scheme
     allowed = ("http", "https") if _index_scheme(index) != "file" else ("file",)
@@ -193,12 +211,16 @@ def _no_network(index: str, version: str, reason: object, git_reason: str) -> Fe
 
 
 def _redact(url: str) -> str:
-    """``url`` without a password, fit to print."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
+    """``url`` without a password, fit to print; never raises (a URL Python cannot parse
+    has whatever stands between ``user:`` and ``@`` starred out)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url)
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    if not at or ":" not in userinfo:
         return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{userinfo.split(':', 1)[0]}:***@{hostport}"))
 
 
 # --------------------------------------------------------------------------- download and unpack

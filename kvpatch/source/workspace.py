@@ -249,6 +249,9 @@ class State:
         except ValueError as e:  # not UTF-8 / not JSON
             raise KvpatchError(f"corrupt {path} ({str(e).splitlines()[0][:80]}); delete it and run "
                                "'kvpatch apply' again") from None  # fmt: skip
+        except RecursionError:
+            raise KvpatchError(f"corrupt {path} (JSON nested too deep); delete it and run "
+                               "'kvpatch apply' again") from None  # fmt: skip
         ok = (
             isinstance(data, dict)
             and isinstance(data.get("tree"), str) and data["tree"] and "\0" not in data["tree"]

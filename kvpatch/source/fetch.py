@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..errors import BuildError, FetchError, UsageError
-from ..fsutil import write_atomic
+from ..fsutil import read_regular, write_atomic
 from . import git as gitcmd
 from .releases import HEADER, SUPPORTED, carries_header
 from .sdist import _download, _find_sdist, _redact, _unpack
@@ -124,7 +124,10 @@ def fetch_release(
     unknown or unsupported releases and when nothing can be reached; a release
     outside FIRST..LAST is refused before any I/O, and a release in that range
     found without the header is remembered (``vX.noheader``) and refused from then on
-    without I/O.
+    without I/O, when a canonical source said so (:func:`_remembered`): kvpatch's
+    default remote, or the package index pip is configured for (then only while pip is
+    configured for that index). A ``remote`` of the caller's choosing is never
+    remembered. The refusal names the record's file.
     """
     version = normalize_version(version)
     check_release(version)
@@ -134,8 +137,9 @@ def fetch_release(
     final = releases / tag
     marker = releases / f"{tag}.complete"
     noheader = releases / f"{tag}.noheader"
-    if noheader.is_file():
-        raise _unsupported(version)
+    earlier = _remembered(noheader)
+    if earlier is not None:
+        raise _no_header(version, f"found by an earlier fetch: {earlier}", noheader)
     if _cached(final, marker, tag):
         return final
 
@@ -143,8 +147,10 @@ def fetch_release(
     # One lock for the whole release cache: fetches of different releases wait for
     # each other, and no lock file is left per release (or per mistyped version).
     with _locked(releases / ".lock", tag, console):
-        if noheader.is_file():
-            raise _unsupported(version)
+        earlier = _remembered(noheader)
+        if earlier is not None:
+            raise _no_header(version, f"found by an earlier fetch: {earlier}", noheader)
+        noheader.unlink(missing_ok=True)  # another source's verdict: this one is asked
         if _cached(final, marker, tag, console):  # another process finished it meanwhile
             return final
         _remove_leftovers(releases, tag)
@@ -153,14 +159,64 @@ def fetch_release(
             tree = tmp / "tree"
             origin = _obtain(version, tree, tmp, remote=remote, console=console, git_timeout=git_timeout)
             if not (tree / HEADER).is_file():
+                if origin.kind == "git" and not _default_remote(origin.source):
+                    raise _no_header(version, f"in {origin}; not remembered: {_redact(origin.source)} is not "
+                                              f"kvpatch's default remote {DEFAULT_REMOTE}")  # fmt: skip
                 # Remembered: the next apply of this release is refused without a download.
-                write_atomic(noheader, origin + "\n")
-                raise _unsupported(version)
+                write_atomic(noheader, f"{origin}\nsource {origin.kind} {_redact(origin.source)}\n")
+                raise _no_header(version, str(origin), noheader)
             os.replace(tree, final)
             write_atomic(marker, f"{origin}\ntag {_tag_ref(final, tag) or '-'}\n")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+class _Origin(str):
+    """The line describing where a release came from, and which source that was:
+    ``kind`` "git" (``source`` the remote) or "index" (``source`` the index URL)."""
+
+    kind: str
+    source: str
+
+    def __new__(cls, line: str, kind: str, source: str) -> _Origin:
+        self = super().__new__(cls, line)
+        self.kind, self.source = kind, source
+        return self
+
+
+def _default_remote(remote: str) -> bool:
+    return remote.rstrip("/").removesuffix(".git") == DEFAULT_REMOTE.rstrip("/").removesuffix(".git")
+
+
+def _no_header(version: str, where: str, record: Path | None = None) -> FetchError:
+    remembered = f"; remembered in {record}: delete that file to fetch v{version} again" if record else ""
+    return FetchError(f"vLLM {version} has no {HEADER} ({where}); {SUPPORTED}{remembered}")
+
+
+def _remembered(record: Path) -> str | None:
+    """What a ``vX.noheader`` record says, if it still counts: written from kvpatch's default
+    remote, or from the index pip is configured for now. A record of another index, or of
+    a remote of the user's choosing (which an older kvpatch wrote), does not count; nor
+    does one that cannot be read (the next fetch replaces it)."""
+    try:
+        lines = read_regular(record, limit=1 << 16).decode("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    origin = lines[0] if lines else ""
+    source = next((line[len("source "):] for line in lines if line.startswith("source ")), None)
+    if source is None:  # an older kvpatch's record: its line names the source
+        kind, _, rest = origin.partition(" ")
+        where = rest.split(" ")[0]
+        ok = (kind == "git" and _default_remote(where)) or \
+             (kind == "sdist" and where.startswith("https://files.pythonhosted.org/"))  # fmt: skip
+        return origin if ok else None
+    kind, _, where = source.partition(" ")
+    if kind == "git":
+        return origin if _default_remote(where) else None
+    if kind == "index":
+        return origin if where == _redact(_index_url()) else None
+    return None
 
 
 def _tag_ref(tree: Path, tag: str) -> str | None:
@@ -228,13 +284,13 @@ def _remove_leftovers(releases: Path, tag: str) -> None:
         shutil.rmtree(releases / tag, ignore_errors=True)
 
 
-def _obtain(version: str, tree: Path, tmp: Path, *, remote: str, console: Console, git_timeout: float) -> str:
+def _obtain(version: str, tree: Path, tmp: Path, *, remote: str, console: Console, git_timeout: float) -> _Origin:
     """Fill ``tree`` with the release via git, else the sdist; return a line describing the source."""
     tag = release_tag(version)
     require_git(f"fetching vLLM {version}")
     try:
         _clone(remote, tag, tree, timeout=git_timeout)
-        return f"git {_redact(remote)} {tag}"
+        return _Origin(f"git {_redact(remote)} {tag}", "git", remote)
     except (gitcmd.GitFailed, OSError, ValueError) as exc:
         git_reason = _git_reason(exc, git_timeout)
         shutil.rmtree(tree, ignore_errors=True)
@@ -254,7 +310,7 @@ def _obtain(version: str, tree: Path, tmp: Path, *, remote: str, console: Consol
     except (gitcmd.GitFailed, OSError) as exc:
         why = exc.reason() if isinstance(exc, gitcmd.GitFailed) else (getattr(exc, "strerror", None) or str(exc))
         raise FetchError(f"cannot commit the unpacked {sdist.filename} into the cache: git said {why}") from None
-    return f"sdist {_redact(sdist.url)} sha256={sdist.sha256}"
+    return _Origin(f"sdist {_redact(sdist.url)} sha256={sdist.sha256}", "index", index)
 
 
 # --------------------------------------------------------------------------- git

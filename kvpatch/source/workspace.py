@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-
 from ..errors import BuildError, KvpatchError, PatchError, UsageError
 from .. import fsutil
 from ..fsutil import Staged, stage, write_atomic
@@ -35,9 +34,9 @@ from . import git as gitcmd
 from .releases import HEADER, revision_of
 
 __all__ = [
-    "STATE_DIR", "State", "Tree", "check_header_writable", "check_no_local_edits", "checkout", "locked",
-    "protected_paths", "remove_stale_temps", "resolve_tree", "tree_lock", "tree_lock_path", "unified_diff", "workspace_lock", "write_atomic",
-    "write_header_and_state",
+    "STATE_DIR", "HeaderSnapshot", "State", "Tree", "check_header_writable", "check_no_local_edits", "checkout",
+    "locked", "protected_paths", "remove_stale_temps", "resolve_tree", "tree_lock", "tree_lock_path", "unified_diff",
+    "workspace_lock", "write_atomic", "write_header_and_state",
 ]  # fmt: skip
 
 STATE_DIR = ".kvpatch"
@@ -452,8 +451,11 @@ def write_header_and_state(tree: Tree, old: str, new: str | None, state: State |
     snapshot of that read, when given: the same file, not rewritten since): a header
     saved by someone else meanwhile is a PatchError and keeps their text; then the
     header is renamed into place, then the state file. If that last step fails, the
-    header is put back as it was. Temporary files killed writes left beside the header
-    and in ``.kvpatch/`` are removed first (:func:`remove_stale_temps`). A header that is read-only, or not this user's to
+    header is put back as it was.
+
+    All of it under the tree's lock (:func:`tree_lock`). First, the temporary files
+    killed writes left beside the header and in ``.kvpatch/`` are removed
+    (:func:`remove_stale_temps`); a header that is read-only, or not this user's to
     write, is refused before anything is written (:func:`check_header_writable`),
     unless ``force_write``.
     """

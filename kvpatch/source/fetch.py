@@ -36,7 +36,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..errors import BuildError, FetchError, UsageError
-from ..fsutil import write_atomic
+from ..fsutil import read_regular, write_atomic
+from . import git as gitcmd
 from .releases import HEADER, SUPPORTED, carries_header
 from .sdist import _download, _find_sdist, _redact, _unpack
 
@@ -81,9 +82,24 @@ def _unsupported(version: str) -> FetchError:
 
 
 def cache_root() -> Path:
-    """``$KVPATCH_CACHE`` if set, else the platform's user cache dir. Creates nothing."""
+    """``$KVPATCH_CACHE`` if set, else the platform's user cache dir; always absolute (a
+    relative one is taken relative to the current directory, now). Creates nothing."""
     env = os.environ.get("KVPATCH_CACHE")
-    return Path(env).expanduser() if env else Path(platformdirs.user_cache_dir("kvpatch"))
+    if env:
+        return _absolute(Path(env).expanduser(), f"KVPATCH_CACHE={env}")
+    return _absolute(Path(platformdirs.user_cache_dir("kvpatch")), "the user cache directory")
+
+
+def _absolute(path: Path, what: str) -> Path:
+    """``path`` made absolute against the current directory (``..`` kept: a symlinked
+    directory before it must not change where it points)."""
+    if path.is_absolute():
+        return path
+    try:
+        return Path.cwd() / path
+    except OSError as e:  # the current directory was removed
+        raise UsageError(f"{what} is relative and the current directory cannot be read ({e.strerror or e}); "
+                         "give an absolute path") from None
 
 
 def check_release(version: str) -> None:
@@ -108,18 +124,22 @@ def fetch_release(
     unknown or unsupported releases and when nothing can be reached; a release
     outside FIRST..LAST is refused before any I/O, and a release in that range
     found without the header is remembered (``vX.noheader``) and refused from then on
-    without I/O.
+    without I/O, when a canonical source said so (:func:`_remembered`): kvpatch's
+    default remote, or the package index pip is configured for (then only while pip is
+    configured for that index). A ``remote`` of the caller's choosing is never
+    remembered. The refusal names the record's file.
     """
     version = normalize_version(version)
     check_release(version)
     console = console if console is not None else Console(stderr=True)
     tag = release_tag(version)
-    releases = Path(cache if cache is not None else cache_root()) / "releases"
+    releases = (_absolute(Path(cache), "the cache") if cache is not None else cache_root()) / "releases"
     final = releases / tag
     marker = releases / f"{tag}.complete"
     noheader = releases / f"{tag}.noheader"
-    if noheader.is_file():
-        raise _unsupported(version)
+    earlier = _remembered(noheader)
+    if earlier is not None:
+        raise _no_header(version, f"found by an earlier fetch: {earlier}", noheader)
     if _cached(final, marker, tag):
         return final
 
@@ -127,8 +147,10 @@ def fetch_release(
     # One lock for the whole release cache: fetches of different releases wait for
     # each other, and no lock file is left per release (or per mistyped version).
     with _locked(releases / ".lock", tag, console):
-        if noheader.is_file():
-            raise _unsupported(version)
+        earlier = _remembered(noheader)
+        if earlier is not None:
+            raise _no_header(version, f"found by an earlier fetch: {earlier}", noheader)
+        noheader.unlink(missing_ok=True)  # another source's verdict: this one is asked
         if _cached(final, marker, tag, console):  # another process finished it meanwhile
             return final
         _remove_leftovers(releases, tag)
@@ -137,14 +159,64 @@ def fetch_release(
             tree = tmp / "tree"
             origin = _obtain(version, tree, tmp, remote=remote, console=console, git_timeout=git_timeout)
             if not (tree / HEADER).is_file():
+                if origin.kind == "git" and not _default_remote(origin.source):
+                    raise _no_header(version, f"in {origin}; not remembered: {_redact(origin.source)} is not "
+                                              f"kvpatch's default remote {DEFAULT_REMOTE}")  # fmt: skip
                 # Remembered: the next apply of this release is refused without a download.
-                write_atomic(noheader, origin + "\n")
-                raise _unsupported(version)
+                write_atomic(noheader, f"{origin}\nsource {origin.kind} {_redact(origin.source)}\n")
+                raise _no_header(version, str(origin), noheader)
             os.replace(tree, final)
             write_atomic(marker, f"{origin}\ntag {_tag_ref(final, tag) or '-'}\n")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+class _Origin(str):
+    """The line describing where a release came from, and which source that was:
+    ``kind`` "git" (``source`` the remote) or "index" (``source`` the index URL)."""
+
+    kind: str
+    source: str
+
+    def __new__(cls, line: str, kind: str, source: str) -> _Origin:
+        self = super().__new__(cls, line)
+        self.kind, self.source = kind, source
+        return self
+
+
+def _default_remote(remote: str) -> bool:
+    return remote.rstrip("/").removesuffix(".git") == DEFAULT_REMOTE.rstrip("/").removesuffix(".git")
+
+
+def _no_header(version: str, where: str, record: Path | None = None) -> FetchError:
+    remembered = f"; remembered in {record}: delete that file to fetch v{version} again" if record else ""
+    return FetchError(f"vLLM {version} has no {HEADER} ({where}); {SUPPORTED}{remembered}")
+
+
+def _remembered(record: Path) -> str | None:
+    """What a ``vX.noheader`` record says, if it still counts: written from kvpatch's default
+    remote, or from the index pip is configured for now. A record of another index, or of
+    a remote of the user's choosing (which an older kvpatch wrote), does not count; nor
+    does one that cannot be read (the next fetch replaces it)."""
+    try:
+        lines = read_regular(record, limit=1 << 16).decode("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    origin = lines[0] if lines else ""
+    source = next((line[len("source "):] for line in lines if line.startswith("source ")), None)
+    if source is None:  # an older kvpatch's record: its line names the source
+        kind, _, rest = origin.partition(" ")
+        where = rest.split(" ")[0]
+        ok = (kind == "git" and _default_remote(where)) or \
+             (kind == "sdist" and where.startswith("https://files.pythonhosted.org/"))  # fmt: skip
+        return origin if ok else None
+    kind, _, where = source.partition(" ")
+    if kind == "git":
+        return origin if _default_remote(where) else None
+    if kind == "index":
+        return origin if where == _redact(_index_url()) else None
+    return None
 
 
 def _tag_ref(tree: Path, tag: str) -> str | None:
@@ -212,14 +284,14 @@ def _remove_leftovers(releases: Path, tag: str) -> None:
         shutil.rmtree(releases / tag, ignore_errors=True)
 
 
-def _obtain(version: str, tree: Path, tmp: Path, *, remote: str, console: Console, git_timeout: float) -> str:
+def _obtain(version: str, tree: Path, tmp: Path, *, remote: str, console: Console, git_timeout: float) -> _Origin:
     """Fill ``tree`` with the release via git, else the sdist; return a line describing the source."""
     tag = release_tag(version)
-    git = require_git(f"fetching vLLM {version}")
+    require_git(f"fetching vLLM {version}")
     try:
         _clone(remote, tag, tree, timeout=git_timeout)
-        return f"git {_redact(remote)} {tag}"
-    except (git.GitError, OSError, ValueError) as exc:
+        return _Origin(f"git {_redact(remote)} {tag}", "git", remote)
+    except (gitcmd.GitFailed, OSError, ValueError) as exc:
         git_reason = _git_reason(exc, git_timeout)
         shutil.rmtree(tree, ignore_errors=True)
     index = _index_url()
@@ -233,100 +305,91 @@ def _obtain(version: str, tree: Path, tmp: Path, *, remote: str, console: Consol
     _download(sdist, archive, console)
     mtime = _unpack(archive, f"vllm-{version}", tree)
     archive.unlink()
-    _make_repo(tree, version, date=mtime)
-    return f"sdist {_redact(sdist.url)} sha256={sdist.sha256}"
+    try:
+        _make_repo(tree, version, date=mtime)
+    except (gitcmd.GitFailed, OSError) as exc:
+        why = exc.reason() if isinstance(exc, gitcmd.GitFailed) else (getattr(exc, "strerror", None) or str(exc))
+        raise FetchError(f"cannot commit the unpacked {sdist.filename} into the cache: git said {why}") from None
+    return _Origin(f"sdist {_redact(sdist.url)} sha256={sdist.sha256}", "index", index)
 
 
 # --------------------------------------------------------------------------- git
 
 
 def git_executable() -> str | None:
-    """The git kvpatch would run (GitPython's choice: ``$GIT_PYTHON_GIT_EXECUTABLE``, else PATH)."""
+    """The git kvpatch runs (``$GIT_PYTHON_GIT_EXECUTABLE``, as GitPython chose it, else PATH)."""
     return shutil.which(os.environ.get("GIT_PYTHON_GIT_EXECUTABLE") or "git")
 
 
-def require_git(why: str):
-    """GitPython, imported only where git is needed (its import fails without a git
-    executable, and most commands never need one); exit 5 naming git otherwise."""
-    if git_executable() is None:
+def require_git(why: str) -> str:
+    """The git executable; exit 5 naming git when there is none."""
+    found = git_executable()
+    if found is None:
         raise BuildError(f"git not found on PATH: {why} needs it (install git)")
-    try:
-        import git
-    except ImportError as exc:  # a git GitPython cannot run
-        raise BuildError(f"git cannot be used ({str(exc).strip().splitlines()[0]}): {why} needs it") from None
-    return git
+    return found
 
 
 def _clone(remote: str, tag: str, dest: Path, *, timeout: float) -> None:
-    """Shallow-clone ``tag`` of ``remote`` into ``dest`` (killed after ``timeout`` s); tag HEAD."""
-    git = require_git("git clone")
-    git.Git.check_unsafe_protocols(remote)  # refuse ext:: and friends
-    runner = git.Git()
-    runner.update_environment(GIT_TERMINAL_PROMPT="0")  # never block on a credentials prompt
-    runner(c="advice.detachedHead=false").clone(
-        "--quiet", "--depth=1", "--single-branch", "--branch", tag, "--", remote, str(dest),
-        kill_after_timeout=timeout,
-    )
-    repo = git.Repo(dest)
-    head = repo.head.commit
-    if tag not in repo.tags or repo.tags[tag].commit != head:
-        repo.create_tag(tag, ref=head, force=True)
+    """Shallow-clone ``tag`` of ``remote`` into ``dest`` (killed after ``timeout`` s); tag HEAD.
+
+    Run as every git command on kvpatch's repositories is (:mod:`.git`): none of the
+    caller's git environment or configuration, no hooks, no template.
+    """
+    exe = require_git("git clone")
+    gitcmd.check_remote(remote)  # ext::, fd::, other remote helpers, options
+    gitcmd.run(gitcmd.own(exe, "clone", "--quiet", "--template=", "--depth=1", "--single-branch", "--branch", tag,
+                          "--", remote, dest),
+               env=gitcmd.own_env(network=True), timeout=timeout)  # fmt: skip
+    env = gitcmd.own_env()
+    gitdir = dest / ".git"
+    head = gitcmd.run(gitcmd.own(exe, "rev-parse", "--verify", "HEAD^{commit}", git_dir=gitdir), env=env).strip()
+    try:
+        tagged = gitcmd.run(gitcmd.own(exe, "rev-parse", "-q", "--verify", f"refs/tags/{tag}^{{commit}}",
+                                       git_dir=gitdir), env=env).strip()  # fmt: skip
+    except gitcmd.GitFailed:
+        tagged = b""
+    if tagged != head:
+        gitcmd.run(gitcmd.own(exe, "tag", "-f", tag, head.decode(), git_dir=gitdir), env=env)
 
 
 def _git_reason(exc: BaseException, timeout: float | None = None) -> str:
     """A short, one-line reason for a failed clone."""
-    git = require_git("git clone")
-    if isinstance(exc, git.GitCommandError):
-        text = str(exc.stderr or "")
-        if "Timeout: the command" in text or "kill_after_timeout" in text:  # GitPython killed it
+    if isinstance(exc, gitcmd.GitFailed):
+        if exc.timed_out:
             return f"timed out after {timeout:g} s" if timeout is not None else "timed out"
-        lines = [re.sub(r"^(stderr:\s*)?['\"]?", "", line.strip()).strip("'\" ") for line in text.splitlines()]
-        lines = [line for line in lines if line]
-        reason = lines[-1] if lines else f"exit status {exc.status}"
-        reason = re.sub(r"^(fatal|error):\s*", "", reason)
-        reason = re.sub(r"^unable to access '[^']*':\s*", "", reason)
-    else:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return exc.reason()
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return reason if len(reason) <= 160 else reason[:157] + "..."
 
 
 def _make_repo(tree: Path, version: str, *, date: int) -> None:
     """Turn ``tree`` into a repository with one commit of every file, tagged ``v<version>``.
 
-    Independent of the user's git configuration: identity via env vars, global
-    and system config ignored, signing and hooks off.  ``date`` (from the sdist)
-    makes the commit id the same on every machine.
+    Independent of the user's git environment and configuration (:mod:`.git`):
+    identity and dates set here, hooks, signing and templates off, the repository named
+    explicitly. ``date`` (from the sdist) makes the commit id the same on every machine.
+    The tree's own ``.gitattributes`` cannot change what is committed (filters, eol,
+    ident, encodings): ``.git/info/attributes`` outranks it.
     """
     name, email = _IDENTITY
+    tree = tree.absolute()
     # git refuses dates before 1970 or after 2099: an absurd member mtime must not stop the commit
     stamp = f"@{min(max(int(date), 0), 4_102_444_799)} +0000"
-    git = require_git("unpacking a source distribution")
-    runner = git.Git(str(tree))
-    runner.update_environment(
-        GIT_CONFIG_GLOBAL=os.devnull,
-        GIT_CONFIG_NOSYSTEM="1",
-        GIT_AUTHOR_NAME=name,
-        GIT_AUTHOR_EMAIL=email,
-        GIT_COMMITTER_NAME=name,
-        GIT_COMMITTER_EMAIL=email,
-        GIT_AUTHOR_DATE=stamp,
-        GIT_COMMITTER_DATE=stamp,
-    )
-    options = [
-        f"user.name={name}",
-        f"user.email={email}",
-        "commit.gpgsign=false",
-        "tag.gpgsign=false",
-        "core.autocrlf=false",
-        "core.safecrlf=false",
-        "gc.auto=0",
-        "init.defaultBranch=main",
-    ]
-    cfg = runner(c=options)
-    cfg.init("--quiet")
-    cfg.add("-A", "--force", ".")  # --force: the sdist's own .gitignore must not drop files
-    cfg.commit("--quiet", "--no-verify", "-m", f"vLLM {version} (source distribution)")
-    cfg.tag(release_tag(version))
+    exe = require_git("unpacking a source distribution")
+    env = gitcmd.own_env(extra={
+        "GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": email,
+        "GIT_AUTHOR_DATE": stamp, "GIT_COMMITTER_DATE": stamp,
+    })  # fmt: skip
+    gitdir = tree / ".git"
+    gitcmd.run(gitcmd.own(exe, "init", "--quiet", "--template=", tree), env=env)
+    (gitdir / "info").mkdir(exist_ok=True)
+    (gitdir / "info" / "attributes").write_text("* -text -filter -ident -working-tree-encoding -export-subst\n")
+    repo = {"git_dir": gitdir, "work_tree": tree}
+    # --force: the sdist's own .gitignore must not drop files
+    gitcmd.run(gitcmd.own(exe, "add", "-A", "--force", "--", ".", **repo), env=env, cwd=tree)
+    gitcmd.run(gitcmd.own(exe, "commit", "--quiet", "--no-verify", "-m", f"vLLM {version} (source distribution)",
+                          **repo), env=env, cwd=tree)  # fmt: skip
+    gitcmd.run(gitcmd.own(exe, "tag", release_tag(version), git_dir=gitdir), env=env)
 
 
 # --------------------------------------------------------------------------- package index

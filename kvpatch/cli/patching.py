@@ -69,6 +69,7 @@ def apply(
     remote: Annotated[str, typer.Option(metavar="URL", help="git remote to fetch releases from.")] = "",
     untuned: UntunedOpt = False,
     force: Annotated[bool, typer.Option("--force", help="Patch even if the header has local edits.")] = False,
+    force_write: Annotated[bool, typer.Option("--force-write", help="Replace the header even if it is read-only (its mode is kept).")] = False,
     json_out: JsonOpt = None,
 ) -> None:
     """Fetch a vLLM release (or use --tree), locate the key/value loop sites, inject the prefetch."""
@@ -80,7 +81,7 @@ def apply(
                     control=control, issue=issue, read=read)  # fmt: skip
     opts = A.ApplyOptions(vllm=vllm, tree=tree, cwd=cwd(), config=config, preset=preset, settings=settings,
                           quantized=quantized, dtypes={"fp16": fp16, "bf16": bf16, "fp32": fp32}, rules=rule or [],
-                          untuned=untuned, remote=remote or None, force=force)  # fmt: skip
+                          untuned=untuned, remote=remote or None, force=force, force_write=force_write)  # fmt: skip
     with progress() as p:
         report = A.run(opts, progress=p)
     for line in report.machine_differences:
@@ -128,7 +129,14 @@ def diff(
     from ..fsutil import check_outputs, write_atomic
 
     if output is not None and str(output) != "-":
-        check_outputs(output=output)
+        from ..commands.tree import resolve
+        from ..source.workspace import protected_paths
+
+        try:
+            target = resolve(tree, cwd())
+        except UsageError:
+            target = None  # the diff itself says why, below
+        check_outputs(output=output, protected=protected_paths(cwd(), target))
     with progress() as p:
         report = D.run(D.DiffOptions(tree=tree, cwd=cwd()), progress=p)
     for line in report.warnings:
@@ -155,12 +163,13 @@ def diff(
 def revert(
     tree: TreeOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Revert even if kvpatch's regions were edited (the edits are lost).")] = False,
+    force_write: Annotated[bool, typer.Option("--force-write", help="Replace the header even if it is read-only (its mode is kept).")] = False,
 ) -> None:
     """Remove kvpatch's injection: the header is stock again, byte for byte."""
     from ..commands import revert as R
 
     with progress() as p:
-        report = R.run(R.RevertOptions(tree=tree, cwd=cwd(), force=force), progress=p)
+        report = R.run(R.RevertOptions(tree=tree, cwd=cwd(), force=force, force_write=force_write), progress=p)
     shown = escape(str(report.header))
     io.out.print(f"[green]reverted[/] {shown}" if report.changed else f"nothing to revert: {shown} is stock", highlight=False)
 

@@ -16,8 +16,8 @@ from typing import Optional
 from ..config import Machine, PatchConfig, differences
 from ..patch import Result, Sites, patch_header, read_header
 from ..progress import QUIET, Progress
-from ..source.workspace import STATE_DIR, State, Tree, check_no_local_edits, resolve_tree, sha256
-from ..source.workspace import workspace_lock, write_header_and_state
+from ..source.workspace import STATE_DIR, State, Tree, check_header_writable, check_no_local_edits, locked
+from ..source.workspace import resolve_tree, sha256, write_header_and_state
 from .configuration import ConfigOptions, configure
 from .tree import check_target, edited_regions, fetch_tree, state_or_none
 
@@ -29,6 +29,7 @@ class ApplyOptions(ConfigOptions):
     cwd: Path = field(default_factory=Path.cwd)
     remote: Optional[str] = None
     force: bool = False
+    force_write: bool = False  # replace a header that is read-only (its mode is kept)
     #: this machine's record (None: read it when the configuration says where it was tuned)
     here: Optional[Machine] = None
 
@@ -98,11 +99,13 @@ def run(o: ApplyOptions, *, progress: Progress = QUIET) -> ApplyReport:
     else:
         version = check_target(o.vllm, o.tree)
         target = resolve_tree(o.tree, cwd) if o.tree is not None else None
-    with workspace_lock(cwd):
-        if target is None:
+    with locked(cwd, target):
+        if target is None:  # a release: its checkout is this workspace's own
             target = fetch_tree(version, cwd, o.remote, progress)
-        current = target.read_header()
+        current, seen = target.read_header_snapshot()
         header = read_header(current, str(target.header))
+        if header.injected.config != cfg or not header.injected.intact:  # it will change: refused before the work
+            check_header_writable(target, force_write=o.force_write)
         if not o.force and not header.injected.intact:
             raise edited_regions(header.injected, target.header)
         result = patch_header(header, cfg)
@@ -112,7 +115,7 @@ def run(o: ApplyOptions, *, progress: Progress = QUIET) -> ApplyReport:
                                  state=state_or_none(cwd), note=progress.say)  # fmt: skip
         new_state = State(tree=str(target.root), version=version, config=cfg.to_toml_dict(), marker=cfg.marker(),
                           stock_sha256=sha256(result.stock))  # fmt: skip
-        write_header_and_state(target, current, result.patched, new_state, cwd)
+        write_header_and_state(target, current, result.patched, new_state, cwd, seen=seen, force_write=o.force_write)
     diffs: tuple[str, ...] = ()
     if tuned is not None:
         from .common import local_machine

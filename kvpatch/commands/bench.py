@@ -16,7 +16,8 @@ from ..errors import UsageError
 from ..fsutil import check_outputs
 from ..gpu.defaults import DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP
 from ..progress import QUIET, Progress
-from .common import check_sources, LibraryOptions, build_libraries, parse_libs, prebuilt, require_device, write_if
+from ..source.workspace import protected_paths
+from .common import input_files, check_sources, LibraryOptions, build_libraries, parse_libs, prebuilt, require_device, write_if
 
 
 @dataclass
@@ -95,7 +96,7 @@ def run(o: BenchOptions, *, progress: Progress = QUIET) -> Any:
                             kernels=o.kernels)  # fmt: skip
     except ValueError as e:
         raise UsageError(str(e)) from None
-    check_outputs(json=o.json_out, plot=o.plot)
+    check_outputs(json=o.json_out, plot=o.plot, inputs=input_files(o), protected=protected_paths(o.cwd))
     check_sources(o)
     require_device(o.device)
     if o.libs:

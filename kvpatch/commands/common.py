@@ -102,6 +102,21 @@ def build_libraries(tree: Optional[Path], cwd: Path, arch: str, variants: list, 
     return built(jit.build(spec, progress=progress), variants)
 
 
+def input_files(o: Any) -> dict[str, Path]:
+    """The files a command reads that its outputs must never name: ``--lib`` libraries,
+    ``--variant-info``, ``--libs-file``, ``tune --from`` JSONs, ``--prefetch-lib``."""
+    out: dict[str, Path] = {}
+    for spec in parse_libs(getattr(o, "libs", []) or []):
+        out[f"--lib {spec.name}"] = Path(spec.path)
+    for name in ("variant_info", "libs_file", "prefetch_lib"):
+        value = getattr(o, name, None)
+        if value is not None:
+            out["--" + name.replace("_", "-")] = Path(value)
+    for path in getattr(o, "from_json", []) or []:
+        out[f"--from {path}"] = Path(path)
+    return out
+
+
 def check_sources(o: LibraryOptions) -> None:
     """What a GPU command runs on, checked before the GPU is: the ``--lib`` specs (files
     that exist), or the tree to build from and the arch to build for."""

@@ -18,7 +18,8 @@ from ..errors import UsageError
 from ..fsutil import check_outputs
 from ..gpu.defaults import DECODE_LAYERS, DECODE_ROUNDS
 from ..progress import QUIET, Progress
-from .common import LibraryOptions, build_libraries, parse_libs, require_device
+from ..source.workspace import protected_paths
+from .common import input_files, LibraryOptions, build_libraries, parse_libs, require_device
 
 
 @dataclass
@@ -103,7 +104,7 @@ def check(o: DecodeOptions) -> tuple[list[str], list[str], list[int], list[int],
         raise UsageError("--batches, --contexts, --layers, --rounds and --reps must be >= 1")
     wpf = weight_prefetch_of(o.prefetch)
     specs = library_specs(o.libs, o.libs_file)
-    check_outputs(json=o.json_out, plot=o.plot, text=o.text)
+    check_outputs(json=o.json_out, plot=o.plot, text=o.text, inputs=input_files(o), protected=protected_paths(o.cwd))
     return models, dtypes, batches, contexts, wpf, specs
 
 

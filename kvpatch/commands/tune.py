@@ -18,7 +18,8 @@ from ..errors import UsageError
 from ..fsutil import check_outputs, write_atomic, write_both
 from ..gpu.defaults import DEFAULT_ROUNDS, TUNE_REPS
 from ..progress import QUIET, Progress
-from .common import Libraries, LibraryOptions, built, check_sources, local_machine, parse_libs, prebuilt
+from ..source.workspace import protected_paths
+from .common import input_files, Libraries, LibraryOptions, built, check_sources, local_machine, parse_libs, prebuilt
 
 
 @dataclass
@@ -98,7 +99,7 @@ def run(o: TuneOptions, *, progress: Progress = QUIET) -> Any:
         raise UsageError(f"invalid --dtype {bad[0]!r}: tune measures {', '.join(P.TUNING_DTYPES)}")
     T.tuned_instantiations(o.dtypes, o.only)  # checks --only
     grids = T.parse_grids(o.grid)
-    check_outputs(output=o.output, json=o.json_out)
+    check_outputs(output=o.output, json=o.json_out, inputs=input_files(o), protected=protected_paths(o.cwd))
     if o.from_json:
         if o.grid or o.dtypes or o.only:
             raise UsageError("--grid, --dtype and --only choose what to measure; --from measures nothing")

@@ -17,7 +17,8 @@ from typing import Any, Optional
 from ..errors import GpuCheckError, UsageError
 from ..fsutil import check_outputs
 from ..progress import QUIET, Progress
-from .common import check_sources, Libraries, LibraryOptions, build_libraries, parse_libs, prebuilt, require_device, write_if
+from ..source.workspace import protected_paths
+from .common import input_files, check_sources, Libraries, LibraryOptions, build_libraries, parse_libs, prebuilt, require_device, write_if
 
 
 @dataclass
@@ -118,7 +119,7 @@ def run(o: ValidateOptions, *, progress: Progress = QUIET) -> ValidateOutcome:
         if not (o.upstream_timeout > 0 and math.isfinite(o.upstream_timeout)):
             raise UsageError(f"--upstream-timeout must be > 0 seconds, not {o.upstream_timeout:g}")
     cases, name, sampling = validate_cases(o)
-    check_outputs(json=o.json_out)
+    check_outputs(json=o.json_out, inputs=input_files(o), protected=protected_paths(o.cwd))
     check_sources(o)
     require_device(o.device)
     if o.libs:

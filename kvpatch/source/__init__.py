@@ -2,5 +2,7 @@
 
 * :mod:`.releases`: which releases carry the header, and its revisions;
 * :mod:`.fetch`: a release's tree, fetched by git or from the package index, cached;
-* :mod:`.workspace`: the tree being patched, the local-edit check, the state of the last apply.
+* :mod:`.repo` (through :mod:`.git`): kvpatch's own repositories of a release;
+* :mod:`.tree`: the tree being patched and the local-edit check; :mod:`.state`: the record of
+  the last apply; :mod:`.workspace`: locks, writing the header and the state, the checkout.
 """

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
+from ..errors import UsageError
+
 #: The header kvpatch patches, relative to a vLLM source tree's root.
 HEADER = "csrc/attention/attention_kernels.cuh"
 #: The oldest and newest releases that carry it (absent before 0.6.4, gone from 0.23.0).
@@ -42,3 +46,27 @@ def revision_of(stock_header: str) -> str | None:
         if rep is not None:
             return rep
     return None
+
+
+_VERSION_RE = re.compile(r"v?(?P<release>[0-9]+(?:\.[0-9]+)+)(?:[.-]?post(?P<post>[0-9]+))?", re.IGNORECASE)
+
+
+def normalize_version(text: str) -> str:
+    """Return the canonical form of a release number: ``' v0.10.2 '`` -> ``'0.10.2'``.
+
+    Accepts digits and dots (at least ``major.minor``) with an optional ``.postN``
+    and an optional leading ``v``; leading zeros are dropped as PEP 440 does.
+    Anything else raises :class:`UsageError`.
+    """
+    if len(text.strip()) > 40:  # no release number is this long (and int() of 5000 digits fails)
+        raise UsageError(f"not a vLLM release number: {text.strip()[:20]!r}... ({len(text.strip())} characters)")
+    match = _VERSION_RE.fullmatch(text.strip())
+    if match is None:
+        raise UsageError(f"not a vLLM release number: {text.strip()!r} (expected e.g. 0.10.2 or v0.10.1.1)")
+    release = ".".join(str(int(part)) for part in match["release"].split("."))
+    return release + (f".post{int(match['post'])}" if match["post"] is not None else "")
+
+
+def release_tag(version: str) -> str:
+    """The git tag vLLM uses for a release: ``'0.10.2'`` -> ``'v0.10.2'``."""
+    return f"v{normalize_version(version)}"

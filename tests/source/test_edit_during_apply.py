@@ -16,7 +16,9 @@ from rich.console import Console
 
 from conftest import HEADER, STOCK, fixture_text, golden_text, make_tree
 
-from kvpatch import api, fsutil
+from kvpatch import fsutil
+from kvpatch.commands import apply as A
+from kvpatch.commands import revert as R
 from kvpatch.config import make_config
 from kvpatch.errors import PatchError
 from kvpatch.source import workspace
@@ -55,7 +57,7 @@ def test_an_edit_during_apply_is_kept_and_refused(tmp_path: Path, monkeypatch: p
     cwd.mkdir()
     seen = _edit_when_staged(monkeypatch, header)
     with pytest.raises(PatchError, match="changed while") as info:
-        api.apply(vllm=None, tree=tree, cfg=make_config(), cwd=cwd, console=Console(quiet=True))
+        A.run(A.ApplyOptions(tree=tree, cwd=cwd))
     assert seen, "the header was never staged"
     assert info.value.exit_code == 4 and "\n" not in str(info.value)
     assert header.read_text() == fixture_text(STOCK) + USER_LINE
@@ -68,11 +70,11 @@ def test_an_edit_during_revert_is_kept_and_refused(tmp_path: Path, monkeypatch: 
     header = tree / HEADER
     cwd = tmp_path / "work"
     cwd.mkdir()
-    api.apply(vllm=None, tree=tree, cfg=make_config(), cwd=cwd, console=Console(quiet=True))
+    A.run(A.ApplyOptions(tree=tree, cwd=cwd))
     state = State.path(cwd).read_text()
     _edit_when_staged(monkeypatch, header)
     with pytest.raises(PatchError, match="changed while"):
-        api.revert(tree=tree, cwd=cwd)
+        R.run(R.RevertOptions(tree=tree, cwd=cwd))
     assert header.read_text() == golden_text("default") + USER_LINE
     assert State.path(cwd).read_text() == state
 

@@ -105,7 +105,7 @@ def test_read_header_refuses_before_opening(tmp_path: Path, monkeypatch: pytest.
 
 def test_an_enormous_header_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tree = make_tree(tmp_path / "vllm", fixture_text())
-    monkeypatch.setattr(fsutil, "READ_LIMIT", 1000)
+    monkeypatch.setattr(fsutil.files, "READ_LIMIT", 1000)
     with pytest.raises(PatchError, match="bytes"):
         Tree(tree).read_header()
 
@@ -142,7 +142,7 @@ def _in_thread(fn, timeout: float) -> tuple[bool, BaseException | None]:
 
 
 def test_an_output_fifo_without_a_reader_fails_instead_of_hanging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fsutil, "FIFO_WAIT", 0.5, raising=False)
+    monkeypatch.setattr(fsutil.files, "FIFO_WAIT", 0.5, raising=False)
     fifo = tmp_path / "out.fifo"
     os.mkfifo(fifo)
     start = time.monotonic()
@@ -154,7 +154,7 @@ def test_an_output_fifo_without_a_reader_fails_instead_of_hanging(tmp_path: Path
 
 
 def test_an_output_fifo_with_a_late_reader_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fsutil, "FIFO_WAIT", 10, raising=False)
+    monkeypatch.setattr(fsutil.files, "FIFO_WAIT", 10, raising=False)
     fifo = tmp_path / "out.fifo"
     os.mkfifo(fifo)
     got: list[bytes] = []

@@ -1,0 +1,120 @@
+"""What the last ``apply`` in a directory did (``.kvpatch/state.json``), and the tree a
+command works on when it names none."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import KvpatchError, UsageError
+from .. import fsutil
+from ..fsutil import stage
+from .tree import Tree
+
+STATE_DIR = ".kvpatch"
+STATE_FILE = "state.json"
+LOCK_FILE = "lock"
+
+
+
+@dataclass(frozen=True)
+class State:
+    """What the last ``apply`` in a directory did."""
+
+    tree: str
+    version: str | None
+    config: dict
+    marker: str | None = None  # the configuration's marker text, as written into the header
+    stock_sha256: str | None = None  # sha256 of the header's stock text at apply time
+
+    @staticmethod
+    def path(cwd: Path) -> Path:
+        return cwd / STATE_DIR / STATE_FILE
+
+    def text(self) -> str:
+        return json.dumps(self.__dict__, indent=2) + "\n"
+
+    def save(self, cwd: Path) -> None:
+        """Replace the state file (whatever is there: a FIFO is replaced, never written into)."""
+        staged = stage(State.path(cwd), self.text())
+        try:
+            staged.commit()
+        finally:
+            staged.discard()
+
+    @staticmethod
+    def load(cwd: Path) -> State | None:
+        path = State.path(cwd)
+        try:
+            data = json.loads(fsutil.read_regular(path).decode("utf-8"))
+        except FileNotFoundError:
+            return None
+        except IsADirectoryError:
+            raise KvpatchError(f"{path} is a directory; delete it and run 'kvpatch apply' again") from None
+        except (fsutil.NotRegularFileError, fsutil.FileTooLargeError) as e:
+            raise KvpatchError(f"{path} {e.strerror}: not the file kvpatch writes; delete it and run "
+                               "'kvpatch apply' again") from None  # fmt: skip
+        except OSError as e:
+            raise KvpatchError(f"cannot read {path}: {e.strerror or e}") from None
+        except ValueError as e:  # not UTF-8 / not JSON
+            raise KvpatchError(f"corrupt {path} ({str(e).splitlines()[0][:80]}); delete it and run "
+                               "'kvpatch apply' again") from None  # fmt: skip
+        except RecursionError:
+            raise KvpatchError(f"corrupt {path} (JSON nested too deep); delete it and run "
+                               "'kvpatch apply' again") from None  # fmt: skip
+        ok = (
+            isinstance(data, dict)
+            and isinstance(data.get("tree"), str) and data["tree"] and "\0" not in data["tree"]
+            and isinstance(data.get("version"), (str, type(None)))
+            and isinstance(data.get("config"), dict)
+            and isinstance(data.get("marker"), (str, type(None)))
+            and isinstance(data.get("stock_sha256"), (str, type(None)))
+        )  # fmt: skip
+        if not ok:
+            raise KvpatchError(f"corrupt {path} (not the object kvpatch writes); delete it and run "
+                               "'kvpatch apply' again")  # fmt: skip
+        if data["version"] is not None and not _canonical(data["version"]):
+            shown = repr(data["version"]) if len(data["version"]) <= 40 else repr(data["version"][:37]) + "..."
+            raise KvpatchError(f"corrupt {path} (version {shown} is not a release number as kvpatch writes it); "
+                               "delete it and run 'kvpatch apply' again")  # fmt: skip
+        return State(tree=data["tree"], version=data["version"], config=data["config"],
+                     marker=data.get("marker"), stock_sha256=data.get("stock_sha256"))  # fmt: skip
+
+
+def _canonical(version: str) -> bool:
+    """Whether ``version`` is a release number as :func:`kvpatch.source.fetch.normalize_version`
+    returns it (``'0.10.2'``; not ``'v0.10.2'``, ``'0.10.02'``, ``'0.10.2\\n'``, ``''``)."""
+    from .fetch import normalize_version
+
+    try:
+        return normalize_version(version) == version
+    except UsageError:
+        return False
+
+
+def resolve_tree(tree: Path | None, cwd: Path) -> Tree:
+    """``--tree`` if given, else the tree the last ``apply`` in ``cwd`` used."""
+    if tree is not None:
+        try:
+            path = (cwd / tree).resolve() if not tree.is_absolute() else tree.resolve()
+            path.stat()
+        except FileNotFoundError:
+            pass  # said below
+        except (RuntimeError, OSError) as e:  # a symlink loop (RuntimeError on 3.11), a name too long
+            why = getattr(e, "strerror", None) or str(e).split(" from ")[0] or type(e).__name__
+            shown = str(tree) if len(str(tree)) <= 80 else str(tree)[:77] + "..."
+            raise UsageError(f"--tree {shown}: cannot resolve it ({why})") from None
+        if not path.exists():
+            raise UsageError(f"--tree {tree}: no such directory")
+        if not path.is_dir():
+            raise UsageError(f"--tree {tree} is not a directory (give the vLLM checkout's root)")
+        return Tree(path)
+    state = State.load(cwd)
+    if state is None:
+        raise UsageError("no tree: run 'kvpatch apply --vllm X' here first, or pass --tree PATH")
+    if not Path(state.tree).is_dir():
+        again = f"kvpatch apply --vllm {state.version}" if state.version else "kvpatch apply --tree PATH"
+        raise UsageError(f"the tree the last apply here used, {state.tree}, is gone (recorded in "
+                         f"{State.path(cwd)}): pass --tree PATH, or run '{again}'")  # fmt: skip
+    return Tree(Path(state.tree))

@@ -1,0 +1,120 @@
+"""Ending a command: Ctrl-C, SIGTERM and SIGHUP stop it within seconds, with every child
+stopped, exit 130 / 143 / 129 and one line; a zero-width terminal eats no output.
+
+The build runs against a stand-in nvcc that records its pid and sleeps, so the test sees
+whether an interrupt stops the compiles already running and starts no new ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import fixture_text, make_tree
+
+pytestmark = pytest.mark.slow
+
+FAKE_NVCC = """#!/bin/sh
+case "$1" in
+  --version) echo "Cuda compilation tools, release 13.0, V13.0.88"; exit 0 ;;
+  --list-gpu-arch) echo compute_80; echo compute_90; exit 0 ;;
+esac
+echo $$ >> "$KVPATCH_TEST_MARKS/pids"
+exec sleep 60
+"""
+
+
+def _kvpatch(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "kvpatch", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+@pytest.fixture
+def build_setup(tmp_path: Path, vllm_release) -> tuple[Path, dict[str, str], Path]:
+    """vLLM 0.10.2 patched, and an environment whose nvcc is the stand-in."""
+    cuda = tmp_path / "cuda"
+    (cuda / "bin").mkdir(parents=True)
+    nvcc = cuda / "bin" / "nvcc"
+    nvcc.write_text(FAKE_NVCC)
+    nvcc.chmod(0o755)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    import shutil
+
+    tree = tmp_path / "vllm"
+    shutil.copytree(vllm_release("0.10.2") / "csrc", tree / "csrc")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "CUDA_HOME": str(cuda), "KVPATCH_TEST_MARKS": str(marks), "KVPATCH_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "kvpatch", "apply", "--tree", str(tree)], cwd=work, env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return work, env, marks
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie waiting for its reaper is gone too
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("sig, code, words", [(signal.SIGINT, 130, "interrupted (Ctrl-C)"),
+                                              (signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                              (signal.SIGHUP, 129, "terminated (SIGHUP)")])  # fmt: skip
+def test_a_signal_stops_a_build_and_its_compiles_within_seconds(build_setup, sig: int, code: int, words: str) -> None:
+    work, env, marks = build_setup
+    proc = _kvpatch("build", "--all", "--jobs", "2", cwd=work, env=env)
+    deadline = time.time() + 60
+    while not (marks / "pids").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert (marks / "pids").exists(), "no compile started"
+    time.sleep(0.3)
+    t0 = time.time()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    assert time.time() - t0 < 10
+    assert proc.returncode == code
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [f"error: kvpatch build: {words}"]
+    time.sleep(0.5)
+    pids = [int(p) for p in (marks / "pids").read_text().split()]
+    assert pids and not [p for p in pids if _alive(p)]
+    assert len(pids) <= 2  # no compile started after the signal (two run at a time)
+
+
+def test_a_zero_width_terminal_eats_no_output(tmp_path: Path) -> None:
+    """``COLUMNS=0``: errors still print, in one line, and JSON is whole."""
+    tree = make_tree(tmp_path / "vllm", fixture_text())
+    env = {**os.environ, "COLUMNS": "0", "LINES": "0"}
+    bad = subprocess.run([sys.executable, "-m", "kvpatch", "apply", "--tree", str(tmp_path / "nope")], cwd=tmp_path,
+                         env=env, capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.startswith("error: kvpatch apply: --tree ") and bad.stderr.count("\n") == 1
+    out = subprocess.run([sys.executable, "-m", "kvpatch", "sites", "--tree", str(tree), "--json", "-"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["key"]["loop_var"] == "block_idx"
+    table = subprocess.run([sys.executable, "-m", "kvpatch", "sites", "--tree", str(tree)], cwd=tmp_path,
+                           env=env, capture_output=True, text=True)  # fmt: skip
+    assert "block_idx += NUM_WARPS" in table.stdout and "k_cache[...]" in table.stdout
+
+
+def test_piped_tables_keep_every_cell_whole(tmp_path: Path) -> None:
+    """Piped (stdout not a terminal), a table is as wide as its cells, whatever COLUMNS says."""
+    tree = make_tree(tmp_path / "vllm", fixture_text())
+    env = {**os.environ, "COLUMNS": "20"}
+    out = subprocess.run([sys.executable, "-m", "kvpatch", "sites", "--tree", str(tree)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 0
+    assert any("block_idx += NUM_WARPS" in line for line in out.stdout.splitlines())

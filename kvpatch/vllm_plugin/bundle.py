@@ -114,12 +114,12 @@ class Manifest:
         if d.get("format") != FORMAT:
             raise BundleError(f"manifest format {d.get('format')!r}, this kvpatch reads {FORMAT}")
 
-        def get(name: str, kind: type | tuple[type, ...]) -> Any:
+        def get(name: str, kind: type) -> Any:
             if name not in d:
                 raise BundleError(f"the manifest lacks '{name}'")
             v = d[name]
             if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
-                raise BundleError(f"the manifest's '{name}' is not a {getattr(kind, '__name__', kind)}")
+                raise BundleError(f"the manifest's '{name}' should be a {kind.__name__}, not {type(v).__name__}")
             return v
 
         def strings(name: str, v: Any) -> tuple[str, ...]:

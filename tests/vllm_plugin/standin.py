@@ -28,6 +28,7 @@ import torch
 
 from kvpatch.abi import ABI_VERSION, V1_PARAMS, V2_PARAMS
 from kvpatch.vllm_plugin import KernelSet, Target, write_bundle
+from kvpatch.vllm_plugin.schema import scales_by_value
 
 _TAIL = ("Tensor query, Tensor key_cache, Tensor value_cache, int num_kv_heads, float scale, "
          "Tensor block_tables, Tensor seq_lens, int block_size, int max_seq_len, Tensor? alibi_slopes, "
@@ -146,7 +147,7 @@ def make_bundle(directory: Path, *, release: str = "0.10.2", schemas: dict[str, 
     write_bundle(
         lib, vllm_release=release, header_revision="815bd481", marker="test-marker", archs=archs, prefix="fake",
         configs=configs if configs is not None else kernel_set.labels(), kernel_set=kernel_set,
-        schemas=schemas, scale_by_value=schemas is FLOAT_SCALES, directory=directory,
+        schemas=schemas, scale_by_value=scales_by_value(schemas["paged_attention_v1"]), directory=directory,
     )  # fmt: skip
     return directory
 

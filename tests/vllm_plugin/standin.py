@@ -80,9 +80,10 @@ def ops(namespace: str) -> Any:
 
 
 class FakeLauncher:
-    """A library's Python face: records each launch, writes 2.0 into ``out``."""
+    """A library's Python face: records each launch, writes ``value`` (2.0) into ``out``."""
 
-    def __init__(self, configs: list[str], scale_by_value: bool = False, rc: int = 0) -> None:
+    def __init__(self, configs: list[str], scale_by_value: bool = False, rc: int = 0, value: float = OURS) -> None:
+        self.value = value
         self.configs = tuple(configs)
         self.scale_by_value = scale_by_value
         self.abi_version = ABI_VERSION
@@ -97,9 +98,11 @@ class FakeLauncher:
         if self.rc == 0:
             n = named["num_seqs"] * named["num_heads"] * named["head_size"]
             if named["dtype"] == 2:  # fp32
-                (ctypes.c_float * n).from_address(named["out"])[:] = [OURS] * n
-            else:  # fp16 and bf16 both spell 2.0 as 0x4000
-                (ctypes.c_uint16 * n).from_address(named["out"])[:] = [0x4000] * n
+                (ctypes.c_float * n).from_address(named["out"])[:] = [self.value] * n
+            else:  # fp16 / bf16: the value's 16 bits
+                dtype = torch.float16 if named["dtype"] == 0 else torch.bfloat16
+                bits = int(torch.tensor([self.value], dtype=dtype).view(torch.int16)[0]) & 0xFFFF
+                (ctypes.c_uint16 * n).from_address(named["out"])[:] = [bits] * n
         return self.rc
 
     def v1(self, *args) -> int:

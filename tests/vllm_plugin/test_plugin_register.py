@@ -65,6 +65,19 @@ def test_override_is_active_and_restored(env):
     assert _active(env.ns) == before and env.call() == S.STOCK
 
 
+def test_registration_that_is_not_active_is_withdrawn(env, monkeypatch, caplog):
+    """As if the dispatcher still ran vLLM's kernel after impl() (a registration superseded)."""
+    real = plugin.active_kernel
+    frozen = {op: real(f"{env.ns}::{op}", "CPU") for op in ("paged_attention_v1", "paged_attention_v2")}
+    monkeypatch.setattr(plugin, "active_kernel", lambda qual, key: frozen[qual.split("::")[1]])
+    caplog.set_level(logging.INFO, "kvpatch.vllm_plugin")
+    d = plugin.register(env.target())
+    assert d.action == "refuse" and "is not kvpatch's" in d.reason and not d.registered
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    monkeypatch.setattr(plugin, "active_kernel", real)
+    assert plugin.registration(env.target()) is None and env.call() == S.STOCK  # withdrawn
+
+
 def test_dropping_the_library_restores(env):
     reg_target = env.target()
     plugin.register(reg_target)

@@ -2,7 +2,10 @@
 
 * :func:`define_ops`: a ``_C``-like namespace (``torch.library.Library(ns, "DEF")``)
   with vLLM's op schemas and a CPU kernel standing in for vLLM's C++ CUDA kernel
-  (it writes 1.0 into ``out``): there is no CUDA here and no built ``vllm._C``.
+  (it writes 1.0 into ``out``): there is no CUDA here and no built ``vllm._C``. Being
+  a Python registration, it is taken out of ``torch.library._impls``, where torch
+  tracks Python kernels (C++ ones are not there); torch before 2.6 refuses a Python
+  override of a kernel listed there.
 * :class:`FakeLauncher`: a launcher library's Python face (``configs``,
   ``scale_by_value``, ``v1``/``v2`` taking the raw C arguments): it records each
   call and writes 2.0 into ``out`` through the pointer, so a test sees which
@@ -72,6 +75,9 @@ def define_ops(namespace: str, schemas: dict[str, str], calls: list | None = Non
     for op, text in schemas.items():
         lib.define(text)
         lib.impl(op, stock(op), "CPU")
+        # vLLM's kernel is registered from C++, which torch's Python side does not track:
+        # untrack this one too, or torch < 2.6 refuses any Python override of it.
+        getattr(torch.library, "_impls", set()).discard(f"{namespace}/{op}/CPU")
     return lib
 
 

@@ -23,6 +23,11 @@ import standin as S  # noqa: E402
 from kvpatch.vllm_plugin import Target, plugin  # noqa: E402
 from kvpatch.vllm_plugin.bundle import MANIFEST  # noqa: E402
 
+#: torch >= 2.9: calls the library cannot serve go to the previous kernel.
+HAS_GET_KERNEL = hasattr(torch.library, "get_kernel")
+needs_get_kernel = pytest.mark.skipif(not HAS_GET_KERNEL, reason=f"torch {torch.__version__} has no "
+                                      "torch.library.get_kernel (2.9+): such calls raise, tested separately")  # fmt: skip
+
 
 @pytest.fixture
 def env(tmp_path):
@@ -57,8 +62,8 @@ def test_override_is_active_and_restored(env):
     before = _active(env.ns)
     d = plugin.register(env.target())
     assert d.registers and d.registered, d.line()
-    assert "kvpatch/vllm_plugin/plugin.py" in _active(env.ns)
-    assert before in plugin.active_kernel(f"{env.ns}::paged_attention_v1", "CPU")[1]  # shadowed, not gone
+    active, inactive = plugin.active_kernel(f"{env.ns}::paged_attention_v1", "CPU")
+    assert active != before and inactive == [before]  # vLLM's kernel shadowed, not gone
     assert env.call("v1") == S.OURS and env.call("v2", max_seq_len=1000) == S.OURS
     assert [k for k, _ in env.launcher.calls] == ["v1", "v2"]
     assert plugin.unregister(env.target())  # _destroy(): vLLM's kernel is back
@@ -128,7 +133,7 @@ def test_register_twice_is_a_no_op(env, caplog):
     assert plugin.register(env.target()) is first
     assert len(caplog.records) == n  # nothing new logged
     dump = torch._C._dispatch_dump(f"{env.ns}::paged_attention_v1")
-    assert dump.count("vllm_plugin/plugin.py") == 1  # registered once
+    assert dump.count("CPU: ") == 1 and dump.count("CPU (inactive): ") == 1  # registered once
     assert env.call() == S.OURS
 
 
@@ -284,6 +289,7 @@ def test_schema_mismatch_is_refused(env, caplog, tmp_path):
     ("dtype", {"dtype": torch.float64}, "query dtype torch.float64"),
     ("kv dtype", {"kv": "int8"}, "kv_cache_dtype 'int8'"),
 ])  # fmt: skip
+@needs_get_kernel
 def test_unserved_calls_go_to_the_previous_kernel(env, case, kw, why, caplog):
     caplog.set_level(logging.INFO, "kvpatch.vllm_plugin")
     plugin.register(env.target())
@@ -304,21 +310,30 @@ def test_unserved_calls_raise_without_get_kernel(env, kw, why):
 
 def test_gpu_arch_not_built_for(env):
     env.device.cap = (8, 0)
-    plugin.register(env.target())
-    assert env.call() == S.STOCK and env.call() == S.STOCK
-    assert env.device.asked == [-1]  # asked once per device, then cached
-    plugin.reset()
     plugin.register(env.target(get_kernel=False))
     with pytest.raises(RuntimeError, match="sm_80; the bundle is built for sm_90a"):
         env.call()
+    with pytest.raises(RuntimeError, match="sm_80"):
+        env.call()
+    assert env.device.asked == [-1]  # asked once per device, then cached
+    if HAS_GET_KERNEL:
+        plugin.reset()
+        plugin.register(env.target())
+        assert env.call() == S.STOCK
 
 
 def test_layout_the_launcher_cannot_take(env):
-    plugin.register(env.target())
+    plugin.register(env.target(get_kernel=False))
     args = S.make_args("v1")
     args[0] = torch.zeros(4, 2, 32).transpose(0, 1)  # a non-contiguous out
-    S.ops(env.ns).paged_attention_v1(*args)
-    assert float(args[0].flatten()[0]) == S.STOCK and not env.launcher.calls
+    with pytest.raises(RuntimeError, match="an output buffer is not contiguous"):
+        S.ops(env.ns).paged_attention_v1(*args)
+    assert not env.launcher.calls
+    if HAS_GET_KERNEL:
+        plugin.reset()
+        plugin.register(env.target())
+        S.ops(env.ns).paged_attention_v1(*args)
+        assert float(args[0].flatten()[0]) == S.STOCK and not env.launcher.calls
 
 
 def test_launcher_error_is_raised(env):
@@ -330,7 +345,7 @@ def test_launcher_error_is_raised(env):
 
 def test_decide_matches_register_and_registers_nothing(env):
     d = plugin.decide(env.target())
-    assert d.registers and not d.registered and d.fallback == "get_kernel"
+    assert d.registers and not d.registered and d.fallback == ("get_kernel" if HAS_GET_KERNEL else "error")
     assert "would run" in d.line() and env.call() == S.STOCK
     assert plugin.register(env.target()).registered
     assert plugin.decide(env.target()).registered  # after register(): its decision

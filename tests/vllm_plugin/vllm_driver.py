@@ -131,7 +131,7 @@ d = plugin.decide()
 print("REPORT " + json.dumps({
     "results": results, "launches": [k for k, _ in launcher.calls], "stock_calls": len(STOCK_CALLS),
     "decision": d.to_dict(), "version": vllm.__version__, "float_scales": FLOAT,
-    "active": plugin.active_kernel("_C::paged_attention_v2", "CPU")[0],
+    "kernels": plugin.active_kernel("_C::paged_attention_v2", "CPU"),
     "cuda_initialized": torch.cuda.is_initialized(),
     "heavy": sorted(m for m in sys.modules if m.split(".")[0] in ("clang", "jinja2", "typer", "rich", "git")),
 }))  # fmt: skip

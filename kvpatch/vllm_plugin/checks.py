@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -65,7 +65,8 @@ class Decision:
     fallback: str = ""
     gpus: tuple[str, ...] = ()  # with decide(probe_gpu=True): 'GPU 0 sm_90: served' ...
     registered: bool = False  # register() installed the override
-    details: dict[str, Any] = field(default_factory=dict)
+    #: Settings under which vLLM does not call these ops at all (V1 engine, another backend).
+    notes: tuple[str, ...] = ()
 
     @property
     def registers(self) -> bool:
@@ -86,16 +87,18 @@ class Decision:
         ops = f"{self.namespace}::paged_attention_v1/_v2 ({self.dispatch_key})"
         if self.action == "register":
             done = "now run" if self.registered else "would run"
+            marker = self.marker if len(self.marker) <= 80 else self.marker[:77] + "..."
+            note = f" [{'; '.join(self.notes)}]" if self.notes else ""
             return (f"kvpatch: {ops} {done} kvpatch's patched kernels in place of vLLM {self.release}'s own "
-                    f"(configuration '{self.marker}', built for {', '.join(self.archs)}); "
-                    f"{ENV_DISABLE}=1 switches back")  # fmt: skip
+                    f"(configuration '{marker}', built for {', '.join(self.archs)}); "
+                    f"{ENV_DISABLE}=1 switches back{note}")  # fmt: skip
         if self.action == "off":
             return f"kvpatch: vLLM's own paged attention kernels stay: {self.reason}"
         return f"kvpatch: vLLM's own paged attention kernels stay: {self.reason}" + (f"; {self.fix}" if self.fix else "")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["archs"], d["gpus"], d["unserved"] = list(self.archs), list(self.gpus), self.unserved
+        d["archs"], d["gpus"], d["notes"], d["unserved"] = list(self.archs), list(self.gpus), list(self.notes), self.unserved
         return d
 
 
@@ -220,10 +223,25 @@ def evaluate(target: Target, *, probe_gpu: bool = False) -> tuple[Decision, Read
         return refuse(describe_missing(missing, len(m.kernel_set.labels())), "build the full set and enable again")
 
     fallback = target.get_kernel if target.get_kernel is not None else hasattr(torch.library, "get_kernel")
-    base = replace(base, action="register", reason="all checks passed", fallback="get_kernel" if fallback else "error")
+    base = replace(base, action="register", reason="all checks passed", fallback="get_kernel" if fallback else "error",
+                   notes=engine_notes(m.vllm_release))  # fmt: skip
     if probe_gpu:
         base = replace(base, gpus=_probe_gpus(m.archs))
     return base, Ready(m, lib, bool(fallback))
+
+
+def engine_notes(release: str, environ: Any = None) -> tuple[str, ...]:
+    """Which of vLLM's settings are missing for it to call these ops on CUDA at all: only
+    the V0 engine's XFORMERS backend does (PagedAttention.forward_decode), and from 0.8
+    the V1 engine is the default. Empty when the environment has them."""
+    env = os.environ if environ is None else environ
+    digits = [int(p) for p in re.findall(r"\d+", release)[:2]]
+    missing = []
+    if tuple(digits) >= (0, 8) and env.get("VLLM_USE_V1", "") != "0":
+        missing.append("VLLM_USE_V1=0")
+    if env.get("VLLM_ATTENTION_BACKEND", "") != "XFORMERS":
+        missing.append("VLLM_ATTENTION_BACKEND=XFORMERS")
+    return (f"vLLM calls them only with {' '.join(missing)}",) if missing else ()
 
 
 def _probe_gpus(archs: tuple[str, ...]) -> tuple[str, ...]:

@@ -173,3 +173,39 @@ def test_bundle_with_another_abi_is_refused(tmp_path):
     ns, keep, bundle, target = _installed(tmp_path, _build(tmp_path, version=abi.ABI_VERSION + 1))
     d = plugin.register(target)
     assert d.action == "refuse" and f"has launcher ABI {abi.ABI_VERSION + 1}" in d.reason
+
+
+# --------------------------------------------------------------------------- a library kvpatch built
+
+
+@pytest.mark.nvcc
+@pytest.mark.network
+def test_a_built_library_behind_the_plugin(vllm_release, tmp_path):
+    """vLLM 0.10.2's stock kernels built by kvpatch (fp16, auto, head 128, block 16, sm_90a),
+    installed as a bundle and registered on the stand-in: the real launcher finds the
+    configuration and then fails for want of a GPU, and the plugin reports the CUDA
+    error in its words; a configuration not built never reaches it."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    from kvpatch.build import Variant, build, make_spec
+    from kvpatch.source.releases import HEADER
+    from kvpatch.vllm_plugin import KernelSet
+
+    tree = vllm_release("0.10.2")
+    spec = make_spec(tree, [Variant("stock", (tree / HEADER).read_text(encoding="utf-8"), expect_prefetch=False)],
+                     "9.0a", dtypes=("fp16",), head_sizes=(128,), block_sizes=(16,), kv_cache_dtypes=("auto",))  # fmt: skip
+    (built,) = build(spec).variants
+    ns = S.unique_namespace()
+    keep = S.define_ops(ns, S.TENSOR_SCALES)  # noqa: F841
+    write_bundle(built.library, vllm_release="0.10.2", header_revision="815bd481", marker="stock", archs=built.archs,
+                 prefix=built.prefix, configs=built.configs, kernel_set=KernelSet(("fp16",), ("auto",), (128,), (16,)),
+                 schemas=S.TENSOR_SCALES, scale_by_value=False, directory=tmp_path / "bundle")  # fmt: skip
+    target = S.make_target(ns, tmp_path / "bundle", None)
+    d = plugin.register(type(target)(**{**target.__dict__, "load_library": None, "get_kernel": False}))
+    assert d.registered, d.line()
+    assert plugin.registration(target).override.launcher.configs == ("fp16/auto/128/16",)
+    args = S.make_args("v1", dtype=torch.float16, head_size=128)
+    with pytest.raises(RuntimeError, match=r"kvpatch paged_attention_v1 failed for fp16/auto/128/16: .+ \(error \d+\)"):
+        S.ops(ns).paged_attention_v1(*args)
+    with pytest.raises(RuntimeError, match="fp16/auto/64/16 is not in the library"):
+        S.ops(ns).paged_attention_v1(*S.make_args("v1", dtype=torch.float16, head_size=64))

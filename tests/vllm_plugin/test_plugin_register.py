@@ -349,3 +349,15 @@ def test_decide_matches_register_and_registers_nothing(env):
     assert "would run" in d.line() and env.call() == S.STOCK
     assert plugin.register(env.target()).registered
     assert plugin.decide(env.target()).registered  # after register(): its decision
+
+
+def test_engine_notes(env, monkeypatch):
+    from kvpatch.vllm_plugin.checks import engine_notes
+
+    assert engine_notes("0.10.2", {}) == ("vLLM calls them only with VLLM_USE_V1=0 VLLM_ATTENTION_BACKEND=XFORMERS",)
+    assert engine_notes("0.6.4", {}) == ("vLLM calls them only with VLLM_ATTENTION_BACKEND=XFORMERS",)  # V0 only
+    assert engine_notes("0.10.2", {"VLLM_USE_V1": "0", "VLLM_ATTENTION_BACKEND": "XFORMERS"}) == ()
+    monkeypatch.setenv("VLLM_USE_V1", "0")
+    monkeypatch.delenv("VLLM_ATTENTION_BACKEND", raising=False)
+    line = plugin.register(env.target()).line()
+    assert line.endswith("switches back [vLLM calls them only with VLLM_ATTENTION_BACKEND=XFORMERS]")

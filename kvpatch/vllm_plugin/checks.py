@@ -83,7 +83,10 @@ class Decision:
         return ""
 
     def line(self) -> str:
-        """The one log line."""
+        """The one log line (whitespace collapsed: an exception's text may hold newlines)."""
+        return " ".join(self._line().split())
+
+    def _line(self) -> str:
         ops = f"{self.namespace}::paged_attention_v1/_v2 ({self.dispatch_key})"
         if self.action == "register":
             done = "now run" if self.registered else "would run"
@@ -226,7 +229,7 @@ def evaluate(target: Target, *, probe_gpu: bool = False) -> tuple[Decision, Read
     base = replace(base, action="register", reason="all checks passed", fallback="get_kernel" if fallback else "error",
                    notes=engine_notes(m.vllm_release))  # fmt: skip
     if probe_gpu:
-        base = replace(base, gpus=_probe_gpus(m.archs))
+        base = replace(base, gpus=_probe_gpus(m.archs, base.unserved))
     return base, Ready(m, lib, bool(fallback))
 
 
@@ -244,7 +247,7 @@ def engine_notes(release: str, environ: Any = None) -> tuple[str, ...]:
     return (f"vLLM calls them only with {' '.join(missing)}",) if missing else ()
 
 
-def _probe_gpus(archs: tuple[str, ...]) -> tuple[str, ...]:
+def _probe_gpus(archs: tuple[str, ...], unserved: str) -> tuple[str, ...]:
     """Each visible GPU and whether the bundle's archs serve it (this initialises CUDA)."""
     import torch
 
@@ -257,5 +260,5 @@ def _probe_gpus(archs: tuple[str, ...]) -> tuple[str, ...]:
         cap = torch.cuda.get_device_capability(i)
         ok = arch_serves(archs, cap)
         out.append(f"GPU {i} {torch.cuda.get_device_name(i)} sm_{cap[0]}{cap[1]}: "
-                   + ("served" if ok else "not served (its calls go to vLLM's kernel, or raise)"))  # fmt: skip
+                   + ("served" if ok else f"not served: for its calls, {unserved}"))  # fmt: skip
     return tuple(out)

@@ -361,3 +361,18 @@ def test_engine_notes(env, monkeypatch):
     monkeypatch.delenv("VLLM_ATTENTION_BACKEND", raising=False)
     line = plugin.register(env.target()).line()
     assert line.endswith("switches back [vLLM calls them only with VLLM_ATTENTION_BACKEND=XFORMERS]")
+
+
+def test_refusal_line_is_one_line(env):
+    def boom():
+        raise ImportError("libcudart.so.12: cannot open shared object file\n  (and more)")
+
+    d = plugin.register(env.target(import_ops=boom))
+    assert d.action == "refuse" and "\n" not in d.line() and "libcudart.so.12" in d.line()
+
+
+def test_decide_probes_gpus_on_request(env):
+    d = plugin.decide(env.target(), probe_gpu=True)
+    if not torch.cuda.is_available():
+        assert d.gpus == ("no CUDA GPU visible",)
+    assert plugin.decide(env.target()).gpus == ()

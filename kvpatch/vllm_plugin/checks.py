@@ -129,6 +129,13 @@ def normalize_version(text: str) -> str:
     return ".".join(str(int(p)) for p in m.group(1).split(".")) + m.group(2)
 
 
+def torch_version() -> str:
+    """torch's version where it is imported already ('' where not: nothing is imported)."""
+    import sys
+
+    return str(getattr(sys.modules.get("torch"), "__version__", ""))
+
+
 def _installed_vllm() -> str:
     import vllm
 
@@ -146,11 +153,10 @@ def _live_schema(namespace: str, op: str) -> Any:
 
 
 def evaluate(target: Target, *, probe_gpu: bool = False) -> tuple[Decision, Ready | None]:
-    """Every check, in order; the first that fails decides (and no later one runs)."""
-    import torch
-
+    """Every check, in order; the first that fails decides (and no later one runs). Switched
+    off or not enabled, it imports nothing (not even torch)."""
     base = Decision("off", "", namespace=target.namespace, dispatch_key=target.dispatch_key,
-                    torch_version=torch.__version__)  # fmt: skip
+                    torch_version=torch_version())  # fmt: skip
     where = target.bundle if target.bundle is not None else bundle_dir()
     base = replace(base, bundle=str(where))
     if disabled():
@@ -170,6 +176,11 @@ def evaluate(target: Target, *, probe_gpu: bool = False) -> tuple[Decision, Read
     again = f"{_ENABLE_HOW} again"
     if m.abi_version != ABI_VERSION:
         return refuse(f"the bundle's launcher ABI is {m.abi_version}, this kvpatch's is {ABI_VERSION}", again)
+    try:
+        import torch
+    except ImportError as e:
+        return refuse(f"cannot import torch ({e})", "install vLLM (and so torch) in this environment")
+    base = replace(base, torch_version=torch.__version__)
 
     # vLLM: its version, then its C++ ops (registered before ours can be)
     try:

@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .checks import ENV_DISABLE, Decision, Ready, Target, evaluate
+from .checks import ENV_DISABLE, Decision, Ready, Target, evaluate, torch_version
 from .kernel import Override
 from .schema import OPS
 
@@ -171,10 +171,8 @@ def _install(t: Target, decision: Decision, ready: Ready) -> Decision:
 
 
 def _internal(t: Target, e: BaseException) -> Decision:
-    import torch
-
     return Decision("refuse", f"unexpected {type(e).__name__}: {e}", "report this with 'kvpatch plugin status'",
-                    namespace=t.namespace, dispatch_key=t.dispatch_key, torch_version=torch.__version__)  # fmt: skip
+                    namespace=t.namespace, dispatch_key=t.dispatch_key, torch_version=torch_version())  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the one line

@@ -77,3 +77,9 @@ d = register()
     got = _run(code, tmp_path, KVPATCH_PLUGIN_DIR=str(tmp_path / "bundle"))
     assert got["heavy"] == [] and got["cuda"] is False
     assert got["decision"]["action"] == "refuse" and "vLLM" in got["decision"]["reason"]
+
+
+@pytest.mark.parametrize("env", [{"KVPATCH_DISABLE": "1"}, {}])
+def test_switched_off_or_not_enabled_imports_not_even_torch(tmp_path, env):
+    got = _run("from kvpatch.vllm_plugin import register\nd = register()", tmp_path, **env)
+    assert not got["torch"] and got["decision"]["action"] == "off"

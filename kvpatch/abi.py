@@ -1,8 +1,130 @@
 """The launcher ABI: the C interface between a built kernel library and the runtime.
 
-``kvpatch.jit`` renders launchers that return :data:`ABI_VERSION` from
-``<prefix>_abi_version()``; ``kvpatch.gpu.launch`` refuses a library with another.
-Bump it whenever templates/build/launcher.cu.j2's exported functions change.
+``kvpatch.jit`` renders launchers (``templates/build/launcher.cu.j2``) that return
+:data:`ABI_VERSION` from ``<prefix>_abi_version()``; a library with another is refused.
+Bump it whenever the template's exported functions change.
+
+This module is the one place that knows the C signatures: the parameter tables
+below (name and C type, in order) give the ctypes prototypes, and
+:func:`load` / :class:`LauncherLibrary` is the one ctypes binding of a library.
+It imports the standard library only (no torch): the callers pass raw device
+pointers, ints and floats.
+
+Exported by every library (``<prefix>`` is the variant's symbol prefix):
+
+* ``int <prefix>_paged_attention_v1(V1_PARAMS...)`` and ``..._v2(V2_PARAMS...)``:
+  0 on success, a ``cudaError_t`` value, or :data:`NOT_BUILT` (-1) for a
+  configuration the library was not built with; launched on ``stream``.
+* ``int <prefix>_abi_version()``, ``int <prefix>_scale_by_value()`` (1: the kernels
+  take ``k_scale``/``v_scale`` by value, vLLM 0.6.4), ``const char* <prefix>_configs()``
+  (``'dtype/kv_cache_dtype/head_size/block_size'`` joined by ``,``) and
+  ``const char* <prefix>_error_string(int)``.
 """
 
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Any
+
 ABI_VERSION = 1
+
+#: What the launchers return for a configuration the library was not built with.
+NOT_BUILT = -1
+
+#: The parameters both launchers share, after v1's ``out`` / v2's four output pointers.
+COMMON_PARAMS: tuple[tuple[str, str], ...] = (
+    ("query", "const void*"), ("key_cache", "const void*"), ("value_cache", "const void*"),
+    ("num_seqs", "int"), ("num_heads", "int"), ("head_size", "int"), ("num_kv_heads", "int"),
+    ("scale", "float"),
+    ("block_tables", "const int*"), ("max_num_blocks_per_seq", "int"), ("seq_lens", "const int*"),
+    ("block_size", "int"), ("max_seq_len", "int"), ("alibi_slopes", "const float*"),
+    ("q_stride", "int"), ("kv_block_stride", "int"), ("kv_head_stride", "int"),
+    ("dtype", "int"), ("kv_cache_dtype", "int"),
+    ("k_scale_ptr", "const float*"), ("v_scale_ptr", "const float*"), ("k_scale", "float"), ("v_scale", "float"),
+    ("stream", "void*"),
+)  # fmt: skip
+V1_PARAMS: tuple[tuple[str, str], ...] = (("out", "void*"), *COMMON_PARAMS)
+V2_PARAMS: tuple[tuple[str, str], ...] = (
+    ("out", "void*"), ("exp_sums", "float*"), ("max_logits", "float*"), ("tmp_out", "void*"), *COMMON_PARAMS,
+)  # fmt: skip
+
+_SCALARS = {"int": ctypes.c_int, "float": ctypes.c_float}
+
+
+def ctype(c_type: str) -> Any:
+    """The ctypes type of one parameter's C type: ``int``, ``float``, or a pointer."""
+    if c_type.endswith("*"):
+        return ctypes.c_void_p
+    try:
+        return _SCALARS[c_type]
+    except KeyError:
+        raise ValueError(f"no ctypes type for C type {c_type!r}") from None
+
+
+def argtypes(params: tuple[tuple[str, str], ...]) -> list[Any]:
+    """The ctypes ``argtypes`` of a parameter table."""
+    return [ctype(t) for _, t in params]
+
+
+class AbiError(RuntimeError):
+    """A library that cannot be used: not loadable, wrong prefix, or another ABI version."""
+
+
+def config_label(dtype: str, kv_cache_dtype: str, head_size: int, block_size: int) -> str:
+    """The build's name of one instantiation: ``'fp16/auto/128/16'``."""
+    return f"{dtype}/{kv_cache_dtype}/{head_size}/{block_size}"
+
+
+class LauncherLibrary:
+    """One loaded library: its two launchers (ctypes functions with the exact prototypes)
+    and what it says about itself. ``load(path, prefix)`` makes one.
+
+    ``v1(*args)`` / ``v2(*args)`` take the arguments of :data:`V1_PARAMS` /
+    :data:`V2_PARAMS` in order (pointers as ints or None) and return the launcher's
+    code: 0, a ``cudaError_t``, or :data:`NOT_BUILT`.
+    """
+
+    def __init__(self, path: str | Path, prefix: str) -> None:
+        self.path = Path(path)
+        self.prefix = prefix
+        try:
+            self._lib = ctypes.CDLL(str(self.path))
+        except OSError as e:
+            raise AbiError(f"cannot load {self.path}: {e}") from None
+        #: What ``<prefix>_abi_version()`` returned (equal to :data:`ABI_VERSION`).
+        self.abi_version = int(self._fn("abi_version", [], ctypes.c_int)())
+        if self.abi_version != ABI_VERSION:
+            raise AbiError(
+                f"{self.path} has launcher ABI {self.abi_version}, this kvpatch expects {ABI_VERSION}: rebuild it"
+            )
+        #: True when the release's kernels take k_scale/v_scale by value (vLLM 0.6.4).
+        self.scale_by_value = bool(self._fn("scale_by_value", [], ctypes.c_int)())
+        #: The configurations built: ``'dtype/kv_cache_dtype/head_size/block_size'``.
+        raw = self._fn("configs", [], ctypes.c_char_p)() or b""
+        self.configs: tuple[str, ...] = tuple(c for c in raw.decode().split(",") if c)
+        self._error_string = self._fn("error_string", [ctypes.c_int], ctypes.c_char_p)
+        self.v1 = self._fn("paged_attention_v1", argtypes(V1_PARAMS), ctypes.c_int)
+        self.v2 = self._fn("paged_attention_v2", argtypes(V2_PARAMS), ctypes.c_int)
+
+    def __repr__(self) -> str:
+        return f"LauncherLibrary({str(self.path)!r}, {self.prefix!r})"
+
+    def _fn(self, name: str, types: list[Any], restype: Any) -> Any:
+        try:
+            fn = getattr(self._lib, f"{self.prefix}_{name}")
+        except AttributeError:
+            raise AbiError(f"{self.path} has no {self.prefix}_{name}: wrong prefix?") from None
+        fn.argtypes = types
+        fn.restype = restype
+        return fn
+
+    def error_string(self, code: int) -> str:
+        """The library's text for a launcher's return code."""
+        text = self._error_string(int(code))
+        return text.decode(errors="replace") if text else f"error {code}"
+
+
+def load(path: str | Path, prefix: str) -> LauncherLibrary:
+    """Load a launcher library and check its ABI version (:class:`AbiError` otherwise)."""
+    return LauncherLibrary(path, prefix)

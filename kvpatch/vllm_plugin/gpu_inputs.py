@@ -1,0 +1,117 @@
+"""Inputs and calls for :mod:`kvpatch.vllm_plugin.gpu_check`: a decode batch laid out as
+vLLM lays it out, the two call paths (``vllm._custom_ops`` and
+``PagedAttention.forward_decode``), and one case's outputs eagerly and through a CUDA
+graph replayed on changed inputs. torch is imported inside the functions only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from .. import dtypes as D
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .gpu_check import Case
+
+#: vLLM's dispatch (paged_attn.py): v1 iff max_seq_len <= 8192 and (one 512-token partition
+#: or num_seqs * num_heads > 512). These shapes take the case's kernel through forward_decode.
+SHAPES = {"v1": (4, 8, 2, 500), "v2": (4, 8, 2, 1500)}  # num_seqs, num_heads, num_kv_heads, max_seq_len
+
+
+def make_inputs(case: Case, *, device: Any = "cuda", scale_by_value: bool = False, seed: int = 0,
+                shape: tuple[int, int, int, int] | None = None) -> dict[str, Any]:  # fmt: skip
+    """A decode batch for ``case`` laid out as vLLM lays it out (key cache split into x);
+    ``shape``: (num_seqs, num_heads, num_kv_heads, max_seq_len), by default the kernel's."""
+    import torch
+
+    num_seqs, num_heads, num_kv_heads, max_seq_len = shape or SHAPES[case.kernel]
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    dtype = getattr(torch, D.query_dtype(case.dtype).torch)
+    fp8 = D.kv_cache_dtype(case.kv_cache_dtype).size == 1
+    elem = 1 if fp8 else D.query_dtype(case.dtype).size
+    x, blocks = 16 // elem, -(-max_seq_len // case.block_size) * num_seqs
+    cache = torch.randn(2, blocks, case.block_size * num_kv_heads * case.head_size, generator=g)
+    if fp8:
+        f8 = torch.float8_e5m2 if case.kv_cache_dtype == "fp8_e5m2" else torch.float8_e4m3fn
+        cache = cache.to(f8).view(torch.uint8)
+    else:
+        cache = cache.to(dtype)
+    cache = cache.to(device)
+    lens = torch.randint(1, max_seq_len + 1, (num_seqs,), generator=g, dtype=torch.int32)
+    lens[0] = max_seq_len
+    scales = (1.0, 1.0) if scale_by_value else (torch.ones(1, device=device), torch.ones(1, device=device))
+    return dict(
+        query=torch.randn(num_seqs, num_heads, case.head_size, generator=g).to(dtype).to(device),
+        key_cache=cache[0].view(blocks, num_kv_heads, case.head_size // x, case.block_size, x),
+        value_cache=cache[1].view(blocks, num_kv_heads, case.head_size, case.block_size),
+        num_kv_heads=num_kv_heads, scale=case.head_size**-0.5,
+        block_tables=torch.randperm(blocks, generator=g).to(torch.int32).view(num_seqs, -1).to(device),
+        seq_lens=lens.to(device), block_size=case.block_size, max_seq_len=max_seq_len,
+        alibi_slopes=torch.rand(num_heads, generator=g).to(device) if case.alibi else None,
+        kv_cache_dtype=case.kv_cache_dtype, k_scale=scales[0], v_scale=scales[1],
+    )  # fmt: skip
+
+
+def perturb(inp: dict[str, Any], seed: int) -> None:
+    """Change the inputs in place (what a graph replay must pick up): query, cache, lengths."""
+    import torch
+
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    q = inp["query"]
+    q.copy_(torch.randn(q.shape, generator=g).to(q.dtype))
+    kc = inp["key_cache"]
+    kc.copy_(kc.flatten().roll(int(torch.randint(1, 1000, (1,), generator=g))).view(kc.shape))
+    lens = inp["seq_lens"]
+    lens.copy_(torch.randint(1, inp["max_seq_len"] + 1, lens.shape, generator=g, dtype=torch.int32))
+
+
+def custom_ops_call(ops: Any, kernel: str) -> Callable[[dict[str, Any]], Any]:
+    """A call through ``vllm._custom_ops`` (v2 with vLLM's scratch buffers, allocated here)."""
+    import torch
+
+    def call(inp: dict[str, Any]) -> Any:
+        q = inp["query"]
+        out = torch.empty_like(q)
+        tail = [inp[k] for k in ("query", "key_cache", "value_cache", "num_kv_heads", "scale", "block_tables",
+                                 "seq_lens", "block_size", "max_seq_len", "alibi_slopes", "kv_cache_dtype",
+                                 "k_scale", "v_scale")]  # fmt: skip
+        if kernel == "v1":
+            ops.paged_attention_v1(out, *tail)
+            return out
+        s, h, d = q.shape
+        parts = -(-inp["max_seq_len"] // 512)
+        exp_sums = torch.empty(s, h, parts, dtype=torch.float32, device=q.device)
+        tmp = torch.empty(s, h, parts, d, dtype=q.dtype, device=q.device)
+        ops.paged_attention_v2(out, exp_sums, torch.empty_like(exp_sums), tmp, *tail)
+        return out
+
+    return call
+
+
+def forward_decode_call(forward_decode: Callable[..., Any]) -> Callable[[dict[str, Any]], Any]:
+    def call(inp: dict[str, Any]) -> Any:
+        return forward_decode(*[inp[k] for k in ("query", "key_cache", "value_cache", "block_tables", "seq_lens",
+                                                  "max_seq_len", "kv_cache_dtype", "num_kv_heads", "scale",
+                                                  "alibi_slopes", "k_scale", "v_scale")])  # fmt: skip
+
+    return call
+
+
+def outputs(call: Callable[[dict[str, Any]], Any], inp: dict[str, Any], graphs: bool, seed: int) -> dict[str, Any]:
+    """Eager output; with ``graphs``, the output of a captured graph, then of its replay on
+    changed inputs (the changes are the same on both sides: seeded)."""
+    import torch
+
+    out = {"eager": call(inp).clone()}
+    if graphs:
+        call(inp)  # warm-up on the capturing device
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            static = call(inp)
+        g.replay()
+        out["graph"] = static.clone()
+        perturb(inp, seed)
+        g.replay()
+        out["graph replayed"] = static.clone()
+    return out

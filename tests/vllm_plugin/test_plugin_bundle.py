@@ -1,0 +1,113 @@
+"""The bundle on disk and the schema-text parser (pure: no torch kernel runs; torch is
+needed only to import the package's test helpers and for ``parse_schema``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import standin as S  # noqa: E402
+from kvpatch.vllm_plugin import KernelSet, bundle_dir, missing_configs, read_bundle, remove_bundle  # noqa: E402
+from kvpatch.vllm_plugin.bundle import MANIFEST, BundleError, file_digest  # noqa: E402
+from kvpatch.vllm_plugin.schema import normalize_schema, schemas_from_bindings  # noqa: E402
+
+
+def test_bundle_dir(monkeypatch, tmp_path):
+    monkeypatch.delenv("KVPATCH_PLUGIN_DIR")
+    assert bundle_dir() == type(tmp_path)(sys.prefix) / "share" / "kvpatch" / "vllm-plugin"
+    monkeypatch.setenv("KVPATCH_PLUGIN_DIR", str(tmp_path / "x"))
+    assert bundle_dir() == tmp_path / "x" and not (tmp_path / "x").exists()
+
+
+def test_write_read_replace_remove(tmp_path):
+    d = S.make_bundle(tmp_path / "b", library_bytes=b"first")
+    m = read_bundle(d)
+    assert m.library_bytes == 5 and (d / m.library).read_bytes() == b"first"
+    assert file_digest(d / m.library) == (m.library_bytes, m.library_sha256)
+    assert m.schemas == S.TENSOR_SCALES and m.archs == ("sm_90a",) and m.vllm_release == "0.10.2"
+    assert m.header_revision == "815bd481" and m.marker == "test-marker" and m.abi_version == 1
+    raw = json.loads((d / MANIFEST).read_text())
+    assert raw["kernel_set"]["head_sizes"] == [32, 64] and raw["format"] == 1
+    S.make_bundle(tmp_path / "b", library_bytes=b"second")  # replaces: the old library goes
+    m2 = read_bundle(d)
+    assert m2.library != m.library and not (d / m.library).exists()
+    assert sorted(p.name for p in d.iterdir()) == sorted([MANIFEST, m2.library])
+    (d / "user-notes.txt").write_text("kept")
+    assert remove_bundle(d) and read_bundle(d) is None
+    assert [p.name for p in d.iterdir()] == ["user-notes.txt"]
+    assert not remove_bundle(tmp_path / "never")
+
+
+def test_read_bundle_errors(tmp_path):
+    assert read_bundle(tmp_path) is None
+    with pytest.raises(BundleError, match="no bundle"):
+        read_bundle(tmp_path, missing_ok=False)
+    for text, why in [("[]", "not a JSON object"), ("{", "not JSON"), ('{"format": 2}', "format 2"),
+                      ('{"format": 1}', "lacks 'kernel_set'")]:  # fmt: skip
+        (tmp_path / MANIFEST).write_text(text)
+        with pytest.raises(BundleError, match=why) as e:
+            read_bundle(tmp_path)
+        assert "\n" not in str(e.value)
+        assert read_bundle(tmp_path, damaged_ok=True) is None
+    d = S.make_bundle(tmp_path / "b")
+    raw = json.loads((d / MANIFEST).read_text())
+    for key, value, why in [("library", "../evil.so", "not a plain file name"), ("library_bytes", "5", "should be a int, not str"),
+                            ("archs", "sm_90a", "should be a list"), ("schemas", {}, "no schema"), ("configs", [1], "not a list of strings")]:  # fmt: skip
+        (d / MANIFEST).write_text(json.dumps({**raw, key: value}))
+        with pytest.raises(BundleError, match=why):
+            read_bundle(d)
+
+
+def test_write_refuses_missing_schemas(tmp_path):
+    with pytest.raises(BundleError, match="no schema recorded for paged_attention_v2"):
+        S.make_bundle(tmp_path / "b", schemas={"paged_attention_v1": S.TENSOR_SCALES["paged_attention_v1"]})
+
+
+def test_missing_configs():
+    full = KernelSet()
+    assert len(full.labels()) == 3 * 3 * 9 * 3
+    assert missing_configs(full, full.labels()) == []
+    assert missing_configs(full, full.labels()[1:]) == ["fp16/auto/32/8"]
+
+
+# --------------------------------------------------------------------------- schema texts
+
+
+BINDINGS = r'''
+TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
+  // Attention ops
+  ops.def(
+      "paged_attention_v1("
+      "    Tensor! out, Tensor query, Tensor key_cache,"  // a comment between literals
+      "    Tensor value_cache, int num_kv_heads, float scale) -> ()");
+  ops.impl("paged_attention_v1", torch::kCUDA, &paged_attention_v1);
+  ops.def(R"(paged_attention_v2(Tensor! out,
+      /* not a comment inside a raw string */ Tensor query) -> ())");
+  ops.def("other(Tensor a) -> ()");
+}
+'''
+
+
+def test_schemas_from_bindings():
+    got = schemas_from_bindings(BINDINGS)
+    assert got["paged_attention_v1"] == ("paged_attention_v1(Tensor! out, Tensor query, Tensor key_cache, "
+                                         "Tensor value_cache, int num_kv_heads, float scale) -> ()")  # fmt: skip
+    assert got["paged_attention_v2"] == ("paged_attention_v2(Tensor! out, /* not a comment inside a raw string */ "
+                                         "Tensor query) -> ()")  # fmt: skip
+    torch._C.parse_schema(got["paged_attention_v1"])
+
+
+def test_schemas_from_bindings_errors():
+    with pytest.raises(ValueError, match="paged_attention_v2"):
+        schemas_from_bindings('ops.def("paged_attention_v1(Tensor a) -> ()");')
+    twice = 'ops.def("paged_attention_v1(Tensor a) -> ()"); ops.def("paged_attention_v1(Tensor b) -> ()");'
+    with pytest.raises(ValueError, match="defined 2 times"):
+        schemas_from_bindings(twice, ops=("paged_attention_v1",))
+
+
+def test_normalize_schema():
+    assert normalize_schema("f(\n   Tensor a,\n    int b\n) -> ()") == "f(Tensor a, int b) -> ()"

@@ -12,7 +12,6 @@ without it.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import re
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from .. import dtypes as D
-from ..abi import ABI_VERSION
+from .. import abi
 from .dispatch import check_kernel
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -30,40 +29,20 @@ if TYPE_CHECKING:  # pragma: no cover
     from .inputs import AttentionInputs
 
 
-_P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-#: The arguments both launchers share, after v1's ``out`` / v2's four output pointers.
-_COMMON_ARGS = [
-    _P, _P, _P,  # query, key_cache, value_cache
-    _I, _I, _I, _I, _F,  # num_seqs, num_heads, head_size, num_kv_heads, scale
-    _P, _I, _P,  # block_tables, max_num_blocks_per_seq, seq_lens
-    _I, _I, _P,  # block_size, max_seq_len, alibi_slopes
-    _I, _I, _I,  # q_stride, kv_block_stride, kv_head_stride
-    _I, _I,  # dtype, kv_cache_dtype
-    _P, _P, _F, _F,  # k_scale_ptr, v_scale_ptr, k_scale, v_scale
-    _P,  # stream
-]  # fmt: skip
-
-
 class Kernels:
-    """One variant's launchers: ``Kernels(result.library, result.prefix)``."""
+    """One variant's launchers: ``Kernels(result.library, result.prefix)``, over the one
+    ctypes binding of a launcher library (:func:`kvpatch.abi.load`), with vLLM's op arguments
+    (torch tensors) checked and turned into the launchers' raw ones."""
 
     def __init__(self, so_path: str | Path, prefix: str) -> None:
         self.path = Path(so_path)
         self.prefix = prefix
-        try:
-            self._lib = ctypes.CDLL(str(self.path))
-        except OSError as e:
-            raise RuntimeError(f"cannot load {self.path}: {e}") from None
-        version = self._fn("abi_version", [], _I)()
-        if version != ABI_VERSION:
-            raise RuntimeError(f"{self.path} has launcher ABI {version}, this kvpatch expects {ABI_VERSION}: rebuild it")
+        self._lib = abi.load(self.path, prefix)  # abi.AbiError is a RuntimeError
         #: True when the release's kernels take k_scale/v_scale by value (vLLM 0.6.4).
-        self.scale_by_value = bool(self._fn("scale_by_value", [], _I)())
+        self.scale_by_value = self._lib.scale_by_value
         #: The configurations built: 'dtype/kv_cache_dtype/head_size/block_size'.
-        self.configs: tuple[str, ...] = tuple(self._fn("configs", [], ctypes.c_char_p)().decode().split(","))
-        self._error_string = self._fn("error_string", [_I], ctypes.c_char_p)
-        self._v1 = self._fn("paged_attention_v1", [_P, *_COMMON_ARGS], _I)
-        self._v2 = self._fn("paged_attention_v2", [_P, _P, _P, _P, *_COMMON_ARGS], _I)
+        self.configs: tuple[str, ...] = self._lib.configs
+        self._v1, self._v2 = self._lib.v1, self._lib.v2
 
     @classmethod
     def from_build(cls, result: Any) -> Kernels:
@@ -73,17 +52,8 @@ class Kernels:
     def __repr__(self) -> str:
         return f"Kernels({str(self.path)!r}, {self.prefix!r})"
 
-    def _fn(self, name: str, argtypes: list, restype: Any) -> Any:
-        try:
-            fn = getattr(self._lib, f"{self.prefix}_{name}")
-        except AttributeError:
-            raise RuntimeError(f"{self.path} has no {self.prefix}_{name}: wrong prefix?") from None
-        fn.argtypes = argtypes
-        fn.restype = restype
-        return fn
-
     def error_string(self, code: int) -> str:
-        return self._error_string(code).decode()
+        return self._lib.error_string(code)
 
     # ----------------------------------------------------------------------- ops
 
@@ -231,7 +201,7 @@ def load_libs(specs: Iterable[LibSpec]) -> dict[str, Kernels]:
     return {s.name: Kernels(s.path, s.prefix) for s in specs}
 
 
-def config_label(dtype: str, kv_cache_dtype: str, head_size: int, block_size: int) -> str:
+def config_label(dtype: str, kv_cache_dtype: str, head_size: int, block_size: int) -> str:  # noqa: D103
     """The build's name of one instantiation: ``'fp16/auto/128/16'`` (KernelConfig.label)."""
     return f"{dtype}/{kv_cache_dtype}/{head_size}/{block_size}"
 

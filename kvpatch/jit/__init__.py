@@ -28,6 +28,7 @@ from __future__ import annotations
 from ..source.releases import HEADER
 from ..arch import Arch, parse_arch_list
 from .compile import build
+from .library import build_libraries
 from .flags import vllm_nvcc_flags
 from .full import full_build_command, run_full_build
 from .sass import demangle, describe_kernel, parse_ptxas_log, scan_sass

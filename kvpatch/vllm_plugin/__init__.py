@@ -9,8 +9,7 @@ VLLM_ATTENTION_BACKEND=XFORMERS``): there the decode step's only CUDA caller of
 * :mod:`.checks`: every check, as a :class:`Decision` (what ``kvpatch plugin status`` prints).
 * :mod:`.plugin`: :func:`register`, the ``vllm.general_plugins`` entry point.
 * :mod:`.kernel`: the registered functions, calling the library's launchers.
-* :mod:`.gpu_check` (with :mod:`.gpu_inputs`): ``kvpatch plugin check``, bit-identity
-  and timing on a GPU.
+``kvpatch plugin check`` (bit-identity and timing on a GPU) is :mod:`kvpatch.gpu.plugin_check`.
 
 ``KVPATCH_DISABLE=1`` keeps vLLM's own kernels. Importing this package imports the
 standard library and kvpatch's ``abi``, ``dtypes`` and ``errors`` only: no torch,

@@ -187,7 +187,7 @@ def test_a_built_library_behind_the_plugin(vllm_release, tmp_path):
     error in its words; a configuration not built never reaches it."""
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH")
-    from kvpatch.build import Variant, build, make_spec
+    from kvpatch.jit import Variant, build, make_spec
     from kvpatch.source.releases import HEADER
     from kvpatch.vllm_plugin import KernelSet
 

@@ -37,7 +37,7 @@ def build_libs(out: Path) -> None:
     """Build stock and patched (the default configuration) for sm_90a into ``out``."""
     import shutil
 
-    from kvpatch.build import build, make_spec, patched_variants
+    from kvpatch.jit import build, make_spec, patched_variants
     from kvpatch.config import make_config
     from kvpatch.source.fetch import fetch_release
     from kvpatch.source.releases import HEADER
@@ -62,7 +62,7 @@ def gpu(tmp_path_factory):
     from kvpatch import abi
     from kvpatch.gpu.dispatch import dispatched_kernel
     from kvpatch.vllm_plugin import KernelSet, Target, plugin, write_bundle
-    from kvpatch.vllm_plugin.gpu_inputs import custom_ops_call, forward_decode_call
+    from kvpatch.gpu.plugin_inputs import custom_ops_call, forward_decode_call
     from kvpatch.vllm_plugin.kernel import Override
 
     libs = Path(libs)
@@ -130,15 +130,15 @@ def test_registers_without_initialising_cuda(gpu):
 
 
 def test_bit_identical_eager_and_in_cuda_graphs(gpu):
-    from kvpatch.vllm_plugin.gpu_check import CheckReport, matrix, run_cases
+    from kvpatch.gpu.plugin_check import CheckReport, matrix, run_cases
 
     report = CheckReport(results=run_cases(matrix(gpu["configs"]), gpu["calls"], gpu["switch"]))
     assert report.ok, report.summary()
 
 
 def test_unserved_configuration_reaches_the_previous_kernel(gpu):
-    from kvpatch.vllm_plugin.gpu_check import Case
-    from kvpatch.vllm_plugin.gpu_inputs import custom_ops_call, make_inputs
+    from kvpatch.gpu.plugin_check import Case
+    from kvpatch.gpu.plugin_inputs import custom_ops_call, make_inputs
 
     if not hasattr(torch.library, "get_kernel"):
         pytest.skip("torch < 2.9: such calls raise")
@@ -147,8 +147,8 @@ def test_unserved_configuration_reaches_the_previous_kernel(gpu):
 
 
 def test_side_stream(gpu):
-    from kvpatch.vllm_plugin.gpu_check import Case
-    from kvpatch.vllm_plugin.gpu_inputs import custom_ops_call, make_inputs
+    from kvpatch.gpu.plugin_check import Case
+    from kvpatch.gpu.plugin_inputs import custom_ops_call, make_inputs
 
     inp = make_inputs(Case("bf16", "fp8", 128, 16, True, "v2"))
     call = custom_ops_call(gpu["ops"], "v2")
@@ -162,8 +162,8 @@ def test_side_stream(gpu):
 
 
 def test_timing(gpu, capsys):
-    from kvpatch.vllm_plugin.gpu_check import TIMED, time_kernels
-    from kvpatch.vllm_plugin.gpu_inputs import custom_ops_call
+    from kvpatch.gpu.plugin_check import TIMED, time_kernels
+    from kvpatch.gpu.plugin_inputs import custom_ops_call
 
     timings = time_kernels(TIMED, lambda k: custom_ops_call(gpu["ops"], k), gpu["switch"])
     with capsys.disabled():

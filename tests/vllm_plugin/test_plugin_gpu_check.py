@@ -20,10 +20,10 @@ torch = pytest.importorskip("torch")
 import standin as S  # noqa: E402
 from kvpatch.gpu.dispatch import dispatched_kernel  # noqa: E402
 from kvpatch.vllm_plugin import plugin  # noqa: E402
-from kvpatch.vllm_plugin.gpu_check import (  # noqa: E402
+from kvpatch.gpu.plugin_check import (  # noqa: E402
     Case, CaseResult, CheckReport, Timing, first_difference, matrix, run_cases,
 )  # fmt: skip
-from kvpatch.vllm_plugin.gpu_inputs import SHAPES, custom_ops_call, forward_decode_call, make_inputs, perturb  # noqa: E402
+from kvpatch.gpu.plugin_inputs import SHAPES, custom_ops_call, forward_decode_call, make_inputs, perturb  # noqa: E402
 
 
 def test_matrix_selects_among_the_built_configs():

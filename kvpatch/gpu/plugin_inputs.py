@@ -6,12 +6,42 @@ graph replayed on changed inputs. torch is imported inside the functions only.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
 
 from .. import dtypes as D
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .gpu_check import Case
+
+@dataclass(frozen=True)
+class Case:
+    """One configuration checked: the kernel's template parameters, ALiBi, v1 or v2."""
+
+    dtype: str
+    kv_cache_dtype: str
+    head_size: int
+    block_size: int
+    alibi: bool
+    kernel: str  # 'v1' | 'v2'
+
+    @property
+    def label(self) -> str:
+        return (f"{self.dtype}/{self.kv_cache_dtype}/{self.head_size}/{self.block_size} "
+                f"{self.kernel}{' alibi' if self.alibi else ''}")  # fmt: skip
+
+
+def matrix(configs: Iterable[str], *, dtypes: Iterable[str] | None = None, kv_cache_dtypes=("auto", "fp8"),
+           head_sizes=(64, 128, 256), block_sizes=(16, 32), alibi=(False, True), kernels=("v1", "v2")) -> list[Case]:  # fmt: skip
+    """The cases among the library's built ``configs`` ('fp16/auto/128/16'...) that the
+    option sets select (``None``: every value built)."""
+    want = [None if x is None else set(x) for x in (dtypes, kv_cache_dtypes, head_sizes, block_sizes)]
+    out = []
+    for label in configs:
+        d, kv, h, b = label.split("/")
+        parts = (d, kv, int(h), int(b))
+        if all(w is None or p in w for w, p in zip(want, parts)):
+            out += [Case(*parts, a, k) for k in kernels for a in alibi]
+    return sorted(set(out), key=lambda c: (c.dtype, c.kv_cache_dtype, c.head_size, c.block_size, c.kernel, c.alibi))
+
 
 #: vLLM's dispatch (paged_attn.py): v1 iff max_seq_len <= 8192 and (one 512-token partition
 #: or num_seqs * num_heads > 512). These shapes take the case's kernel through forward_decode.

@@ -18,45 +18,13 @@ imported inside the functions only.
 from __future__ import annotations
 
 import contextlib
-import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 from ..errors import GpuCheckError
-from .gpu_inputs import SHAPES, custom_ops_call, forward_decode_call, make_inputs, outputs
+from .plugin_inputs import Case, custom_ops_call, forward_decode_call, make_inputs, matrix, outputs  # noqa: F401
 
 PATHS = ("custom_ops", "forward_decode")
-
-
-@dataclass(frozen=True)
-class Case:
-    """One configuration checked: the kernel's template parameters, ALiBi, v1 or v2."""
-
-    dtype: str
-    kv_cache_dtype: str
-    head_size: int
-    block_size: int
-    alibi: bool
-    kernel: str  # 'v1' | 'v2'
-
-    @property
-    def label(self) -> str:
-        return (f"{self.dtype}/{self.kv_cache_dtype}/{self.head_size}/{self.block_size} "
-                f"{self.kernel}{' alibi' if self.alibi else ''}")  # fmt: skip
-
-
-def matrix(configs: Iterable[str], *, dtypes: Iterable[str] | None = None, kv_cache_dtypes=("auto", "fp8"),
-           head_sizes=(64, 128, 256), block_sizes=(16, 32), alibi=(False, True), kernels=("v1", "v2")) -> list[Case]:  # fmt: skip
-    """The cases among the library's built ``configs`` ('fp16/auto/128/16'...) that the
-    option sets select (``None``: every value built)."""
-    want = [None if x is None else set(x) for x in (dtypes, kv_cache_dtypes, head_sizes, block_sizes)]
-    out = []
-    for label in configs:
-        d, kv, h, b = label.split("/")
-        parts = (d, kv, int(h), int(b))
-        if all(w is None or p in w for w, p in zip(want, parts)):
-            out += [Case(*parts, a, k) for k in kernels for a in alibi]
-    return sorted(set(out), key=lambda c: (c.dtype, c.kv_cache_dtype, c.head_size, c.block_size, c.kernel, c.alibi))
 
 
 @dataclass(frozen=True)
@@ -172,16 +140,21 @@ def time_kernels(shapes: Iterable[tuple[str, Case, tuple[int, int, int, int]]], 
                  switch: Callable[[bool], Any], *, scale_by_value: bool = False, reps: int = 30,
                  per_graph: int = 10) -> list[Timing]:  # fmt: skip
     """``(label, case, (num_seqs, num_heads, num_kv_heads, max_seq_len))`` per shape: each
-    kernel's GPU time per call, in us. ``per_graph`` calls are captured in one CUDA graph
-    (so that host overhead, larger for a Python kernel, is not what is timed, and as vLLM
-    runs decode); each replay is timed with CUDA events; the median of ``reps`` replays."""
+    kernel's GPU time per call, in us. ``per_graph`` calls are captured in one CUDA graph per
+    kernel (so that host overhead, larger for a Python kernel, is not what is timed, and as
+    vLLM runs decode); the two graphs' replays are timed interleaved on kvpatch's one timer
+    (:func:`kvpatch.gpu.timing.time_interleaved`); the median of ``reps`` replays each."""
     import torch
 
+    from .stats import median
+    from .timing import Timer, time_interleaved
+
     out = []
+    timer = Timer("cuda")
     for label, case, shape in shapes:
-        times = {}
+        graphs = {}
+        inp = make_inputs(case, shape=shape, scale_by_value=scale_by_value)
         for ours in (False, True):
-            inp = make_inputs(case, shape=shape, scale_by_value=scale_by_value)
             fn = call(case.kernel)
             with switch(ours):
                 fn(inp)
@@ -190,16 +163,11 @@ def time_kernels(shapes: Iterable[tuple[str, Case, tuple[int, int, int, int]]], 
                 with torch.cuda.graph(g):
                     for _ in range(per_graph):
                         fn(inp)
-            g.replay()  # warm-up
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-            for start, end in events:
-                start.record()
-                g.replay()
-                end.record()
-            torch.cuda.synchronize()
-            times[ours] = statistics.median(s.elapsed_time(e) for s, e in events) * 1000 / per_graph
-            del g
-        out.append(Timing(label, times[False], times[True]))
+            graphs[ours] = g
+        stock_us, ours_us = time_interleaved([graphs[False].replay, graphs[True].replay], reps=2 * reps, warmup=1,
+                                             timer=timer)  # fmt: skip
+        out.append(Timing(label, median(stock_us) / per_graph, median(ours_us) / per_graph))
+        del graphs
     return out
 
 
@@ -216,7 +184,7 @@ def check(cases: list[Case] | None = None, *, graphs: bool = True, timed=TIMED, 
     from vllm import _custom_ops as ops
     from vllm.attention.ops.paged_attn import PagedAttention
 
-    from . import plugin
+    from ..vllm_plugin import plugin
 
     if not torch.cuda.is_available():
         raise GpuCheckError("no CUDA GPU visible: kvpatch plugin check needs one")

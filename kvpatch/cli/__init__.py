@@ -22,7 +22,7 @@ from rich.markup import escape
 
 from .. import __version__
 from ..errors import KvpatchError
-from . import patching, building, measuring, decode  # noqa: F401,I001  (each registers its commands, in this order)
+from . import patching, building, measuring, decode, plugin  # noqa: F401,I001  (each registers its commands, in this order)
 from .base import DEBUG, app, io
 
 
@@ -76,12 +76,17 @@ def _install_signals() -> None:
 
 
 def _command_name(argv: list[str]) -> str:
-    """The subcommand being run (``apply``), from the arguments: its first non-option word."""
+    """The subcommand being run (``apply``, ``plugin enable``), from the arguments: its
+    first non-option words."""
     names = {c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands}
-    for arg in argv:
-        if not arg.startswith("-"):
-            return arg if arg in names else ""
-    return ""
+    groups = {g.name: g.typer_instance for g in app.registered_groups if g.name}
+    words = [a for a in argv if not a.startswith("-")]
+    if not words:
+        return ""
+    if words[0] in groups:
+        sub = {c.name or (c.callback.__name__ if c.callback else "") for c in groups[words[0]].registered_commands}
+        return f"{words[0]} {words[1]}" if len(words) > 1 and words[1] in sub else words[0]
+    return words[0] if words[0] in names else ""
 
 
 def _one_line(message: str, code: int) -> NoReturn:

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..config import PatchConfig, make_config
-from ..errors import PatchError, UsageError
+from ..errors import FetchError, PatchError, UsageError
 from ..patch import Header, Injected, read_header
 from ..progress import Progress
 from ..source.fetch import check_release, fetch_release, normalize_version, release_tag
@@ -117,3 +117,22 @@ def variants_for(target: Tree, cwd: Path, progress: Progress, *, paper: bool = F
     configs.update(extra or {})
     first, *others = patched_variants(header.stock, str(target.header), configs)
     return [first, Variant.patched("patched", header.text, own), *others]
+
+
+def tree_release(target: Tree, cwd: Path) -> str | None:
+    """The vLLM release a tree holds: the last apply's record here when it names this tree,
+    else the ``Version:`` of the sdist's ``PKG-INFO``; None when neither says."""
+    state = state_or_none(cwd)
+    if state is not None and state.version and Path(state.tree) == target.root:
+        return state.version
+    info = target.root / "PKG-INFO"
+    try:
+        if info.is_file() and info.stat().st_size < (1 << 20):
+            for line in info.read_text(encoding="utf-8", errors="replace").splitlines():
+                if line.startswith("Version:"):
+                    return normalize_version(line.split(":", 1)[1].strip())
+                if not line.strip():
+                    break  # the headers end at the first blank line
+    except (OSError, UsageError, FetchError):
+        return None
+    return None

@@ -24,7 +24,7 @@ from ..errors import BuildError
 
 
 def require_cuda() -> None:
-    """A GPU and a CUDA build of torch, or a one-line error. Here, not in :mod:`kvpatch.api`, so that
+    """A GPU and a CUDA build of torch, or a one-line error. Here, not in the command layer, so that
     commands run on prebuilt libraries (``--lib``) load neither libclang nor git."""
     try:
         import torch

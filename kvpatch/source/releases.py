@@ -35,17 +35,18 @@ def carries_header(version: str) -> bool:
     return FIRST <= release_tuple(version)[:3] <= LAST
 
 
-def revision_of(stock_header: str) -> str | None:
-    """The representative release of a stock header's revision (by the md5 of its text with
-    LF line endings, as released; a CRLF checkout matches too), or None if unknown."""
+def header_digest(stock_header: str) -> str:
+    """The md5 prefix :data:`REVISIONS` names a stock header by (of its text with LF line
+    endings, as released, so a CRLF checkout gets its release's digest)."""
     import hashlib
 
-    for text in dict.fromkeys((stock_header, stock_header.replace("\r\n", "\n"))):
-        digest = hashlib.md5(text.encode("utf-8")).hexdigest()
-        rep = next((rep for rep, _, md5 in REVISIONS if digest.startswith(md5)), None)
-        if rep is not None:
-            return rep
-    return None
+    return hashlib.md5(stock_header.replace("\r\n", "\n").encode("utf-8")).hexdigest()[:8]
+
+
+def revision_of(stock_header: str) -> str | None:
+    """The representative release of a stock header's revision, or None if unknown."""
+    digest = header_digest(stock_header)
+    return next((rep for rep, _, md5 in REVISIONS if md5 == digest), None)
 
 
 _VERSION_RE = re.compile(r"v?(?P<release>[0-9]+(?:\.[0-9]+)+)(?:[.-]?post(?P<post>[0-9]+))?", re.IGNORECASE)

@@ -167,6 +167,14 @@ def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
+def _readable(path: str) -> None:
+    """Give a temporary file (mkstemp makes it 0600) the umask's default permissions: the
+    bundle is read by whichever user runs vLLM."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -174,6 +182,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        _readable(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -220,6 +229,7 @@ def write_bundle(
         shutil.copyfile(src, tmp)
         if file_digest(tmp) != (size, sha):
             raise BundleError(f"{src} changed while it was copied")
+        _readable(tmp)
         os.replace(tmp, out / name)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -111,3 +111,25 @@ def test_schemas_from_bindings_errors():
 
 def test_normalize_schema():
     assert normalize_schema("f(\n   Tensor a,\n    int b\n) -> ()") == "f(Tensor a, int b) -> ()"
+
+
+def test_the_bundle_is_readable_by_other_users(tmp_path):
+    """vLLM may run as another user than the one who enabled the plugin: the files get the
+    umask's default permissions, not mkstemp's 0600."""
+    import os
+    import stat
+
+    from kvpatch.vllm_plugin import OPS, write_bundle
+
+    old = os.umask(0o022)
+    try:
+        lib = tmp_path / "libx.so"
+        lib.write_bytes(b"x")
+        ks = KernelSet(("fp16",), ("auto",), (128,), (16,))
+        write_bundle(lib, vllm_release="0.10.2", header_revision="r", marker="m", archs=("sm_90a",), prefix="p",
+                     configs=ks.labels(), kernel_set=ks, schemas={op: f"{op}(Tensor! out) -> ()" for op in OPS},
+                     scale_by_value=False, directory=tmp_path / "b")  # fmt: skip
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "b").iterdir()}
+    assert set(modes.values()) == {0o644}, modes

@@ -29,8 +29,11 @@ torch = pytest.importorskip("torch")
 import standin as S  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-CONFIGS = dict(dtypes=("fp16", "bf16"), head_sizes=(128,), block_sizes=(16,), kv_cache_dtypes=("auto", "fp8"))
-SENTINEL = 7.0  # what the stand-in for vLLM's kernel writes for head size 256 (not built)
+#: What the libraries hold: the plugin check's cases and every configuration vLLM 0.10.2's own
+#: test_paged_attention runs (bf16, head sizes 32, 80, 128 and 256, blocks 16 and 32, auto and fp8).
+CONFIGS = dict(dtypes=("fp16", "bf16"), head_sizes=(32, 80, 128, 256), block_sizes=(16, 32), kv_cache_dtypes=("auto", "fp8"))
+UNBUILT_HEAD = 64
+SENTINEL = 7.0  # what the stand-in for vLLM's kernel writes for head size 64 (not built)
 
 
 def build_libs(out: Path) -> None:
@@ -47,7 +50,9 @@ def build_libs(out: Path) -> None:
     variants = patched_variants((tree / HEADER).read_text(encoding="utf-8"), str(tree / HEADER), {"patched": cfg})
     result = build(make_spec(tree, variants, "9.0a", **CONFIGS))
     out.mkdir(parents=True, exist_ok=True)
-    info: dict = {"marker": cfg.marker()}
+    from kvpatch.source.releases import header_digest
+
+    info: dict = {"marker": cfg.marker(), "revision": header_digest((tree / HEADER).read_text(encoding="utf-8"))}
     for v in result.variants:
         shutil.copyfile(v.library, out / f"lib{v.name}.so")
         info[v.name] = {"prefix": v.prefix, "configs": list(v.configs), "file": f"lib{v.name}.so"}
@@ -75,7 +80,7 @@ def gpu(tmp_path_factory):
         fn = stock.impl(kind)
 
         def kernel(*args):
-            if (args[1] if kind == "v1" else args[4]).shape[2] == 256:
+            if (args[1] if kind == "v1" else args[4]).shape[2] == UNBUILT_HEAD:
                 args[0].fill_(SENTINEL)
             else:
                 fn(*args)
@@ -142,7 +147,7 @@ def test_unserved_configuration_reaches_the_previous_kernel(gpu):
 
     if not hasattr(torch.library, "get_kernel"):
         pytest.skip("torch < 2.9: such calls raise")
-    out = custom_ops_call(gpu["ops"], "v1")(make_inputs(Case("fp16", "auto", 256, 16, False, "v1")))
+    out = custom_ops_call(gpu["ops"], "v1")(make_inputs(Case("fp16", "auto", UNBUILT_HEAD, 16, False, "v1")))
     assert bool((out == SENTINEL).all())
 
 

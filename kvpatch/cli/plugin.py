@@ -1,0 +1,103 @@
+"""``kvpatch plugin enable|disable|status|check`` (options -> commands.plugin -> render)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+
+from .base import ArchOpt, JsonOpt, TreeOpt, app, cwd, emit_json, io, progress, warn
+
+plugin_app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Run the patched kernels inside the vLLM this Python environment has (vLLM's V0 engine, "
+    "VLLM_USE_V1=0 VLLM_ATTENTION_BACKEND=XFORMERS), through vLLM's plugin entry point: no vLLM rebuild.",
+)
+app.add_typer(plugin_app, name="plugin")
+
+DirOpt = Annotated[
+    Optional[Path],
+    typer.Option("--dir", metavar="DIR", help="The bundle's directory (default: $KVPATCH_PLUGIN_DIR, "
+                 "else <sys.prefix>/share/kvpatch/vllm-plugin; the plugin reads the same)."),
+]  # fmt: skip
+
+
+def _print(lines: list[str]) -> None:
+    for line in lines:
+        io.out.print(escape(line), highlight=False, soft_wrap=True)
+
+
+@plugin_app.command()
+def enable(
+    tree: TreeOpt = None,
+    arch: ArchOpt = "9.0a",
+    release: Annotated[Optional[str], typer.Option(metavar="VERSION", help="The tree's vLLM release, where kvpatch cannot read it (no apply here, no PKG-INFO).")] = None,
+    jobs: Annotated[Optional[int], typer.Option(metavar="N", help="Parallel nvcc processes (default: CPU count).")] = None,
+    build: Annotated[bool, typer.Option("--build", help="Compile vLLM's full kernel set now if 'kvpatch build --all' has not (minutes to an hour, by CPU count).")] = False,
+    directory: DirOpt = None,
+    json_out: JsonOpt = None,
+) -> None:
+    """Install the tree's patched kernels, built with vLLM's full kernel set ('kvpatch build --all'),
+    for the installed vLLM of the same release; vLLM's plugin loader picks them up in every process."""
+    from ..commands import plugin as P
+    from ..render import enable_lines
+
+    opts = P.EnableOptions(tree=tree, cwd=cwd(), arch=arch, jobs=jobs, release=release, directory=directory,
+                            build=build)
+    with progress() as p:
+        report = P.enable(opts, progress=p)
+    if not emit_json(json_out, {"directory": str(report.directory), "manifest": report.manifest.to_dict(),
+                                "installed_vllm": report.installed_vllm, "warnings": list(report.warnings)}):  # fmt: skip
+        _print(enable_lines(report))
+    for line in report.warnings:
+        warn(line)
+
+
+@plugin_app.command()
+def disable(directory: DirOpt = None) -> None:
+    """Remove the bundle: vLLM runs its own kernels again (KVPATCH_DISABLE=1 does so for one process)."""
+    from ..commands import plugin as P
+
+    where, existed = P.disable(directory)
+    _print([f"removed the bundle from {where}" if existed else f"no bundle at {where}: nothing to remove"])
+
+
+@plugin_app.command()
+def status(
+    directory: DirOpt = None,
+    gpus: Annotated[bool, typer.Option("--gpus", help="Also say which visible GPUs the bundle's archs serve (initialises CUDA).")] = False,
+    json_out: JsonOpt = None,
+) -> None:
+    """What vLLM's plugin loader would do in this environment, and why. Exit 0 when vLLM would
+    run kvpatch's kernels, 1 when it would keep its own."""
+    from ..commands import plugin as P
+    from ..render import status_lines
+
+    decision = P.status(directory, gpus=gpus)
+    if not emit_json(json_out, decision.to_dict()):
+        _print(status_lines(decision))
+    if not decision.registers:
+        raise typer.Exit(1)
+
+
+@plugin_app.command()
+def check(
+    reps: Annotated[int, typer.Option(metavar="N", min=1, help="Timed replays per kernel and shape.")] = 30,
+    graphs: Annotated[bool, typer.Option("--graphs/--no-graphs", help="Also compare calls captured in CUDA graphs.")] = True,
+    json_out: JsonOpt = None,
+) -> None:
+    """On this GPU: register the plugin, compare vLLM's kernel with kvpatch's bit for bit over
+    the bundle's configurations (through vllm._custom_ops and PagedAttention.forward_decode,
+    eager and in CUDA graphs), and time both. Exit 6 on any difference."""
+    from ..commands import plugin as P
+    from ..render import check_lines
+
+    report = P.check(reps=reps, graphs=graphs)
+    if not emit_json(json_out, report.to_dict()):
+        _print(check_lines(report))
+    error = P.failure(report)
+    if error is not None:
+        raise error

@@ -1,0 +1,199 @@
+"""``kvpatch plugin enable|disable|status|check``: the tree's patched kernels inside the vLLM
+this Python environment already has, through vLLM's plugin entry point (no vLLM rebuild).
+
+The data flow of ``enable``: the tree (patched by ``apply``) -> its release, checked
+against the installed vLLM -> the patched variant built for vLLM's full kernel set (the
+one JIT path: a cache hit after ``kvpatch build --all`` for the same arch) -> the
+bundle (:mod:`kvpatch.vllm_plugin.bundle`: the library and ``bundle.json``, written
+atomically). vLLM's plugin loader then calls :func:`kvpatch.vllm_plugin.register`, which
+checks everything again in the serving process and logs one line either way.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from ..errors import BuildError, GpuCheckError, UsageError
+from ..progress import QUIET, Progress
+
+#: The releases whose V0 engine calls these ops on CUDA (0.11 removed the V0 engine).
+LAST_V0 = (0, 10)
+
+
+@dataclass
+class EnableOptions:
+    tree: Optional[Path] = None
+    cwd: Path = field(default_factory=Path.cwd)
+    arch: str = "9.0a"
+    jobs: Optional[int] = None
+    release: Optional[str] = None  # the tree's vLLM release, where kvpatch cannot read it
+    directory: Optional[Path] = None  # the bundle's directory (default: this environment's)
+    build: bool = False  # compile the full set now when 'kvpatch build --all' has not
+
+
+@dataclass(frozen=True)
+class EnableReport:
+    manifest: Any  # kvpatch.vllm_plugin.Manifest
+    directory: Path
+    library: Path  # the built library in kvpatch's cache
+    cached: bool
+    installed_vllm: str | None  # None: vLLM is not installed in this environment
+    warnings: tuple[str, ...] = ()
+
+
+def installed_vllm() -> str | None:
+    """The version of the vLLM distribution installed in this environment, read from its
+    metadata (vLLM itself is not imported); None when there is none."""
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _release(o: EnableOptions, target: Any) -> str:
+    from ..source.releases import normalize_version
+    from .tree import tree_release
+
+    if o.release is not None:
+        return normalize_version(o.release)
+    found = tree_release(target, o.cwd)
+    if found is None:
+        raise UsageError(f"cannot tell which vLLM release {target.root} holds (no record of an apply here, "
+                         "no PKG-INFO): pass --release X")  # fmt: skip
+    return found
+
+
+def check_match(release: str, installed: str | None) -> list[str]:
+    """The warnings for a bundle of ``release`` in an environment with vLLM ``installed``;
+    UsageError when they are different releases (the plugin would refuse to load)."""
+    from ..source.releases import release_tuple
+    from ..vllm_plugin.checks import normalize_version
+
+    warnings = []
+    if installed is None:
+        warnings.append(f"vLLM is not installed in this Python environment: the bundle waits for vLLM {release}")
+    elif normalize_version(installed) != normalize_version(release):
+        raise UsageError(f"this environment has vLLM {installed} and the tree is vLLM {release}: "
+                         f"run 'kvpatch apply --vllm {normalize_version(installed)}' and enable again")  # fmt: skip
+    if release_tuple(release)[:2] > LAST_V0:
+        warnings.append(f"vLLM {release} has no V0 engine: vLLM itself never calls these ops on CUDA, only code "
+                        "that calls torch.ops._C.paged_attention_v1/v2 directly reaches kvpatch's kernels")  # fmt: skip
+    return warnings
+
+
+def enable(o: EnableOptions, *, progress: Progress = QUIET) -> EnableReport:
+    """Build the tree's patched kernels for vLLM's full set and install them as this
+    environment's bundle (replacing any)."""
+    from .. import jit
+    from ..abi import load
+    from ..patch import read_header
+    from ..source.releases import HEADER, header_digest
+    from ..vllm_plugin import KernelSet, bundle_dir, schemas_from_bindings, write_bundle
+    from ..dtypes import KV_CACHE_DTYPES, QUERY_DTYPES
+
+    from .tree import resolve, variants_for
+
+    jit.check_jobs(o.jobs)
+    jit.parse_arch_list(o.arch)
+    target = resolve(o.tree, o.cwd)
+    release = _release(o, target)
+    installed = installed_vllm()
+    warnings = check_match(release, installed)
+    bindings = target.root / "csrc" / "torch_bindings.cpp"
+    try:
+        schemas = schemas_from_bindings(bindings.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read {bindings}: {getattr(e, 'strerror', None) or e}") from None
+    except ValueError as e:
+        raise UsageError(f"{bindings}: {e}") from None
+    header = read_header(target.read_header(), str(target.header))
+    patched = variants_for(target, o.cwd, progress)[1]
+    built, cached = _full_build(target.root, patched, o, progress)
+    heads, blocks = jit.vllm_kernel_set(target.root)
+    kernel_set = KernelSet(tuple(QUERY_DTYPES), tuple(KV_CACHE_DTYPES), heads, blocks)
+    directory = o.directory if o.directory is not None else bundle_dir()
+    with progress.step(f"installing the bundle in {directory}"):
+        manifest = write_bundle(
+            built.library, vllm_release=release, header_revision=header_digest(header.stock),
+            marker=patched.marker, archs=built.archs, prefix=built.prefix, configs=built.configs,
+            kernel_set=kernel_set, schemas=schemas, scale_by_value=load(built.library, built.prefix).scale_by_value,
+            kvpatch_version=_version(), extra={"tree": str(target.root), "header": HEADER, "build": built.key},
+            directory=directory,
+        )  # fmt: skip
+    return EnableReport(manifest, directory, built.library, cached, installed, tuple(warnings))
+
+
+def _full_build(root: Path, patched: Any, o: EnableOptions, progress: Progress) -> tuple[Any, bool]:
+    """The patched variant built with vLLM's full kernel set for ``o.arch`` and whether it
+    came from kvpatch's cache (what ``kvpatch build --all`` made); compiled now with
+    ``o.build``; otherwise refused in one line saying what the cache holds."""
+    from .. import jit
+    from ..jit.library import load_cached
+
+    def cached(all_kernels: bool) -> Any:
+        spec = jit.make_spec(root, [patched], o.arch, all_kernels=all_kernels, check_variants=False)
+        (p,) = jit.plan(spec)
+        return load_cached(p)[0]
+
+    found = cached(True)
+    if found is not None:
+        if found.problems():
+            raise BuildError(f"SASS check failed: {found.problems()[0]}")
+        return found, True
+    if o.build:
+        spec = jit.make_spec(root, [patched], o.arch, all_kernels=True, check_variants=False)
+        (built,) = jit.build(spec, jobs=o.jobs, progress=progress).variants
+        return built, built.cached
+    build = f"kvpatch build --all --arch '{o.arch}'" + (f" --tree {root}" if o.tree is not None else "")
+    partial = cached(False)
+    have = (f"the build for {o.arch} holds {len(partial.configs)} of vLLM's configurations (kvpatch build without --all)"
+            if partial is not None else f"the tree's patched kernels are not built for {o.arch}")  # fmt: skip
+    raise UsageError(f"{have}; the plugin needs the full set: run '{build}' first, or pass --build")
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def disable(directory: Optional[Path] = None) -> tuple[Path, bool]:
+    """Remove this environment's bundle: (its directory, whether there was one)."""
+    from ..vllm_plugin import bundle_dir, remove_bundle
+
+    where = directory if directory is not None else bundle_dir()
+    return where, remove_bundle(where)
+
+
+def status(directory: Optional[Path] = None, *, gpus: bool = False) -> Any:
+    """What vLLM's plugin loader would do in this environment, as a
+    :class:`~kvpatch.vllm_plugin.Decision` (every check; nothing registered). With ``gpus``
+    each visible GPU is probed (this initialises CUDA)."""
+    from ..vllm_plugin import Target, decide
+
+    return decide(Target(bundle=directory), probe_gpu=gpus)
+
+
+def check(*, reps: int = 30, graphs: bool = True) -> Any:
+    """Register the plugin in this process and compare vLLM's kernel with kvpatch's on the
+    GPU (:func:`kvpatch.gpu.plugin_check.check`): the report, whatever it found (the
+    caller raises :func:`failure` after writing it)."""
+    from ..gpu.env import require_cuda
+
+    if installed_vllm() is None:
+        raise UsageError("vLLM is not installed in this Python environment: 'kvpatch plugin check' runs its kernels")
+    require_cuda()
+    from ..gpu.plugin_check import check as run_check
+
+    return run_check(reps=reps, graphs=graphs)
+
+
+def failure(report: Any) -> GpuCheckError | None:
+    """The error (exit 6) for a check that found a difference, or an error, or compared nothing."""
+    if report.ok:
+        return None
+    f = report.first_failure
+    return GpuCheckError(f"{f.label}: {f.error or f.difference}" if f else "no case was compared")

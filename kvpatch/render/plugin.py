@@ -1,0 +1,46 @@
+"""What ``kvpatch plugin enable|status|check`` print (plain lines: they are read in logs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def enable_lines(report: Any) -> list[str]:
+    m = report.manifest
+    built = "from kvpatch's build cache" if report.cached else "built"
+    lines = [
+        f"installed kvpatch's patched kernels for vLLM {m.vllm_release} in {report.directory}",
+        f"  configuration: {m.marker}",
+        f"  library: {m.library} ({m.library_bytes / 2**20:.1f} MiB, {len(m.configs)} configurations, "
+        f"{', '.join(m.archs)}; {built}: {report.library})",
+    ]
+    if report.installed_vllm is not None:
+        lines.append(f"  vLLM {report.installed_vllm} in this environment loads them through its plugin entry point "
+                     "(vllm.general_plugins: kvpatch)")  # fmt: skip
+    lines.append("  vLLM calls them on CUDA with VLLM_USE_V1=0 VLLM_ATTENTION_BACKEND=XFORMERS; "
+                 "KVPATCH_DISABLE=1 keeps vLLM's own; 'kvpatch plugin check' compares them on this GPU")  # fmt: skip
+    return lines
+
+
+def status_lines(decision: Any) -> list[str]:
+    d = decision
+    lines = [d.line(), f"  bundle: {d.bundle}"]
+    if d.action == "off" and d.fix:
+        lines.append(f"  to enable: {d.fix}")
+    if d.release:
+        lines.append(f"  built for vLLM {d.release} (stock header {d.header_revision}), {d.configs} configurations, "
+                     f"{', '.join(d.archs)}")  # fmt: skip
+    if d.vllm_version:
+        lines.append(f"  installed: vLLM {d.vllm_version}, torch {d.torch_version}")
+    if d.unserved:
+        lines.append(f"  a call the library cannot serve: {d.unserved}")
+    lines += [f"  {g}" for g in d.gpus]
+    lines += [f"  note: {n}" for n in d.notes]
+    return lines
+
+
+def check_lines(report: Any) -> list[str]:
+    lines = list(report.summary())
+    if report.timings:
+        lines.append("(kernel times, CUDA-graph replays, median: not a serving measurement)")
+    return lines

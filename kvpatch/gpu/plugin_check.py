@@ -21,7 +21,7 @@ import contextlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from ..errors import GpuCheckError
+from ..errors import GpuCheckError, KvpatchError
 from .plugin_inputs import Case, custom_ops_call, forward_decode_call, make_inputs, matrix, outputs  # noqa: F401
 
 PATHS = ("custom_ops", "forward_decode")
@@ -181,8 +181,11 @@ def check(cases: list[Case] | None = None, *, graphs: bool = True, timed=TIMED, 
     compare every case, time the kernels."""
     import torch
 
-    from vllm import _custom_ops as ops
-    from vllm.attention.ops.paged_attn import PagedAttention
+    try:
+        from vllm import _custom_ops as ops
+        from vllm.attention.ops.paged_attn import PagedAttention
+    except Exception as e:  # noqa: BLE001 - whatever vLLM's import raises is one line
+        raise KvpatchError(f"cannot import vLLM's paged attention ({type(e).__name__}: {e})") from None
 
     from ..vllm_plugin import plugin
 

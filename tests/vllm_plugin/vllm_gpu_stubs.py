@@ -60,6 +60,16 @@ def _placeholders(name: str) -> types.ModuleType:
     return mod
 
 
+class _Capability(tuple):
+    """vLLM's DeviceCapability: (major, minor) with ``to_int()`` (9.0 -> 90)."""
+
+    def __new__(cls, major: int, minor: int):
+        return super().__new__(cls, (major, minor))
+
+    def to_int(self) -> int:
+        return self[0] * 10 + self[1]
+
+
 class _Platform:
     """vLLM's ``current_platform`` on CUDA: the upstream shim's, every other ``is_*`` False."""
 
@@ -67,6 +77,21 @@ class _Platform:
         from kvpatch.gpu.upstream_shim import current_platform
 
         self._base = current_platform
+
+    def get_device_capability(self, device_id: int = 0):
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(device_id)
+        return _Capability(major, minor)
+
+    def has_device_capability(self, capability, device_id: int = 0) -> bool:
+        current = self.get_device_capability(device_id)
+        return current >= tuple(capability) if isinstance(capability, tuple) else current.to_int() >= capability
+
+    def fp8_dtype(self):
+        import torch
+
+        return torch.float8_e4m3fn
 
     def __getattr__(self, name: str):
         if hasattr(self._base, name):

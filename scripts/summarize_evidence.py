@@ -11,7 +11,8 @@ run wrote (``files``) and what they are for; each kind below reads exactly those
 * ``heldout``: held-out benches, one per header revision (``scripts/summarize_releases.py``);
 * ``headline``: headline benches, and a table of the headline kernels' key-loop load-use distance;
 * ``decode-step``: ``kvpatch bench-decode`` JSONs;
-* ``weight-prefetch``: a ``python -m kvpatch.prefetch.sweep`` JSON.
+* ``weight-prefetch``: a ``python -m kvpatch.prefetch.sweep`` JSON;
+* ``plugin``: ``kvpatch plugin status`` / ``check`` JSONs and the pytest logs of the GPU tests.
 """
 
 from __future__ import annotations
@@ -260,8 +261,62 @@ def weight_prefetch(folder: Path, cfg: dict) -> list[str]:
     return lines
 
 
+# --------------------------------------------------------------------------- plugin
+
+
+_OUTCOME = re.compile(r"^(?:(PASSED|FAILED|ERROR) (\S+)|(\S+::\S+) (PASSED|FAILED|ERROR))")
+
+
+def pytest_outcomes(text: str) -> list[tuple[str, str]]:
+    """(test id, outcome) from a pytest log ('-rA' summary lines and '-v' lines); a test whose
+    '-v' line has no outcome (the run was cut off there) is 'cut off'."""
+    seen: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        m = _OUTCOME.match(line)
+        if m:
+            name, outcome = (m.group(2), m.group(1)) if m.group(1) else (m.group(3), m.group(4))
+            seen[name] = outcome
+        elif line.startswith("tests/") and "::" in line and len(line.split()) == 1:
+            seen.setdefault(line, "cut off")
+    return list(seen.items())
+
+
+def plugin(folder: Path, cfg: dict) -> list[str]:
+    lines = []
+    for run in cfg["run"]:
+        lines += [f"## {run['name']}", ""]
+        for f in run.get("files", []):
+            path = folder / f
+            if f.endswith("status.json"):
+                d = json.loads(path.read_text(encoding="utf-8"))
+                lines += [f"`kvpatch plugin status --gpus` ({f}): {d['action']}; vLLM {d['vllm_version']}, torch "
+                          f"{d['torch_version']}; {'; '.join(d['gpus'])}", ""]  # fmt: skip
+            elif f.endswith("check.json"):
+                d = json.loads(path.read_text(encoding="utf-8"))
+                res = d["results"]
+                cells: dict[tuple[str, str], list[bool]] = {}
+                for r in res:
+                    cells.setdefault((r["path"], r["mode"]), []).append(r["equal"] and not r["error"])
+                ok = sum(1 for r in res if r["equal"] and not r["error"])
+                cases = len({json.dumps(r["case"], sort_keys=True) for r in res})
+                lines += [f"`kvpatch plugin check` ({f}): {ok}/{len(res)} outputs bit-identical to vLLM's op, {cases} cases", "",
+                          "| path | mode | bit-identical |", "|---|---|---|"]  # fmt: skip
+                lines += [f"| {p} | {m} | {sum(v)}/{len(v)} |" for (p, m), v in sorted(cells.items())]
+                lines += ["", "Kernel times in the same check (CUDA-graph replays, median; the check's own timing, not a "
+                          "benchmark: no A/A twin, no spread):", "", "| shape | vLLM us | kvpatch us | ratio |", "|---|---|---|---|"]  # fmt: skip
+                lines += [f"| {t['shape']} | {t['stock_us']:.1f} | {t['kvpatch_us']:.1f} | {t['speedup']:.3f}x |"
+                          for t in d["timings"]]  # fmt: skip
+                lines.append("")
+            elif f.endswith(".txt") and Path(f).name not in ("status.txt", "check.txt", "log.txt"):
+                outcomes = pytest_outcomes(path.read_text(encoding="utf-8"))
+                if outcomes:
+                    lines += [f"pytest ({f}):", ""] + [f"- {o}: `{n}`" for n, o in outcomes] + [""]
+    return lines
+
+
 KINDS = {"tune-table": tune_table, "bit-identity": bit_identity, "heldout": heldout, "headline": headline,
-         "decode-step": decode_step, "weight-prefetch": weight_prefetch}  # fmt: skip
+         "decode-step": decode_step, "weight-prefetch": weight_prefetch, "plugin": plugin}  # fmt: skip
 
 
 def summary(folder: Path) -> str:

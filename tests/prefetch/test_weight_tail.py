@@ -188,6 +188,15 @@ def test_the_tail_library_exports_its_setter_and_checks_its_rows(tail_build, tmp
         wt.set([(0x1000, 0x2008, 4096)])
     with pytest.raises(UsageError, match="rows"):
         wt.set([(0x1000, 0x2000, 16)] * (WEIGHT_TAIL_ROWS + 1))
+    try:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    except ImportError:
+        gpu = False
+    if not gpu:  # valid rows reach cudaMemcpyToSymbolAsync, which has no device here: a clean error
+        with pytest.raises(RuntimeError, match="set_weight_prefetch failed"):
+            wt.set([(0x1000, 0x2000, 4096)], hint="evict_last", chunk=8192)
     copy = second_copy(tail.library, tmp_path)
     assert copy.read_bytes() == Path(tail.library).read_bytes() and copy != Path(tail.library)
     with pytest.raises(Exception, match="not a weight-tail build"):

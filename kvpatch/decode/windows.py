@@ -252,11 +252,12 @@ class TailPrefetch:
     """The in-kernel form: the attention kernel's tail prefetches the head of the layer's
     o_proj weight, each CTA its share (a library built with ``weight_tail``; see
     :mod:`kvpatch.prefetch.tail`). ``caps``: bytes per batch bucket (or one for every batch),
-    ``hint``: the eviction hint, ``chunk``: bytes per bulk prefetch."""
+    ``hint``: the eviction hint, ``chunk``: bytes per bulk prefetch (CTA c takes chunks c,
+    c + CTAs, ...)."""
 
     caps: Any
     hint: str = "evict_normal"
-    chunk: int = 4096
+    chunk: int = 65536  # one CTA's thread 0 issues them: few, large bulk prefetches
 
     def __post_init__(self) -> None:
         Window("attn->oproj", self.caps, self.hint)  # the same checks as the side-stream window's
@@ -269,7 +270,7 @@ class TailPrefetch:
         return cap_for(self.caps, batch)
 
     def text(self) -> str:
-        return f"tail={caps_text(self.caps)}@{self.hint}" + (f";chunk={self.chunk}" if self.chunk != 4096 else "")
+        return f"tail={caps_text(self.caps)}@{self.hint}" + (f";chunk={self.chunk}" if self.chunk != 65536 else "")
 
     def to_dict(self) -> dict[str, Any]:
         caps = self.caps if isinstance(self.caps, int) else {str(b): c for b, c in self.caps.items()}

@@ -4,8 +4,9 @@ A launcher library built from a header patched with ``weight_tail`` (:class:`kvp
 ``templates/inject/weight_tail*.cuh.j2``) prefetches, at the tail of each attention kernel
 (after its value loop: every load of the CTA issued and used), the rows of a ``__constant__``
 table whose key is the launch's key cache: each layer has its own cache, so the key names the
-layer, and vLLM's kernel signature stays as it is. Each CTA's warp 0 issues its share of the
-row's bulk prefetches (``cp.async.bulk.prefetch.L2``, with the table's eviction hint).
+layer, and vLLM's kernel signature stays as it is. Each CTA's thread 0 issues its share of the
+row's bulk prefetches (``cp.async.bulk.prefetch.L2``, chunk c to CTA c mod CTAs, with the
+table's eviction hint).
 
 The route: the table is set once per configuration, before the graph is captured, by the
 library's ``<prefix>_set_weight_prefetch(rows, count, hint, chunk, stream)``
@@ -60,7 +61,7 @@ class WeightTail:
             self._error.argtypes, self._error.restype = [ctypes.c_int], ctypes.c_char_p
         self.rows: tuple[tuple[int, int, int], ...] = ()
 
-    def set(self, rows: Iterable[Sequence[int]], *, hint: str = "evict_normal", chunk: int = 4096, stream: int = 0) -> None:
+    def set(self, rows: Iterable[Sequence[int]], *, hint: str = "evict_normal", chunk: int = 65536, stream: int = 0) -> None:
         """Fill the table: ``rows`` of (key cache address, weight address, bytes); asynchronous
         on ``stream`` (a ``cudaStream_t``; never one being captured). Raises UsageError for rows
         the kernels cannot take, RuntimeError for a CUDA error."""

@@ -18,8 +18,9 @@ BATCHES = (1, 4, 8)
 CONTEXTS = (1024, 4096)
 LAYERS = 8
 ROUNDS = 7
-STEP_ROUNDS = 5
+STEP_ROUNDS = 7
 KERNEL_CAPS_MIB = (4, 8, 16, 32)
+KERNEL_ROUNDS = 4
 KERNEL_HINTS = ("evict_normal", "evict_last", "evict_first")
 #: A window joins the pick at a batch only where its step ratio to stock (geomean over the
 #: stage's points of that batch) beats 1 by more than this.
@@ -73,16 +74,46 @@ def step_windows(best: Mapping[tuple[str, int], Mapping[str, Any]], batches: Seq
     return out
 
 
+#: The launch knobs stage 4 also tries on its combination (``all:small``): few CTAs, large bulk
+#: prefetches (the first sweep's grid 16 beat grid 32, 132 and 264).
+SMALL = {"grid": 4, "chunk": 32768}
+
+
 def step_arms(windows: Mapping[str, Window], positive: Sequence[str]) -> list[Arm]:
     """Stage 4's arms: stock, its A/A twin, each window alone (``w:<name>``), the windows of
-    ``positive`` together (``all``) and that combination's zero-byte twin (``all+zero``)."""
+    ``positive`` together (``all``, with its zero-byte twin ``all+zero`` where there are two or
+    more) and the same with :data:`SMALL` launch knobs (``all:small``)."""
     arms = [Arm("stock", "stock"), Arm("stock-aa", "stock")]
     arms += [Arm(f"w:{name}", "stock", WeightPrefetch(windows=(w,))) for name, w in windows.items()]
     together = tuple(windows[n] for n in positive if n in windows)
     if len(together) > 1:
         combo = WeightPrefetch(windows=together)
         arms += [Arm("all+zero", "stock", combo, zero=True), Arm("all", "stock", combo)]
+    if together:
+        arms.append(Arm("all:small", "stock", WeightPrefetch(windows=together, **SMALL)))
     return arms
+
+
+def pick_launch(points: Sequence[Mapping[str, Any]], min_gain: float = MIN_GAIN) -> dict[str, Any]:
+    """:data:`SMALL` where stage 4's ``all:small`` beat its default-knob twin (``all``, else the
+    one window it holds) by more than ``min_gain`` in geomean over the points, else ``{}``."""
+    small = [p["variants"]["all:small"] for p in points if "all:small" in p["variants"]]
+    if not small:
+        return {}
+    twin = "all" if all("all" in p["variants"] for p in points) else next(
+        (n for n in points[0]["variants"] if n.startswith("w:") and
+         _same_windows(points, n, small[0]["weight_prefetch"]["windows"])), None)  # fmt: skip
+    if twin is None:
+        return {}
+    ours = geomean([v["speedup"]["median"] for v in small])
+    theirs = geomean([p["variants"][twin]["speedup"]["median"] for p in points if twin in p["variants"]])
+    return dict(SMALL) if ours > theirs * (1 + min_gain) else {}
+
+
+def _same_windows(points: Sequence[Mapping[str, Any]], name: str, windows: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether arm ``name`` of the points prefetches exactly ``windows`` (their dicts)."""
+    mine = points[0]["variants"][name].get("weight_prefetch") or {}
+    return [w["text"] for w in mine.get("windows", [])] == [w["text"] for w in windows]
 
 
 def pick_windows(points: Sequence[Mapping[str, Any]], windows: Mapping[str, Window], batches: Sequence[int] = BATCHES,

@@ -83,12 +83,12 @@ class Stages:
 
     def kernels(self) -> Any:
         from .kernels import best_configs, run_window_kernels
-        from .picks import BATCHES, DTYPE, KERNEL_CAPS_MIB, KERNEL_HINTS, MODELS
+        from .picks import BATCHES, DTYPE, KERNEL_CAPS_MIB, KERNEL_HINTS, KERNEL_ROUNDS, MODELS
 
         runs = []
         for model in MODELS:
             runs.append(run_window_kernels(self.libs, model=model, dtype=DTYPE, batches=BATCHES, caps_mib=KERNEL_CAPS_MIB,
-                                           hints=KERNEL_HINTS, prefetch_library=self.pf_lib, device=self.dev,
+                                           hints=KERNEL_HINTS, rounds=KERNEL_ROUNDS, prefetch_library=self.pf_lib, device=self.dev,
                                            deadline=self.until("kernels"), progress=self.note, flush=self.flush))  # fmt: skip
             self._write("kernels.json", runs)
         results = [r for run in runs for r in run["results"]]
@@ -111,7 +111,7 @@ class Stages:
         return report
 
     def final(self) -> Any:
-        from .picks import best_single, pick_windows
+        from .picks import best_single, pick_launch, pick_windows
 
         steps = _load(self.out / "decode_steps.json")
         windows = {n: _window(d) for n, d in (self.result.get("steps") or {}).get("windows", {}).items()}
@@ -120,6 +120,10 @@ class Stages:
             single = best_single(steps["points"], windows) if steps and windows else None
             pick = single or WeightPrefetch(windows=DEFAULT_WINDOWS)
             why["fallback"] = f"{'the best single window' if single else 'the default windows'}: {pick.label()} (no window passed)"
+        knobs = pick_launch(steps["points"]) if steps else {}
+        if knobs:
+            pick = pick.with_(**knobs)
+            why["launch"] = f"{knobs}: all:small beat all in stage 4"
         self.result["picked"] = {"config": pick.to_dict(), "why": why}
         self.note(f"picked: {pick.label()}")
         return self._controls("final", pick)

@@ -10,7 +10,7 @@ from kvpatch.decode.arms import Arm, by_predecessor, carryover_check, check_arms
 from kvpatch.decode.kernels import best_configs, op_path
 from kvpatch.decode.options import MiB, WeightPrefetch
 from kvpatch.decode.report import DecodeReport
-from kvpatch.decode.picks import control_arms, pick_windows, step_arms, step_windows
+from kvpatch.decode.picks import SMALL, control_arms, pick_launch, pick_windows, step_arms, step_windows
 from kvpatch.decode.windows import TailPrefetch, Window
 from kvpatch.gpu.timing import carryover_order
 
@@ -107,7 +107,11 @@ def test_sweep_picks_a_window_per_batch_only_where_it_beat_stock():
     assert windows["oproj->gateup"] == Window("oproj->gateup", {1: 12 * MiB, 4: 8 * MiB, 8: 16 * MiB}, "evict_normal")
     assert windows["down->qkv"] == Window("down->qkv", {1: 4 * MiB}, "evict_last")
     arms = step_arms(windows, ["oproj->gateup", "down->qkv"])
-    assert [a.name for a in arms] == ["stock", "stock-aa", "w:oproj->gateup", "w:down->qkv", "all+zero", "all"]
+    assert [a.name for a in arms] == ["stock", "stock-aa", "w:oproj->gateup", "w:down->qkv", "all+zero", "all", "all:small"]
+    small = arms[-1].wpf
+    assert (small.grid, small.chunk) == (SMALL["grid"], SMALL["chunk"]) and small.windows == arms[-2].wpf.windows
+    one = step_arms(windows, ["down->qkv"])
+    assert [a.name for a in one][-1] == "all:small" and "all" not in [a.name for a in one]
     points = [_point(1, {"w:oproj->gateup": (1.01, 1.0, 1.02), "w:down->qkv": (0.99, 0.98, 1.0)}),
               _point(4, {"w:oproj->gateup": (1.001, 0.99, 1.01), "w:down->qkv": (1.0, 0.99, 1.01)}),
               _point(8, {"w:oproj->gateup": (1.02, 1.01, 1.03)})]  # fmt: skip
@@ -116,6 +120,22 @@ def test_sweep_picks_a_window_per_batch_only_where_it_beat_stock():
     assert why["windows"]["oproj->gateup"]["4"]["kept"] is False  # 1.001: within MIN_GAIN
     assert pick_windows([_point(1, {"w:down->qkv": (0.99, 0.98, 1.0)})], {"down->qkv": windows["down->qkv"]})[0] is None
     assert best_configs([{"window": "w", "batch": 1, "cap_bytes": 8, "hint": "h", "net_us": -0.1}]) == {}
+
+
+def test_the_small_launch_knobs_are_taken_only_where_they_beat_the_default_ones():
+    w = {"windows": [{"text": "oproj->gateup=12"}]}
+    def pts(small, default, name="all"):
+        out = []
+        for b in (1, 4):
+            p = _point(b, {"all:small": (small, small, small), name: (default, default, default)})
+            p["variants"]["all:small"]["weight_prefetch"] = w
+            p["variants"][name]["weight_prefetch"] = w
+            out.append(p)
+        return out
+    assert pick_launch(pts(1.02, 1.01)) == SMALL
+    assert pick_launch(pts(1.011, 1.01)) == {}  # within MIN_GAIN
+    assert pick_launch(pts(1.02, 1.01, name="w:oproj->gateup")) == SMALL  # one window: its own arm is the twin
+    assert pick_launch([_point(1, {"all": (1.0, 1.0, 1.0)})]) == {}
 
 
 def test_control_arms_pair_the_in_kernel_form_with_its_side_stream_twin():

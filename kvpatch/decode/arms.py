@@ -97,8 +97,9 @@ def default_arms(libs: Iterable[str], wpf: WeightPrefetch | None, *, aa: bool = 
     if on:
         arms.append(Arm("stock" + WPF, "stock", wpf))
     if tail is not None and tail_libs[0] in names:
-        arms.append(Arm(tail_libs[0], tail_libs[0], tail=tail))
-        if len(tail_libs) > 1 and tail_libs[1] in names:
+        twin = len(tail_libs) > 1 and tail_libs[1] in names  # the same build, its table empty
+        arms.append(Arm(tail_libs[0], tail_libs[0], tail=tail, baseline=tail_libs[0] + ZERO if twin else "stock"))
+        if twin:
             arms.append(Arm(tail_libs[0] + ZERO, tail_libs[1]))
     if on:
         arms += [Arm(n + WPF, n, wpf, baseline=n) for n in plain]

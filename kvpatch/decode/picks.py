@@ -43,10 +43,10 @@ def control_arms(libs: Sequence[str], wpf: WeightPrefetch, *, tail: TailPrefetch
         arms += [Arm("stock+zero", "stock", wpf, zero=True), Arm("stock+wpf", "stock", wpf)]
     if tail is not None:
         arms.append(Arm("stock+attn", "stock", WeightPrefetch(windows=(Window("attn->oproj", tail.caps, tail.hint),))))
-        if "tail" in libs:
-            arms.append(Arm("tail", "tail", tail=tail))
-        if "tail0" in libs:
-            arms.append(Arm("tail+zero", "tail0"))
+        if "tail" in libs:  # compared with its own build's empty table where there is one
+            arms.append(Arm("tail", "tail", tail=tail, baseline="tail+zero" if "tail0" in libs else "stock"))
+            if "tail0" in libs:
+                arms.append(Arm("tail+zero", "tail0"))
     if "patched" in libs:
         arms.append(Arm("patched", "patched"))
         if not wpf.off():

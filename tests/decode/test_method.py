@@ -25,6 +25,7 @@ def test_default_arms_hold_every_control_in_order():
     assert by["stock-aa"].library == "stock" and by["stock-aa"].wpf is None  # its own capture of stock's step
     assert by["stock+zero"].zero and by["stock+zero"].wpf == by["stock+wpf"].wpf  # the same forks, no bytes
     assert by["tail"].tail == TAIL and by["tail+zero"].library == "tail0" and by["tail+zero"].tail is None
+    assert by["tail"].baseline == "tail+zero"  # the in-kernel bytes alone: over the same build's empty table
     assert by["patched+wpf"].baseline == "patched"
     assert zero_twin(by["stock+wpf"], arms) == "stock+zero" and zero_twin(by["patched+wpf"], arms) is None
     assert [a.name for a in default_arms(["stock"], LAST, aa=False, zero=False)] == ["stock", "stock+wpf"]
@@ -142,6 +143,8 @@ def test_control_arms_pair_the_in_kernel_form_with_its_side_stream_twin():
     arms = control_arms(["stock", "patched", "tail", "tail0"], LAST, tail=TAIL)
     names = [a.name for a in arms]
     assert names == ["stock", "stock-aa", "stock+zero", "stock+wpf", "stock+attn", "tail", "tail+zero", "patched", "patched+wpf"]
+    assert arms[names.index("tail")].baseline == "tail+zero"
+    assert control_arms(["stock", "tail"], LAST, tail=TAIL)[-1].baseline == "stock"
     twin = arms[names.index("stock+attn")].wpf
     assert twin.windows == (Window("attn->oproj", TAIL.caps, TAIL.hint),)
     assert [a.name for a in control_arms(["stock"], LAST, tail=None)] == ["stock", "stock-aa", "stock+zero", "stock+wpf"]

@@ -104,7 +104,9 @@ class WeightPrefetch:
         if len(set(names)) != len(names):
             raise UsageError(f"a prefetch window is given twice: {', '.join(names)}")
         if windows and (self.caps if isinstance(self.caps, int) else any(self.caps.values())):
-            raise UsageError("give either windows or the first form's cap, not both")
+            if windows != DEFAULT_WINDOWS:
+                raise UsageError("give either windows or the first form's cap, not both")
+            windows = ()  # WeightPrefetch(caps=...): the first form, as before the windows
         object.__setattr__(self, "windows", windows)
 
     def effective_windows(self) -> tuple[Window, ...]:

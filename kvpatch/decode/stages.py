@@ -30,13 +30,15 @@ class Stages:
         write_atomic(self.out / name, json.dumps(data, indent=1, default=str) + "\n")
 
     def _bench(self, tag: str, arms: list, *, models=None, batches=None, contexts=None, rounds=None, guard: str = "auto",
-               attention: bool = True) -> Any:  # fmt: skip
+               attention: bool = True, wpf: Any = None) -> Any:  # fmt: skip
         from .bench import run_bench_decode
         from .picks import BATCHES, CONTEXTS, DTYPE, LAYERS, MODELS, ROUNDS
 
         report = run_bench_decode(
             self.libs, models=models or MODELS, dtypes=[DTYPE], batches=batches or BATCHES, contexts=contexts or CONTEXTS,
             layers=LAYERS, rounds=rounds or ROUNDS, arms=arms, guard=guard, attention=attention, prefetch_library=self.pf_lib,
+            # the report's configuration: the one its +wpf arms run (each arm's own is in its dict)
+            weight_prefetch=wpf if wpf is not None else WeightPrefetch(windows=()),
             device=self.dev, deadline=self.until(tag), json_path=self.out / f"decode_{tag}.json", progress=self.note,
             flush=self.flush,
         )  # fmt: skip
@@ -51,13 +53,13 @@ class Stages:
         from .picks import control_arms
 
         try:
-            return self._bench(tag, control_arms(list(self.libs), wpf, tail=self.tail))
+            return self._bench(tag, control_arms(list(self.libs), wpf, tail=self.tail), wpf=wpf)
         except Exception as e:  # noqa: BLE001
             if self.tail is None or time.perf_counter() > self.until(tag):
                 raise
             self.note(f"{tag} failed with the in-kernel arms ({type(e).__name__}: {e}): again without them")
             self.result.setdefault("tail_dropped", {})[tag] = f"{type(e).__name__}: {e}"
-            return self._bench(tag, control_arms(list(self.libs), wpf, tail=None))
+            return self._bench(tag, control_arms(list(self.libs), wpf, tail=None), wpf=wpf)
 
     def lead(self) -> Any:
         wpf = WeightPrefetch(windows=DEFAULT_WINDOWS)
@@ -140,7 +142,7 @@ class Stages:
 
         wpf = WeightPrefetch(windows=DEFAULT_WINDOWS)
         arms = [Arm("stock", "stock"), Arm("stock-aa", "stock"), Arm("stock+wpf", "stock", wpf)]
-        report = self._bench("guard_off", arms, models=["llama-3.1-8b"], batches=[1, 4], contexts=[1024], guard="off")
+        report = self._bench("guard_off", arms, models=["llama-3.1-8b"], batches=[1, 4], contexts=[1024], guard="off", wpf=wpf)
         if time.perf_counter() < self.until("guard_off"):
             weights = DecodeWeights(model_shape("llama-3.1-8b"), DTYPE, LAYERS, self.dev, seed=0)
             check = guard_check(DecodeStep(weights, 1, 1024, seed=2024), self.libs, self.pf_lib, self.dev, wpf, timer=Timer(self.dev))

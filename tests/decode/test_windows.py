@@ -95,8 +95,9 @@ def test_weight_prefetch_windows_and_the_first_form():
     assert WeightPrefetch(windows=(Window("attn->oproj", 0),)).off()
     with pytest.raises(ValueError, match="either windows"):
         WeightPrefetch.parse("cap=8;oproj->gateup=8")
+    assert WeightPrefetch(caps=8 * MiB).effective_windows() == (Window("attn", 8 * MiB),)  # the first form, as before
     with pytest.raises(UsageError, match="either windows"):
-        WeightPrefetch(windows=DEFAULT_WINDOWS, caps=8)
+        WeightPrefetch(windows=(Window("norm->qkv", 8),), caps=8)
     with pytest.raises(UsageError, match="twice"):
         WeightPrefetch(windows=(Window("attn", 8), Window("attn", 8)))
 

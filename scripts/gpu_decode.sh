@@ -12,7 +12,7 @@
 #       names it in `carry` (.gpu/decode).
 #   GPU machine:  OUT=/some/dir bash scripts/gpu_decode.sh      (~5-7 minutes on an H200)
 #
-# Stages, most important first, each cut at its share of KVPATCH_DECODE_BUDGET (default 400 s):
+# Stages, most important first, each cut at its share of KVPATCH_DECODE_BUDGET (default 420 s):
 # lead (the default windows with every control: A/A twin, zero-byte arm, the in-kernel form and
 # its side-stream twin, patched), micro (GEMM after an idle kernel, clean flush), kernels (each
 # window's GEMM and window kernels with vs without its prefetch), steps (each window alone in the
@@ -41,7 +41,7 @@ fi
 
 OUT=${OUT:?set OUT to the output directory}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
-BUDGET=${KVPATCH_DECODE_BUDGET:-400}
+BUDGET=${KVPATCH_DECODE_BUDGET:-420}
 # the work folder stays outside $OUT: only decode-run.tgz and summary.txt come back (the device
 # tool returns at most 8 files)
 WORK=${TMPDIR:-/tmp}/kvpatch-decode-run

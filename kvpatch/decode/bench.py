@@ -173,7 +173,10 @@ def run_bench_decode(
     finally:
         sampler.stop()
         for t in tails.values():
-            t.clear()
+            try:
+                t.clear()
+            except Exception:  # noqa: BLE001 - an error on the way out must not hide the one that got us here
+                pass
     for point in report.points:
         close_rounds(point, sampler)
     report.seconds = round(time.perf_counter() - t_start, 1)

@@ -1,89 +1,118 @@
 #!/usr/bin/env bash
-# The L2 weight prefetch (issue 9) on the GPU machine: GPU tests, the GEMM micro-benchmark
-# and the decode-step benchmark; everything it writes goes to $OUT.
+# The weight prefetch on the decode step, one GPU run: `kvpatch bench-decode-sweep` (see
+# kvpatch/decode/sweep.py) with every stage, results packed into $OUT/decode-run.tgz, a short
+# summary printed last.
 #
-#   here (CPU, nvcc):  bash scripts/gpu_decode.sh --prepare
-#       builds the prefetch library for sm_90a into .gpu/libs/libkvpatch_l2_prefetch.so
-#       (same nvcc 13.0 as the H200: same SASS), next to the attention libraries'
-#       .gpu/libs/libs.txt (NAME=PATH:PREFIX lines, paths relative to the repo root;
-#       'stock' required; head sizes 64 and 128 for both models, fp16 and bf16).
-#   GPU machine:       OUT=/some/dir bash scripts/gpu_decode.sh
+#   here (CPU, nvcc 13.0):  bash scripts/gpu_decode.sh --prepare
+#       builds, for bf16, head sizes 64 and 128 (Llama-3.2-1B, Llama-3.1-8B), block 16, sm_90a,
+#       the attention libraries stock, patched (the default KV prefetch) and tail (stock + the
+#       in-kernel weight prefetch, weight_tail), and the weight-prefetch kernel with its demote
+#       mode, into $KVPATCH_DECODE_DIR (default .gpu/decode), xz-compressed (~1.2 MB in all).
+#       The same nvcc as the H200's gives the same SASS. .gpu/ is git-ignored: the device call
+#       names it in `carry` (.gpu/decode).
+#   GPU machine:  OUT=/some/dir bash scripts/gpu_decode.sh      (~5-7 minutes on an H200)
 #
-# Knobs (environment): KVPATCH_DECODE_CAP  per-batch weight-prefetch cap in MiB, bucket
-#   bounds (default "1:32,2:32,4:32,8:16": 32 MiB up to batch 4, 16 MiB at 5-8, off above;
-#   "off" disables, "24" = 24 MiB at every batch); KVPATCH_DECODE_LAYERS (8);
-#   KVPATCH_DECODE_ROUNDS (5); KVPATCH_DECODE_COLD (1: also a cold-L2 run of 8B bf16);
-#   KVPATCH_LIBS_DIR (.gpu/libs). Budget: the timeouts below add up to 7 minutes; a bench cut short keeps its JSON
-#   up to the last finished point.
+# Stages, most important first, each cut at its share of KVPATCH_DECODE_BUDGET (default 420 s):
+# lead (the default windows with every control: A/A twin, zero-byte arm, the in-kernel form and
+# its side-stream twin, patched), micro (GEMM after an idle kernel, clean flush), kernels (each
+# window's GEMM and window kernels with vs without its prefetch), steps (each window alone in the
+# step), final (the pick with every control, 7 rounds), guard_off (what the evict_last guard
+# prevents). The archive is rewritten every 20 s while the run goes on and on TERM/INT, so a run
+# cut short keeps what finished ($OUT holds decode-run.tgz and, at the end, summary.txt). No GPU tests (they take longer than this run can spare).
+#
+# Environment: OUT (required on the GPU), KVPATCH_DECODE_DIR, KVPATCH_DECODE_BUDGET (seconds for
+# the stages), KVPATCH_DECODE_STAGES (a comma list, default all), PYTHON (python3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-LIBS_DIR=${KVPATCH_LIBS_DIR:-.gpu/libs}
-PF_LIB=$LIBS_DIR/libkvpatch_l2_prefetch.so
+DIR=${KVPATCH_DECODE_DIR:-.gpu/decode}
 PY=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
 if [[ ${1:-} == --prepare ]]; then
-  mkdir -p "$LIBS_DIR"
-  "$PY" - "$PF_LIB" <<'PYEOF' || exit 5
-import shutil, sys
-from kvpatch.prefetch.kernel import build_prefetch_library
-lib = build_prefetch_library("9.0a")
-shutil.copy2(lib, sys.argv[1])
-print(f"{sys.argv[1]} (from {lib})")
+    rm -rf "$DIR" && mkdir -p "$DIR" || exit 2
+    "$PY" - "$DIR" <<'PYEOF' || exit 5
+import sys
+from kvpatch.decode.prepare import prepare
+prepare(sys.argv[1], progress=print)
 PYEOF
-  exit 0
+    du -sh "$DIR" && cat "$DIR/libs.txt"
+    exit 0
 fi
 
 OUT=${OUT:?set OUT to the output directory}
-mkdir -p "$OUT"
-CAP=${KVPATCH_DECODE_CAP:-1:32,2:32,4:32,8:16}
-LAYERS=${KVPATCH_DECODE_LAYERS:-8}
-ROUNDS=${KVPATCH_DECODE_ROUNDS:-5}
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+BUDGET=${KVPATCH_DECODE_BUDGET:-420}
+# the work folder stays outside $OUT: only decode-run.tgz and summary.txt come back (the device
+# tool returns at most 8 files)
+WORK=${TMPDIR:-/tmp}/kvpatch-decode-run
+RUN=$WORK/decode-run
+rm -rf "$WORK" "$OUT/decode-run.tgz" "$OUT/summary.txt" && mkdir -p "$RUN"
 T0=$SECONDS
-say() { echo "[gpu_decode +$((SECONDS - T0))s] $*" | tee -a "$OUT/log.txt"; }
-
-if [[ ! -f $PF_LIB ]]; then
-  say "no $PF_LIB: building the prefetch library here (needs nvcc, cuobjdump)"
-  PF_LIB=$("$PY" -c 'from kvpatch.prefetch.kernel import build_prefetch_library as b; print(b("9.0a"))') || { say "build failed"; exit 5; }
-fi
-export KVPATCH_PREFETCH_LIB=$PF_LIB
-[[ -f $LIBS_DIR/libs.txt ]] || { say "missing $LIBS_DIR/libs.txt"; exit 2; }
-export KVPATCH_TEST_LIBS=$(grep -v '^\s*#' "$LIBS_DIR/libs.txt" | grep . | paste -sd, -)
-say "prefetch library $KVPATCH_PREFETCH_LIB; attention libraries $KVPATCH_TEST_LIBS; cap $CAP; $LAYERS layers; $ROUNDS rounds"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.draw,power.limit,temperature.gpu,clocks_event_reasons.active --format=csv > "$OUT/smi_before.csv" 2>&1
-"$PY" -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name())' 2>&1 | tee -a "$OUT/log.txt"
-
-rc=0
-say "GPU tests"
-timeout 100 "$PY" -m pytest -q -m gpu --noconftest -p no:cacheprovider tests/prefetch/test_prefetch_gpu.py > "$OUT/gpu_tests.txt" 2>&1 || rc=$?
-tail -3 "$OUT/gpu_tests.txt" | tee -a "$OUT/log.txt"
-
-say "GEMM micro-benchmark"
-timeout 45 "$PY" - "$OUT/micro.json" <<'PYEOF' > "$OUT/micro.txt" 2>&1 || rc=$?
-import json, sys
-from kvpatch.decode.micro import run_micro_gemm
-from kvpatch.render import micro_table
-for dtype in ("bf16", "fp16"):
-    m = run_micro_gemm(dtype=dtype)
-    print(micro_table(m))
-    json.dump(m, open(sys.argv[1].replace(".json", f"_{dtype}.json"), "w"), indent=1)
-PYEOF
-cat "$OUT/micro.txt" | tee -a "$OUT/log.txt"
-
-bench() {  # name, timeout, extra args...
-  local name=$1 limit=$2; shift 2
-  say "bench-decode $name"
-  timeout "$limit" "$PY" -m kvpatch bench-decode --libs-file "$LIBS_DIR/libs.txt" --prefetch-lib "$PF_LIB" \
-    --layers "$LAYERS" --rounds "$ROUNDS" --cap "$CAP" \
-    --json "$OUT/decode_$name.json" --plot "$OUT/decode_$name.png" --text "$OUT/decode_$name.txt" "$@" \
-    > "$OUT/decode_$name.log" 2>&1 || { local r=$?; say "bench-decode $name exit $r"; rc=$r; }
+say() { echo "[gpu_decode +$((SECONDS - T0))s] $*" | tee -a "$RUN/log.txt"; }
+pack() {  # everything under $RUN into one archive, atomically
+    tar czf "$WORK/decode-run.tgz.tmp" -C "$WORK" decode-run 2>/dev/null && mv -f "$WORK/decode-run.tgz.tmp" "$OUT/decode-run.tgz"
 }
-bench llama8b_warm 150 --models llama-3.1-8b --dtypes bf16,fp16 --batches 1,4,16,64 --contexts 1024,4096,16384
-bench llama1b_warm 50 --models llama-3.2-1b --dtypes bf16 --batches 1,4,16,64 --contexts 1024,4096,16384
-if [[ ${KVPATCH_DECODE_COLD:-1} == 1 ]]; then
-  bench llama8b_bf16_cold 80 --models llama-3.1-8b --dtypes bf16 --batches 1,4,16,64 --contexts 1024,4096,16384 --cold
+PID=""
+stop() {
+    trap - TERM INT
+    say "stopped by a signal: packing what finished (not a complete run)"
+    [[ -n $PID ]] && kill -TERM "$PID" 2>/dev/null && sleep 2
+    pack
+    exit 143
+}
+trap stop TERM INT
+
+[[ -f $DIR/libs.txt ]] || { say "missing $DIR/libs.txt: run 'bash scripts/gpu_decode.sh --prepare' where nvcc is, and carry $DIR"; pack; exit 2; }
+LIBS=${TMPDIR:-/tmp}/kvpatch-decode-libs
+"$PY" - "$DIR" "$LIBS" <<'PYEOF' 2>&1 | tee -a "$RUN/log.txt" || { say "unpacking the libraries failed"; pack; exit 2; }
+import sys
+from pathlib import Path
+from kvpatch.decode.prepare import unpack
+src, dst = Path(sys.argv[1]), Path(sys.argv[2])
+files = unpack(src, dst)
+lines = []
+for line in (src / "libs.txt").read_text().splitlines():
+    if line.strip() and not line.startswith("#"):
+        name, _, rest = line.partition("=")
+        file, _, prefix = rest.rpartition(":")
+        lines.append(f"{name}={files[file]}:{prefix}")
+(dst / "libs.txt").write_text("\n".join(lines) + "\n")
+print("libraries:", ", ".join(lines))
+PYEOF
+cp "$DIR"/{variants.json,build.json} "$RUN/" 2>/dev/null
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.draw,power.limit,temperature.gpu,clocks_event_reasons.active \
+    --format=csv > "$RUN/smi_before.csv" 2>&1
+"$PY" -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name())' 2>&1 | tee -a "$RUN/log.txt"
+STAGES=()
+[[ -n ${KVPATCH_DECODE_STAGES:-} ]] && STAGES=(--stages "$KVPATCH_DECODE_STAGES")
+
+say "bench-decode-sweep, budget $BUDGET s"
+export PYTHONUNBUFFERED=1
+timeout --signal=TERM $((BUDGET + 120)) "$PY" -m kvpatch bench-decode-sweep --libs-file "$LIBS/libs.txt" \
+    --prefetch-lib "$LIBS/libkvpatch_l2_prefetch.so" --out "$RUN" --budget "$BUDGET" "${STAGES[@]}" \
+    > "$RUN/sweep_stdout.txt" 2> "$RUN/sweep_stderr.txt" &
+PID=$!
+n=0
+while kill -0 "$PID" 2>/dev/null; do
+    sleep 2
+    n=$((n + 1))
+    if (( n % 10 == 0 )); then
+        pack
+        tail -1 "$RUN/sweep_stderr.txt" 2>/dev/null | cut -c1-200
+    fi
+done
+wait "$PID"; RC=$?
+PID=""
+[[ $RC -ne 0 ]] && { say "bench-decode-sweep exit $RC"; tail -5 "$RUN/sweep_stderr.txt" | tee -a "$RUN/log.txt"; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv > "$RUN/smi_after.csv" 2>&1
+say "done in $((SECONDS - T0)) s, rc $RC"
+pack
+echo
+if [[ -f $RUN/summary.txt ]]; then
+    cp "$RUN/summary.txt" "$OUT/summary.txt"
+    cat "$RUN/summary.txt"
+else
+    echo "no summary (the sweep did not finish): the last lines of its log:"
+    tail -15 "$RUN/sweep_stderr.txt" 2>/dev/null
 fi
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv > "$OUT/smi_after.csv" 2>&1
-say "done in $((SECONDS - T0)) s, rc $rc"
-for f in "$OUT"/decode_*.txt; do [[ -f $f ]] && { echo; cat "$f"; }; done
-exit $rc
+exit "$RC"

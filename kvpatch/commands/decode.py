@@ -1,9 +1,11 @@
 """``kvpatch bench-decode`` (and the weight-prefetch sweep): a model-shaped decode step,
-stock and patched attention, each with and without the L2 weight prefetch.
+stock and patched attention, with and without the L2 weight prefetch, beside its controls
+(the A/A twin, the zero-byte arm, the in-kernel form and its zero-byte load).
 
 The data flow: options checked (models, dtypes, the weight-prefetch configuration, the
-outputs) -> the GPU checked -> the attention libraries (``--lib``/``--libs-file``, or stock +
-patched built from the tree for the models' head sizes) -> :func:`kvpatch.decode.bench.run_bench_decode`
+in-kernel form, the outputs) -> the GPU checked -> the attention libraries (``--lib``/``--libs-file``,
+or stock + patched built from the tree for the models' head sizes; a ``tail`` library also gets a
+second load, ``tail0``, for the in-kernel form's zero-byte arm) -> :func:`kvpatch.decode.bench.run_bench_decode`
 (per point: capture, outputs bit-identical first, interleaved rounds) -> the report (JSON,
 plot; the CLI writes the text).
 """
@@ -21,6 +23,9 @@ from ..progress import QUIET, Progress
 from ..source.workspace import protected_paths
 from .common import input_files, LibraryOptions, build_libraries, parse_libs, require_device
 
+#: Rounds with weight prefetch on (a 1-2% effect must clear the round-to-round spread).
+WPF_ROUNDS = 7
+
 
 @dataclass
 class DecodeOptions(LibraryOptions):
@@ -30,8 +35,12 @@ class DecodeOptions(LibraryOptions):
     batches: Optional[list[int]] = None
     contexts: Optional[list[int]] = None
     layers: int = DECODE_LAYERS
-    rounds: int = DECODE_ROUNDS
-    reps: Optional[int] = None
+    rounds: Optional[int] = None  # None: 7 with weight prefetch, else DECODE_ROUNDS
+    cycles: Optional[int] = None  # whole carry-over cycles per round (None: ~0.15 s a round)
+    aa: bool = True  # the A/A twin (stock-aa)
+    zero: bool = True  # the zero-byte arm (stock+zero)
+    tail: Optional[str] = None  # the in-kernel form, CAPS[@HINT] (needs a 'tail' library)
+    guard: str = "auto"  # the evict_last guard: auto, on, off
     #: the weight prefetch: a whole configuration (``wpf``) and single knobs over it
     prefetch: dict[str, Any] = field(default_factory=dict)
     prefetch_lib: Optional[Path] = None
@@ -100,12 +109,46 @@ def check(o: DecodeOptions) -> tuple[list[str], list[str], list[int], list[int],
     if bad:
         raise UsageError(f"invalid dtype {bad[0]!r}: {' or '.join(DTYPES)}")
     batches, contexts = list(o.batches or DEFAULT_BATCHES), list(o.contexts or DEFAULT_CONTEXTS)
-    if any(v < 1 for v in (*batches, *contexts)) or o.layers < 1 or o.rounds < 1 or (o.reps is not None and o.reps < 1):
-        raise UsageError("--batches, --contexts, --layers, --rounds and --reps must be >= 1")
+    if any(v < 1 for v in (*batches, *contexts)) or o.layers < 1 or any(v is not None and v < 1 for v in (o.rounds, o.cycles)):
+        raise UsageError("--batches, --contexts, --layers, --rounds and --cycles must be >= 1")
+    if o.guard not in ("auto", "on", "off"):
+        raise UsageError(f"invalid --guard {o.guard!r}: auto, on or off")
     wpf = weight_prefetch_of(o.prefetch)
     specs = library_specs(o.libs, o.libs_file)
+    tail = tail_of(o.tail)
+    if tail is not None and specs and "tail" not in {s.name for s in specs}:
+        raise UsageError("--tail needs a weight-tail library named 'tail' (--lib tail=...: scripts/gpu_decode.sh --prepare builds one)")
     check_outputs(json=o.json_out, plot=o.plot, text=o.text, inputs=input_files(o), protected=protected_paths(o.cwd))
-    return models, dtypes, batches, contexts, wpf, specs
+    return models, dtypes, batches, contexts, wpf, specs, tail
+
+
+def tail_of(text: Optional[str]) -> Any:
+    """``--tail CAPS[@HINT]`` -> a :class:`~kvpatch.decode.windows.TailPrefetch` (None: none)."""
+    if text is None or text.strip().lower() in ("", "off", "none"):
+        return None
+    from ..decode.options import parse_caps
+    from ..decode.windows import TailPrefetch
+
+    caps, at, hint = text.partition("@")
+    try:
+        return TailPrefetch(parse_caps(caps), hint.strip() if at else "evict_normal")
+    except ValueError as e:
+        raise UsageError(f"invalid --tail {text!r}: {e}") from None
+
+
+def with_tail_copy(libs: dict[str, Any], folder: Optional[Path] = None) -> dict[str, Any]:
+    """``libs`` with ``tail0``, a second load of the ``tail`` library (a copy of its file: its own
+    table, which stays empty), where there is a ``tail`` library and no ``tail0``."""
+    if "tail" not in libs or "tail0" in libs:
+        return libs
+    import tempfile
+
+    from ..gpu.launch import Kernels
+    from ..prefetch.tail import second_copy
+
+    tail = libs["tail"]
+    where = folder or Path(tempfile.mkdtemp(prefix="kvpatch-tail0-"))
+    return {**libs, "tail0": Kernels(second_copy(tail.path, where), tail.prefix)}
 
 
 def run(o: DecodeOptions, *, progress: Progress = QUIET) -> Any:
@@ -115,7 +158,7 @@ def run(o: DecodeOptions, *, progress: Progress = QUIET) -> Any:
     from ..arch import parse_arch_list
     from .tree import resolve, variants_for
 
-    models, dtypes, batches, contexts, wpf, specs = check(o)
+    models, dtypes, batches, contexts, wpf, specs, tail = check(o)
     target = None
     if not specs:  # the tree to build from, and the arch, checked before the GPU is
         parse_arch_list(o.arch)
@@ -136,12 +179,15 @@ def run(o: DecodeOptions, *, progress: Progress = QUIET) -> Any:
         heads = sorted({model_shape(m).head_size for m in models})
         libs = build_libraries(o.tree, o.cwd, o.arch, variants, progress, dtypes=dtypes, head_sizes=heads,
                                block_sizes=[16], kv_cache_dtypes=["auto"]).libs  # fmt: skip
+    if tail is not None:
+        libs = with_tail_copy(dict(libs))
+    rounds = o.rounds if o.rounds is not None else (WPF_ROUNDS if not wpf.off() or tail is not None else DECODE_ROUNDS)
     report = run_bench_decode(libs, models=models, dtypes=dtypes, batches=batches, contexts=contexts, layers=o.layers,
-                              rounds=o.rounds, reps=o.reps, cold=o.cold, weight_prefetch=wpf,
-                              prefetch_library=str(o.prefetch_lib) if o.prefetch_lib else None,
+                              rounds=rounds, cycles=o.cycles, cold=o.cold, weight_prefetch=wpf, aa=o.aa, zero=o.zero,
+                              tail=tail, guard=o.guard, prefetch_library=str(o.prefetch_lib) if o.prefetch_lib else None,
                               json_path=o.json_out, plot_path=o.plot, progress=progress.say)  # fmt: skip
     if o.micro:
-        report.micro = run_micro_gemm(str(o.prefetch_lib) if o.prefetch_lib else None, priority=wpf.priority)
+        report.micro = run_micro_gemm(str(o.prefetch_lib) if o.prefetch_lib else None, priority=wpf.priority, hint=wpf.hint)
         if o.json_out:
             report.save_json(o.json_out)
     return report
@@ -152,21 +198,32 @@ class SweepOptions:
     libs: list[str] = field(default_factory=list)
     libs_file: Optional[Path] = None
     out: Path = Path("sweep-out")
-    budget: float = 260.0
+    budget: float = 420.0
     prefetch_lib: Optional[Path] = None
-    final: bool = True
+    stages: Optional[list[str]] = None  # None: every stage (kvpatch.decode.sweep.SHARES)
+    tail: bool = True  # the in-kernel arms, where a 'tail' library is given
 
 
 def run_sweep(o: SweepOptions, *, progress: Progress = QUIET) -> dict[str, Any]:
     """The weight-prefetch sweep (:mod:`kvpatch.decode.sweep`): ``sweep.json`` in ``out``."""
+    from ..decode.picks import SHARES, TAIL
+
     specs = library_specs(o.libs, o.libs_file)
-    if not {"stock", "patched"} <= {s.name for s in specs}:
-        raise UsageError(f"the sweep needs libraries 'stock' and 'patched', got {', '.join(s.name for s in specs) or 'none'}")
+    if "stock" not in {s.name for s in specs}:
+        raise UsageError(f"the sweep needs a library 'stock', got {', '.join(s.name for s in specs) or 'none'}")
     if not o.budget > 0:
         raise UsageError(f"--budget must be > 0 seconds, not {o.budget:g}")
+    stages = list(o.stages or SHARES)
+    bad = sorted(set(stages) - set(SHARES))
+    if bad:
+        raise UsageError(f"unknown sweep stage(s) {', '.join(bad)}: {', '.join(SHARES)}")
     require_device("cuda")
     from ..decode.sweep import run_sweep as sweep
     from ..gpu.launch import load_libs
 
-    return sweep(load_libs(specs), o.out, budget_s=o.budget, prefetch_library=str(o.prefetch_lib) if o.prefetch_lib else None,
-                 final=o.final, progress=progress.say)  # fmt: skip
+    libs = load_libs(specs)
+    if not o.tail:
+        libs = {k: v for k, v in libs.items() if k not in ("tail", "tail0")}
+    libs = with_tail_copy(dict(libs))
+    return sweep(libs, o.out, budget_s=o.budget, prefetch_library=str(o.prefetch_lib) if o.prefetch_lib else None,
+                 stages=stages, tail=TAIL if "tail" in libs else None, progress=progress.say)  # fmt: skip

@@ -116,6 +116,12 @@ def make_config(**options: Any) -> PatchConfig:
         if not isinstance(given["control"], bool):
             raise UsageError(f"invalid control {given['control']!r}: expected true or false")
         cfg = replace(cfg, control=given["control"])
+    if "weight_tail" in given:
+        if not isinstance(given["weight_tail"], bool):
+            raise UsageError(f"invalid weight-tail {given['weight_tail']!r}: expected true or false")
+        if given["weight_tail"] and preset == "paper":
+            raise UsageError("--preset paper takes no weight-tail")
+        cfg = replace(cfg, weight_tail=given["weight_tail"])
     if cfg.min_kv_mib and cfg.issue != "call" and preset != "paper":
         raise UsageError(f"min-kv-mib {cfg.min_kv_mib} needs issue=call (its test is in the call helper), not issue={cfg.issue}")
     if preset == "paper":

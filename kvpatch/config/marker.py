@@ -27,6 +27,9 @@ def config_from_marker(text: str) -> PatchConfig:
         if word == "control":
             options["control"] = True
             continue
+        if word == "weight-tail":
+            options["weight_tail"] = True
+            continue
         selector, colon, items = word.partition(":")
         if colon and (selector in DTYPES or "/" in selector):
             settings = parse_override(items)

@@ -216,6 +216,11 @@ class PatchConfig:
     quantized: str = "skip"
     #: No prefetch at all (only meaningful in a rule: those instantiations compile as stock).
     off: bool = False
+    #: Opt-in, for kvpatch's own launcher libraries: after the value loop, the kernel's
+    #: tail prefetches the head of the next GEMM's weight into L2, each CTA its share, from a
+    #: table keyed by the launch's key cache (the layer) that the library's
+    #: ``<prefix>_set_weight_prefetch`` fills (``templates/inject/weight_tail.cuh.j2``).
+    weight_tail: bool = False
     #: Rules, ``((selector, ((key, value), ...)), ...)``: the kernels a selector (a
     #: query dtype ``fp16``, or ``dtype/head/block[/kv]`` such as ``bf16/80/32``) picks use
     #: these settings instead of the base ones; the most specific matching rule wins.
@@ -319,6 +324,8 @@ class PatchConfig:
         ]
         if self.control:
             parts.append("control")
+        if self.weight_tail:
+            parts.append("weight-tail")
         return " ".join(parts)
 
     def to_toml_dict(self) -> dict[str, Any]:
@@ -331,6 +338,8 @@ class PatchConfig:
         d = asdict(self)
         d["size"] = "auto" if self.size is None else self.size
         del d["overrides"], d["off"]
+        if not self.weight_tail:  # opt-in: a table without it reads as before
+            del d["weight_tail"]
         if self.preset == "paper":
             return d
         d["inherit_rules"] = False

@@ -1,7 +1,9 @@
 """Micro-benchmarks of the L2 weight prefetch (GPU).
 
 * :func:`run_micro_gemm`: a GEMM right after an HBM-idle kernel, L2 flushed, with the
-  weight prefetch forked before the idle kernel vs without (and fully warm).
+  weight prefetch forked before the idle kernel vs without (and fully warm). Where the
+  prefetch library has the demote mode, every trial starts with it over the prefetched range
+  (lines an ``evict_last`` prefetch kept could otherwise outlive the flush into the next trial).
 
 Both time on kvpatch.gpu's one timer (:func:`~kvpatch.gpu.timing.time_interleaved`: only the
 GEMM or the prefetch kernel between the event pair; the flush, the fork and the idle kernel
@@ -55,11 +57,13 @@ def run_micro_gemm(
     trials: int = 40,
     device: Any = "cuda",
     priority: str | int = "high",
+    hint: str | None = None,
 ) -> dict[str, Any]:
     """A GEMM ``x[m, k] @ W[n, k].T`` right after an HBM-idle kernel (``torch.cuda._sleep``
     of ``idle_us``), L2 flushed before each trial; with the weight prefetch forked before
     the idle kernel vs without, interleaved in one run; plus the GEMM fully warm (run
-    right before, untimed). Medians in us."""
+    right before, untimed). ``hint``: the prefetch's eviction hint (None: the library's).
+    Medians in us."""
     import torch
 
     from ..prefetch.controller import PrefetchController
@@ -70,9 +74,14 @@ def run_micro_gemm(
     results = []
     for label, n, k in shapes:
         W = torch.randn(n, k, device=dev, dtype=torch.float32).to(dt)
-        ctl = PrefetchController(dev, priority=priority, library=prefetch_library)
+        ctl = PrefetchController(dev, priority=priority, library=prefetch_library, hint=hint)
         ctl.add("gemm", 0, [W], cap_bytes=cap_bytes)
         table = ctl.table("gemm", 0)
+        demote = None
+        if table is not None and "demote" in getattr(prefetch_library, "modes", ()):
+            from .measure import Guard
+
+            demote = Guard(prefetch_library, list(table.ranges), dev)
         for m in batches:
             x = torch.randn(m, k, device=dev, dtype=torch.float32).to(dt)
             out = torch.empty(m, n, device=dev, dtype=dt)
@@ -80,14 +89,21 @@ def run_micro_gemm(
             def gemm(x: Any = x, W: Any = W, out: Any = out) -> None:
                 torch.mm(x, W.t(), out=out)
 
-            def idle(prefetch: bool, ctl: Any = ctl) -> None:  # before the timed GEMM, untimed
+            def idle(prefetch: bool, ctl: Any = ctl, demote: Any = demote) -> None:  # before the timed GEMM, untimed
+                if demote is not None:
+                    demote()
                 flush()
                 if prefetch:
                     ctl.fork("gemm", 0)
                 torch.cuda._sleep(cycles)
                 ctl.join()
 
-            kinds = {"cold": lambda: idle(False), "prefetched": lambda: idle(True), "warm": gemm}
+            def warm(gemm: Any = gemm, demote: Any = demote) -> None:
+                if demote is not None:
+                    demote()
+                gemm()
+
+            kinds = {"cold": lambda: idle(False), "prefetched": lambda: idle(True), "warm": warm}
             us = time_interleaved([gemm] * len(kinds), reps=len(kinds) * trials, warmup=3, timer=timer,
                                   flush=list(kinds.values()))  # fmt: skip
             med = {kind: median(samples) for kind, samples in zip(kinds, us)}
@@ -98,6 +114,7 @@ def run_micro_gemm(
             })  # fmt: skip
         del W, ctl
     return {"dtype": dtype, "idle_us": idle_us, "trials": trials, "l2_bytes": l2, "cap_bytes": cap_bytes,
+            "hint": hint, "demoted": "demote" in getattr(prefetch_library, "modes", ()),
             "prefetch_library": prefetch_library.config, "results": results}  # fmt: skip
 
 

@@ -3,98 +3,51 @@
 Pure Python (no torch): the commands and the sweep parse their options here, and the
 CPU tests check them.
 
-:class:`WeightPrefetch` is one weight-prefetch configuration of the decode step: the
-per-batch cap, the launch knobs of the prefetch kernel (grid, threads per CTA, chunk,
-eviction hint), where in a layer the prefetch is forked and where it is joined, and
-the side stream's priority. Its text form (``--wpf``, the sweep's labels) is
-``key=value`` items separated by ``;``, e.g. ``cap=1:32,4:32,8:16;grid=132;hint=evict_normal``.
+:class:`WeightPrefetch` is one weight-prefetch configuration of the decode step: its windows
+(:mod:`.windows`: where in a layer each prefetch is forked, which weight it pulls, its cap per
+batch bucket and its eviction hint), the launch knobs of the prefetch kernel (grid, threads per
+CTA, chunk, the default eviction hint), where the side stream is joined, and its priority. Its
+text form (``--wpf``, the sweep's labels) is ``key=value`` items separated by ``;``, a window
+being ``NAME=CAPS[@HINT]``, e.g. ``oproj->gateup=1:12,8:8;gateup->down=8@evict_normal;grid=16``.
+The first form of the runtime (one window per layer: o_proj, gate/up and down up to ``cap``,
+forked before attention or before the first RMSNorm) is still ``cap=...;fork=attn|qkv``.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Mapping
 
 from ..errors import UsageError
-from ..gpu.defaults import DECODE_LAYERS, DECODE_ROUNDS
+from ..gpu.defaults import DECODE_LAYERS
 from ..gpu.points import DEFAULT_BATCHES, DEFAULT_CONTEXTS  # noqa: F401 - the decode step's grid is the bench's headline grid
+from .windows import (  # noqa: F401 - the caps' text forms live with the windows; re-exported
+    DEFAULT_CAPS_MIB, LEGACY, MiB, Window, cap_for_batch, caps_text, parse_caps, parse_windows, windows_text,
+)
 
 BLOCK_SIZE = 16
 #: The variant suffix for "with weight prefetch".
 WPF = "+wpf"
 #: Layers per step and rounds (kvpatch.gpu.defaults says why these).
 DEFAULT_LAYERS = DECODE_LAYERS
-DEFAULT_ROUNDS = DECODE_ROUNDS
+#: Interleaved rounds: 7 (a weight-prefetch effect of 1-2% must clear the round-to-round spread).
+DEFAULT_ROUNDS = 7
 DEFAULT_MODELS = ("llama-3.1-8b", "llama-3.2-1b")
 DEFAULT_DTYPES = ("bf16", "fp16")
-#: Per-batch weight-prefetch caps in MiB (bucket bounds: batch b uses the smallest key
-#: >= b; above the largest key, no prefetch). The first H200 run (decode-1, benchmarks/ARCHIVE.md)
-#: measured these at 0.99x: they are the baseline the sweep (:mod:`.sweep`) starts from,
-#: not a tuned value.
-DEFAULT_CAPS_MIB: dict[int, int] = {1: 32, 2: 32, 4: 32, 8: 16}
-MiB = 1 << 20
+#: The default windows: the heads of gate/up, down and the next layer's QKV weights, from forks
+#: after o_proj, gate/up and down, up to batch 8 (12/8/12 MiB, the library's evict_last). The
+#: lead of the windows' first H200 sweep (1.011x at batch 1, 1.014-1.022x at batch 4), not yet
+#: a result that survived the A/A twin, the zero-byte arm and the evict_last guard:
+#: ``kvpatch bench-decode-sweep`` measures that.
+DEFAULT_WINDOWS: tuple[Window, ...] = (
+    Window("oproj->gateup", {8: 12 * MiB}), Window("gateup->down", {8: 8 * MiB}), Window("down->qkv", {8: 12 * MiB}),
+)
 #: Where in a layer the prefetch is forked: right before attention (after the QKV GEMM
 #: and the KV write), or before the layer's first RMSNorm (so it also overlaps the QKV GEMM).
 FORK_POINTS = ("attn", "qkv")
 #: Where the main stream waits for the side stream: once at the end of the step, or
 #: before each layer's o_proj (o_proj then never overlaps a prefetch kernel still issuing).
 JOIN_POINTS = ("step", "oproj")
-
-
-def parse_caps(text: str) -> int | dict[int, int]:
-    """``--cap``: ``'1:32,4:32,8:16'`` (per-batch MiB, bucket bounds) -> bytes per batch;
-    ``'24'`` -> 24 MiB at every batch; ``'off'`` or ``'0'`` -> 0 (no prefetch);
-    ``'default'`` -> :data:`DEFAULT_CAPS_MIB`."""
-    text = text.strip().lower()
-    if text in ("off", "0", "none"):
-        return 0
-    if text == "default":
-        return {b: c * MiB for b, c in DEFAULT_CAPS_MIB.items()}
-    if ":" not in text:
-        return _mib(text)
-    caps: dict[int, int] = {}
-    for item in filter(None, (p.strip() for p in text.split(","))):
-        batch, sep, cap = item.partition(":")
-        if not sep or not (batch.strip().isascii() and batch.strip().isdigit()) or int(batch) < 1:
-            raise ValueError(f"invalid cap {item!r}: use BATCH:MIB, e.g. 1:32,4:32,8:16")
-        caps[int(batch)] = _mib(cap)
-    if not caps:
-        raise ValueError(f"invalid cap {text!r}: use BATCH:MIB, e.g. 1:32,4:32,8:16")
-    return caps
-
-
-def _mib(text: str) -> int:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"invalid cap {text!r}: a number of MiB") from None
-    if not value >= 0 or value == float("inf"):
-        raise ValueError(f"invalid cap {text!r}: must be a finite number >= 0")
-    return int(value * MiB) // 16 * 16
-
-
-def caps_text(caps: int | Mapping[int, int]) -> str:
-    """The inverse of :func:`parse_caps` (MiB)."""
-    if isinstance(caps, int):
-        return "off" if caps == 0 else f"{caps / MiB:g}"
-    return ",".join(f"{b}:{c / MiB:g}" for b, c in sorted(caps.items())) or "off"
-
-
-def cap_for_batch(caps: int | Mapping[int, int], batch: int) -> int:
-    """The cap (bytes) a batch gets: the smallest bucket >= batch, 0 above them all."""
-    if isinstance(caps, int):
-        return caps
-    bounds = sorted(b for b in caps if b >= batch)
-    return caps[bounds[0]] if bounds else 0
-
-
-def variant_names(libs: Iterable[str], wpf: bool = True) -> list[str]:
-    """``['stock', 'patched', 'stock+wpf', 'patched+wpf']``: attention variants, then the same with prefetch."""
-    names = list(libs)
-    if "stock" not in names:
-        raise ValueError(f"the libraries must include 'stock' (the baseline); got {', '.join(names) or 'none'}")
-    names = ["stock", *[n for n in names if n != "stock"]]
-    return names + ([n + WPF for n in names] if wpf else [])
 
 
 def parse_ints(text: str, what: str = "list") -> list[int]:
@@ -114,14 +67,16 @@ def parse_names(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class WeightPrefetch:
-    """One weight-prefetch configuration of the decode step (``None``: the default)."""
+    """One weight-prefetch configuration of the decode step (``WeightPrefetch()``: the default
+    windows). ``windows`` empty: the first form, ``caps`` from a fork at ``fork``."""
 
-    caps: int | dict[int, int] = field(default_factory=lambda: {b: c * MiB for b, c in DEFAULT_CAPS_MIB.items()})
+    windows: tuple[Window, ...] = DEFAULT_WINDOWS
+    caps: int | dict[int, int] = 0  # the first form: bytes per layer window (0: none)
     grid: int | None = None  # CTAs (None: one per MiB, 4..32)
     threads: int | None = None  # per CTA (None: the library's, 32)
     chunk: int | None = None  # bytes per bulk prefetch (None: the library's, 4096)
-    hint: str | None = None  # evict_last / evict_normal / evict_first / none (None: the library's, evict_last)
-    fork: str = "attn"
+    hint: str | None = None  # the windows' default hint: evict_last / evict_normal / evict_first / none (None: the library's, evict_last)
+    fork: str = "attn"  # the first form's fork point
     join: str = "step"
     priority: str | int = "high"
 
@@ -142,12 +97,37 @@ class WeightPrefetch:
             object.__setattr__(self, "caps", {int(b): int(c) for b, c in sorted(caps.items())})
         elif isinstance(caps, bool) or not isinstance(caps, int) or caps < 0:
             raise UsageError(f"prefetch cap must be bytes >= 0 or {{batch: bytes}}, not {caps!r}")
+        windows = tuple(self.windows)
+        if any(not isinstance(w, Window) for w in windows):
+            raise UsageError("windows must be kvpatch.decode.windows.Window values")
+        names = [w.name for w in windows]
+        if len(set(names)) != len(names):
+            raise UsageError(f"a prefetch window is given twice: {', '.join(names)}")
+        if windows and (self.caps if isinstance(self.caps, int) else any(self.caps.values())):
+            if windows != DEFAULT_WINDOWS:
+                raise UsageError("give either windows or the first form's cap, not both")
+            windows = ()  # WeightPrefetch(caps=...): the first form, as before the windows
+        object.__setattr__(self, "windows", windows)
+
+    def effective_windows(self) -> tuple[Window, ...]:
+        """The windows the step forks: ``windows``, or the first form's one window per layer."""
+        if self.windows:
+            return self.windows
+        return (Window(LEGACY[self.fork], self.caps),) if not self.off() else ()
 
     def cap(self, batch: int) -> int:
-        return cap_for_batch(self.caps, batch)
+        """Bytes all windows of one layer pull at most at ``batch`` (caps added up)."""
+        return sum(w.cap(batch) for w in self.effective_windows())
 
     def off(self) -> bool:
-        return not (self.caps if isinstance(self.caps, int) else any(self.caps.values()))
+        def none(caps: Any) -> bool:
+            return caps == 0 if isinstance(caps, int) else not any(caps.values())
+
+        return all(none(w.caps) for w in self.windows) if self.windows else none(self.caps)
+
+    def hints(self) -> set[str]:
+        """The eviction hints its windows launch with (None: the library's default)."""
+        return {w.hint or self.hint or "evict_last" for w in self.effective_windows()}
 
     def controller_options(self) -> dict[str, Any]:
         """Keyword arguments of :class:`~kvpatch.prefetch.controller.PrefetchController`."""
@@ -159,30 +139,35 @@ class WeightPrefetch:
     def label(self) -> str:
         """The text form (:meth:`parse` reads it back); only what differs from the defaults."""
         base = WeightPrefetch()
-        items = [f"cap={caps_text(self.caps)}"]
+        items = [windows_text(self.windows)] if self.windows else [f"cap={caps_text(self.caps)}"]
         for key in ("grid", "threads", "chunk", "hint", "fork", "join", "priority"):
             value = getattr(self, key)
-            if value != getattr(base, key):
+            if value != getattr(base, key) and not (key == "fork" and self.windows):
                 items.append(f"{key}={value}")
         return ";".join(items)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["caps"] = self.caps if isinstance(self.caps, int) else {str(b): c for b, c in self.caps.items()}
+        d["windows"] = [w.to_dict() for w in self.windows]
         d["label"] = self.label()
         return d
 
     @classmethod
     def parse(cls, text: str, base: WeightPrefetch | None = None) -> WeightPrefetch:
-        """``'cap=1:32,4:16;grid=132;threads=128;chunk=16384;hint=evict_normal;fork=qkv;join=step;priority=normal'``
-        (any subset; the rest from ``base`` or the defaults). Raises ValueError/UsageError."""
+        """``'oproj->gateup=1:12,8:8@evict_normal;gateup->down=8;grid=132;threads=128;chunk=16384;hint=evict_normal;
+        join=step;priority=normal'``, or the first form ``'cap=1:32,4:16;fork=qkv'`` (any subset; the rest from
+        ``base`` or the defaults; windows given replace the base's). Raises ValueError/UsageError."""
         changes: dict[str, Any] = {}
+        windows: list[Window] = []
         for item in filter(None, (p.strip() for p in text.split(";"))):
             key, sep, value = item.partition("=")
             key, value = key.strip().lower(), value.strip()
             if not sep or not value:
                 raise ValueError(f"invalid weight-prefetch option {item!r}: use KEY=VALUE")
-            if key == "cap":
+            if "->" in key or key in LEGACY.values():
+                windows += parse_windows(item)
+            elif key == "cap":
                 changes["caps"] = parse_caps(value)
             elif key in ("grid", "threads", "chunk"):
                 changes[key] = None if value in ("auto", "default") else _int(key, value)
@@ -193,7 +178,17 @@ class WeightPrefetch:
             elif key == "priority":
                 changes[key] = value if value in ("high", "normal") else _int(key, value)
             else:
-                raise ValueError(f"unknown weight-prefetch option {key!r}: cap, grid, threads, chunk, hint, fork, join, priority")
+                raise ValueError(f"unknown weight-prefetch option {key!r}: a window (NAME=CAPS[@HINT]), cap, grid, threads, "
+                                 "chunk, hint, fork, join, priority")  # fmt: skip
+        if windows and ("caps" in changes or "fork" in changes):
+            raise ValueError("give either windows or the first form's cap/fork, not both")
+        if windows:
+            changes["windows"], changes["caps"] = tuple(windows), 0
+        elif "caps" in changes or "fork" in changes:  # the first form: its caps, the base's or the first default
+            changes["windows"] = ()
+            if "caps" not in changes:
+                first = base is not None and not base.windows and not base.off()
+                changes["caps"] = base.caps if first else {b: c * MiB for b, c in DEFAULT_CAPS_MIB.items()}
         return replace(base or cls(), **changes)
 
 

@@ -11,6 +11,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..gpu.stats import geomean as _geomean
 from ..gpu.stats import verdict
 
 MiB = 1 << 20
@@ -34,7 +35,10 @@ class DecodeReport:
     priority: str = "high"
     seconds: float = 0.0
     micro: dict[str, Any] | None = None
-    weight_prefetch: dict[str, Any] | None = None  # WeightPrefetch.to_dict(): cap and launch knobs
+    weight_prefetch: dict[str, Any] | None = None  # WeightPrefetch.to_dict(): windows and launch knobs
+    arms: list[dict[str, Any]] = field(default_factory=list)  # Arm.to_dict() of each variant
+    guard: str = "auto"
+    tail: dict[str, Any] | None = None  # TailPrefetch.to_dict() of the in-kernel arm
 
     # ----------------------------------------------------------------------- data
 
@@ -52,40 +56,54 @@ class DecodeReport:
         return cls(**{k: v for k, v in data.items() if k in keys})
 
     def summary(self) -> dict[str, Any]:
-        """Per variant: geomean speedup, how many points are faster / slower / within noise;
-        and whether every point was bit-identical."""
+        """Per arm: geomean speedup over stock, the worst point's median and round-minimum
+        ratio, how many points are faster / slower / within noise, the same over its own
+        library and its zero-byte twin; the A/A twin's largest deviation; whether every point
+        was bit-identical; the guard and the carry-over it left."""
         out: dict[str, Any] = {"points": len(self.points), "skipped": len(self.skipped),
                                "all_identical": all(p["all_identical"] for p in self.points)}  # fmt: skip
         for name in self.variants[1:]:
-            sp = [p["variants"][name]["speedup"] for p in self.points]
+            pts = [p for p in self.points if name in p["variants"]]
+            sp = [p["variants"][name]["speedup"] for p in pts]
             if not sp:
                 continue
-            geo = 1.0
-            for s in sp:
-                geo *= s["median"]
             verdicts = [verdict_of(s) for s in sp]
-            out[name] = {
-                "geomean": geo ** (1 / len(sp)),
+            entry = {
+                "geomean": _geomean([s["median"] for s in sp]),
                 "min": min(s["median"] for s in sp),
+                "worst_round_min": min(s["min"] for s in sp),
                 "faster": verdicts.count("faster"),
                 "slower": verdicts.count("slower"),
                 "noise": verdicts.count("noise"),
             }
+            for key, label in (("speedup_vs_library", "vs_library"), ("speedup_vs_zero", "vs_zero")):
+                other = [p["variants"][name].get(key) for p in pts]
+                if other and all(other):
+                    entry[label] = {"geomean": _geomean([o["median"] for o in other]), "worst_round_min": min(o["min"] for o in other)}
+            out[name] = entry
+        aa = [p["aa"] for p in self.points if p.get("aa")]
+        if aa:
+            out["aa"] = {"worst": max(abs(a["median"] - 1) for a in aa), "within": sum(a["within"] for a in aa), "of": len(aa)}
+        carry = [c for p in self.points if (c := p.get("carryover")) and "stock" in c]
+        if carry:
+            out["carryover_stock"] = {"max": max(c["stock"]["ratio"] for c in carry), "min": min(c["stock"]["ratio"] for c in carry)}
         best = {}
         for p in self.points:
-            winner = min(self.variants, key=lambda n: p["variants"][n]["step_us"]["median"])
+            winner = min(p["variants"], key=lambda n: p["variants"][n]["step_us"]["median"])
             best[winner] = best.get(winner, 0) + 1
         out["best_variant_counts"] = best
         return out
 
     def point_line(self, p: dict[str, Any]) -> str:
-        """One measured point as a progress line: stock's step time, each variant's median speedup."""
+        """One measured point as a progress line: stock's step time, each arm's median speedup."""
         v = p["variants"]
         parts = [f"{p['model']} {p['dtype']} B={p['batch']} ctx={p['context']} {p['kernel']}:",
                  f"stock {v['stock']['step_us']['median']:.1f} us"]  # fmt: skip
-        parts += [f"{name} {v[name]['speedup']['median']:.3f}x" for name in self.variants[1:]]
-        parts.append(f"attn {100 * v['stock']['attention_share']:.0f}%")
-        parts.append(f"cap {p['cap_bytes'] / MiB:.0f} MiB")
+        parts += [f"{name} {v[name]['speedup']['median']:.3f}x" for name in self.variants[1:] if name in v]
+        if "attention_share" in v["stock"]:
+            parts.append(f"attn {100 * v['stock']['attention_share']:.0f}%")
+        if p.get("guard", {}).get("on"):
+            parts.append(f"guard {p['guard']['demoted_bytes'] / MiB:.0f} MiB")
         parts.append("identical" if p["all_identical"] else "NOT IDENTICAL")
         return " ".join(parts)
 
@@ -107,7 +125,7 @@ class DecodeReport:
             xs = list(range(len(pts)))
             width = 0.8 / max(1, len(self.variants) - 1)
             for j, name in enumerate(self.variants[1:]):
-                sp = [p["variants"][name]["speedup"] for p in pts]
+                sp = [p["variants"][name]["speedup"] if name in p["variants"] else {"median": 1.0, "min": 1.0, "max": 1.0} for p in pts]
                 med = [s["median"] for s in sp]
                 err = [[m - s["min"] for m, s in zip(med, sp)], [s["max"] - m for m, s in zip(med, sp)]]
                 ax.bar([x + (j - (len(self.variants) - 2) / 2) * width for x in xs], [m - 1 for m in med], width,

@@ -10,22 +10,25 @@ Caches use vLLM's layouts (key ``[blocks, kv_heads, head/x, block, x]`` with
 ``x = 16 / element size``, value ``[blocks, kv_heads, head, block]``), block size 16,
 one cache per layer and a random (scattered) block table per layer; every sequence has
 ``context`` tokens, the last of which this step writes. RoPE, embeddings and the LM
-head are left out. With a :class:`~kvpatch.prefetch.controller.PrefetchController`
-the step forks each layer's weight prefetch (window ``("attn", layer)``: o_proj,
-gate/up, down, up to the cap) before attention or before the QKV GEMM
-(``fork=``) and joins once per step or before each o_proj (``join=``).
+head are left out. The step runs a layer as the ops of :data:`~.windows.LAYER_OPS`, one by
+one (:meth:`DecodeStep.run_op`; the per-kernel benchmark runs them one at a time too). With a
+:class:`~kvpatch.prefetch.controller.PrefetchController` and the forks of
+:func:`~.windows.plan_forks`, the step forks each window's prefetch (the controller's window
+``(name, layer)``, registered by :meth:`DecodeStep.add_prefetch`) right before the op the window
+names, and joins once per step or before each o_proj (``join=``).
 
 torch is imported inside functions only.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Sequence
 
 from ..dtypes import QUERY_DTYPES
 from ..gpu.dispatch import PARTITION_SIZE, V1_MAX_SEQ_LEN, V1_MIN_PARALLELISM, dispatched_kernel  # noqa: F401  (vLLM's rule, one place)
 from .models import ModelShape
-from .options import BLOCK_SIZE, FORK_POINTS, JOIN_POINTS
+from .options import BLOCK_SIZE, JOIN_POINTS
+from .windows import KINDS, LAYER_OPS, Fork, forks_by_op
 
 #: The decode step runs fp16 and bf16: (torch dtype name, element size) from kvpatch.dtypes.
 DTYPES = {name: (QUERY_DTYPES[name].torch, QUERY_DTYPES[name].size) for name in ("fp16", "bf16")}
@@ -69,10 +72,14 @@ class DecodeWeights:
                 "down": randn(s.hidden, s.intermediate, scale=s.intermediate**-0.5),
             })  # fmt: skip
 
-    def prefetch_tensors(self, layer: int) -> list[Any]:
-        """What the weight prefetch pulls during layer ``layer``'s attention, in reading order."""
-        w = self.per_layer[layer]
-        return [w["o_proj"], w["gate_up"], w["down"]]
+    def prefetch_tensors(self, layer: int, window: str = "attn") -> list[Any]:
+        """What ``window`` forked in ``layer`` pulls, in reading order (``[]`` for a next-layer
+        window in the last layer)."""
+        kind = KINDS[window]
+        target = layer + 1 if kind.next_layer else layer
+        if target >= self.layers:
+            return []
+        return [self.per_layer[target][name] for name in kind.weights]
 
     def bytes(self) -> int:
         return sum(t.numel() * t.element_size() for w in self.per_layer for t in w.values())
@@ -135,43 +142,70 @@ class DecodeStep:
         else:
             lib.v2(self.attn_out, self.exp_sums, self.max_logits, self.tmp_out, *common)
 
-    def step(self, lib: Any, ctl: Any = None, *, fork: str = "attn", join: str = "step") -> None:
-        """One decode step over all layers; the result lands in ``self.out``. With
-        ``ctl``, each layer's window ``("attn", layer)`` is forked at ``fork`` (before
-        attention, or before the layer's RMSNorm + QKV GEMM) and joined at ``join``
-        (once at the end of the step, or before each o_proj)."""
+    def run_op(self, op: str, lib: Any, layer: int, st: dict[str, Any]) -> None:
+        """One op of :data:`~.windows.LAYER_OPS` of ``layer``; ``st`` carries the activations
+        (``x`` the residual stream, in and out)."""
+        import torch.nn.functional as F
+
+        s, B, w = self.w.shape, self.batch, self.w.per_layer[layer]
+        if op == "norm1":
+            st["h"] = self.norm(st["x"], w["norm1"])
+        elif op == "qkv":
+            st["qkv"] = F.linear(st["h"], w["qkv"])
+        elif op == "kv":
+            qkv = st["qkv"]
+            self.write_kv(layer, qkv[:, s.q_size : s.q_size + s.kv_size], qkv[:, s.q_size + s.kv_size :])
+        elif op == "attn":
+            self.attention(self.lib_check(lib), layer, st["qkv"][:, : s.q_size].view(B, s.heads, s.head_size))
+        elif op == "oproj":
+            st["o"] = F.linear(self.attn_out.view(B, s.q_size), w["o_proj"])
+        elif op == "add1":
+            st["x"] = st["x"] + st["o"]
+        elif op == "norm2":
+            st["h"] = self.norm(st["x"], w["norm2"])
+        elif op == "gateup":
+            st["gu"] = F.linear(st["h"], w["gate_up"])
+        elif op == "act":
+            gu = st["gu"]
+            st["a"] = F.silu(gu[:, : s.intermediate]) * gu[:, s.intermediate :]
+        elif op == "down":
+            st["d"] = F.linear(st["a"], w["down"])
+        elif op == "add2":
+            st["x"] = st["x"] + st["d"]
+        else:
+            raise ValueError(f"unknown op {op!r}: one of {', '.join(LAYER_OPS)}")
+
+    def norm(self, x: Any, weight: Any) -> Any:
         import torch
         import torch.nn.functional as F
 
-        if fork not in FORK_POINTS or join not in JOIN_POINTS:
-            raise ValueError(f"fork must be one of {FORK_POINTS} and join one of {JOIN_POINTS}, not {fork!r}/{join!r}")
-        s, B = self.w.shape, self.batch
+        s = self.w.shape
         rms = getattr(F, "rms_norm", None)
+        if rms is not None:
+            return rms(x, (s.hidden,), weight, s.rms_eps)
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + s.rms_eps)).to(x.dtype) * weight
 
-        def norm(x: Any, weight: Any) -> Any:
-            if rms is not None:
-                return rms(x, (s.hidden,), weight, s.rms_eps)
-            xf = x.float()
-            return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + s.rms_eps)).to(x.dtype) * weight
-
-        x = self.x0
-        for i, w in enumerate(self.w.per_layer):
-            if ctl is not None and fork == "qkv":
-                ctl.fork("attn", i, B)
-            qkv = F.linear(norm(x, w["norm1"]), w["qkv"])
-            q = qkv[:, : s.q_size].view(B, s.heads, s.head_size)
-            self.write_kv(i, qkv[:, s.q_size : s.q_size + s.kv_size], qkv[:, s.q_size + s.kv_size :])
-            if ctl is not None and fork == "attn":
-                ctl.fork("attn", i, B)
-            self.attention(self.lib_check(lib), i, q)
-            if ctl is not None and join == "oproj":
-                ctl.join()
-            x = x + F.linear(self.attn_out.view(B, s.q_size), w["o_proj"])
-            gu = F.linear(norm(x, w["norm2"]), w["gate_up"])
-            x = x + F.linear(F.silu(gu[:, : s.intermediate]) * gu[:, s.intermediate :], w["down"])
+    def step(self, lib: Any, ctl: Any = None, *, forks: Sequence[Fork] = (), join: str = "step") -> None:
+        """One decode step over all layers; the result lands in ``self.out``. With ``ctl``,
+        each fork of ``forks`` (:func:`~.windows.plan_forks`) launches its window's prefetch
+        right before its op; the side stream is joined at ``join`` (once at the end of the
+        step, or before each o_proj as well)."""
+        if join not in JOIN_POINTS:
+            raise ValueError(f"join must be one of {JOIN_POINTS}, not {join!r}")
+        plan = forks_by_op(forks) if ctl is not None else {}
+        st: dict[str, Any] = {"x": self.x0}
+        for i in range(self.w.layers):
+            for op in LAYER_OPS:
+                if ctl is not None:
+                    for f in plan.get((i, op), ()):
+                        ctl.fork(f.window, i, self.batch)
+                    if join == "oproj" and op == "oproj":
+                        ctl.join()
+                self.run_op(op, lib, i, st)
         if ctl is not None:
             ctl.join()
-        self.out.copy_(x)
+        self.out.copy_(st["x"])
 
     def attention_only(self, lib: Any) -> None:
         """Every layer's attention alone (same caches, a fixed query): the attention share."""
@@ -186,12 +220,28 @@ class DecodeStep:
     def label(self) -> str:
         return f"{self.w.dtype_name}/auto/{self.w.shape.head_size}/{BLOCK_SIZE}"
 
-    def add_prefetch(self, ctl: Any, caps: int | Mapping[int, int]) -> None:
-        """Register each layer's window on ``ctl``: batch-bucketed caps or one cap."""
-        for i in range(self.w.layers):
-            tensors = self.w.prefetch_tensors(i)
-            if isinstance(caps, int):
-                ctl.add("attn", i, tensors, cap_bytes=caps or None, batches=None if caps else {1: 0})
-            else:
-                ctl.add("attn", i, tensors, batches=dict(caps))
+    def add_prefetch(self, ctl: Any, windows: Sequence[Any]) -> None:
+        """Register every layer's window on ``ctl`` (:class:`~.windows.Window` values): its
+        tensors (the target layer's weights), its caps per batch bucket, its hint."""
+        for w in windows:
+            for i in range(self.w.layers):
+                tensors = self.w.prefetch_tensors(i, w.name)
+                if not tensors:
+                    continue
+                if isinstance(w.caps, int):
+                    ctl.add(w.name, i, tensors, cap_bytes=w.caps or None, batches=None if w.caps else {1: 0}, hint=w.hint)
+                else:
+                    ctl.add(w.name, i, tensors, batches=dict(w.caps), hint=w.hint)
 
+    def tail_rows(self, cap: int) -> list[tuple[int, int, int]]:
+        """The in-kernel form's table at this point: per layer (its key cache's address, the
+        first ``cap`` bytes of its o_proj weight), as ``(key, address, bytes)`` rows."""
+        from ..prefetch.ranges import weight_ranges
+
+        rows = []
+        if cap <= 0:
+            return rows
+        for i in range(self.w.layers):
+            key = int(self.key_caches[i].data_ptr())
+            rows += [(key, a, n) for a, n in weight_ranges([self.w.per_layer[i]["o_proj"]], cap)]
+        return rows

@@ -37,6 +37,8 @@ from .toolchain import Toolchain, toolchain
 BUILD_FORMAT = 4
 #: Configurations per launcher translation unit: --all builds in parallel shards.
 CONFIGS_PER_SHARD = 8
+#: The table a weight-tail header declares (templates/inject/weight_tail_helper.cuh.j2).
+WEIGHT_TAIL_SYMBOL = "kvpatch_weight_tail_window"
 #: The torch headers vLLM's attention headers include; a build gets stand-ins (under stubs/).
 TORCH_STUBS = ("torch/all.h", "ATen/cuda/CUDAContext.h", "c10/cuda/CUDAGuard.h")
 
@@ -220,6 +222,8 @@ def launcher_sources(
         v2_args=call_arguments(sigs["v2"]),
         reduce_targs=template_arguments(sigs["reduce"]),
         reduce_args=call_arguments(sigs["reduce"]),
+        # the header's opt-in weight-tail table: the library exports its setter
+        weight_tail=WEIGHT_TAIL_SYMBOL in variant.header,
     )
     return [
         render("build/launcher.cu.j2", shard=i, configs=[c.template_context() for c in configs[i::shards]], **common) + "\n"

@@ -15,6 +15,8 @@ from .sites import ALIBI_PARAM, Site, Sites
 HELPERS = ("kvpatch_prefetch_l2", "kvpatch_prefetch_l2_gated")
 #: The label of ``issue=split``'s region (templates/inject/split.cuh.j2).
 SPLIT_LABEL = "key-split"
+#: weight-tail (opt-in): rows the kernel's table holds (templates/inject/weight_tail_helper.cuh.j2).
+WEIGHT_TAIL_ROWS = 64
 
 
 def _auto_size(sites: Sites) -> str:
@@ -74,13 +76,13 @@ def plan(sites: Sites, cfg: PatchConfig) -> list[Edit]:
     edits: list[Edit] = []
     chosen: list[Site] = [s for s in sites if (s.kind == "key" and cfg.k) or
                           (s.kind == "value" and cfg.v)]  # fmt: skip
-    if (cfg.uses_call or cfg.branches_on_types) and chosen:
+    if (cfg.uses_call or cfg.branches_on_types or cfg.weight_tail) and chosen:
         # the helper's align and hint: a call-form variant some kernel takes (make_config checked
         # they all agree), else any (its code is then never instantiated)
         callers = [c for _, c in (*cfg.live_variants(), *cfg.variants()) if c.issue == "call" and not c.off]
         caller = callers[0] if callers else None
         gated = any(c.issue == "call" and c.min_kv_mib and not c.off for _, c in cfg.variants())
-        helper = render("inject/prefetch_helper.cuh.j2", cfg=cfg, c=caller, gated=gated)
+        helper = render("inject/prefetch_helper.cuh.j2", cfg=cfg, c=caller, gated=gated, max_rows=WEIGHT_TAIL_ROWS)
         edits.append(_insertion(sites.before_function, helper, "helpers", sites.newline))
     for site in chosen:
         branches = [(None if sel is None else branch_condition(sel, sites), c) for sel, c in cfg.variants()]
@@ -96,6 +98,9 @@ def plan(sites: Sites, cfg: PatchConfig) -> list[Edit]:
             edits.append(_insertion(offset, text, f"{site.kind} prefetch", sites.newline))
             if site.kind == "key" and cfg.uses_split:
                 edits.append(_split(site, sites, cfg, branches))
+    if cfg.weight_tail and cfg.preset != "paper":  # after the value loop: the kernel's tail
+        text = render("inject/weight_tail.cuh.j2", i=sites.value.loop_indent, cfg=cfg, sites=sites)
+        edits.append(_insertion(sites.value.loop_end, text, "weight tail", sites.newline))
     return edits
 
 

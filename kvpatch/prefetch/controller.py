@@ -20,6 +20,12 @@ alike; ``add`` before capturing: it copies the table to the device)::
   prefetch kernel on the side stream.
 * ``join`` makes the current stream wait on the side stream, so a captured graph
   always rejoins it; call it once per step (or after the kernel that uses the data).
+* ``zero_bytes=True``: the zero-byte control. Tables are built as usual (so every launch has
+  the grid the real one has) but ``fork`` launches the prefetch kernel with no rows (the
+  library's ``run`` mode, :class:`~kvpatch.prefetch.kernel.PrefetchKernelSpec` ``demote=True``):
+  the same events, waits, kernel node and grid, and not one byte fetched.
+* ``add(..., hint=)``: a window's own eviction hint; :meth:`hinted_ranges`: what the windows
+  prefetch with given hints (the ``evict_last`` lines a measurement demotes between replays).
 * ``enabled=False``: every method is a no-op (nothing is created, no GPU needed), so
   call sites stay the same with prefetch off.
 * Lifetime: a captured graph holds no reference to the controller. Keep it (and so its
@@ -111,6 +117,8 @@ class RangeTable:
     table: Any = field(repr=False)
     grid: int
     cap_bytes: int | None
+    #: The window's own eviction hint (None: the controller's, else the library's default).
+    hint: str | None = None
 
     @property
     def rows(self) -> int:
@@ -131,6 +139,17 @@ def _check_grid(grid: Any) -> int | None:
     if grid is not None and (isinstance(grid, bool) or not isinstance(grid, int) or not 1 <= grid < 2**31):
         raise UsageError(f"prefetch grid must be a number of CTAs from 1 to 2**31-1, not {grid!r}")
     return grid
+
+
+def library_hint(library: Any) -> str:
+    """The eviction hint a library launches with by default (its config's ``hint=``;
+    ``evict_last``, the built-in default, when it says none)."""
+    config = str(getattr(library, "config", "") or "")
+    for item in config.split(","):
+        key, _, value = item.partition("=")
+        if key.strip() == "hint" and value.strip():
+            return value.strip()
+    return "evict_last"
 
 
 def default_grid(nbytes: int) -> int:
@@ -166,6 +185,7 @@ class PrefetchController:
         threads: int | None = None,
         chunk: int | None = None,
         hint: str | None = None,
+        zero_bytes: bool = False,
     ) -> None:
         from .kernel import check_launch
 
@@ -173,6 +193,10 @@ class PrefetchController:
         self.grid = _check_grid(grid)
         if not isinstance(enabled, bool):  # 'false' from an environment variable is truthy
             raise UsageError(f"enabled must be True or False, not {enabled!r}")
+        if not isinstance(zero_bytes, bool):
+            raise UsageError(f"zero_bytes must be True or False, not {zero_bytes!r}")
+        #: Forks launch the prefetch kernel with no rows (the zero-byte control).
+        self.zero_bytes = zero_bytes
         #: Keyword arguments of every launch (only the knobs that were set).
         self.launch_options = {k: v for k, v in (("threads", threads), ("chunk", chunk), ("hint", hint)) if v is not None}
         self.enabled = bool(enabled)
@@ -201,6 +225,9 @@ class PrefetchController:
             library = load_prefetch_library(library, capability=(major, minor))
         elif not callable(getattr(library, "launch", None)):
             raise UsageError(f"library must be a path or a loaded PrefetchLibrary, not {type(library).__name__}")
+        if zero_bytes and "prefetch" not in getattr(library, "modes", ()):
+            raise UsageError("zero_bytes=True launches the prefetch kernel with no rows: the library needs the run mode "
+                             "(build it with PrefetchKernelSpec(demote=True))")  # fmt: skip
         self.library = library
 
     @staticmethod
@@ -225,6 +252,7 @@ class PrefetchController:
         *,
         merge: bool = False,
         grid: int | None = None,
+        hint: str | None = None,
     ) -> None:
         """Register the window ``(point, layer)``: prefetch ``tensors`` (in the order the
         next kernels read them) when it is forked.
@@ -236,10 +264,15 @@ class PrefetchController:
         uses the smallest key >= b and launches nothing above the largest key. Batches
         with the same cap share one table.
 
+        ``hint``: this window's eviction hint (over the controller's ``hint``).
+
         Raises ``ValueError`` for a tensor not on the controller's device or a window
         added twice, and what :func:`weight_ranges` raises (non-positive cap ...).
         """
+        from .kernel import check_launch
+
         _check_grid(grid)
+        check_launch(hint=hint)
         if not self.enabled:
             return
         key = (point, layer)
@@ -272,7 +305,7 @@ class PrefetchController:
                     nbytes = total_bytes(ranges)
                     table = self.api.make_table(ranges, self.device)
                     launch_grid = grid if grid is not None else self.grid if self.grid is not None else default_grid(nbytes)
-                    shared[cap] = RangeTable(tensors, ranges, table, launch_grid, cap)
+                    shared[cap] = RangeTable(tensors, ranges, table, launch_grid, cap, hint)
                 else:
                     shared[cap] = None
             if shared[cap] is not None:
@@ -302,6 +335,32 @@ class PrefetchController:
     def windows(self) -> list[tuple[Hashable, Hashable]]:
         return list(self._tables)
 
+    def effective_hint(self, table: RangeTable) -> str:
+        """The hint a table's launches use: its own, the controller's, else the library's default."""
+        if table.hint is not None:
+            return table.hint
+        if "hint" in self.launch_options:
+            return self.launch_options["hint"]
+        return library_hint(self.library)
+
+    def hinted_ranges(self, hints: Iterable[str] = ("evict_last",), batch: int | None = None) -> list[tuple[int, int]]:
+        """The ranges that forks at ``batch`` (None: at any batch) prefetch with one of
+        ``hints``, each byte once, sorted by address."""
+        wanted = set(hints)
+        spans: list[tuple[int, int]] = []
+        for key, buckets in self._tables.items():
+            tables = [self.table(*key, batch)] if batch is not None else list(buckets.values())
+            for t in tables:
+                if t is not None and self.effective_hint(t) in wanted:
+                    spans += [(a, a + n) for a, n in t.ranges]
+        merged: list[list[int]] = []
+        for lo, hi in sorted(spans):
+            if merged and lo <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        return [(lo, hi - lo) for lo, hi in merged]
+
     # ----------------------------------------------------------------------- launches
 
     def fork(self, point: Hashable, layer: Hashable, batch: int | None = None) -> bool:
@@ -318,8 +377,14 @@ class PrefetchController:
         event.record(current)
         self.stream.wait_event(event)
         self.pending = True
+        options = dict(self.launch_options)
+        if table.hint is not None:
+            options["hint"] = table.hint
         with api.device_guard(self.device):
-            self.library.launch(table.table_ptr, table.rows, table.grid, api.handle(self.stream), **self.launch_options)
+            if self.zero_bytes:
+                self.library.run(table.table_ptr, 0, table.grid, api.handle(self.stream), mode="prefetch", **options)
+            else:
+                self.library.launch(table.table_ptr, table.rows, table.grid, api.handle(self.stream), **options)
         self.launches += 1
         return True
 

@@ -14,6 +14,19 @@ of every kvpatch build, the SASS check). The library exports::
     const char* kvpatch_l2_prefetch_config(void);
     const char* kvpatch_l2_prefetch_error_string(int code);
 
+and, built with ``PrefetchKernelSpec(demote=True)`` (opt-in: the default source is unchanged)::
+
+    int kvpatch_l2_prefetch_run(const void* table, int rows, int grid, int threads,
+                                long long chunk, int hint, int mode, void* stream);
+
+whose mode 0 is the prefetch, launched also with no rows (a fork's zero-byte control: the
+same kernel and grid, no bytes), and mode 1 the demote: ``applypriority.global.L2::evict_normal``
+on every 128-byte line of the rows (SASS ``CCTL.E.DML2``, sm_80+), which returns lines
+prefetched with ``evict_last`` to normal priority without touching the data.
+(``discard.global.L2`` would also end their stay, but the PTX ISA defines it as a weak write
+of an unstable indeterminate value: on weights, a corruption the hardware merely happens not
+to make.)
+
 What nvcc 13.0 emits (checked after every build, :func:`kvpatch.jit.sass.check_prefetch_library`):
 
 * sm_90 and newer: ``cp.async.bulk.prefetch.L2.global[.L2::cache_hint]`` ->
@@ -42,6 +55,10 @@ PREFETCH_ABI_VERSION = 2
 HINTS = ("evict_last", "evict_normal", "evict_first", "none")
 #: The ``hint`` argument of ``kvpatch_l2_prefetch_ex`` for each name.
 HINT_CODES = {"evict_last": 0, "evict_normal": 1, "evict_first": 2, "none": 3}
+#: ``kvpatch_l2_prefetch_run``'s modes.
+MODES = {"prefetch": 0, "demote": 1}
+#: What ``applypriority.global.L2::evict_normal`` compiles to (sm_80 and sm_90 alike).
+DEMOTE_SASS = "CCTL.E.DML2"
 #: Threads per CTA a launch may ask for (``kvpatch_l2_prefetch_ex``).
 MAX_THREADS = 1024
 #: The largest chunk one bulk prefetch is given: the instruction's size limit, the same
@@ -61,6 +78,8 @@ class PrefetchKernelSpec:
     line: int = 128  # bytes per per-line prefetch (sm_80/89): the L2 line
     hint: str = "evict_last"
     threads: int = 32  # per CTA
+    #: Also build the demote kernel and ``kvpatch_l2_prefetch_run`` (opt-in).
+    demote: bool = False
 
     def __post_init__(self) -> None:
         if self.hint not in HINTS:
@@ -71,10 +90,12 @@ class PrefetchKernelSpec:
             raise UsageError(f"prefetch line {self.line}: use 32, 64 or 128")
         if self.threads not in (32, 64, 128, 256):
             raise UsageError(f"prefetch threads {self.threads}: use 32, 64, 128 or 256")
+        if not isinstance(self.demote, bool):
+            raise UsageError(f"prefetch demote must be True or False, not {self.demote!r}")
 
     @property
     def marker(self) -> str:
-        return f"chunk={self.chunk},line={self.line},hint={self.hint},threads={self.threads}"
+        return f"chunk={self.chunk},line={self.line},hint={self.hint},threads={self.threads}" + (",demote" if self.demote else "")
 
     def source(self) -> str:
         from ..templating import render  # jinja2: only where the source is generated
@@ -89,6 +110,7 @@ class PrefetchKernelSpec:
             threads=self.threads,
             abi_version=PREFETCH_ABI_VERSION,
             max_chunk=MAX_CHUNK,
+            demote=self.demote,
         ) + "\n"
 
 
@@ -130,7 +152,25 @@ def build_prefetch_library(
     from ..jit.prefetch_plan import build_prefetch_library as build
 
     spec = spec or PrefetchKernelSpec()
-    return build(spec.source(), spec.marker, _archs(archs), cache=cache).library
+    parsed = _archs(archs)
+    library = build(spec.source(), spec.marker, parsed, cache=cache).library
+    if spec.demote:
+        check_demote_sass((library.parent / "kernel.sass").read_text(encoding="utf-8").splitlines(), parsed)
+    return library
+
+
+def check_demote_sass(lines: Sequence[str], archs: Sequence[Arch]) -> dict[str, int]:
+    """Per arch the count of ``CCTL.E.DML2`` (the demote mode's instruction) in a prefetch
+    library's SASS; :class:`BuildError` where an arch has none."""
+    from ..jit.sass import sass_functions
+
+    found: dict[str, int] = {}
+    for arch, _, instrs in sass_functions(lines):
+        found[arch] = found.get(arch, 0) + sum(DEMOTE_SASS in text for _, text in instrs)
+    for arch in archs:
+        if not found.get(arch.code):
+            raise BuildError(f"prefetch library: {arch.code} SASS has no {DEMOTE_SASS} (the demote mode)")
+    return {a.code: found[a.code] for a in archs}
 
 
 def archs_for_capability(major: int, minor: int) -> str:
@@ -162,6 +202,17 @@ class PrefetchLibrary:
             [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p],
             ctypes.c_int,
         )
+        #: The modes of :meth:`run`: both with ``PrefetchKernelSpec(demote=True)``, none without.
+        self.modes: tuple[str, ...] = ()
+        self._run = None
+        if hasattr(self._lib, "kvpatch_l2_prefetch_run"):
+            self._run = self._fn(
+                "kvpatch_l2_prefetch_run",
+                [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_int,
+                 ctypes.c_void_p],
+                ctypes.c_int,
+            )  # fmt: skip
+            self.modes = tuple(MODES)
 
     def _fn(self, name: str, argtypes: list, restype: Any) -> Any:
         try:
@@ -191,6 +242,26 @@ class PrefetchLibrary:
             rc = self._launch_ex(table_ptr, int(rows), int(grid), int(threads or 0), int(chunk or 0), code, stream_ptr)
         if rc != 0:
             raise RuntimeError(f"kvpatch_l2_prefetch failed: {self._error_string(rc).decode()} (error {rc})")
+
+    def run(
+        self, table_ptr: int, rows: int, grid: int, stream_ptr: int, *, mode: str = "prefetch",
+        threads: int | None = None, chunk: int | None = None, hint: str | None = None,
+    ) -> None:  # fmt: skip
+        """``kvpatch_l2_prefetch_run``: ``mode='prefetch'`` launches the prefetch kernel even
+        with ``rows == 0`` (the zero-byte control of a fork); ``mode='demote'`` returns every
+        128-byte line of the rows to ``evict_normal``. Needs a library built with
+        ``PrefetchKernelSpec(demote=True)`` (:attr:`modes`)."""
+        if self._run is None:
+            raise UsageError(f"{self.path} has no kvpatch_l2_prefetch_run: build it with PrefetchKernelSpec(demote=True)")
+        if mode not in MODES:
+            raise UsageError(f"unknown prefetch mode {mode!r}: choose one of {', '.join(MODES)}")
+        if not (-(2**31) <= int(rows) < 2**31 and -(2**31) <= int(grid) < 2**31):
+            raise UsageError(f"prefetch launch: rows {rows} and grid {grid} must fit a 32-bit int")
+        check_launch(threads, chunk, hint)
+        code = -1 if hint is None else HINT_CODES[hint]
+        rc = self._run(table_ptr, int(rows), int(grid), int(threads or 0), int(chunk or 0), code, MODES[mode], stream_ptr)
+        if rc != 0:
+            raise RuntimeError(f"kvpatch_l2_prefetch_run ({mode}) failed: {self._error_string(rc).decode()} (error {rc})")
 
 
 def load_prefetch_library(path: str | os.PathLike[str] | None = None, *, capability: tuple[int, int] | None = None) -> PrefetchLibrary:

@@ -13,7 +13,8 @@ MiB = 1 << 20
 
 def decode_text(report: DecodeReport | dict[str, Any]) -> str:
     """A decode-step report as plain text (what ``bench-decode`` prints and ``--text`` writes):
-    the machine, one line per point (speedups median [min..max] over rounds), the summary."""
+    the machine, the arms, one line per point (speedups over stock, median [min..max] over
+    rounds), the controls per point (A/A, the guard), the summary."""
     from ..decode.report import DecodeReport, env_facts
 
     if isinstance(report, dict):
@@ -23,75 +24,93 @@ def decode_text(report: DecodeReport | dict[str, Any]) -> str:
         f"kvpatch bench-decode: {e['gpu']} (cc {e['capability']}, {e['sm_count']} SMs, "
         f"L2 {e['l2_bytes'] / MiB:.0f} MiB), {report.mode} L2, {report.layers} layers, {report.rounds} rounds",
         f"torch {e['torch']} CUDA {e['torch_cuda']}, {e['nvcc']}, driver {e['driver']}, "
-        f"clocks SM {e['sm_mhz']}/{e['max_sm_mhz']} MHz mem {e['mem_mhz']} MHz, "
-        f"power limit {e['power_limit']} W",
-        f"weight prefetch: {e['prefetch_config']}, priority {report.priority}, "
-        f"cap per layer window: {_decode_caps_text(report.caps_bytes)}"
-        + (f"; configuration {report.weight_prefetch.get('label')}" if report.weight_prefetch else ""),
-        "speedup over stock = median [min..max] of per-round ratios; attn = attention's share of stock's step",
+        f"clocks SM {e['sm_mhz']}/{e['max_sm_mhz']} MHz mem {e['mem_mhz']} MHz, power limit {e['power_limit']} W",
+        f"prefetch library: {e['prefetch_config']}; evict_last guard: {report.guard}",
     ]
-    cols = ["model", "dtype", "B", "ctx", "kern", "stock us", "tok/s"] + [f"{n} x" for n in report.variants[1:]]
-    cols += ["attn", "cap MiB", "same"]
+    for a in report.arms or []:
+        what = "plain step" if not a.get("weight_prefetch") and not a.get("tail") else ""
+        if a.get("weight_prefetch"):
+            what = ("zero-byte twin of " if a.get("zero") else "") + a["weight_prefetch"]["label"]
+        if a.get("tail"):
+            what = f"in-kernel: {a['tail']['text']}"
+        head.append(f"  {a['name']}: library {a['library']}, {what}")
+    head.append("speedup over stock = median [min..max] of per-round ratios; aa = stock-aa's ratio; "
+                "guard = MiB demoted before every launch")  # fmt: skip
+    names = [n for n in report.variants[1:]]
+    cols = ["model", "dtype", "B", "ctx", "kern", "stock us", "tok/s"] + [f"{n} x" for n in names] + ["attn", "guard", "same"]
     rows = []
     for p in report.points:
         v = p["variants"]
         row = [p["model"], p["dtype"], str(p["batch"]), str(p["context"]), p["kernel"],
                f"{v['stock']['step_us']['median']:.1f}", f"{v['stock']['tokens_per_s']:.0f}"]  # fmt: skip
-        row += [_interval(v[n]["speedup"]) for n in report.variants[1:]]
-        row += [f"{100 * v['stock']['attention_share']:.0f}%", f"{p['cap_bytes'] / MiB:.0f}",
+        row += [_interval(v[n]["speedup"]) if n in v else "-" for n in names]
+        share = v["stock"].get("attention_share")
+        guard = p.get("guard") or {}
+        row += [f"{100 * share:.0f}%" if share is not None else "-",
+                f"{guard.get('demoted_bytes', 0) / MiB:.0f}" if guard.get("on") else "off",
                 "yes" if p["all_identical"] else "NO"]  # fmt: skip
         rows.append(row)
-    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
-    lines = head + ["", "  ".join(c.rjust(w) for c, w in zip(cols, widths))]
-    lines += ["  ".join(x.rjust(w) for x, w in zip(r, widths)) for r in rows]
-    lines.append("")
+    lines = head + [""] + _table(cols, rows) + [""]
     lines += _decode_summary_lines(report)
     return "\n".join(lines)
 
 
-def _interval(s: dict[str, float]) -> str:
+def _table(cols: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    return ["  ".join(c.rjust(w) for c, w in zip(cols, widths))] + ["  ".join(x.rjust(w) for x, w in zip(r, widths)) for r in rows]
+
+
+def _interval(s: Mapping[str, float]) -> str:
     return f"{s['median']:.3f} [{s['min']:.3f}..{s['max']:.3f}]"
 
 
 def _decode_summary_lines(report: DecodeReport) -> list[str]:
-    """Per variant geomean / worst / faster-slower-noise counts, identity, capped rounds, skips."""
+    """Per arm geomean / worst / verdict counts (and over its own library, its zero-byte twin),
+    the A/A twin, the guard's carry-over, identity, capped rounds, skips."""
     summ = report.summary()
+    baseline = {a["name"]: a.get("baseline", "stock") for a in report.arms or []}
     lines = []
     for name in report.variants[1:]:
         s = summ.get(name)
-        if s:
-            lines.append(f"{name}: geomean {s['geomean']:.3f}x, worst {s['min']:.3f}x; faster at {s['faster']}, "
-                         f"slower at {s['slower']}, within noise at {s['noise']} of {summ['points']} points")  # fmt: skip
-    lines.append(f"fastest variant per point: {summ['best_variant_counts']}")
+        if not s:
+            continue
+        line = (f"{name}: geomean {s['geomean']:.4f}x, worst median {s['min']:.4f}x, worst round-min {s['worst_round_min']:.4f}x; "
+                f"faster at {s['faster']}, slower at {s['slower']}, within noise at {s['noise']} of {summ['points']} points")  # fmt: skip
+        for key, label in (("vs_library", "over its library"), ("vs_zero", "over its zero-byte twin")):
+            if s.get(key) and (key == "vs_zero" or baseline.get(name, "stock") != "stock"):
+                line += f"; {label} {s[key]['geomean']:.4f}x (worst round-min {s[key]['worst_round_min']:.4f}x)"
+        lines.append(line)
+    if summ.get("aa"):
+        aa = summ["aa"]
+        lines.append(f"A/A twin: within +-0.3% at {aa['within']} of {aa['of']} points (largest deviation {100 * aa['worst']:.2f}%)")
+    if summ.get("carryover_stock"):
+        c = summ["carryover_stock"]
+        lines.append(f"evict_last carry-over: stock right after a hinted arm / after the others = {c['min']:.4f}..{c['max']:.4f} "
+                     "(1.0: nothing carried over)")  # fmt: skip
+    lines.append(f"fastest arm per point: {summ['best_variant_counts']}")
     lines.append("bit-identical to stock at every point" if summ["all_identical"] else "OUTPUTS DIFFER FROM STOCK (see 'same')")
     capped = sum(p.get("power_capped_rounds", 0) for p in report.points)
     if capped:
         lines.append(f"{capped} rounds ran power- or thermally capped (clocks in the JSON)")
+    late = sum((p.get("timer") or {}).get("host_bound", 0) for p in report.points)
+    if late:
+        lines.append(f"{late} chunks of launches were queued late by the host on every attempt (timer in the JSON)")
     for s in report.skipped:
         lines.append(f"skipped {s['model']} {s['dtype']} B={s['batch']} ctx={s['context']}: {s['reason']}")
     return lines
 
 
-def _decode_caps_text(caps: int | dict[str, int]) -> str:
-    if isinstance(caps, int):
-        return "off" if caps == 0 else f"{caps / MiB:g} MiB at every batch"
-    items = sorted((int(b), c) for b, c in caps.items())
-    return ", ".join(f"B<={b}: {c / MiB:g} MiB" for b, c in items) + f", off above B={items[-1][0]}" if items else "off"
-
-
 def micro_table(micro: Mapping[str, Any]) -> str:
     """Plain text table of :func:`run_micro_gemm`'s results."""
     head = f"{'gemm':<28} {'m':>3} {'weight MiB':>10} {'pf MiB':>7} {'cold us':>8} {'prefetched':>10} {'warm us':>8} {'speedup':>7}"
-    lines = [f"GEMM after a {micro['idle_us']:.0f} us HBM-idle kernel, L2 flushed, {micro['dtype']}, median of {micro['trials']}", head]
+    hint = f", hint {micro.get('hint') or 'default'}" + (", demoted between trials" if micro.get("demoted") else "")
+    lines = [f"GEMM after a {micro['idle_us']:.0f} us HBM-idle kernel, L2 flushed, {micro['dtype']}{hint}, median of {micro['trials']}", head]
     for r in micro["results"]:
         lines.append(
             f"{r['gemm']:<28} {r['m']:>3} {r['weight_bytes'] / MiB:>10.1f} {r['prefetched_bytes'] / MiB:>7.1f} "
             f"{r['cold_us']:>8.1f} {r['prefetched_us']:>10.1f} {r['warm_us']:>8.1f} {r['speedup']:>6.2f}x"
         )
     return "\n".join(lines)
-
-
-
 
 
 def micro_prefetch_table(micro: Mapping[str, Any]) -> str:
@@ -113,49 +132,122 @@ def micro_prefetch_table(micro: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def stage_table(points: Sequence[Mapping[str, Any]], names: Sequence[str]) -> str:
-    """One line per variant: speedup over the same library without prefetch at each point, median [min..max]."""
-    from ..decode.sweep import score
+def kernels_table(runs: Sequence[Mapping[str, Any]], best_only: bool = True) -> str:
+    """:func:`~kvpatch.decode.kernels.run_window_kernels`'s results: per model, batch and window,
+    the next GEMM and the window's kernels without / with the prefetch (each cap and hint, or
+    the best one), what the prefetch gave the GEMM and cost the window, and the net."""
+    cols = ["model", "B", "window", "GEMM", "MiB", "hint", "GEMM off", "GEMM on", "gave", "window off", "window on", "cost", "net"]
+    rows = []
+    for run in runs:
+        results = list(run.get("results", []))
+        keys = list(dict.fromkeys((r["batch"], r["window"]) for r in results))
+        for b, w in keys:
+            rs = [r for r in results if r["batch"] == b and r["window"] == w]
+            for r in ([max(rs, key=lambda r: r["net_us"])] if best_only else rs):
+                rows.append([run["model"], str(b), w, r["target"], f"{r['prefetched_bytes'] / MiB:g}", r["hint"],
+                             f"{r['gemm_off_us']:.1f}", f"{r['gemm_on_us']:.1f}", f"{r['gave_us']:+.2f}",
+                             f"{r['window_off_us']:.1f}", f"{r['window_on_us']:.1f}", f"{r['cost_us']:+.2f}", f"{r['net_us']:+.2f}"])  # fmt: skip
+    title = ("per window, kernel by kernel (us): the next GEMM after the window, and the window's kernels, without / with "
+             "its prefetch; gave = GEMM off - on, cost = window on - off" + ("; the best cap and hint per row" if best_only else ""))  # fmt: skip
+    return "\n".join([title] + _table(cols, rows))
 
-    cols = [f"B{p['batch']}/{p['context'] // 1024}k" for p in points]
-    lines = [f"{'variant':<28} " + " ".join(f"{c:>21}" for c in cols) + f" {'geo B1-4':>8} {'geo B8':>7}"]
+
+def stage_table(points: Sequence[Mapping[str, Any]], names: Sequence[str]) -> str:
+    """One line per arm: speedup over stock at each point, median [min..max], and the geomean per batch."""
+    from ..gpu.stats import geomean
+
+    cols = [f"B{p['batch']}/{p['context'] // 1024}k {p['model'].split('-')[-1]}" for p in points]
+    batches = sorted({p["batch"] for p in points})
+    head = f"{'arm':<20} " + " ".join(f"{c:>21}" for c in cols) + "".join(f" {'geo B' + str(b):>8}" for b in batches)
+    lines = [head]
     for n in names:
-        cells = []
-        for p in points:
-            r = p["variants"][n].get("speedup_vs_library")
-            cells.append(f"{r['median']:.3f} [{r['min']:.3f}..{r['max']:.3f}]" if r else "-")
-        lines.append(f"{n:<28} " + " ".join(f"{c:>21}" for c in cells) + f" {score(points, [n], (1, 4)):>8.3f} {score(points, [n], (8,)):>7.3f}")
+        cells = [(_interval(p["variants"][n]["speedup"]) if n in p["variants"] else "-") for p in points]
+        geos = []
+        for b in batches:
+            rs = [p["variants"][n]["speedup"]["median"] for p in points if p["batch"] == b and n in p["variants"]]
+            geos.append(f" {geomean(rs):>8.4f}" if rs else f" {'-':>8}")
+        lines.append(f"{n:<20} " + " ".join(f"{c:>21}" for c in cells) + "".join(geos))
     same = all(p["all_identical"] for p in points)
     lines.append("bit-identical to stock at every point" if same else "OUTPUTS DIFFER FROM STOCK")
     return "\n".join(lines)
 
 
-def sweep_text(result: Mapping[str, Any]) -> str:
-    """The weight-prefetch sweep's ``sweep.json`` as text: the pick, each stage, the final benches, the log."""
-    from ..decode.options import caps_text
-
+def sweep_text(result: Mapping[str, Any], reports: Mapping[str, Any] | None = None, kernels: Sequence[Any] | None = None) -> str:
+    """The weight-prefetch sweep as text: the pick and why, each stage's table, the log.
+    ``reports``: ``{stage: decode report dict}`` (decode_<stage>.json); ``kernels``: kernels.json."""
     parts = []
     picked = result.get("picked")
     if picked:
-        cfg, why = picked["config"], picked.get("caps_why", {})
-        knobs = (result.get("knobs") or {}).get("chosen")
-        caps = {int(b): c for b, c in cfg["caps"].items()} if isinstance(cfg["caps"], dict) else cfg["caps"]
-        lines = [f"picked weight prefetch: {cfg['label']}  (caps per batch bucket in MiB: {caps_text(caps)})",
-                 f"knobs chosen from: {knobs}"]  # fmt: skip
-        lines += [f"  B<={b}: {w.get('cap_mib')} MiB ({w.get('reason')}; geomean {w.get('geomean', float('nan')):.4f}, "
-                  f"worst round-max {w.get('worst_max', float('nan')):.4f})" for b, w in why.items() if isinstance(w, dict)]  # fmt: skip
+        why = picked.get("why", {})
+        lines = [f"picked weight prefetch: {picked['config']['label']}"]
+        if why.get("fallback"):
+            lines.append(f"  fallback: {why['fallback']}")
+        for name, per in (why.get("windows") or {}).items():
+            cells = ", ".join(f"B<={b}: {v['geomean']:.4f}x at {v['cap_mib']:g} MiB{' kept' if v['kept'] else ''}"
+                              for b, v in per.items() if isinstance(v, dict) and v.get("points"))  # fmt: skip
+            lines.append(f"  {name}: {cells or 'not measured'}")
         parts.append("\n".join(lines))
-    if result.get("micro_prefetch"):
-        parts.append(micro_prefetch_table(result["micro_prefetch"]))
-    if result.get("micro_gemm"):
-        parts.append(micro_table(result["micro_gemm"]))
-    for stage, title in (("stage1", "stage 1: step speedup with vs without the weight prefetch (same attention library)"),
-                         ("stage2", "stage 2: caps with the picked knobs")):  # fmt: skip
-        st = result.get(stage) or {}
-        if st.get("points"):
-            parts.append(title + "\n" + stage_table(st["points"], st.get("variants", [])))
-    for final in (result.get("final") or {}).values():
-        if final.get("report"):
-            parts.append(decode_text(final["report"]))
+    reports = reports or {}
+    for stage in ("final", "lead", "steps", "guard_off"):
+        if reports.get(stage):
+            title = {"final": "final: the pick with every control", "lead": "lead: the default windows with every control",
+                     "steps": "steps: each window alone, and together", "guard_off": "guard off: what the guard prevents"}[stage]  # fmt: skip
+            parts.append(f"== {title}\n" + decode_text(reports[stage]))
+            if stage == "steps":
+                parts.append(stage_table(reports[stage]["points"], reports[stage]["variants"][1:]))
+    if kernels:
+        parts.append(kernels_table(kernels))
+    for hint, micro in (result.get("micro") or {}).items():
+        parts.append(micro_table(micro))
+    if result.get("errors"):
+        parts.append("errors: " + "; ".join(f"{k}: {v}" for k, v in result["errors"].items()))
     parts.append("\n".join(result.get("log", [])))
     return "\n\n".join(parts)
+
+
+#: The goal a weight-prefetch configuration is measured against (tokens/s geomean over the
+#: points, from weight prefetch alone) and its stretch.
+GOAL, STRETCH = 1.02, 1.05
+
+
+def sweep_summary(result: Mapping[str, Any], reports: Mapping[str, Any]) -> str:
+    """A few lines: each bench's arms against the goal, the controls, what did not run."""
+    from ..decode.report import DecodeReport, env_facts
+
+    e = env_facts(result.get("env") or {})
+    done = [s for s in result.get("stages", []) if s not in (result.get("skipped_stages") or []) and s not in (result.get("errors") or {})]
+    lines = [f"kvpatch weight-prefetch run on {e['gpu']}: {result.get('seconds', '?')} s; stages done: {', '.join(done) or 'none'}"
+             + (f"; skipped: {', '.join(result['skipped_stages'])}" if result.get("skipped_stages") else "")]  # fmt: skip
+    for stage in ("final", "lead", "guard_off"):
+        data = reports.get(stage)
+        if not data:
+            continue
+        rep = DecodeReport.from_dict(data)
+        s = rep.summary()
+        cfg = (result.get("picked") or {}).get("config", {}).get("label") if stage == "final" else (rep.weight_prefetch or {}).get("label")
+        lines.append(f"{stage}: {s['points']} points ({cfg or '-'}), bit-identical: {'yes' if s['all_identical'] else 'NO'}"
+                     + (f", A/A within +-0.3% at {s['aa']['within']}/{s['aa']['of']} (largest {100 * s['aa']['worst']:.2f}%)" if s.get("aa") else "")
+                     + (f", carry-over after evict_last {s['carryover_stock']['min']:.4f}..{s['carryover_stock']['max']:.4f}" if s.get("carryover_stock") else ""))  # fmt: skip
+        baseline = {x["name"]: x.get("baseline", "stock") for x in rep.arms or []}
+        for name in rep.variants[1:]:
+            a = s.get(name)
+            if not a or name.endswith("-aa"):
+                continue
+            line = f"  {name}: geomean {a['geomean']:.4f}x, worst round-min {a['worst_round_min']:.4f}x"
+            if a.get("vs_zero"):
+                line += f", over its zero-byte twin {a['vs_zero']['geomean']:.4f}x"
+            if a.get("vs_library") and baseline.get(name, "stock") != "stock":
+                line += f", over {baseline[name]} {a['vs_library']['geomean']:.4f}x"
+            if name in ("stock+wpf", "tail") and stage != "guard_off":
+                met = a["geomean"] >= GOAL and a["worst_round_min"] > 1.0
+                line += f" -> goal {GOAL:.2f}x with every round-min > 1.00: {'met' if met else 'missed'}"
+                line += f" (stretch {STRETCH:.2f}x met)" if met and a["geomean"] >= STRETCH else ""
+            lines.append(line)
+    g = result.get("guard_check")
+    if g:
+        r = g["ratio"]
+        lines.append(f"guard alone ({g['demoted_bytes'] / MiB:.0f} MiB demoted) before stock: plain / after it {r['median']:.4f} "
+                     f"[{r['min']:.4f}..{r['max']:.4f}] (1.0: the demote itself moves nothing)")  # fmt: skip
+    for stage, err in (result.get("errors") or {}).items():
+        lines.append(f"error in {stage}: {err}")
+    return "\n".join(lines)

@@ -10,7 +10,10 @@
 #       mode, into $KVPATCH_DECODE_DIR (default .gpu/decode), xz-compressed (~1.2 MB in all).
 #       The same nvcc as the H200's gives the same SASS. .gpu/ is git-ignored: the device call
 #       names it in `carry` (.gpu/decode).
-#   GPU machine:  OUT=/some/dir bash scripts/gpu_decode.sh      (~5-7 minutes on an H200)
+#   GPU machine:  OUT=/some/dir bash scripts/gpu_decode.sh      (~3-7 minutes on an H200)
+#   GPU machine:  OUT=/some/dir bash scripts/gpu_decode.sh --confirm
+#       instead of the sweep: bench-decode with the default windows and every control on shapes
+#       the sweep never saw (bf16, batch 2 and 6, context 2k and 8k; ~2 minutes)
 #
 # Stages, most important first, each cut at its share of KVPATCH_DECODE_BUDGET (default 420 s):
 # lead (the default windows with every control: A/A twin, zero-byte arm, the in-kernel form and
@@ -85,6 +88,19 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,po
 "$PY" -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name())' 2>&1 | tee -a "$RUN/log.txt"
 STAGES=()
 [[ -n ${KVPATCH_DECODE_STAGES:-} ]] && STAGES=(--stages "$KVPATCH_DECODE_STAGES")
+
+if [[ ${1:-} == --confirm ]]; then
+    say "bench-decode, default windows, held-out shapes"
+    PYTHONUNBUFFERED=1 timeout --signal=TERM 240 "$PY" -m kvpatch bench-decode --libs-file "$LIBS/libs.txt" \
+        --prefetch-lib "$LIBS/libkvpatch_l2_prefetch.so" --models llama-3.1-8b,llama-3.2-1b --dtypes bf16 \
+        --batches 2,6 --contexts 2048,8192 --json "$RUN/decode_confirm.json" --text "$RUN/decode_confirm.txt" \
+        > "$RUN/confirm_stdout.txt" 2> "$RUN/confirm_stderr.txt"
+    RC=$?
+    say "done in $((SECONDS - T0)) s, rc $RC"
+    pack
+    tail -30 "$RUN/decode_confirm.txt" 2>/dev/null || tail -15 "$RUN/confirm_stderr.txt"
+    exit "$RC"
+fi
 
 say "bench-decode-sweep, budget $BUDGET s"
 export PYTHONUNBUFFERED=1

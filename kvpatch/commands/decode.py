@@ -156,11 +156,12 @@ def run(o: DecodeOptions, *, progress: Progress = QUIET) -> Any:
     from ..decode.models import model_shape
 
     from ..arch import parse_arch_list
-    from .tree import resolve, variants_for
 
     models, dtypes, batches, contexts, wpf, specs, tail = check(o)
     target = None
     if not specs:  # the tree to build from, and the arch, checked before the GPU is
+        from .tree import resolve  # (not on prebuilt libraries: a GPU machine may lack what fetching needs)
+
         parse_arch_list(o.arch)
         target = resolve(o.tree, o.cwd)
     require_device("cuda")
@@ -175,6 +176,8 @@ def run(o: DecodeOptions, *, progress: Progress = QUIET) -> Any:
         except (RuntimeError, OSError) as e:
             raise UsageError(str(e)) from None
     else:
+        from .tree import variants_for
+
         variants = variants_for(target, o.cwd, progress)
         heads = sorted({model_shape(m).head_size for m in models})
         libs = build_libraries(o.tree, o.cwd, o.arch, variants, progress, dtypes=dtypes, head_sizes=heads,

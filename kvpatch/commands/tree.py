@@ -15,7 +15,7 @@ from ..config import PatchConfig, make_config
 from ..errors import FetchError, PatchError, UsageError
 from ..patch import Header, Injected, read_header
 from ..progress import Progress
-from ..source.fetch import check_release, fetch_release, normalize_version, release_tag
+from ..source.releases import normalize_version
 from ..source.workspace import STATE_DIR, State, Tree, checkout, resolve_tree
 
 
@@ -24,6 +24,8 @@ def check_target(vllm: str | None, tree: Path | None) -> str | None:
     if vllm and tree:
         raise UsageError("give either --vllm or --tree, not both")
     if vllm:
+        from ..source.fetch import check_release  # (fetching's imports only where a release is named)
+
         version = normalize_version(vllm)
         check_release(version)  # outside the supported range: refused here, no download
         return version
@@ -39,6 +41,8 @@ def resolve(tree: Path | None, cwd: Path) -> Tree:
 
 def fetch_tree(version: str, cwd: Path, remote: str | None, progress: Progress) -> Tree:
     """The release's private checkout under ``cwd/.kvpatch/`` (call under the workspace lock)."""
+    from ..source.fetch import fetch_release, release_tag
+
     kwargs = {"remote": remote} if remote else {}
     release = fetch_release(version, console=progress.console, **kwargs)
     dest = cwd / STATE_DIR / f"vllm-{version}"

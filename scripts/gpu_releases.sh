@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One run on the GPU machine over other header revisions (issue 8 part 3): per release, validate on
+# One run on the GPU machine over other header revisions: per release, validate on
 # the tuned instantiations (fp16/bf16 x head 64/128/256 x block 16/32 x auto/fp8, v1/v2, GQA/MHA,
 # ALiBi on/off) and the held-out bench (stock vs patched, dispatched kernel, warm + cold, 20 reps x
 # 3 rounds), into $OUT/<release>/.

@@ -314,3 +314,11 @@ def nvcc_ptx(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path, str, s
         return found.read_text()
 
     return ptx
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that fetches a release or runs nvcc is slow by nature: it leaves the fast subset
+    (``-m "not slow"``) without each one saying so twice."""
+    for item in items:
+        if item.get_closest_marker("network") or item.get_closest_marker("nvcc"):
+            item.add_marker(pytest.mark.slow)

@@ -31,6 +31,7 @@ def test_there_is_evidence() -> None:
     assert {"default-table", "bit-identity", "heldout-six-releases", "headline", "decode-step", "weight-prefetch"} <= set(FOLDERS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_summary_regenerates_from_the_raw_data(folder: str) -> None:
     done = script("summarize_evidence.py", EVIDENCE / folder)
@@ -79,6 +80,7 @@ def rewrite(path: Path, change) -> None:
     path.write_bytes(gzip.compress(json.dumps(data).encode()))
 
 
+@pytest.mark.slow
 def test_release_summary_says_where_the_code_differs(tmp_path: Path) -> None:
     """The 'code differs' columns come from each bench's recorded configuration marker: with every
     kernel off (the marker of a table that turns nothing on) no point counts as differing."""
@@ -93,6 +95,7 @@ def test_release_summary_says_where_the_code_differs(tmp_path: Path) -> None:
     assert "code differs" not in row(done.stdout)
 
 
+@pytest.mark.slow
 def test_release_summary_counts_the_aa_twin_where_the_run_has_one(tmp_path: Path) -> None:
     """A held-out run with a stock-aa variant gets the A/A twin's own verdict counts in its cells (the
     method's false alarms beside the table's); a run without one gets none."""
@@ -110,6 +113,7 @@ def test_release_summary_counts_the_aa_twin_where_the_run_has_one(tmp_path: Path
     assert "A/A twin" not in row(out) and "A/A twin (stock against itself)" not in out
 
 
+@pytest.mark.slow
 def test_release_summary_has_a_validate_column_only_where_a_record_is(tmp_path: Path) -> None:
     """A release whose validate record did not come back reads 'no record' (never a pass); a folder
     with no validate record at all (held-out benches only) has no such column."""
@@ -123,6 +127,7 @@ def test_release_summary_has_a_validate_column_only_where_a_record_is(tmp_path: 
     assert "| release | fp16 warm |" in out and row(out).startswith("| 0.6.4 | 1.09 (min ")
 
 
+@pytest.mark.slow
 def test_the_held_out_verdicts_name_a_slower_point_where_the_code_differs(tmp_path: Path) -> None:
     bench = release_copy(tmp_path)
 
@@ -138,6 +143,7 @@ def test_the_held_out_verdicts_name_a_slower_point_where_the_code_differs(tmp_pa
     assert "1 slower; min 0.500" in out and ", 1 of them where the code differs; 0.500-" in out
 
 
+@pytest.mark.slow
 def test_bit_identity_names_a_kernel_no_full_run_checked(tmp_path: Path) -> None:
     """The 0.10.2 coverage line: a kernel whose SASS differs from the shipped table's in every
     --full run is named."""

@@ -109,6 +109,7 @@ def test_gpu_releases_passes_the_aa_twin_to_the_held_out_bench(tmp_path: Path, a
     assert ("--aa" in bench[0]) is expected
 
 
+@pytest.mark.slow
 def test_gpu_run_packs_what_finished_when_stopped_by_a_signal(tmp_path: Path) -> None:
     """PACK=1 under an outer `timeout`: the run is cut, and OUT still ends as one archive holding
     what was written before the signal (run 26 lost a cut stage's records: too many files)."""

@@ -1,4 +1,4 @@
-"""L2 weight prefetch on a side stream (issue 9, seed 003).
+"""L2 weight prefetch on a side stream: the runtime behind docs/weight-prefetch.md.
 
 At fixed points of a decode step a small kernel on a side stream pulls the byte ranges
 of the weights the next kernels read into L2 while a kernel that leaves HBM partly
@@ -15,7 +15,9 @@ idle (attention) runs, so the next GEMM starts warm::
 * :mod:`.kernel`: the prefetch kernel (``templates/prefetch/l2_prefetch.cu.j2``),
   built by nvcc into a cached shared library, SASS checked, loaded with ctypes.
 * :mod:`.controller`: ``PrefetchController``.
-* :mod:`.decode` / :mod:`.report`: the model-shaped decode benchmark (GPU).
+* :mod:`.tail`: the in-kernel form's table (a patched attention library's ``weight_tail``).
+
+The model-shaped decode step that measures it is :mod:`kvpatch.decode`.
 
 Importing this package does no I/O and imports no torch.
 """

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.slow  # each test starts a Python that imports torch
 
 import kvpatch  # noqa: E402
 

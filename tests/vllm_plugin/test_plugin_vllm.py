@@ -28,7 +28,7 @@ import kvpatch  # noqa: E402
 import standin as S  # noqa: E402
 from kvpatch.vllm_plugin import schemas_from_bindings  # noqa: E402
 
-pytestmark = pytest.mark.network
+pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 ROOT = Path(kvpatch.__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent

@@ -259,10 +259,43 @@ def table_overrides(**options: Any) -> dict[str, tuple[Any, list[str]]]:
     return _table(replace(cfg, overrides=()), given, *_requested(given))[1]
 
 
+def _meetings(user: dict[str, tuple | None], table: dict[str, tuple]) -> dict[str, tuple]:
+    """The rules where the user's rules meet the table's: a user's rule wins at every kernel
+    it selects, also where a more specific table rule decides, and the most specific user rule
+    that selects a kernel decides there (a less specific one never undoes it).
+
+    Every selector where user rules and table rules meet (an intersection of one or more of
+    each, other than a user's own selector) gets a rule: the most specific user rule holding it
+    laid on the most specific table rule holding it. A kernel takes the most specific rule that
+    selects it, which is then the intersection of every rule that selects it: that pair's rule."""
+    mine = {Selector.parse(k): items for k, items in user.items() if items is not None and k not in DTYPES}
+    theirs = {Selector.parse(k): items for k, items in table.items()}
+    met = {m.intersect(t) for m in mine for t in theirs} - {None}
+    todo = list(met)
+    while todo:
+        here = todo.pop()
+        for other in (*mine, *theirs):
+            inter = here.intersect(other)
+            if inter is not None and inter not in met:
+                met.add(inter)
+                todo.append(inter)
+
+    def strongest(rules: dict[Selector, tuple], where: Selector) -> Selector | None:
+        """The most specific rule holding ``where`` (of two as specific: the one resolve tries first)."""
+        return min((r for r in rules if r.intersect(where) == where), key=lambda r: (-r.specificity, str(r)), default=None)
+
+    out = {}
+    for where in met - set(mine):  # a user's own selector is laid on the table's rule of that selector
+        under = strongest(theirs, where)
+        out[str(where)] = _layer(theirs[under] if under is not None else (), mine[strongest(mine, where)])
+    return out
+
+
 def _overrides(base: PatchConfig, given: dict[str, Any]) -> tuple:
     """Validated rules, in this precedence (the strongest first): a rule the user gives (at
     every kernel it selects, setting by setting: a more specific rule of the shipped table
-    within it takes the user's values of what the user's rule sets, and is turned on by it);
+    within it takes the user's values of what the user's rule sets, and is turned on by it; where
+    two rules of the user's select a kernel, the more specific decides: :func:`_meetings`);
     a base setting the user gives (:func:`_table`); the shipped table's rules (none with
     ``inherit_rules`` false: a complete table, as :meth:`PatchConfig.to_toml_dict` writes
     it); the base defaults. A per-dtype table (``--fp16``, or a rule that names only a dtype)
@@ -286,17 +319,7 @@ def _overrides(base: PatchConfig, given: dict[str, Any]) -> tuple:
             result.pop(key, None)
         else:
             result[key] = _layer(table.get(key, ()), items)
-    # a user's rule wins at every kernel it selects: also where a more specific table rule decides
-    for key, items in sorted(user.items(), key=lambda kv: Selector.parse(kv[0]).specificity):
-        if items is None or key in DTYPES:
-            continue
-        mine = Selector.parse(key)
-        for tkey, titems in table.items():
-            inter = mine.intersect(Selector.parse(tkey))
-            if tkey == key or inter is None or inter == mine:
-                continue  # the same rule (layered above), disjoint, or the user's rule decides there anyway
-            where = str(inter)
-            result[where] = _layer(result.get(where, titems), items)
+    result.update(_meetings(user, {k: v for k, v in table.items() if user.get(k, ()) is not None}))
     overrides = tuple(sorted(result.items()))
     live = replace(base, overrides=overrides).live_variants()
     gated = [f"{sel or 'the base'} (issue={c.issue})" for sel, c in live if c.min_kv_mib and c.issue != "call" and not c.off]

@@ -19,18 +19,32 @@ def unreached(cfg: PatchConfig, options: Iterable[str] = (), selectors: Iterable
     """The base settings (``options``: ``'lookahead'``...) and rules (``selectors``) that
     change no kernel vLLM builds, one line each (for a warning): a rule that selects no such
     kernel, or only fp8-cache kernels under ``quantized=skip``, or whose kernels more specific
-    rules all decide; a setting every prefetching kernel takes from its own rule, or any
-    setting when no kernel prefetches; ``quantized=prefetch`` when every fp8-cache kernel is off.
+    rules all decide (a rule of the table's inside it takes its settings: not one of those); a
+    setting every prefetching kernel takes from its own rule, or any setting when no kernel
+    prefetches; ``quantized=prefetch`` when every fp8-cache kernel is off.
     ``user_rules``: the selectors of the rules the user gave (None: every rule is theirs): only
     those keep their own settings against a base setting; the shipped table's rules take it."""
     kernels = list(itertools.product(DTYPES, head_sizes, block_sizes, RULE_KV, RULE_KERNELS))
     rules = dict(cfg.overrides)
     owned = {str(Selector.parse(s)) for s in user_rules} if user_rules is not None else set()
+    given = [Selector.parse(s) for s in (owned or {str(Selector.parse(s)) for s in selectors})
+             if s in rules and s not in DTYPES]  # fmt: skip
+
+    def carried(sel: str | None) -> str | None:
+        """The rule of the user's a kernel's rule carries: its own, or, where the user's rules meet
+        the table's inside a selector of theirs, the most specific of theirs holding it."""
+        if sel is None or sel in owned or sel in DTYPES:
+            return sel
+        where = Selector.parse(sel)
+        holding = [u for u in given if u.intersect(where) == where]
+        return str(min(holding, key=lambda u: (-u.specificity, str(u)))) if holding else sel
+
     decided: set[str | None] = set()
     reached: set[str] = set()
     prefetching = fp8_prefetching = False
-    for (_, _, _, kv, _), sel, settings in cfg.kernel_variants(head_sizes, block_sizes):
-        decided.add(sel)
+    for (_, _, _, kv, _), entry, settings in cfg.kernel_variants(head_sizes, block_sizes):
+        sel = carried(entry)
+        decided.update((entry, sel))
         if settings.off:
             continue
         prefetching = True

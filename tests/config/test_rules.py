@@ -1,0 +1,79 @@
+"""Per-kernel rules: which rule a kernel gets, dropping the shipped rules, what a rule may
+say, and their TOML and marker forms."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvpatch.config import DEFAULT_OVERRIDES, dump_config, load_config_file, make_config
+from kvpatch.errors import UsageError
+
+
+def test_the_most_specific_rule_wins_whatever_the_order() -> None:
+    cfg = make_config(rules={"fp16/64": "issue=call", "*/64/16": "off", "fp16/64/16": "lookahead=3"})
+    assert cfg.resolve("fp16", 64, 16).lookahead == 3  # three parts beat two
+    assert cfg.resolve("fp16", 64, 32).issue == "call"
+    assert cfg.resolve("bf16", 64, 16).off
+    selectors = [sel for sel, _ in cfg.variants()]
+    assert selectors.index("fp16/64/16") < selectors.index("fp16/64") < selectors.index("fp16")
+    assert selectors[-1] is None  # the base settings come last
+    same = make_config(rules=dict(reversed(list({"fp16/64": "issue=call", "*/64/16": "off", "fp16/64/16": "lookahead=3"}.items()))))
+    assert same == cfg
+
+
+def test_rules_none_drops_the_default_rules_but_not_the_dtype_tables() -> None:
+    """``rules = "none"``: every kernel takes its dtype's rule (the shipped ones are all off)."""
+    cfg = make_config(rules="none")
+    assert [sel for sel, _ in cfg.overrides] == ["bf16", "fp16", "fp32"]
+    assert cfg.resolve("bf16", 128, 16).off and cfg.resolve("fp16", 64, 16, "auto", "v1").off
+    assert not any(not c.off for _, _, c in cfg.kernel_variants())
+    assert any(not c.off for _, _, c in make_config().kernel_variants())
+
+
+def test_a_rule_set_to_none_removes_that_rule() -> None:
+    cfg = make_config(rules={"bf16/128/32/auto": "none"})
+    assert "bf16/128/32/auto" in dict(DEFAULT_OVERRIDES) and "bf16/128/32/auto" not in dict(cfg.overrides)
+    assert cfg.resolve("bf16", 128, 32).off  # the bf16 rule (off) takes over
+    cfg = make_config(bf16="none", rules={"bf16/128/32/auto": "none"})
+    assert not cfg.resolve("bf16", 128, 32).off and cfg.resolve("bf16", 64, 32).off
+
+
+@pytest.mark.parametrize(
+    "rules, message",
+    [
+        ({"bf16/80/32": "off,lookahead=2"}, "'off' takes no other settings"),
+        ({"bf16/80/32": "placement=end"}, "cannot override placement"),
+        ({"bf16/80/32": {"off": "yes"}}, "expected true"),
+        ({"bf16/80/32": {"off": False}}, "'off = false' alone changes nothing"),
+        ({"bf16/80/32": "lookahead=0"}, "invalid lookahead 0"),
+        ({"bf16/80": "issue=call,align=64", "fp32/80": "issue=call"}, "share one helper"),
+        ({"bf16/80/32": "off", "bf16/80/32/*": "off"}, "given twice"),
+        ("everything", "invalid rules"),
+    ],
+)
+def test_bad_rules(rules, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        make_config(rules=rules)
+
+
+def test_off_false_with_settings_turns_a_kernel_on() -> None:
+    cfg = make_config(rules={"fp16/64/16/auto/v2": {"off": False, "issue": "inline"}})
+    c = cfg.resolve("fp16", 64, 16, "auto", "v2")
+    assert not c.off and c.issue == "inline"
+
+
+def test_rules_round_trip_through_toml(tmp_path: Path) -> None:
+    cfg = make_config(rules={"fp16/64": "issue=call,lookahead=2", "*/*/8": "off"}, bf16="lookahead=2")
+    path = tmp_path / "kvpatch.toml"
+    path.write_text(dump_config(cfg))
+    assert '"fp16/64" = { lookahead = 2, issue = "call" }' in path.read_text()
+    assert make_config(**load_config_file(path)) == cfg
+
+
+def test_marker_names_every_rule() -> None:
+    cfg = make_config(rules={"*/*/8": "off"}, inherit_rules=False, fp16="scope=kv-head", bf16="off")
+    assert cfg.marker().endswith("quantized=skip */*/8:off bf16:off fp16:scope=kv-head")
+    default = make_config()
+    assert all(f" {sel}:" in default.marker() for sel, _ in default.overrides)

@@ -7,34 +7,19 @@ Libraries: ``KVPATCH_DECODE_LIBS`` names a folder ``bash scripts/gpu_decode.sh -
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+from decode_helpers import prepared_libs  # noqa: E402
 
 MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    folder = Path(os.environ.get("KVPATCH_DECODE_LIBS", Path(__file__).resolve().parents[2] / ".gpu" / "decode"))
-    if not (folder / "libs.txt").is_file():
-        pytest.skip(f"no prepared libraries in {folder} (bash scripts/gpu_decode.sh --prepare)")
-    from kvpatch.commands.decode import with_tail_copy
-    from kvpatch.decode.prepare import unpack
-    from kvpatch.gpu.launch import Kernels
-    from kvpatch.prefetch.kernel import PrefetchLibrary
-
-    files = unpack(folder, tmp_path_factory.mktemp("libs"))
-    libs = {}
-    for line in (folder / "libs.txt").read_text().split():
-        name, _, rest = line.partition("=")
-        file, _, prefix = rest.rpartition(":")
-        libs[name] = Kernels(files[file], prefix)
-    return with_tail_copy(libs, tmp_path_factory.mktemp("tail0")), PrefetchLibrary(files["libkvpatch_l2_prefetch.so"])
+    return prepared_libs(tmp_path_factory)
 
 
 def test_every_arm_is_bit_identical_and_the_controls_run(prepared, tmp_path):

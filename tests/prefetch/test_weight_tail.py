@@ -23,6 +23,8 @@ from kvpatch.source.workspace import unified_diff
 
 TAIL_ONLY = {"fp16": "off", "bf16": "off", "fp32": "off", "rules": "none", "weight_tail": True}
 
+pytestmark = pytest.mark.slow  # every test patches a header (libclang, seconds each) or builds
+
 
 def _patch(text, path, **options):
     from kvpatch.patch import patch
@@ -30,19 +32,32 @@ def _patch(text, path, **options):
     return patch(text, path, make_config(**options))
 
 
-def test_default_generated_code_is_unchanged(header_path):
-    stock = fixture_text(STOCK)
-    patched = _patch(stock, header_path).patched
+@pytest.fixture(scope="module")
+def fixture_patched(header_path):
+    """The stock fixture header patched with some options (each set of options patched once)."""
+    done = {}
+
+    def get(**options):
+        key = tuple(sorted(options.items()))
+        if key not in done:
+            done[key] = _patch(fixture_text(STOCK), header_path, **options)
+        return done[key]
+
+    return get
+
+
+def test_default_generated_code_is_unchanged(fixture_patched):
+    patched = fixture_patched().patched
     assert patched == golden_text("default")  # the shipped golden, byte for byte
     assert "weight" not in patched and "weight" not in make_config().marker()
     assert "weight_tail" not in make_config().to_toml_dict()
 
 
-def test_weight_tail_golden_diff(header_path):
+def test_weight_tail_golden_diff(fixture_patched):
     """tests/fixtures/golden/weight-tail.diff: the fixture with every KV prefetch off and the
     weight tail on (regenerate with KVPATCH_REGEN_GOLDEN=1, then review the diff)."""
     stock = fixture_text(STOCK)
-    result = _patch(stock, header_path, **TAIL_ONLY)
+    result = fixture_patched(**TAIL_ONLY)
     diff = unified_diff(stock, result.patched, HEADER)
     golden = GOLDEN / "weight-tail.diff"
     if os.environ.get("KVPATCH_REGEN_GOLDEN") == "1":
@@ -51,10 +66,9 @@ def test_weight_tail_golden_diff(header_path):
     assert diff == golden.read_text(encoding="utf-8")
 
 
-def test_weight_tail_adds_the_table_the_helper_and_one_call_after_the_value_loop(header_path):
-    stock = fixture_text(STOCK)
-    before = _patch(stock, header_path).patched
-    after = _patch(stock, header_path, weight_tail=True).patched
+def test_weight_tail_adds_the_table_the_helper_and_one_call_after_the_value_loop(fixture_patched):
+    before = fixture_patched().patched
+    after = fixture_patched(weight_tail=True).patched
     # the table is visible to host code (outside the arch guard), the helper to Hopper device code only
     helper = after[after.index("// kvpatch:begin helper"):after.index("// kvpatch:end helper")]
     table_at, guard_end = helper.index("static __constant__ kvpatch_weight_tail_table kvpatch_weight_tail_window;"), helper.rindex("#endif")
@@ -76,13 +90,13 @@ def test_weight_tail_adds_the_table_the_helper_and_one_call_after_the_value_loop
     assert stripped.replace(" weight-tail", "") == before
 
 
-def test_weight_tail_marker_toml_and_revert(header_path):
+def test_weight_tail_marker_toml_and_revert(fixture_patched, header_path):
     for options in ({"weight_tail": True}, TAIL_ONLY):
         cfg = make_config(**options)
         assert cfg.marker().split(" bf16")[0].endswith("quantized=skip weight-tail")
         assert config_from_marker(cfg.marker()) == cfg
         assert cfg.to_toml_dict()["weight_tail"] is True and make_config(**cfg.to_toml_dict()) == cfg
-        result = _patch(fixture_text(STOCK), header_path, **options)
+        result = fixture_patched(**options)
         state = inspect(result.patched, header_path)
         assert state.intact and state.config == cfg and state.labels[-1] == "weight-tail"
         assert unpatch(result.patched, header_path)[0] == fixture_text(STOCK)

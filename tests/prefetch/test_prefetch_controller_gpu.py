@@ -1,8 +1,8 @@
-"""kvpatch.prefetch on a CUDA GPU (marker ``gpu``; skipped without one).
+"""PrefetchController and the prefetch library on a CUDA GPU (marker ``gpu``; skipped without
+one): an eager fork waits for the current stream and join rejoins it, launch errors are raised,
+fork and join inside a captured CUDA graph, the tables' hold on their tensors, the device check.
 
 The prefetch library comes from ``$KVPATCH_PREFETCH_LIB`` or is built here (needs nvcc).
-The decode tests need attention libraries: ``KVPATCH_TEST_LIBS=stock=PATH.so:PREFIX,patched=...``
-(as tests/test_gpu.py); without it they skip.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ if torch is None:
     pytest.skip("needs a CUDA GPU and torch with CUDA", allow_module_level=True)
 
 from kvpatch.prefetch import PrefetchController  # noqa: E402
-from kvpatch.prefetch import decode as D  # noqa: E402
 from kvpatch.prefetch.kernel import PrefetchLibrary, archs_for_capability, build_prefetch_library  # noqa: E402
 
 MiB = 1 << 20
@@ -39,20 +38,6 @@ MiB = 1 << 20
 def library():
     path = os.environ.get("KVPATCH_PREFETCH_LIB") or build_prefetch_library(archs_for_capability(*torch.cuda.get_device_capability()))
     return PrefetchLibrary(path)
-
-
-@pytest.fixture(scope="module")
-def attention_libs():
-    spec = os.environ.get("KVPATCH_TEST_LIBS")
-    if not spec:
-        pytest.skip("KVPATCH_TEST_LIBS is not set")
-    from kvpatch.gpu.launch import Kernels
-
-    libs = {}
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        name, path, prefix = D.parse_lib_arg(part)
-        libs[name] = Kernels(path, prefix)
-    return libs
 
 
 def cycles(us: float) -> int:
@@ -145,52 +130,3 @@ def test_controller_refuses_tensors_on_another_device(library):
     ctl = PrefetchController("cuda", library=library)
     with pytest.raises(ValueError, match="cpu"):
         ctl.add("w", 0, [torch.empty(16)])
-
-
-def test_decode_variants_bit_identical(attention_libs, library, tmp_path):
-    rep = D.run_bench_decode(
-        attention_libs, models=["llama-3.1-8b"], dtypes=["bf16", "fp16"], batches=[1, 64], contexts=[1024, 9000],
-        layers=2, rounds=1, reps=2, weight_prefetch_cap={1: 32 * MiB}, prefetch_library=library,
-        json_path=tmp_path / "d.json", plot_path=tmp_path / "d.png", text_path=tmp_path / "d.txt",
-    )  # fmt: skip
-    assert rep.points and not rep.skipped
-    for p in rep.points:
-        assert p["finite"], p
-        assert p["all_identical"], {n: v["identical_to_stock"] for n, v in p["variants"].items()}
-    kernels = {(p["batch"], p["context"]): p["kernel"] for p in rep.points}
-    assert kernels[(1, 1024)] == "v2" and kernels[(64, 1024)] == "v1" and kernels[(64, 9000)] == "v2"
-    caps = {p["batch"]: p["cap_bytes"] for p in rep.points}
-    assert caps[1] == 32 * MiB and caps[64] == 0
-    assert (tmp_path / "d.png").stat().st_size > 1000 and "llama-3.1-8b" in (tmp_path / "d.txt").read_text()
-
-
-def test_gemm_micro_benchmark_runs(library):
-    micro = D.run_micro_gemm(library, shapes=[("o_proj", 4096, 4096)], batches=[1], trials=5)
-    (r,) = micro["results"]
-    assert r["cold_us"] > 0 and r["prefetched_us"] > 0 and r["warm_us"] > 0 and r["prefetched_bytes"] == 32 * MiB
-
-
-def test_every_prefetch_knob_keeps_the_step_bit_identical(attention_libs, library):
-    from kvpatch.prefetch.decode import cuda_device, make_flush, measure_point
-    from kvpatch.prefetch.models import model_shape
-    from kvpatch.prefetch.options import WeightPrefetch
-
-    dev = cuda_device("cuda")
-    w = D.DecodeWeights(model_shape("llama-3.1-8b"), "bf16", 2, dev)
-    step = D.DecodeStep(w, 1, 1024)
-    base = WeightPrefetch(caps=16 * MiB)
-    variants = [("stock", "stock", None), ("stock+wpf", "stock", base),
-                ("knobs", "stock", base.with_(grid=132, threads=128, chunk=16384, hint="none", fork="qkv", join="oproj", priority="normal")),
-                ("first", "stock", base.with_(hint="evict_first", grid=7))]  # fmt: skip
-    p = measure_point(step, variants, attention_libs, library, dev, rounds=1, reps=2, round_seconds=0.05, flush=make_flush(dev, 0), cold=False)
-    assert p["all_identical"] and p["graph_equals_eager"], {n: v["identical_to_stock"] for n, v in p["variants"].items()}
-    assert p["variants"]["knobs"]["prefetch_grid"] == 132 and p["variants"]["first"]["prefetch_grid"] == 7
-    assert p["variants"]["knobs"]["cap_bytes"] == 16 * MiB and p["variants"]["stock"]["cap_bytes"] == 0
-
-
-def test_prefetch_micro_benchmark_runs(library):
-    from kvpatch.prefetch.micro import micro_prefetch_table, run_micro_prefetch
-
-    m = run_micro_prefetch(library, configs=[{"bytes": 8 * MiB, "grid": 32}, {"bytes": 8 * MiB, "grid": 132, "threads": 128, "chunk": 16384, "hint": "none"}], trials=3)
-    assert len(m["results"]) == 2 and all(r["kernel_us"] > 0 and r["fill_GBps"] > 0 and r["cold_us"] > 0 for r in m["results"])
-    assert "fill GB/s" in micro_prefetch_table(m)

@@ -1,0 +1,70 @@
+"""The decode bench end to end on the CPU (kvpatch.decode.bench and .measure): tiny model shapes,
+CPU tensors, CUDA graphs replaced by the eager step, a fake attention library, a fake prefetch
+library and the controller's fake stream API (decode_helpers.cpu_bench). What runs is the real
+code of kvpatch.decode (arms, windows, forks, the guard, the zero-byte and in-kernel arms, the A/A
+twin, rounds, the report and its text): a Python error there would otherwise first show on the GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from decode_helpers import cpu_bench, one_thread  # noqa: E402
+from kvpatch.decode import bench as BENCH  # noqa: E402
+from kvpatch.decode.arms import default_arms  # noqa: E402
+from kvpatch.decode.options import MiB, WeightPrefetch  # noqa: E402
+from kvpatch.decode.windows import TailPrefetch, Window  # noqa: E402
+
+
+@pytest.fixture
+def cpu(monkeypatch):
+    with one_thread():
+        yield cpu_bench(monkeypatch)
+
+
+@pytest.mark.slow  # a few hundred eager steps
+def test_bench_decode_runs_every_control_on_the_cpu(cpu, tmp_path):
+    libs, pf, tails = cpu
+    wpf = WeightPrefetch()  # the default windows, the library's evict_last: the guard is on
+    tail = TailPrefetch({8: 32 * MiB}, "evict_normal")
+    report = BENCH.run_bench_decode(libs, models=["llama-3.1-8b"], dtypes=["bf16"], batches=[1, 8], contexts=[64],
+                                    layers=3, rounds=2, cycles=1, weight_prefetch=wpf, tail=tail,
+                                    json_path=tmp_path / "d.json")  # fmt: skip
+    names = [a.name for a in default_arms(libs, wpf, tail=tail)]
+    assert report.variants == names == ["stock", "stock-aa", "patched", "stock+zero", "stock+wpf", "tail", "tail+zero", "patched+wpf"]
+    assert len(report.points) == 2 and report.summary()["all_identical"]
+    p = report.points[0]
+    assert p["guard"]["on"] and p["guard"]["hinted_arms"] == ["patched+wpf", "stock+wpf"] and p["guard"]["demoted_bytes"] > 0
+    assert p["aa"] is not None and set(p["variants"]) == set(names)
+    assert p["variants"]["stock+wpf"]["speedup_vs_zero"] is not None and p["variants"]["patched+wpf"]["speedup_vs_library"]
+    # 3 layers: oproj->gateup and gateup->down in each, down->qkv in the first two
+    assert p["variants"]["stock+wpf"]["forks"] == p["variants"]["stock+zero"]["forks"] == 8
+    assert p["variants"]["stock+zero"]["prefetch_bytes"] == 0 < p["variants"]["stock+wpf"]["prefetch_bytes"]
+    assert any(r[0] == "prefetch" and r[1] == 0 for r in pf.runs)  # the zero-byte arm: no rows
+    assert any(r[0] == "demote" and r[1] > 0 for r in pf.runs)  # the guard
+    assert all(rows for rows, hint, _ in tails["tail"].tables if hint) and len(tails["tail"].tables[0][0]) == 3
+    for r in p["raw"]:  # every sample is kept, with the order it ran in
+        assert set(r["samples_us"]) == set(r["order"]) and all(len(v) == len(r["order"]) * r["cycles"] for v in r["samples_us"].values())
+    assert p["carryover"]["hinted_arms"] == ["patched+wpf", "stock+wpf"] and "stock" in p["carryover"]
+    data = json.loads((tmp_path / "d.json").read_text())
+    assert data["summary"]["aa"]["of"] == 2 and data["guard"] == "auto"
+    from kvpatch.render import decode_text
+
+    text = decode_text(data)
+    assert "A/A twin" in text and "stock+zero x" in text and "in-kernel" in text and "bit-identical" in text
+
+
+def test_without_evict_last_there_is_no_guard_and_guard_off_is_honoured(cpu):
+    libs, pf, _ = cpu
+    normal = WeightPrefetch(windows=(Window("gateup->down", 8 * MiB, "evict_normal"),))
+    report = BENCH.run_bench_decode(libs, models=["llama-3.2-1b"], dtypes=["bf16"], batches=[4], contexts=[32], layers=2,
+                                    rounds=2, cycles=1, weight_prefetch=normal, attention=False)  # fmt: skip
+    assert not report.points[0]["guard"]["on"] and report.points[0]["carryover"] is None
+    assert not any(r[0] == "demote" for r in pf.runs)
+    last = WeightPrefetch(windows=(Window("gateup->down", 8 * MiB, "evict_last"),))
+    report = BENCH.run_bench_decode(libs, models=["llama-3.2-1b"], dtypes=["bf16"], batches=[4], contexts=[32], layers=2,
+                                    rounds=2, cycles=1, weight_prefetch=last, guard="off", attention=False)  # fmt: skip
+    assert not report.points[0]["guard"]["on"] and report.points[0]["carryover"] is not None

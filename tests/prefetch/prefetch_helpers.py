@@ -1,0 +1,111 @@
+"""Fakes for PrefetchController without a GPU: a tensor-like (a device, an address, a size), a
+stream/event API that logs every call, and a library that logs every launch."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from kvpatch.prefetch import PrefetchController
+
+MiB = 1 << 20
+
+
+class FakeTensor:
+    """Enough of a tensor for weight_ranges: a device, an address, a contiguous shape."""
+
+    def __init__(self, address: int, nbytes: int, device: str = "cuda:0"):
+        self.device, self._address, self.shape = device, address, (nbytes // 2,)
+
+    def data_ptr(self):
+        return self._address
+
+    def stride(self):
+        return (1,)
+
+    def element_size(self):
+        return 2
+
+
+class FakeAPI:
+    """Logs every stream/event call as a tuple in ``self.log``."""
+
+    def __init__(self, capability=(9, 0)):
+        self.log: list[tuple] = []
+        self.cap = capability
+        self.main = FakeStream(self, "main")
+        self.tables: list[list[tuple[int, int]]] = []
+        self.events = 0
+
+    def normalize(self, device):
+        return "cuda:0" if str(device) in ("cuda", "cuda:0") else str(device)
+
+    def capability(self, device):
+        return self.cap
+
+    def new_stream(self, device, priority):
+        self.log.append(("new_stream", device, priority))
+        return FakeStream(self, "side")
+
+    def new_event(self):
+        self.events += 1
+        return FakeEvent(self, f"event{self.events - 1}")
+
+    def current_stream(self, device):
+        return self.main
+
+    def handle(self, stream):
+        return {"main": 0x1111, "side": 0x2222}[stream.name]
+
+    def make_table(self, ranges, device):
+        self.tables.append(list(ranges))
+        return FakeTable(0x7000 + 0x100 * len(self.tables))
+
+    @contextmanager
+    def device_guard(self, device):
+        self.log.append(("device", device))
+        yield
+
+
+class FakeStream:
+    def __init__(self, api, name):
+        self.api, self.name = api, name
+
+    def wait_event(self, event):
+        self.api.log.append(("wait_event", self.name, event.name))
+
+    def wait_stream(self, other):
+        self.api.log.append(("wait_stream", self.name, other.name))
+
+
+class FakeEvent:
+    def __init__(self, api, name):
+        self.api, self.name = api, name
+
+    def record(self, stream):
+        self.api.log.append(("record", self.name, stream.name))
+
+
+class FakeTable:
+    def __init__(self, address):
+        self.address = address
+
+    def data_ptr(self):
+        return self.address
+
+
+class FakeLibrary:
+    """Logs ``("launch", table, rows, grid, stream, *sorted options)`` for each launch."""
+
+    def __init__(self, api):
+        self.api = api
+
+    def launch(self, table_ptr, rows, grid, stream_ptr, **options):
+        self.api.log.append(("launch", table_ptr, rows, grid, stream_ptr, *sorted(options.items())))
+
+
+def controller(**kw):
+    """A controller on the fake API and library (``capability=`` the GPU's), its log cleared."""
+    api = FakeAPI(kw.pop("capability", (9, 0)))
+    ctl = PrefetchController("cuda:0", library=FakeLibrary(api), api=api, **kw)
+    api.log.clear()
+    return ctl, api

@@ -132,7 +132,7 @@ def tail_of(text: Optional[str]) -> Any:
     caps, at, hint = text.partition("@")
     try:
         return TailPrefetch(parse_caps(caps), hint.strip() if at else "evict_normal")
-    except ValueError as e:
+    except (ValueError, UsageError) as e:  # the hint's check raises UsageError naming a window
         raise UsageError(f"invalid --tail {text!r}: {e}") from None
 
 

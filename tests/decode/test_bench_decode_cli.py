@@ -47,7 +47,7 @@ def test_bench_decode_help_lists_its_options(monkeypatch, capsys):
     (("--wpf", "cap=8;oproj->gateup=8"), "either windows"),
     (("--grid", "8;threads=64"), "one value"),
     (("--guard", "maybe"), "--guard"),
-    (("--tail", "8@evict_never"), "evict_never"),
+    (("--tail", "8@evict_never"), "invalid --tail"),
     (("--models", "llama-4"), "unknown model"),
     (("--dtypes", "fp32"), "invalid dtype"),
 ])  # fmt: skip

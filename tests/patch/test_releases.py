@@ -13,15 +13,14 @@ from typing import Callable
 
 import pytest
 
-from conftest import LOOP_NAMES
-
+from conftest import LOOP_NAMES, fixture_text, golden_text
 from kvpatch.config import make_config
-from kvpatch.patch.plan import patch, unpatch
+from kvpatch.patch import find_sites, inspect, patch, unpatch
 from kvpatch.source import releases
 from kvpatch.source.releases import HEADER
-from kvpatch.patch.sites import find_sites
+from patch_helpers import injected_regions
 
-pytestmark = pytest.mark.network
+pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 #: md5 prefix of each representative release's header (kvpatch's own table).
 MD5 = {release: md5 for release, _, md5 in releases.REVISIONS}
@@ -35,6 +34,9 @@ REVISIONS = {
     "0.11.2": (222, 375, (252, 389)),
 }
 
+
+def test_every_revision_kvpatch_knows_is_checked_here() -> None:
+    assert sorted(REVISIONS) == sorted(MD5)
 
 
 def _names(sites) -> dict:
@@ -74,20 +76,18 @@ def test_sites(release: tuple[str, str, str]) -> None:
         assert data[: site.after_block_number].endswith(b"static_cast<int64_t>(block_table[block_idx]);")
 
 
-@pytest.mark.parametrize("options", [{}, {"preset": "paper"}], ids=["default", "paper"])
-def test_patch_validates_and_round_trips(options: dict, release: tuple[str, str, str]) -> None:
+@pytest.mark.parametrize("golden, options", [("default", {}), ("paper", {"preset": "paper"})], ids=["default", "paper"])
+def test_patch_is_the_golden_injection_and_round_trips(golden: str, options: dict, release: tuple[str, str, str],
+                                                       header_path: str) -> None:  # fmt: skip
+    """Every revision gets what the golden file shows for the fixture header, line for line
+    (issue=split's copy of the key loop is the release's own loop), the re-parse validates it,
+    and stripping gives the release's header back byte for byte."""
     _, path, text = release
     cfg = make_config(**options)
     result = patch(text, path, cfg)  # raises unless the re-parse validates
-    prefetch = "cp.async.bulk.prefetch.L2.global [%0], %1;"
-    # the paper: one asm per site; a rule table: each inline or split rule's asm per site + the helper's
-    inline_rules = sum(c.issue in ("inline", "split") and not c.off for _, c in cfg.variants())
-    assert result.patched.count(prefetch) == (2 if cfg.preset == "paper" else 2 * inline_rules + 1)
-    # One guarded region per site; the paper preset adds a guarded next-block
-    # declaration per site, the default a guarded helper region and, with split rules
-    # (the shipped table has them), the guarded branch before the key loop.
-    guards = 4 if cfg.preset == "paper" else 3 + cfg.uses_split
-    assert result.patched.count("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(USE_ROCM)\n") == guards
+    fixture_loop = find_sites(fixture_text(), header_path).key.loop_text
+    golden_regions = injected_regions(golden_text(golden), fixture_loop)
+    assert injected_regions(result.patched, result.sites.key.loop_text) == golden_regions
     assert unpatch(result.patched, path) == (text, (cfg.marker(),))
 
 
@@ -106,8 +106,6 @@ def test_reformatted_header_gives_the_same_names(reformatted_header: tuple[Path,
 def test_split_copies_stocks_key_loop_and_round_trips(release: tuple[str, str, str]) -> None:
     """issue=split on every revision: one region before the key loop whose copy is stock's
     loop text byte for byte, behind the head's ALiBi slope; stripped back to stock exactly."""
-    from kvpatch.patch.plan import inspect
-
     _, path, text = release
     sites = find_sites(text, path)
     assert sites.alibi_var == "alibi_slope"

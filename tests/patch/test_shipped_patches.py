@@ -3,22 +3,21 @@ committed patch applies with git apply to its pristine release."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 from pathlib import Path
 
 import pytest
 
-import importlib.util
-
 from kvpatch.source.releases import REVISIONS
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("regen_patches", REPO / "scripts" / "regen_patches.py")
 patches = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(patches)
 COMMITTED = REPO / "patches"
 
-pytestmark = pytest.mark.network
+pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 
 def test_regenerating_gives_the_committed_patches(

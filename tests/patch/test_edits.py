@@ -4,29 +4,30 @@ The golden files under tests/fixtures/golden/ are the diffs the fixture header g
 each configuration below; read them to see exactly what kvpatch injects. After a deliberate
 change to the templates, regenerate them with
 
-    KVPATCH_REGEN_GOLDEN=1 pytest tests/test_edits.py
+    KVPATCH_REGEN_GOLDEN=1 pytest tests/patch/test_edits.py
 
 and review the diff of tests/fixtures/golden/ before committing it.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
 from conftest import GOLDEN, STOCK, fixture_text, golden_text, make_tree
-from kvpatch import api
-from kvpatch.patch import plan as edits
+from kvpatch.commands import apply as apply_command
 from kvpatch.config import make_config
-from kvpatch.patch.plan import Edit, apply, patch, plan, unpatch
 from kvpatch.errors import PatchError
-from kvpatch.source.fetch import HEADER
+from kvpatch.patch import Edit, apply, find_sites, patch, plan, unpatch
+from kvpatch.source.releases import HEADER
 from kvpatch.source.workspace import unified_diff
-from kvpatch.patch.sites import find_sites
+
+#: the module that renders the templates (``kvpatch.patch.plan``, the attribute, is its function)
+planning = importlib.import_module("kvpatch.patch.plan")
 
 #: golden file name -> configuration options. Only "default" carries the shipped rule table;
 #: the others are uniform (no rules), so each shows its own option's effect on the template.
@@ -341,10 +342,11 @@ def test_validation_failure_raises_and_writes_nothing(
 ) -> None:
     tree = make_tree(tmp_path / "vllm", fixture_text())
     before = (tree / HEADER).read_bytes()
-    monkeypatch.setattr(edits, "render", _broken_render(edits.render, pattern, replacement))
+    monkeypatch.setattr(planning, "render", _broken_render(planning.render, pattern, replacement))
+    # issue=inline, no shipped table: one asm per loop, no helper call
+    opts = apply_command.ApplyOptions(tree=tree, cwd=tmp_path, settings={"issue": "inline"}, untuned=True)
     with pytest.raises(PatchError, match=message):
-        cfg = make_config(issue="inline", inherit_rules=False)  # one asm per loop, no helper call
-        api.apply(vllm=None, tree=tree, cfg=cfg, cwd=tmp_path, console=Console(quiet=True))
+        apply_command.run(opts)
     assert (tree / HEADER).read_bytes() == before
     assert sorted(p.name for p in (tree / HEADER).parent.iterdir()) == ["attention_kernels.cuh"]
     assert [p.name for p in (tmp_path / ".kvpatch").iterdir()] == ["lock"]  # the workspace lock, no state

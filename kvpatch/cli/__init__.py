@@ -78,8 +78,8 @@ def _install_signals() -> None:
 def _command_name(argv: list[str]) -> str:
     """The subcommand being run (``apply``, ``plugin enable``), from the arguments: its
     first non-option words."""
-    names = {c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands}
-    groups = {g.name: g.typer_instance for g in app.registered_groups if g.name}
+    names = {c.name or (c.callback.__name__ if c.callback else "") for c in getattr(app, "registered_commands", [])}
+    groups = {g.name: g.typer_instance for g in getattr(app, "registered_groups", []) if g.name}
     words = [a for a in argv if not a.startswith("-")]
     if not words:
         return ""

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import http.server
 import io
 import os
 import subprocess
 import tarfile
+import threading
 from pathlib import Path
 from typing import Iterable
 
@@ -108,3 +110,51 @@ def remote_repo(tmp_path: Path, version: str = "0.10.2", *, header: bool = True)
     bare = tmp_path / f"remote-{version}.git"
     clean_git(tmp_path, "clone", "-q", "--bare", str(work), str(bare))
     return bare
+
+
+class IndexServer:
+    """A ThreadingHTTPServer on 127.0.0.1 whose GET answers come from ``routes(server, handler)``;
+    it records each request's path and headers. ``started`` is for a slow answer to say it
+    has begun, ``release`` lets slow answers finish (set on exit)."""
+
+    def __init__(self, routes) -> None:
+        self.requests: list[tuple[str, dict[str, str]]] = []
+        self.started = threading.Event()
+        self.release = threading.Event()
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                owner.requests.append((self.path, dict(self.headers)))
+                routes(owner, self)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self) -> "IndexServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def send(handler, code: int, body: bytes, content_type: str = "text/html", headers: dict | None = None) -> None:
+    """One whole HTTP answer."""
+    handler.send_response(code)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(body)))
+    for k, v in (headers or {}).items():
+        handler.send_header(k, v)
+    handler.end_headers()
+    handler.wfile.write(body)

@@ -82,9 +82,10 @@ def test_a_failed_hardlink_falls_back_to_a_copy(other_device: Path, tmp_path: Pa
     assert (dest / HEADER).is_file()
 
 
+@pytest.mark.slow  # a release fetched (from a local index) and applied
 def test_apply_and_diff_with_a_relative_cache_on_another_device(other_device: Path, tmp_path: Path) -> None:
     from conftest import STOCK, fixture_text
-    from test_cli import kvpatch
+    from cli.cli_helpers import run_cli
 
     from source_helpers import sdist_index as index
 
@@ -92,8 +93,8 @@ def test_apply_and_diff_with_a_relative_cache_on_another_device(other_device: Pa
     work.mkdir()
     env = {"KVPATCH_CACHE": "../rel-cache",
            "PIP_INDEX_URL": index(tmp_path / "index", extra={HEADER: fixture_text(STOCK)}).as_uri()}
-    proc = kvpatch("apply", "--vllm", "0.10.2", "--remote", str(tmp_path / "none.git"), cwd=work, env=env)
+    proc = run_cli("apply", "--vllm", "0.10.2", "--remote", str(tmp_path / "none.git"), cwd=work, env=env)
     assert proc.returncode == 0, proc.stderr
     assert (other_device / "rel-cache" / "releases" / "v0.10.2.complete").is_file()
-    proc = kvpatch("diff", cwd=work, env=env)
+    proc = run_cli("diff", cwd=work, env=env)
     assert proc.returncode == 0 and proc.stdout.startswith("diff --git"), proc.stderr

@@ -199,13 +199,13 @@ def test_too_many_members_or_bytes_is_refused(tmp_path: Path, monkeypatch: pytes
 
 
 def test_the_cli_says_one_line_with_exit_3(ran: Path, tmp_path: Path) -> None:
-    from test_cli import kvpatch
+    from cli.cli_helpers import run_cli
 
     work = tmp_path / "work"
     work.mkdir()
     data = tar_bytes(sdist_members() + GIT_PAYLOADS["post-commit-hook"](ran))
     env = {"PIP_INDEX_URL": index_with(tmp_path / "index", data).as_uri(), "KVPATCH_CACHE": str(tmp_path / "cache")}
-    proc = kvpatch("apply", "--vllm", "0.10.2", "--remote", str(tmp_path / "none.git"), cwd=work, env=env)
+    proc = run_cli("apply", "--vllm", "0.10.2", "--remote", str(tmp_path / "none.git"), cwd=work, env=env)
     assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and ".git" in errors[0], proc.stderr

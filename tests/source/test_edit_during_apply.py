@@ -12,14 +12,12 @@ import os
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
 from conftest import HEADER, STOCK, fixture_text, golden_text, make_tree
 
 from kvpatch import fsutil
 from kvpatch.commands import apply as A
 from kvpatch.commands import revert as R
-from kvpatch.config import make_config
 from kvpatch.errors import PatchError
 from kvpatch.source import workspace
 from kvpatch.source.workspace import STATE_DIR, State, Tree, write_header_and_state

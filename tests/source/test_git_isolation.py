@@ -8,7 +8,6 @@ repository location never reaches the read of a user's tree."""
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
 import pytest

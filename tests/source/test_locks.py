@@ -18,7 +18,7 @@ import pytest
 
 from conftest import HEADER, STOCK, fixture_text, make_tree
 from source_helpers import clean_git
-from test_cli import kvpatch
+from cli.cli_helpers import run_cli
 
 from kvpatch import fsutil
 from kvpatch.source import workspace
@@ -50,7 +50,7 @@ def test_a_failed_apply_leaves_a_lock_file_that_says_what_it_is_and_is_free(tmp_
     (tree / HEADER).write_text(fixture_text(STOCK) + "// a local edit\n")
     work = tmp_path / "work"
     work.mkdir()
-    proc = kvpatch("apply", "--tree", str(tree), cwd=work)
+    proc = run_cli("apply", "--tree", str(tree), cwd=work)
     assert proc.returncode == 4, proc.stderr
     lock = work / STATE_DIR / "lock"
     text = lock.read_text()
@@ -133,7 +133,7 @@ def test_the_tree_lock_lives_in_the_git_directory_and_not_in_git_status(tmp_path
     tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
     work = tmp_path / "work"
     work.mkdir()
-    assert kvpatch("apply", "--tree", str(tree), cwd=work).returncode == 0
+    assert run_cli("apply", "--tree", str(tree), cwd=work).returncode == 0
     assert workspace.tree_lock_path(Tree(tree)) == tree / ".git" / "kvpatch-lock"
     assert (tree / ".git" / "kvpatch-lock").is_file()
     status = clean_git(tree, "status", "--porcelain", "--ignored", "--untracked-files=all").splitlines()

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from source_helpers import quiet, sdist_index, sdist_members, tar_bytes
-from test_cli import assert_one_line_error, kvpatch
-from test_hardening import _send, _Server
+from source_helpers import IndexServer, quiet, sdist_index, sdist_members, send, tar_bytes
+from cli.cli_helpers import assert_one_line_error, run_cli
 
 from kvpatch.errors import FetchError
 from kvpatch.source.fetch import fetch_release
@@ -49,7 +48,7 @@ def test_a_deep_json_state_is_the_corrupt_state_error(body: bytes, tmp_path: Pat
     path.parent.mkdir()
     path.write_bytes(body)
     for command in ("diff", "revert", "sites", "apply"):
-        assert_one_line_error(kvpatch(command, cwd=tmp_path), 1, str(path), "delete it and run 'kvpatch apply' again")
+        assert_one_line_error(run_cli(command, cwd=tmp_path), 1, str(path), "delete it and run 'kvpatch apply' again")
 
 
 @pytest.mark.parametrize("body", [DEEP, DEEP_OBJECT], ids=["array", "object"])
@@ -61,10 +60,11 @@ def test_a_deep_local_index_json_is_one_line(body: bytes, tmp_path: Path, monkey
 
 @pytest.mark.parametrize(("body", "content_type"), [(DEEP, "application/vnd.pypi.simple.v1+json"),
                                                     (DEEP_OBJECT, "application/vnd.pypi.simple.v1+json"),
-                                                    (DEEP_HTML, "text/html")], ids=["array", "object", "html"])
+                                                    pytest.param(DEEP_HTML, "text/html", marks=pytest.mark.slow)],
+                         ids=["array", "object", "html"])  # html: a page nested 100,000 deep, seconds to parse
 def test_a_deep_index_page_is_one_line(body: bytes, content_type: str, tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    with _Server(lambda owner, h: _send(h, 200, body, content_type)) as index:
+    with IndexServer(lambda owner, h: send(h, 200, body, content_type)) as index:
         with pytest.raises(FetchError) as info:
             _fetch(tmp_path, monkeypatch, index.url + "/simple")
     assert info.value.exit_code == 3 and "\n" not in str(info.value)
@@ -79,7 +79,7 @@ def test_a_malformed_index_url_is_one_line(url: str, tmp_path: Path, monkeypatch
 @pytest.mark.parametrize("url", BAD_URLS)
 def test_a_malformed_index_url_in_the_cli_is_one_line(url: str, tmp_path: Path) -> None:
     env = {"PIP_INDEX_URL": url, "KVPATCH_CACHE": str(tmp_path / "cache")}
-    proc = kvpatch("apply", "--vllm", "0.10.2", "--remote", str(tmp_path / "none.git"), cwd=tmp_path, env=env)
+    proc = run_cli("apply", "--vllm", "0.10.2", "--remote", str(tmp_path / "none.git"), cwd=tmp_path, env=env)
     assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
     assert len([line for line in proc.stderr.splitlines() if line.startswith("error:")]) == 1, proc.stderr
 
@@ -93,7 +93,7 @@ def test_a_malformed_remote_falls_back_to_the_sdist(remote: str, tmp_path: Path,
 @pytest.mark.parametrize("remote", BAD_URLS)
 def test_a_malformed_remote_in_the_cli_is_one_line(remote: str, tmp_path: Path) -> None:
     env = {"PIP_INDEX_URL": "http://127.0.0.1:9/never", "KVPATCH_CACHE": str(tmp_path / "cache")}
-    proc = kvpatch("apply", "--vllm", "0.10.2", "--remote", remote, cwd=tmp_path, env=env)
+    proc = run_cli("apply", "--vllm", "0.10.2", "--remote", remote, cwd=tmp_path, env=env)
     assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
     assert len([line for line in proc.stderr.splitlines() if line.startswith("error:")]) == 1, proc.stderr
 
@@ -105,7 +105,7 @@ def test_a_malformed_link_on_an_index_page_is_one_line(href: str, tmp_path: Path
     digest = hashlib.sha256(data).hexdigest()
     page = f'<a href="{href}#sha256={digest}">vllm-0.10.2.tar.gz</a>'.encode()
     for auth in ("", "user:pw@"):
-        with _Server(lambda owner, h: _send(h, 200, page)) as index:
+        with IndexServer(lambda owner, h: send(h, 200, page)) as index:
             with pytest.raises(FetchError) as info:
                 _fetch(tmp_path / auth[:4], monkeypatch, index.url.replace("http://", f"http://{auth}") + "/simple")
         assert info.value.exit_code == 3 and "\n" not in str(info.value) and "pw" not in str(info.value)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import HEADER, fixture_text, make_tree
-from test_cli import KVPATCH, kvpatch_env
+from cli.cli_helpers import KVPATCH, kvpatch_env
 
 from kvpatch import fsutil
 from kvpatch.errors import KvpatchError, PatchError
@@ -62,6 +62,7 @@ def keep():
         item.close()
 
 
+@pytest.mark.slow  # a new process per command (a hang fails it instead of the run)
 @pytest.mark.parametrize("kind", ["fifo", "socket", "device"])
 def test_a_header_that_is_not_a_regular_file_is_refused(kind: str, tmp_path: Path, keep: list) -> None:
     tree = make_tree(tmp_path / "vllm", fixture_text())
@@ -72,6 +73,7 @@ def test_a_header_that_is_not_a_regular_file_is_refused(kind: str, tmp_path: Pat
         _one_line(_cli(*command, cwd=work), 4, str(tree / HEADER), "not a regular file")
 
 
+@pytest.mark.slow  # a new process per command (a hang fails it instead of the run)
 @pytest.mark.parametrize("kind", ["fifo", "socket", "device"])
 def test_a_state_file_that_is_not_a_regular_file_is_the_corrupt_state_error(kind: str, tmp_path: Path,
                                                                            keep: list) -> None:  # fmt: skip
@@ -85,6 +87,7 @@ def test_a_state_file_that_is_not_a_regular_file_is_the_corrupt_state_error(kind
         State.load(work)
 
 
+@pytest.mark.slow  # a new process per command (a hang fails it instead of the run)
 def test_apply_over_a_fifo_state_replaces_it(tmp_path: Path) -> None:
     tree = make_tree(tmp_path / "vllm", fixture_text())
     work = tmp_path / "work"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HEADER, STOCK, fixture_text, make_tree
-from test_cli import assert_one_line_error, kvpatch
+from conftest import STOCK, fixture_text, make_tree
+from cli.cli_helpers import assert_one_line_error, run_cli
 
 from kvpatch.errors import PatchError
 from kvpatch.source import workspace
@@ -28,16 +28,17 @@ def read_only(tmp_path: Path) -> Tree:
     return tree
 
 
+@pytest.mark.slow  # applies (libclang)
 @pytest.mark.parametrize("command", [["apply"], ["revert"]])
 def test_a_read_only_header_is_refused_by_the_cli(command: list[str], read_only: Tree, tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
     if command == ["revert"]:  # patch it first, then make it read-only
         read_only.header.chmod(0o644)
-        assert kvpatch("apply", "--tree", str(read_only.root), cwd=work).returncode == 0
+        assert run_cli("apply", "--tree", str(read_only.root), cwd=work).returncode == 0
         read_only.header.chmod(0o444)
     before = read_only.header.read_bytes()
-    proc = kvpatch(*command, "--tree", str(read_only.root), cwd=work)
+    proc = run_cli(*command, "--tree", str(read_only.root), cwd=work)
     assert_one_line_error(proc, 4, str(read_only.header), "read-only")
     assert read_only.header.read_bytes() == before
     assert stat.S_IMODE(read_only.header.stat().st_mode) == 0o444

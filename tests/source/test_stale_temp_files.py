@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import HEADER, STOCK, fixture_text, golden_text, make_tree
-from test_cli import kvpatch, kvpatch_env
+from cli.cli_helpers import kvpatch_env, run_cli
 
 from kvpatch import fsutil
 from kvpatch.source.workspace import STATE_DIR
@@ -49,6 +49,7 @@ def _kill_during_apply(tree: Path, work: Path) -> None:
     assert proc.returncode == 143, proc.stderr
 
 
+@pytest.mark.slow  # a killed process, then an apply
 def test_a_killed_apply_leaves_temp_files_the_next_one_removes(tmp_path: Path) -> None:
     tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
     work = tmp_path / "work"
@@ -59,7 +60,7 @@ def test_a_killed_apply_leaves_temp_files_the_next_one_removes(tmp_path: Path) -
     assert len(beside) == 1 and len(state) == 1, (beside, state)  # what the kill left
     for path in beside + state:
         os.utime(path, (HOUR_AGO, HOUR_AGO))
-    proc = kvpatch("apply", "--tree", str(tree), cwd=work)
+    proc = run_cli("apply", "--tree", str(tree), cwd=work)
     assert proc.returncode == 0, proc.stderr
     assert (tree / HEADER).read_text() == golden_text("default")
     assert sorted(p.name for p in (tree / HEADER).parent.iterdir()) == ["attention_kernels.cuh"]
@@ -84,7 +85,7 @@ def test_only_kvpatchs_own_old_temp_files_are_removed(tmp_path: Path) -> None:
     link = folder / ".attention_kernels.cuh.linkxxxx.tmp"
     link.symlink_to(tree / "README-missing")
     (folder / ".attention_kernels.cuh.dirxxxxx.tmp").mkdir()
-    proc = kvpatch("apply", "--tree", str(tree), cwd=work)
+    proc = run_cli("apply", "--tree", str(tree), cwd=work)
     assert proc.returncode == 0, proc.stderr
     assert not any(p.exists() for p in stale)
     assert all(p.exists() for p in kept) and link.is_symlink() and (folder / ".attention_kernels.cuh.dirxxxxx.tmp").is_dir()

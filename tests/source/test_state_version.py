@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from test_cli import assert_one_line_error, kvpatch
+from cli.cli_helpers import assert_one_line_error, run_cli
 
 from kvpatch.errors import KvpatchError
 from kvpatch.source.workspace import STATE_DIR, State
@@ -41,7 +41,7 @@ def test_every_command_says_one_line(version: str, tmp_path: Path) -> None:
     path = _write_state(work, version)
     never = {"PIP_INDEX_URL": "http://127.0.0.1:9/never-asked"}  # no download, whatever happens
     for command in (["apply"], ["diff"], ["revert"], ["sites"], ["build"]):
-        assert_one_line_error(kvpatch(*command, cwd=work, env=never), 1, str(path), "delete it and run 'kvpatch apply' again")
+        assert_one_line_error(run_cli(*command, cwd=work, env=never), 1, str(path), "delete it and run 'kvpatch apply' again")
 
 
 @pytest.mark.parametrize("version", [None, "0.10.2", "0.10.1.1", "0.6.6.post1", "0.20"])

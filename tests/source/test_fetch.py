@@ -201,6 +201,7 @@ def test_git_clone(env: Path, tmp_path: Path) -> None:
     assert fetch_release("0.10.2", remote=_no_remote(tmp_path), console=console) == tree
 
 
+@pytest.mark.slow  # waits out the timeout
 def test_git_clone_timeout(env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A remote that never answers is given up on after git_timeout, then the sdist is used."""
     silent = socket.socket()
@@ -449,7 +450,7 @@ def http_index(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     root = make_index(tmp_path / "http-index", fmt=request.param)
     handler = functools.partial(_IndexHandler, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/"
@@ -475,7 +476,7 @@ def test_http_release_not_found(env: Path, tmp_path: Path, monkeypatch: pytest.M
         fetch_release("0.10.2", remote=_no_remote(tmp_path), console=_console()[0])
 
 
-# --------------------------------------------------------------------------- issue 7: cache hygiene
+# --------------------------------------------------------------------------- cache hygiene
 
 
 def test_no_lock_file_per_unknown_version(env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,113 @@
+"""Errors as the shell reports them: one line on stderr, ``error: kvpatch COMMAND: ...``,
+nothing on stdout, the exit code of the error's kind (2 for what the user typed), nothing
+written; user text shown literally, never read as markup; ``--debug`` adds the traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cli.cli_helpers import assert_one_line_error, kvpatch, run_cli
+from conftest import HEADER, STOCK, fixture_text, git, make_tree
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    path = tmp_path / "work"
+    path.mkdir()
+    return path
+
+
+def committed(tree: Path) -> bytes:
+    return git(tree, "show", f"HEAD:{HEADER}", text=False)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--lookahead", "0"], "invalid lookahead 0: must be >= 1"),
+        (["--size", "100"], "invalid size 100: must be a positive multiple of 16 bytes"),
+        (["--align", "24"], "invalid align 24: must be a power of two >= 16"),
+        (["--caches", "q"], "invalid caches 'q': choose one of k, v, kv"),
+        (["--scope", "warp"], "invalid scope 'warp': choose one of cta, kv-head, kv-head-rotate"),
+        (["--preset", "paper", "--lookahead", "2"], "--preset paper fixes lookahead; drop those options"),
+    ],
+)
+def test_invalid_parameters(args: list[str], message: str, git_tree: Path, work: Path) -> None:
+    proc = run_cli("apply", "--tree", str(git_tree), *args, cwd=work)
+    assert assert_one_line_error(proc, 2) == f"error: kvpatch apply: {message}"
+    assert (git_tree / HEADER).read_bytes() == committed(git_tree)
+    assert not (work / ".kvpatch").exists()
+
+
+def test_invalid_config_file(git_tree: Path, work: Path) -> None:
+    (work / "kvpatch.toml").write_text("lookahaed = 2\n")
+    proc = run_cli("apply", "--tree", str(git_tree), "--config", "kvpatch.toml", cwd=work)
+    assert assert_one_line_error(proc, 2) == "error: kvpatch apply: unknown configuration key(s): lookahaed"
+    assert (git_tree / HEADER).read_bytes() == committed(git_tree)
+
+
+@pytest.mark.parametrize("args, needle", [(["apply", "--tree", "TREE", "--bogus"], "--bogus"),
+                                          (["apply", "--tree", "TREE", "--lookahead", "two"], "--lookahead"),
+                                          (["frobnicate"], "frobnicate"), (["diff", "-o"], "-o"),
+                                          (["plugin", "enable", "--bogus"], "--bogus")],
+                         ids=["unknown-option", "not-an-int", "unknown-command", "missing-value", "subcommand"])  # fmt: skip
+def test_usage_errors_from_option_parsing_are_one_line(args: list[str], needle: str, git_tree: Path, work: Path) -> None:
+    proc = run_cli(*[str(git_tree) if a == "TREE" else a for a in args], cwd=work)
+    line = assert_one_line_error(proc, 2, needle)
+    assert "--help" in line
+    assert (git_tree / HEADER).read_bytes() == committed(git_tree) and not (work / ".kvpatch").exists()
+
+
+def test_the_error_names_the_command_and_the_subcommand(work: Path) -> None:
+    assert run_cli("apply", "--bogus", cwd=work).stderr.startswith("error: kvpatch apply: ")
+    assert run_cli("plugin", "enable", "--bogus", cwd=work).stderr.startswith("error: kvpatch plugin enable: ")
+    assert run_cli("frobnicate", cwd=work).stderr.startswith("error: No such command")  # no command to name
+
+
+def test_diff_without_state_says_apply_first(work: Path) -> None:
+    line = assert_one_line_error(run_cli("diff", cwd=work), 2)
+    assert line == "error: kvpatch diff: no tree: run 'kvpatch apply --vllm X' here first, or pass --tree PATH"
+
+
+@pytest.mark.parametrize("command", ["revert", "sites"])
+def test_other_commands_without_state(command: str, work: Path) -> None:
+    assert_one_line_error(run_cli(command, cwd=work), 2, f"kvpatch {command}: ", "run 'kvpatch apply --vllm X' here first")
+
+
+def test_apply_without_a_target(work: Path) -> None:
+    assert_one_line_error(run_cli("apply", cwd=work), 2, "pass --vllm X")
+
+
+def test_apply_with_vllm_and_tree_together(git_tree: Path, work: Path) -> None:
+    proc = run_cli("apply", "--vllm", "0.10.2", "--tree", str(git_tree), cwd=work)
+    assert assert_one_line_error(proc, 2) == "error: kvpatch apply: give either --vllm or --tree, not both"
+    assert not (work / ".kvpatch").exists()
+
+
+@pytest.mark.slow  # a subprocess: --debug lets the exception out of the process
+def test_debug_shows_the_traceback(work: Path) -> None:
+    proc = kvpatch("--debug", "diff", cwd=work)
+    assert proc.returncode != 0
+    assert "Traceback" in proc.stderr and "UsageError: no tree" in proc.stderr
+
+
+def test_version(work: Path) -> None:
+    from kvpatch import __version__
+
+    proc = run_cli("--version", cwd=work)
+    assert (proc.returncode, proc.stdout) == (0, f"kvpatch {__version__}\n")
+
+
+@pytest.mark.slow  # applies (libclang)
+def test_brackets_in_paths_and_values_are_shown_literally(tmp_path: Path, work: Path) -> None:
+    odd = tmp_path / "[bold]x[/bold]" / "[red]"
+    tree = make_tree(odd, fixture_text(STOCK))
+    proc = run_cli("apply", "--tree", str(tree), cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == f"patched {tree / HEADER}"
+    empty = tmp_path / "[x]"
+    empty.mkdir()
+    assert_one_line_error(run_cli("apply", "--tree", str(empty), cwd=work), 4, f"{empty} has no {HEADER}")
+    assert_one_line_error(run_cli("apply", "--tree", str(tree), "--caches", "[red]k", cwd=work), 2, "'[red]k'")

@@ -1,0 +1,46 @@
+"""``kvpatch revert``: the header stock again, byte for byte (line endings and all), and the
+work tree clean; nothing to do on a stock header."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cli.cli_helpers import run_cli
+from conftest import HEADER, STOCK, fixture_text, git, make_tree
+
+pytestmark = pytest.mark.slow  # each test applies first (libclang)
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    path = tmp_path / "work"
+    path.mkdir()
+    return path
+
+
+def committed(tree: Path) -> bytes:
+    return git(tree, "show", f"HEAD:{HEADER}", text=False)
+
+
+def test_revert_restores_the_committed_bytes(git_tree: Path, work: Path) -> None:
+    header = git_tree / HEADER
+    assert run_cli("apply", "--tree", str(git_tree), "--preset", "paper", cwd=work).returncode == 0
+    assert header.read_bytes() != committed(git_tree)
+    proc = run_cli("revert", cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"reverted {header}"
+    assert header.read_bytes() == committed(git_tree)
+    again = run_cli("revert", "--tree", str(git_tree), cwd=work)
+    assert (again.returncode, again.stdout.strip()) == (0, f"nothing to revert: {header} is stock")
+    assert git(git_tree, "status", "--porcelain") == ""
+
+
+def test_revert_restores_a_crlf_header(tmp_path: Path, work: Path) -> None:
+    tree = make_tree(tmp_path / "crlf", fixture_text(STOCK).replace("\n", "\r\n"))
+    before = (tree / HEADER).read_bytes()
+    assert run_cli("apply", "--tree", str(tree), cwd=work).returncode == 0
+    assert b"kvpatch:begin" in (tree / HEADER).read_bytes()
+    assert run_cli("revert", cwd=work).returncode == 0
+    assert (tree / HEADER).read_bytes() == before

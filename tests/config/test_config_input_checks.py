@@ -1,0 +1,109 @@
+"""The configuration's input as the commands take it: values out of range or in odd digits,
+bad config files, settings given twice or that would be ignored, rules that disagree about
+the one call-form helper are each one line (exit 2) and nothing is written; a marker the
+configuration cannot read back is no crash."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cli.cli_helpers import assert_one_line_error, run_cli
+from conftest import HEADER, STOCK, fixture_text, make_tree
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--lookahead", str(2**29)], "at most 1024"),
+        (["--lookahead", "9" * 5000], "--lookahead"),
+        (["--align", str(2**64)], "at most 4096"),
+        (["--size", "1048576"], "at most 1048560 bytes (cp.async.bulk.prefetch's limit)"),
+        (["--size", "\u00b2"], "invalid size"),  # '2'.isdigit() but int() refuses it
+        (["--rule", "fp16/\u00b2=off"], "head size"),
+        (["--fp16", "lookahead=\u00b2"], "invalid lookahead"),
+        (["--fp16", "lookahead=\u0663"], "invalid lookahead"),  # Arabic-Indic 3: not read as 3
+        (["--fp16", "lookahead=2,lookahead=3"], "lookahead given twice"),
+    ],
+    ids=["lookahead", "lookahead-5000-digits", "align", "size", "size-superscript", "rule-superscript",
+         "setting-superscript", "setting-arabic-indic", "setting-twice"],
+)
+def test_out_of_range_values_are_refused(args: list[str], needle: str, tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
+    proc = run_cli("apply", "--tree", str(tree), *args, cwd=tmp_path)
+    assert_one_line_error(proc, 2, needle)
+    assert (tree / HEADER).read_text() == fixture_text(STOCK) and not (tmp_path / ".kvpatch").exists()
+
+
+@pytest.mark.slow  # applies (libclang)
+def test_a_zero_padded_size_is_the_number(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
+    proc = run_cli("apply", "--tree", str(tree), "--size", "00000000000016", cwd=tmp_path)
+    assert proc.returncode == 0 and "at most" not in proc.stderr, proc.stderr
+    assert " size=16 " in (tree / HEADER).read_text()
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "is a directory"),
+        (b"lookahead = 2 # \xff\n", "is not UTF-8 (byte 0xff"),
+        (b"lookahead = " + b"9" * 5000 + b"\n", "invalid TOML"),
+        (b'lookahead = 2\n[kvpatch]\nsize = 64\n', "key(s) lookahead outside [kvpatch]"),
+        (b'[kvpatch]\ncache-hint = "none"\ncache_hint = "evict_last"\n', "'cache-hint' and 'cache_hint' are the same setting"),
+        (b'[kvpatch.fp16]\nissue = "call"\n"issue" = "inline"\n', "invalid TOML"),
+        (b'"[red]x[/]" = 1\n', "unknown configuration key(s): [red]x[/]"),
+    ],
+    ids=["directory", "not-utf8", "huge-int", "keys-beside-table", "both-spellings", "duplicate", "markup-in-key"],
+)
+def test_bad_config_files_are_one_line(content: bytes | None, needle: str, tmp_path: Path) -> None:
+    path = tmp_path / "k.toml"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    assert_one_line_error(run_cli("config", "--config", "k.toml", cwd=tmp_path), 2, "kvpatch config: ", needle)
+
+
+def test_apply_refuses_what_would_be_ignored(tmp_path: Path) -> None:
+    assert_one_line_error(run_cli("apply", "--preset", "paper", "--min-group", "4", cwd=tmp_path), 2,
+                          "--preset paper fixes min_group")  # fmt: skip
+    assert_one_line_error(run_cli("apply", "--rule", "fp16/128/16/auto=off=false", cwd=tmp_path), 2,
+                          "'off = false' alone changes nothing")  # fmt: skip
+
+
+@pytest.mark.slow  # applies (libclang)
+def test_a_marker_with_odd_digits_is_not_a_crash(tmp_path: Path) -> None:
+    """A hand-made marker pair whose setting int() cannot read ('2' as a superscript)."""
+    anchor = "  // Iterate over the key blocks"
+    text = fixture_text(STOCK).replace(anchor, "  // kvpatch:begin key lookahead=\u00b2\n  // kvpatch:end key\n" + anchor, 1)
+    tree = make_tree(tmp_path / "vllm", text)
+    for command in (["sites"], ["diff"], ["revert"], ["apply"]):
+        proc = run_cli(*command, "--tree", str(tree), cwd=tmp_path)
+        assert "Traceback" not in proc.stderr and proc.returncode in (0, 2, 4), (command, proc.stderr)
+    assert run_cli("revert", "--force", "--tree", str(tree), cwd=tmp_path).returncode == 0
+    assert (tree / HEADER).read_text() == fixture_text(STOCK)
+
+
+@pytest.mark.slow  # applies (libclang)
+def test_shadowed_call_settings_do_not_block_the_live_ones(tmp_path: Path) -> None:
+    """The one call-form helper takes the settings of a kernel that uses it: a rule's
+    align=64 on the only live call-form kernel was refused because the dead base settings
+    (align 16) also counted, while the reach warning called --align 64 dead."""
+    from kvpatch.config import DEFAULT_OVERRIDES
+
+    tree = make_tree(tmp_path / "vllm", fixture_text())
+    # every kernel the default turns on, but one of its call-form kernels, which this test gives align=64
+    live = [sel for sel, kv in DEFAULT_OVERRIDES if ("off", True) not in kv]
+    mine = next(sel for sel, kv in DEFAULT_OVERRIDES if sel in live and ("issue", "call") in kv)
+    off = [x for sel in live if sel != mine for x in ("--rule", f"{sel}=off")]
+    proc = run_cli("apply", "--tree", str(tree), *off, "--rule", f"{mine}=align=64", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = (tree / HEADER).read_text()
+    helper = text[text.index("kvpatch_prefetch_l2(const void*"):]
+    assert "& ~0x3fULL" in helper.split("}", 1)[0]  # align 64: the live kernel's
+    other = "fp16/64/16/auto/v2" if mine != "fp16/64/16/auto/v2" else "bf16/64/16/auto/v1"
+    proc = run_cli("apply", "--tree", str(tree), *off, "--rule", f"{mine}=align=64", "--rule",
+                   f"{other}=align=32,issue=call", cwd=tmp_path)  # fmt: skip
+    assert_one_line_error(proc, 2, "share one helper")  # two live call-form kernels that disagree: still refused

@@ -89,9 +89,12 @@ class UpstreamReport:
 
 def junit_cases(path: str | Path) -> dict[str, dict[str, Any]]:
     """``classname::name`` -> {name, outcome (passed/failed/errors/skipped), oom} from a JUnit XML file;
-    ``oom``: the failure was the GPU running out of memory (:data:`OOM_MARKERS`)."""
+    ``oom``: the failure was the GPU running out of memory (:data:`OOM_MARKERS`). The nameless
+    ``<testcase/>`` pytest writes for a test an interrupt stopped part way is no outcome."""
     out: dict[str, dict[str, Any]] = {}
     for case in ET.parse(path).iter("testcase"):
+        if not case.get("name"):
+            continue
         kinds = {child.tag for child in case}
         bad = [child for child in case if child.tag in ("failure", "error")]
         outcome = "failed" if "failure" in kinds else "errors" if "error" in kinds else "skipped" if "skipped" in kinds else "passed"

@@ -1,21 +1,22 @@
-"""kvpatch.gpu.upstream on the CPU: finding vLLM's kernel test, the run directory, the
-import shim, JUnit/record parsing, and a whole run against Python stand-in "libraries"
-on a small fake tree; plus, with the network marker, the shim against 0.10.2's real test."""
+"""kvpatch.gpu.upstream on the CPU: finding vLLM's kernel test, the run directory, JUnit and
+record parsing, shards, and whole runs against Python stand-in "libraries" on a small fake
+tree (the test runs unchanged through the shim, once per library)."""
 
 from __future__ import annotations
 
 import ast
 import json
+import os
 import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from kvpatch.gpu import upstream as U
 from kvpatch.gpu.launch import LibSpec
+from kvpatch.render import print_upstream
 
 FAKE_UTILS = '''
 import psutil  # vLLM's utils import much more than the helpers need: never executed by the shim
@@ -163,12 +164,18 @@ class OomOnce(Good):
         super().v1(out, *args)
 
 
+CALLS = [0]
+
+
 class Slow(Good):
-    """Good, but each call takes three seconds: a run the time limit stops part way."""
+    """Good for the first call, then each call takes ten minutes: a run the time limit stops
+    after its first test, however long pytest takes to start."""
 
     def v1(self, out, *args):
         import time
-        time.sleep(3.0)
+        CALLS[0] += 1
+        if CALLS[0] > 1:
+            time.sleep(600.0)
         super().v1(out, *args)
 
 
@@ -247,7 +254,8 @@ def test_junit_cases_and_their_counts(tmp_path):
           <testcase classname="t" name="a[4]"><error message="y"/></testcase>
           <testcase classname="t" name="a[5]"><system-out>ok</system-out></testcase>
           <testcase classname="t" name="a[6]"><failure message="torch.OutOfMemoryError: CUDA out of memory."/></testcase>
-        </testsuite></testsuites>"""))
+          <testcase time="0.000" />
+        </testsuite></testsuites>"""))  # the last: a test an interrupt stopped, as pytest writes it
     c = U.count_cases(U.junit_cases(xml))
     assert (c["passed"], c["failed"], c["skipped"], c["errors"]) == (2, 2, 1, 1)
     assert c["failures"] == ["t::a[2]", "t::a[4]", "t::a[6]"]
@@ -268,6 +276,7 @@ def test_compare_records(tmp_path):
     assert set(U.read_records(tmp_path)) == {"a#1", "b#1"}
 
 
+@pytest.mark.slow  # pytest runs the fake test once per stand-in
 def test_run_upstream_against_python_stand_ins(tmp_path, monkeypatch):
     """The whole runner on a fake tree: the test runs unchanged through the shim once per
     'library'; a stand-in one bit off with ALiBi still passes vLLM-style tolerances, and
@@ -287,6 +296,7 @@ def test_run_upstream_against_python_stand_ins(tmp_path, monkeypatch):
     assert shim_src.is_file()
 
 
+@pytest.mark.slow  # pytest runs the fake test once per stand-in
 @pytest.mark.parametrize("always", [False, True])
 def test_run_upstream_runs_out_of_memory_tests_again_alone(tmp_path, monkeypatch, always):
     """Tests that fail for want of GPU memory in the parallel pass are run again, alone, and
@@ -314,6 +324,7 @@ def test_run_upstream_runs_out_of_memory_tests_again_alone(tmp_path, monkeypatch
         assert rep.ok
 
 
+@pytest.mark.slow
 def test_a_run_the_time_limit_stops_reports_what_finished_and_is_not_ok(tmp_path, monkeypatch):
     """At the limit pytest is interrupted, not killed: its JUnit report of the tests that
     finished is read, the run is marked cut, and the report is not ok (however well those went)."""
@@ -323,15 +334,15 @@ def test_a_run_the_time_limit_stops_reports_what_finished_and_is_not_ok(tmp_path
     # inherit; the interrupt must still reach pytest
     ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        rep = U.run_upstream(tree, libs, tmp_path / "out", release="fake", workers=1, timeout=12)
+        rep = U.run_upstream(tree, libs, tmp_path / "out", release="fake", workers=1, timeout=60)
     finally:
         signal.signal(signal.SIGINT, ignored)
     runs = {r.name: r for r in rep.runs}
-    assert not runs["stock"].cut and runs["stock"].passed == 8
+    assert not runs["stock"].cut and runs["stock"].passed == 8, runs["stock"].log_tail
     slow = runs["slow"]
-    assert slow.cut and 1 <= slow.passed < 8 and slow.failed == 0, (slow, slow.log_tail)
+    assert slow.cut and slow.passed == 1 and slow.failed == 0, (slow, slow.log_tail)
     assert (tmp_path / "out" / "junit-slow.xml").is_file()  # written by the interrupted pytest
-    assert rep.identical["slow"]["compared"] == slow.outputs and rep.identical["slow"]["identical"] == slow.outputs
+    assert rep.identical["slow"] == {"compared": slow.outputs, "identical": slow.outputs} and slow.outputs >= 1
     assert any("slow: stopped at the time limit" in n for n in rep.notes), rep.notes
     assert not rep.ok and rep.to_dict()["runs"][1]["cut"] is True
 
@@ -358,6 +369,7 @@ def test_collected_names_keep_pytest_order_and_only_the_test():
     assert U.collected_names(test, out) == ["test_paged_attention[v1-a]", "test_paged_attention[v2-b]"]
 
 
+@pytest.mark.slow  # pytest runs the fake test once per stand-in
 def test_run_upstream_in_shards_covers_the_whole_test_once(tmp_path, monkeypatch):
     """Two shards of the fake test: each runs half the cases against both stand-ins, pytest
     collecting them on the machine; together they run and compare every case once."""
@@ -385,7 +397,7 @@ def _stand_in_tree(tmp_path: Path, monkeypatch) -> Path:
     back.mkdir()
     (back / "fakeback.py").write_text(BACKEND)
     # the test module is imported as 'test_attention' (rootdir-relative, no __init__ in its folder)
-    monkeypatch.setenv("PYTHONPATH", f"{back}{__import__('os').pathsep}{tree / 'tests/kernels/attention'}")
+    monkeypatch.setenv("PYTHONPATH", f"{back}{os.pathsep}{tree / 'tests/kernels/attention'}")
     # the fake test asserts 1024 bytes of shared memory: the shim would ask CUDA, so answer for it
     monkeypatch.setattr(U, "write_run_dir", _with_fake_shared_memory(U.write_run_dir))
     return tree
@@ -402,125 +414,7 @@ def _with_fake_shared_memory(write_run_dir):
     return wrapped
 
 
-def _from_imports(tree: Path, test) -> list[tuple[str, str]]:
-    """(module, name) of every from-import of the release's test and its conftest; a
-    relative one (0.6.4's ``from .allclose_default import ...``) as its absolute module."""
-    imports = []
-    for rel in (test.path, str(Path(test.path).parent / "conftest.py")):
-        pkg = Path(rel).parent.as_posix().split("/")
-        for node in ast.walk(ast.parse((tree / rel).read_text())):
-            if isinstance(node, ast.ImportFrom):
-                mod = ".".join(pkg[: len(pkg) - node.level + 1] + [node.module or ""]).strip(".") if node.level else node.module
-                imports += [(mod, a.name) for a in node.names]
-    return imports
-
-
-def _types_under_shim(run_dir: Path, imports: list[tuple[str, str]], check: str = "") -> dict[str, str]:
-    """In a fresh interpreter with the shim installed in ``run_dir``: the type name of each
-    imported name (``Missing``: a placeholder), after running ``check`` there."""
-    import os
-
-    code = textwrap.dedent(f"""
-        import importlib, json, torch
-        import kvpatch_upstream_shim as S
-        S.install("_vllm_helpers")
-        got = {{}}
-        for mod, name in {imports!r}:
-            if mod.split(".")[0] in ("typing",):
-                continue
-            got[f"{{mod}}.{{name}}"] = type(getattr(importlib.import_module(mod), name)).__name__
-    """) + textwrap.dedent(check) + "print(json.dumps(got))\n"
-    env = dict(os.environ, PYTHONPATH=U.pythonpath_for(run_dir))
-    p = subprocess.run([sys.executable, "-c", code], cwd=run_dir, env=env, capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
-    return json.loads(p.stdout)
-
-
-@pytest.mark.network
-def test_shim_serves_every_import_of_vllm_0_10_2s_test(vllm_release, tmp_path):
-    """Every name 0.10.2's test_attention.py and its conftest import resolves under the shim,
-    the helpers are 0.10.2's own, and torch.ops._C.paged_attention_v1/v2 exist for opcheck's arguments."""
-    pytest.importorskip("torch")
-    tree = vllm_release("0.10.2")
-    test = U.find_test(tree)
-    assert test.path == "tests/kernels/attention/test_attention.py"
-    U.write_run_dir(test, tmp_path / "run")
-    imports = _from_imports(tree, test)
-    assert ("vllm", "_custom_ops") in imports and ("xformers", "ops") in imports
-    got = _types_under_shim(tmp_path / "run", imports, check="""
-        assert torch.ops._C.paged_attention_v1 is S.paged_attention_v1
-        from vllm.utils import create_kv_caches_with_random
-        assert create_kv_caches_with_random.__module__ == "_vllm_helpers"
-    """)
-    assert got["vllm._custom_ops"] == "module" and got["vllm.platforms.current_platform"] == "_Platform"
-    assert got["vllm.utils.get_max_shared_memory_bytes"] == "function"
-    assert got["tests.kernels.utils.opcheck"] == "function"
-    assert got["vllm.attention.layer.Attention"] == "Missing"
-
-
-def test_shim_convert_fp8_works_on_the_flat_blocks_like_vllms_kernel():
-    """vLLM's test dequantises an fp8 key cache [blocks, heads, head/16, block, 16] into a
-    tensor shaped with the 16-bit x ([..., head/8, block, 8]): the op converts element by
-    element over the flat blocks, so the shapes need not match (they did not in the first
-    H200 run: 49 upstream tests failed for stock itself)."""
-    torch = pytest.importorskip("torch")
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("kvpatch_shim_under_test", Path(U.__file__).with_name("upstream_shim.py"))
-    shim = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(shim)
-    codes = torch.randint(0, 0x70, (3, 2, 4, 16, 16), dtype=torch.uint8)  # no NaN codes
-    out = torch.empty((3, 2, 8, 16, 8), dtype=torch.bfloat16)
-    shim.convert_fp8(out, codes, 2.0)
-    want = (codes.reshape(-1).view(torch.float8_e4m3fn).float() * 2.0).to(torch.bfloat16)
-    assert torch.equal(out.reshape(-1), want)
-    back = torch.empty_like(codes)
-    shim.convert_fp8(back, out, 2.0)
-    assert torch.equal(back, codes)
-
-
-#: Names the shim may leave as placeholders: imported by test_attention.py for its other
-#: tests (multi-query / xformers / layer construction), never called by test_paged_attention.
-UNUSED_BY_PAGED_ATTENTION = {"Attention", "MultiHeadAttention", "MMEncoderAttention", "ops", "BlockDiagonalCausalMask",
-                             "_make_alibi_bias", "make_alibi_bias"}
-
-
-@pytest.mark.network
-@pytest.mark.parametrize("release", ["0.6.4", "0.8.5", "0.9.2", "0.10.0", "0.10.2", "0.11.2", "0.22.1"])
-def test_shim_serves_every_import_of_each_releases_test(vllm_release, tmp_path, release):
-    """Per header revision's release: every from-import of the test and its conftest
-    (relative ones too: 0.6.4 has ``from .allclose_default import ...``) resolves under the
-    shim, the helper module imports, and only names test_paged_attention never calls are placeholders."""
-    pytest.importorskip("torch")
-    tree = vllm_release(release)
-    test = U.find_test(tree)
-    U.write_run_dir(test, tmp_path / "run")
-    got = _types_under_shim(tmp_path / "run", _from_imports(tree, test))
-    missing = {k.rsplit(".", 1)[1] for k, v in got.items() if v == "Missing"}
-    assert missing <= UNUSED_BY_PAGED_ATTENTION, missing
-    assert any(k.endswith(".create_kv_caches_with_random") and v == "function" for k, v in got.items())
-
-
-def test_validate_says_a_cut_run_is_not_a_pass_and_a_failure_is_a_failure():
-    from kvpatch.gpu.commands import ValidateOutcome
-
-    def outcome(cut: bool, failed: int) -> ValidateOutcome:
-        runs = [U.UpstreamRun("stock", "s", 0, passed=5), U.UpstreamRun("patched", "p", 2, passed=3, failed=failed, cut=cut)]
-        rep = U.UpstreamReport("0.6.4", "t::test_paged_attention", "stock", runs,
-                               identical={"patched": {"compared": 3, "identical": 3}}, differing={"patched": []})  # fmt: skip
-        return ValidateOutcome(upstream=rep)
-
-    cut = outcome(cut=True, failed=0)
-    assert not cut.ok and "stopped at the time limit before it finished (patched): not a pass" in cut.why()
-    assert "failed" in outcome(cut=True, failed=1).why()  # a failure is named as one, cut or not
-    assert outcome(cut=False, failed=0).ok
-
-
 def test_the_table_names_the_share_and_a_cut_run():
-    from rich.console import Console
-
-    from kvpatch.render import print_upstream
-
     runs = [U.UpstreamRun("stock", "s", 0, passed=4, outputs=4), U.UpstreamRun("patched", "p", 2, passed=2, outputs=2, cut=True)]
     rep = U.UpstreamReport("0.6.4", "t::test_paged_attention", "stock", runs, identical={"patched": {"compared": 2, "identical": 2}},
                            notes=["patched: stopped at the time limit (12 s) after 2 test(s)"], shard="1/2", selected=4, collected=8)  # fmt: skip

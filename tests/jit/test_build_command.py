@@ -1,0 +1,48 @@
+"""``kvpatch build`` (kvpatch.commands.build, kvpatch.render.build_table) and ``--full``
+(kvpatch.jit.full): options refused before anything runs, vLLM's own install's command line,
+and the table a build prints."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from jit_helpers import kernel, variant_result
+from rich.console import Console
+
+from kvpatch.commands import build as Bc
+from kvpatch.errors import UsageError
+from kvpatch.jit import BuildResult, full_build_command, parse_arch_list, vllm_nvcc_flags
+from kvpatch.render import build_table
+
+
+def test_full_build_command(tmp_path):
+    argv, env = full_build_command(tmp_path, parse_arch_list("8.0;9.0a"), 16, python="/py", base_env={"PATH": "/bin"})
+    assert argv == ["/py", "-m", "pip", "install", "-v", "-e", str(tmp_path.resolve()), "--no-build-isolation"]
+    assert env == {"PATH": "/bin", "TORCH_CUDA_ARCH_LIST": "8.0;9.0a", "MAX_JOBS": "16", "VLLM_TARGET_DEVICE": "cuda"}
+    with pytest.raises(UsageError):
+        full_build_command(tmp_path, [], 16)
+    with pytest.raises(UsageError):
+        full_build_command(tmp_path, parse_arch_list("9.0a"), 0)
+
+
+@pytest.mark.parametrize("opts, message", [
+    (dict(jobs=0), r"^invalid jobs 0: must be >= 1$"),
+    (dict(full=True, dtypes=["fp16"], all_kernels=True), r"^--full runs vLLM's own build .*: --dtypes, --all do not apply$"),
+    (dict(full=True, arch="sm_90"), "invalid arch 'sm_90'"),
+])  # fmt: skip
+def test_build_refuses_options_before_it_reads_the_tree(tmp_path, opts, message):
+    with pytest.raises(UsageError, match=message):
+        Bc.run(Bc.BuildOptions(tree=tmp_path / "no-tree", cwd=tmp_path, **opts))
+
+
+def test_build_table_shows_every_kernel_and_vllms_flags():
+    stock = variant_result("stock", (kernel(has_prefetch=False, expect_prefetch=False),))
+    patched = variant_result("patched", (kernel(), kernel(kernel="v2", has_prefetch=False, registers=128)))
+    out = io.StringIO()
+    Console(file=out, width=200).print(build_table(BuildResult((stock, patched), 12.34, vllm_nvcc_flags())))
+    text = out.getvalue()
+    assert "kvpatch build (12.3 s)" in text
+    rows = [line for line in text.splitlines() if "fp16/auto/128/16" in line]
+    assert len(rows) == 3 and "FAIL" in rows[2] and "128" in rows[2] and "FAIL" not in rows[0] + rows[1]
+    assert "vLLM's nvcc flags: -std=c++17 -O2 -g -DNDEBUG --expt-relaxed-constexpr -DENABLE_FP8" in text

@@ -1,0 +1,61 @@
+"""kvpatch.jit.result: what a build says about its kernels -- the SASS check (a prefetch missing
+where the configuration wants one, or present where it does not), and the warnings against
+stock (floating-point ops an ``issue=split`` build should share with stock; a key loop that
+uses its loads right after issuing them), all surviving ``result.json``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from jit_helpers import kernel, variant_result
+
+from kvpatch.errors import BuildError
+from kvpatch.jit import BuildResult, VariantResult
+
+
+def test_problems_report_missing_and_unexpected_prefetch():
+    kernels = (kernel(), kernel(kernel="v2"),
+               kernel(kernel="reduce", block_size=0, kv_cache_dtype="", has_prefetch=False, expect_prefetch=False))  # fmt: skip
+    result = variant_result("patched", kernels)
+    assert result.problems() == []
+    bad = replace(result, kernels=(kernel(has_prefetch=False), *kernels[1:]))
+    assert bad.problems() == ["patched: v1 fp16/auto/128/16 sm_90a lacks UBLKPF in its SASS"]
+    stray = replace(result, kernels=(*kernels[:2], replace(kernels[2], has_prefetch=True)))
+    assert stray.problems() == ["patched: reduce fp16/128 sm_90a unexpectedly has UBLKPF in its SASS"]
+    assert "found 2 kernels in the SASS, expected 3" in replace(result, kernels=kernels[:2]).problems()[0]
+    BuildResult((result,), 0.0).check()
+    with pytest.raises(BuildError, match=r"^SASS check failed: patched: v1 fp16/auto/128/16 sm_90a lacks UBLKPF in its "
+                                         r"SASS \(\+1 more\)$"):  # fmt: skip
+        BuildResult((bad, stray), 0.0).check()
+
+
+def test_split_warnings_compare_floating_point_ops_with_stock():
+    ops = (("FADD", 3), ("FFMA", 122))
+    stock = variant_result("stock", (kernel(dtype="bf16", fp_ops=ops, has_prefetch=False),), "bf16/auto/128/16")
+    same = replace(stock, name="split", kernels=(kernel(dtype="bf16", fp_ops=ops, split=True),))
+    other = replace(same, name="other", kernels=(kernel(dtype="bf16", fp_ops=(("FFMA", 244),), split=True),))
+    inline = replace(same, name="inline", kernels=(kernel(dtype="bf16", fp_ops=(("FFMA", 61),)),))
+    moved = replace(same, name="moved", kernels=(kernel(dtype="bf16", fp_ops=(("FADD", 5), ("FFMA", 122)), split=True),))
+    result = BuildResult((stock, same, other, inline, moved), 0.0)
+    assert result.split_warnings() == ["other: v1 bf16/auto/128/16 sm_90a: issue=split, but 244 FFMA in its SASS against "
+                                       "stock's 122: expect outputs with ALiBi to differ (check with 'kvpatch validate')"]  # fmt: skip
+    assert BuildResult((same, other), 0.0).split_warnings() == []  # no stock to compare with
+    again = VariantResult.from_dict(json.loads(json.dumps(other.to_dict())))
+    assert again.kernels == other.kernels
+
+
+def test_schedule_warnings_compare_load_use_with_stock():
+    stock = variant_result("stock", (kernel(has_prefetch=False, load_use=80.0),))
+    close = replace(stock, name="close", kernels=(kernel(load_use=60.0),))
+    near = replace(stock, name="near", kernels=(kernel(load_use=12.0),))
+    unknown = replace(stock, name="unknown", kernels=(kernel(load_use=None),))
+    off = replace(stock, name="off", kernels=(kernel(has_prefetch=False, expect_prefetch=False, load_use=5.0),))
+    result = BuildResult((stock, close, near, unknown, off), 0.0)
+    assert result.schedule_warnings() == ["near: v1 fp16/auto/128/16 sm_90a: its key loop uses each load 12 instructions "
+                                          "after issuing it (median; stock's: 80): expect it slower than stock (measure with "
+                                          "'kvpatch bench')"]  # fmt: skip
+    assert BuildResult((close, near), 0.0).schedule_warnings() == []  # no stock to compare with
+    again = VariantResult.from_dict(json.loads(json.dumps(near.to_dict())))
+    assert again.kernels == near.kernels and again.kernels[0].load_use == 12.0

@@ -1,0 +1,243 @@
+"""kvpatch.jit.build with nvcc: stock and patched kernels of a real release compiled into two
+libraries, their SASS checked (``UBLKPF`` exactly where the configuration prefetches), the
+content-keyed cache (hits, damaged entries rebuilt, older entries read again), the warnings
+against stock, and the libraries loaded without torch (kvpatch.gpu.launch).
+
+The builds need nvcc and the SASS tools (``nvidia-cuda-cuobjdump``, ``nvidia-cuda-nvdisasm``);
+they are small specs (one dtype, head size 128, block size 16: about 3 s a variant on 2 cores)
+in a cache shared by the session.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from jit_helpers import (  # noqa: F401  (fixtures)
+    ALL_DTYPES,
+    NVCC_MARKS,
+    build_cache,
+    stock_and_patched,
+    tree_0102,
+    tree_064,
+    variants_0102,
+)
+
+from kvpatch.config import make_config
+from kvpatch.errors import BuildError
+from kvpatch.gpu.launch import Kernels
+from kvpatch.jit import HEADER, BuildResult, Variant, build, make_spec, parse_arch_list, patched_variants, vllm_nvcc_flags
+from kvpatch.progress import Recorder
+
+pytestmark = NVCC_MARKS
+
+
+@pytest.fixture(scope="module")
+def spec_9a(tree_0102, variants_0102):
+    # head 64 block 16: the default has all three forms there (fp16 v1 inline asm, bf16 a call
+    # to the helper, fp16 v2 and fp32 off)
+    return make_spec(tree_0102, variants_0102, "9.0a", dtypes=ALL_DTYPES, head_sizes=[64])
+
+
+@pytest.fixture(scope="module")
+def built_9a(spec_9a, build_cache) -> BuildResult:
+    return build(spec_9a, cache=build_cache)
+
+
+def test_unsupported_arch_is_a_clear_error(spec_9a, build_cache):
+    spec = replace(spec_9a, archs=tuple(parse_arch_list("7.0")))
+    with pytest.raises(BuildError, match=r"cannot compile for 7.0; it supports .*7\.5"):
+        build(spec, cache=build_cache)
+
+
+def test_build_sm90a_prefetch_only_in_patched(built_9a, tree_0102):
+    stock, patched = built_9a.variants
+    assert built_9a.problems() == []
+    # the default at head 64 block 16: fp16 v1 inline asm, bf16 v1 and v2 a call to the helper
+    # (so an empty helper fails this), fp16 v2 off (no candidate was never-slower), fp32 off (not tuned)
+    on = {("v1", "fp16"), ("v1", "bf16"), ("v2", "bf16")}
+    assert [(k.kernel, k.dtype, k.has_prefetch) for k in patched.kernels] == [
+        (kernel, dtype, (kernel, dtype) in on) for kernel in ("v1", "v2", "reduce") for dtype in ALL_DTYPES
+    ]
+    assert all(k.has_prefetch == k.expect_prefetch for k in patched.kernels)
+    assert not any(k.has_prefetch for k in stock.kernels)
+    assert "UBLKPF" in patched.read_sass() and "UBLKPF" not in stock.read_sass()
+    for v in (stock, patched):
+        assert v.library.is_file() and [c.name.split(".")[-2] for c in v.cubins] == ["sm_90a"]
+        assert all(k.registers > 0 and k.arch == "sm_90a" for k in v.kernels)
+        assert {k.kernel for k in v.kernels} == {"v1", "v2", "reduce"}
+        assert v.steps and not v.cached
+    # the tree itself is untouched
+    assert subprocess.run(["git", "status", "--porcelain"], cwd=tree_0102, capture_output=True, text=True).stdout == ""
+
+
+def test_build_sm80_has_no_prefetch(tree_0102, variants_0102, build_cache):
+    spec = make_spec(tree_0102, [variants_0102[1]], "8.0", dtypes=["fp16"])
+    (patched,) = build(spec, cache=build_cache).variants
+    assert [(k.arch, k.kernel, k.has_prefetch, k.expect_prefetch) for k in patched.kernels] == [
+        ("sm_80", "v1", False, False),
+        ("sm_80", "v2", False, False),
+        ("sm_80", "reduce", False, False),
+    ]
+    assert "UBLKPF" not in patched.read_sass()
+
+
+def test_variants_have_distinct_symbols(built_9a):
+    stock, patched = built_9a.variants
+    assert {k.symbol for k in stock.kernels}.isdisjoint(k.symbol for k in patched.kernels)
+    assert all("kvpatch_stock" in k.symbol for k in stock.kernels)
+    assert all("kvpatch_patched" in k.symbol for k in patched.kernels)
+    if shutil.which("nm"):
+        exported = {
+            v.name: subprocess.run(["nm", "-D", "--defined-only", str(v.library)], capture_output=True, text=True).stdout
+            for v in (stock, patched)
+        }
+        assert "kvpatch_stock_paged_attention_v1" in exported["stock"]
+        assert "kvpatch_patched_paged_attention_v2" in exported["patched"]
+        assert "kvpatch_stock" not in exported["patched"] and "paged_attention_v1_kernel" not in exported["stock"]
+
+
+def test_repeat_build_is_a_cache_hit(built_9a, spec_9a, build_cache):
+    mtimes = [v.library.stat().st_mtime_ns for v in built_9a.variants]
+    log = Recorder()
+    again = build(spec_9a, cache=build_cache, progress=log)
+    assert [v.cached for v in again.variants] == [True, True]
+    assert [line.split(":")[0] for line in log.lines] == ["stock", "patched"] and all("cached" in x for x in log.lines)
+    assert [v.library.stat().st_mtime_ns for v in again.variants] == mtimes
+    assert [v.kernels for v in again.variants] == [v.kernels for v in built_9a.variants]
+    data = json.loads(json.dumps(again.to_dict()))  # the CLI's --json
+    assert data["vllm_flags"] == list(vllm_nvcc_flags())
+    for v in data["variants"]:
+        assert v["compile_flags"][: len(vllm_nvcc_flags())] == list(vllm_nvcc_flags())
+        assert "release" in v["nvcc"] and v["library_bytes"] > 0 and len(v["library_sha256"]) == 64
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "changed"])
+def test_damaged_cached_library_is_rebuilt(damage, tree_0102, variants_0102, tmp_path):
+    spec = make_spec(tree_0102, variants_0102[:1], "9.0a", dtypes=["fp16"])
+    (first,) = build(spec, cache=tmp_path).variants
+    good = first.library.read_bytes()
+    recorded = json.loads((first.dir / "result.json").read_text())
+    assert recorded["library_bytes"] == len(good)
+    if damage == "empty":
+        first.library.write_bytes(b"")
+    elif damage == "truncated":
+        first.library.write_bytes(good[: len(good) // 2])
+    else:
+        first.library.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    log = Recorder()
+    (again,) = build(spec, cache=tmp_path, progress=log).variants
+    said = "\n".join(log.lines)
+    assert not again.cached and "damaged" in said and "rebuilding" in said
+    assert ("sha256" in said) == (damage == "changed")  # same size: the digest says why
+    assert again.library.read_bytes() == good
+    (third,) = build(spec, cache=tmp_path).variants
+    assert third.cached
+
+
+def test_a_cached_build_without_load_use_gets_it_from_its_sass(tree_0102, variants_0102, tmp_path):
+    """A build cached by a kvpatch that did not record the key loop's load-use distance is read
+    again from its kept SASS, once (FP op counts too): the numbers equal a fresh build's and
+    result.json keeps them."""
+    spec = make_spec(tree_0102, variants_0102[:1], "9.0a", dtypes=["fp16"])
+    (first,) = build(spec, cache=tmp_path).variants
+    assert all(k.load_use for k in first.kernels if k.kernel != "reduce")
+    path = first.dir / "result.json"
+    old = json.loads(path.read_text())
+    for k in old["kernels"]:
+        del k["load_use"]
+        k["fp_ops"] = [["FFMA", 1]]  # what an older kvpatch counted is read again too
+    path.write_text(json.dumps(old))
+    (again,) = build(spec, cache=tmp_path).variants
+    assert again.cached and again.kernels == first.kernels
+    assert [k["load_use"] for k in json.loads(path.read_text())["kernels"]] == [k.load_use for k in first.kernels]
+
+
+def test_sass_check_fails_the_build(tree_0102, variants_0102, build_cache):
+    liar = Variant("liar", variants_0102[0].header, expect_prefetch=True)
+    spec = make_spec(tree_0102, [liar], "9.0a", dtypes=["fp16"])
+    with pytest.raises(BuildError, match=r"^SASS check failed: liar: v1 fp16/auto/128/16 sm_90a lacks UBLKPF in its SASS "
+                                         r"\(\+1 more\)$"):  # fmt: skip
+        build(spec, cache=build_cache)
+    (unchecked,) = build(spec, cache=build_cache, check=False).variants
+    assert unchecked.cached and len(unchecked.problems()) == 2
+
+
+def test_nvcc_failure_is_one_line(tree_0102, variants_0102, build_cache):
+    broken = Variant("broken", variants_0102[0].header + "\n#error kvpatch-test-breakage\n")
+    spec = make_spec(tree_0102, [broken], "9.0a", dtypes=["fp16"])
+    with pytest.raises(BuildError, match="nvcc failed for 'broken': .*kvpatch-test-breakage") as e:
+        build(spec, cache=build_cache)
+    assert "\n" not in str(e.value)
+
+
+def test_runtime_loads_without_torch(built_9a, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # an import of torch fails from here on
+    stock, patched = built_9a.variants
+    k = Kernels(stock.library, stock.prefix)
+    p = Kernels.from_build(patched)
+    assert k.configs == ("fp16/auto/64/16", "bf16/auto/64/16", "fp32/auto/64/16") == p.configs
+    assert not k.scale_by_value
+    assert k.error_string(-1) == "configuration not built into this library"
+    with pytest.raises(RuntimeError, match="no kvpatch_patched_abi_version"):
+        Kernels(stock.library, "kvpatch_patched")
+
+
+def test_build_064_takes_scales_by_value(tree_064, build_cache):
+    stock, _ = stock_and_patched(tree_064)
+    spec = make_spec(tree_064, [stock], "9.0a", dtypes=["bf16"])
+    (built,) = build(spec, cache=build_cache).variants
+    assert Kernels(built.library, built.prefix).scale_by_value
+    assert "          a.k_scale,\n          a.v_scale," in (built.dir / "launcher_0.cu").read_text()
+
+
+def _build_gated_and_plain(tree: Path, cache, issue: str, **gate):
+    """Stock and two uniform patched builds of fp16 head 128 block 16 (v1, v2): 'plain' (kv-head
+    scope, min-group 2, read=warp, ``issue``) and 'gated', the same with the ``gate`` settings."""
+    path = tree / HEADER
+    base = make_config(inherit_rules=False, fp16="none", bf16="none", fp32="none", rules="none", issue=issue,
+                       scope="kv-head", min_group=2, read="warp")  # fmt: skip
+    variants = patched_variants(path.read_text(encoding="utf-8"), str(path), {"gated": replace(base, **gate), "plain": base})
+    spec = make_spec(tree, variants, "9.0a", dtypes=["fp16"], head_sizes=[128], block_sizes=[16])
+    return build(spec, cache=cache)
+
+
+def test_build_warns_where_ptxas_schedules_the_key_loads_next_to_their_use(tree_0102, build_cache):
+    """fp16 head 128 block 16 v1: with min-ctas 1024 and read=warp, ptxas issues each key load
+    right before its use (0.49x stock on the H200: ctas-probe in benchmarks/ARCHIVE.md); without the
+    gate it issues them all up front (1.10x)."""
+    result = _build_gated_and_plain(tree_0102, build_cache, "inline", min_ctas=1024)
+    warned = {w.split(": ")[0] + " " + w.split(": ")[1].split()[0] for w in result.schedule_warnings()}
+    assert warned == {"gated v1", "gated v2"}
+    assert all(k.load_use for v in result.variants for k in v.kernels if k.kernel != "reduce")
+
+
+def test_min_kv_mib_leaves_the_calling_loop_as_without_it(tree_0102, build_cache):
+    """min-kv-mib's test lives in the call helper, so the loop calling it keeps the ungated
+    form's key-load schedule (a test in the loop moved the loads next to their use:
+    kv-gate-probe in benchmarks/ARCHIVE.md), and the helper still holds the prefetch."""
+    result = _build_gated_and_plain(tree_0102, build_cache, "call", min_kv_mib=64)
+    assert result.schedule_warnings() == []
+    by = {v.name: {k.kernel: k for k in v.kernels if k.kernel != "reduce"} for v in result.variants}
+    for kernel in ("v1", "v2"):
+        gated, plain = by["gated"][kernel], by["plain"][kernel]
+        assert gated.load_use == plain.load_use and gated.registers == plain.registers, (kernel, gated, plain)
+        assert gated.has_prefetch and gated.load_use >= 0.5 * by["stock"][kernel].load_use
+
+
+def test_build_warns_where_split_does_not_compile_as_stock(tree_0102, build_cache):
+    """bf16 head 128: stock's key loop is unswitched on the ALiBi slope at block 16, not at 32.
+    With issue=split block 16 keeps stock's floating-point SASS; block 32 does not, and says so."""
+    stock = (tree_0102 / HEADER).read_text(encoding="utf-8")
+    variants = patched_variants(stock, str(tree_0102 / HEADER), {"split": make_config(inherit_rules=False, issue="split")})
+    spec = make_spec(tree_0102, variants, "9.0a", dtypes=["bf16"], head_sizes=[128], block_sizes=[16, 32])
+    result = build(spec, cache=build_cache)
+    split = result.variant("split")
+    assert {(k.kernel, k.block_size) for k in split.kernels if k.split} == {("v1", 16), ("v2", 16), ("v1", 32), ("v2", 32)}
+    warned = {(w.split(": ")[1]) for w in result.split_warnings()}
+    assert warned == {"v1 bf16/auto/128/32 sm_90a", "v2 bf16/auto/128/32 sm_90a"}

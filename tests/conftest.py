@@ -322,3 +322,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("network") or item.get_closest_marker("nvcc"):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _clean_plugin(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """A test of tests/vllm_plugin/ starts with no override registered, no kill switch and no
+    bundle directory from the environment, and ends with its registrations dropped. (Here and
+    not in a conftest of that folder: a second module named ``conftest`` would shadow this one
+    for the tests that import its helpers.)"""
+    if "vllm_plugin" not in Path(str(request.path)).parts:
+        yield
+        return
+    monkeypatch.delenv("KVPATCH_DISABLE", raising=False)
+    monkeypatch.setenv("KVPATCH_PLUGIN_DIR", str(request.getfixturevalue("tmp_path") / "no-bundle-here"))
+    yield
+    try:
+        from kvpatch.vllm_plugin import plugin
+    except ImportError:  # torch-less environments skip before this matters
+        return
+    plugin.reset()

@@ -334,7 +334,7 @@ def test_a_run_the_time_limit_stops_reports_what_finished_and_is_not_ok(tmp_path
     # inherit; the interrupt must still reach pytest
     ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        rep = U.run_upstream(tree, libs, tmp_path / "out", release="fake", workers=1, timeout=60)
+        rep = U.run_upstream(tree, libs, tmp_path / "out", release="fake", workers=1, timeout=30)
     finally:
         signal.signal(signal.SIGINT, ignored)
     runs = {r.name: r for r in rep.runs}

@@ -186,3 +186,41 @@ def test_the_command_line_beats_the_config_file(tmp_path: Path) -> None:
     assert cfg.resolve("fp16", 64, 16, "auto", "v1").off
     assert cfg == make_config(lookahead=2, scope="kv-head", rules={
         "fp16/128/16/auto/v1": "issue=inline", "bf16/64": "lookahead=5", "fp16/64/16/auto/v1": "off"})  # fmt: skip
+
+
+# --------------------------------------------------------------------------- in the generated text
+
+_BASE_OPTIONS = [("lookahead", 3), ("scope", "cta"), ("issue", "call"), ("read", "lane"), ("min_group", 4),
+                 ("size", 8192)]  # fmt: skip
+
+
+@pytest.mark.parametrize("source", ["command line", "config file"])
+@pytest.mark.parametrize(("name", "value"), _BASE_OPTIONS, ids=[n for n, _ in _BASE_OPTIONS])
+def test_each_base_option_reaches_every_prefetching_kernel_of_the_patched_text(tmp_path: Path, source: str,
+                                                                               name: str, value) -> None:
+    """``apply --NAME VALUE`` (or the same in kvpatch.toml) changes the generated header: the
+    configuration the patched text carries gives that value at every kernel the shipped table
+    leaves prefetching, and the same kernels prefetch as without it."""
+    from conftest import FIXTURES, STOCK, fixture_text
+    from kvpatch.config import config_from_marker
+    from kvpatch.patch import inspect, patch
+
+
+    if source == "command line":
+        cfg = make_config(**{name: value})
+    else:
+        path = tmp_path / "kvpatch.toml"
+        path.write_text(f"{name.replace('_', '-')} = {value!r}\n".replace("'", '"'), encoding="utf-8")
+        cfg, _ = config_and_tuned(path)
+    header = str(FIXTURES / STOCK)
+    default = patch(fixture_text(), header, make_config()).patched
+    text = patch(fixture_text(), header, cfg).patched
+    assert text != default
+    injected = inspect(text, header)
+    assert injected.intact and len(injected.markers) == 1
+    carried = config_from_marker(injected.markers[0])
+    table, got = _kernels(make_config()), _kernels(carried)
+    prefetching = [k for k, c in table.items() if not c.off]
+    assert prefetching and all(not got[k].off for k in prefetching)
+    assert all(getattr(got[k], name) == value for k in prefetching), name
+    assert all(got[k].off for k, c in table.items() if c.off)

@@ -46,7 +46,12 @@ def _make_special(path: Path, kind: str, keep: list) -> None:
         os.mkfifo(path)
     elif kind == "socket":
         sock = socket.socket(socket.AF_UNIX)
-        sock.bind(str(path))
+        here = os.getcwd()
+        os.chdir(path.parent)  # bound by its short name: a socket's path is limited to ~108 bytes
+        try:
+            sock.bind(path.name)
+        finally:
+            os.chdir(here)
         keep.append(sock)
     elif kind == "device":
         path.symlink_to("/dev/zero")

@@ -125,6 +125,23 @@ def git_tree(tmp_path: Path) -> Path:
     return make_tree(tmp_path / "vllm", fixture_text())
 
 
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    """The directory kvpatch runs in (where it keeps .kvpatch/state.json)."""
+    path = tmp_path / "work"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def applied(git_tree: Path, work: Path) -> Path:
+    """The fixture tree, patched with the default configuration from ``work``."""
+    from cli.cli_helpers import run_cli
+
+    assert run_cli("apply", "--tree", str(git_tree), cwd=work).returncode == 0
+    return git_tree
+
+
 # --------------------------------------------------------------------------- releases
 
 

@@ -12,13 +12,6 @@ from cli.cli_helpers import assert_one_line_error, kvpatch, run_cli
 from conftest import HEADER, STOCK, fixture_text, git, make_tree
 
 
-@pytest.fixture
-def work(tmp_path: Path) -> Path:
-    path = tmp_path / "work"
-    path.mkdir()
-    return path
-
-
 def committed(tree: Path) -> bytes:
     return git(tree, "show", f"HEAD:{HEADER}", text=False)
 

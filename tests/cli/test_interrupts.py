@@ -18,13 +18,6 @@ from conftest import HEADER, STOCK, fixture_text, make_tree
 from source.source_helpers import IndexServer, send
 
 
-@pytest.fixture
-def work(tmp_path: Path) -> Path:
-    path = tmp_path / "work"
-    path.mkdir()
-    return path
-
-
 def _slow_index(owner: IndexServer, h) -> None:
     """A project page with one sdist whose download stalls after 64 KiB."""
     if h.path.rstrip("/").endswith("/vllm"):

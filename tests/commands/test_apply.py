@@ -17,14 +17,6 @@ pytestmark = pytest.mark.slow  # each test parses and patches the header (libcla
 
 
 @pytest.fixture
-def work(tmp_path: Path) -> Path:
-    """The directory kvpatch runs in (where it keeps .kvpatch/state.json)."""
-    path = tmp_path / "work"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
 def header(git_tree: Path) -> Path:
     return git_tree / HEADER
 

@@ -14,20 +14,6 @@ from conftest import HEADER, STOCK, fixture_text, git, make_tree
 pytestmark = pytest.mark.slow  # each test applies first (libclang)
 
 
-@pytest.fixture
-def work(tmp_path: Path) -> Path:
-    path = tmp_path / "work"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def applied(git_tree: Path, work: Path) -> Path:
-    """The fixture tree, patched with the default configuration from ``work``."""
-    assert run_cli("apply", "--tree", str(git_tree), cwd=work).returncode == 0
-    return git_tree
-
-
 def test_diff_applies_to_a_pristine_clone(applied: Path, work: Path, tmp_path: Path) -> None:
     proc = run_cli("diff", cwd=work)  # the tree of the last apply here
     assert proc.returncode == 0, proc.stderr

@@ -9,23 +9,9 @@ from pathlib import Path
 import pytest
 
 from cli.cli_helpers import assert_one_line_error, run_cli
-from conftest import HEADER, STOCK, fixture_text, make_tree
+from conftest import HEADER, STOCK, fixture_text
 
 EDIT_IN_REGION = ("kvpatch_next < end_block_idx", "kvpatch_next <= end_block_idx")
-
-
-@pytest.fixture
-def work(tmp_path: Path) -> Path:
-    path = tmp_path / "work"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def applied(tmp_path: Path, work: Path) -> Path:
-    tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
-    assert run_cli("apply", "--tree", str(tree), cwd=work).returncode == 0
-    return tree
 
 
 def _edit_region(header: Path) -> str:

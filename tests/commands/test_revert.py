@@ -13,13 +13,6 @@ from conftest import HEADER, STOCK, fixture_text, git, make_tree
 pytestmark = pytest.mark.slow  # each test applies first (libclang)
 
 
-@pytest.fixture
-def work(tmp_path: Path) -> Path:
-    path = tmp_path / "work"
-    path.mkdir()
-    return path
-
-
 def committed(tree: Path) -> bytes:
     return git(tree, "show", f"HEAD:{HEADER}", text=False)
 

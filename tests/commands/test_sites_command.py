@@ -14,13 +14,6 @@ from conftest import HEADER
 pytestmark = pytest.mark.slow  # each test parses the header (libclang)
 
 
-@pytest.fixture
-def work(tmp_path: Path) -> Path:
-    path = tmp_path / "work"
-    path.mkdir()
-    return path
-
-
 def _row(lines: list[str], kind: str) -> str:
     (row,) = [line for line in lines if line.lstrip("│ ").startswith(kind + " ")]
     return row

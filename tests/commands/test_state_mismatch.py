@@ -10,23 +10,8 @@ from pathlib import Path
 import pytest
 
 from cli.cli_helpers import run_cli
-from conftest import STOCK, fixture_text, make_tree
 
 pytestmark = pytest.mark.slow  # each test applies first (libclang)
-
-
-@pytest.fixture
-def work(tmp_path: Path) -> Path:
-    path = tmp_path / "work"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def applied(tmp_path: Path, work: Path) -> Path:
-    tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
-    assert run_cli("apply", "--tree", str(tree), cwd=work).returncode == 0
-    return tree
 
 
 def _record(work: Path, marker: str) -> None:

@@ -16,13 +16,6 @@ from conftest import HEADER, STOCK, fixture_text, make_tree
 pytestmark = pytest.mark.slow  # each test parses and patches the header (libclang)
 
 
-@pytest.fixture
-def work(tmp_path: Path) -> Path:
-    path = tmp_path / "work"
-    path.mkdir()
-    return path
-
-
 def _enospc_for(monkeypatch: pytest.MonkeyPatch, where: Callable[[Path], bool], step: str) -> None:
     """ENOSPC where ``where(path)`` holds: writing the temporary file (``stage``) or renaming
     it over the target (``commit``)."""

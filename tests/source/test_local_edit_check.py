@@ -17,20 +17,6 @@ from cli.cli_helpers import assert_one_line_error, run_cli
 from conftest import HEADER, STOCK, fixture_text, git, make_tree
 
 
-@pytest.fixture
-def work(tmp_path: Path) -> Path:
-    path = tmp_path / "work"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def applied(tmp_path: Path, work: Path) -> Path:
-    tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
-    assert run_cli("apply", "--tree", str(tree), cwd=work).returncode == 0
-    return tree
-
-
 @pytest.mark.slow
 def test_without_git_the_check_is_off_and_says_so_then_uses_the_recorded_hash(tmp_path: Path, work: Path) -> None:
     tree = make_tree(tmp_path / "plain", fixture_text(STOCK), commit=False)

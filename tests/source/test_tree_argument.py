@@ -12,13 +12,6 @@ from cli.cli_helpers import assert_one_line_error, run_cli
 from conftest import STOCK, fixture_text, make_tree
 
 
-@pytest.fixture
-def work(tmp_path: Path) -> Path:
-    path = tmp_path / "work"
-    path.mkdir()
-    return path
-
-
 @pytest.mark.parametrize("command", ["sites", "apply", "diff", "revert"])
 def test_a_tree_naming_a_symlink_loop_is_a_usage_error(command: str, tmp_path: Path, work: Path) -> None:
     (tmp_path / "l1").symlink_to(tmp_path / "l2")

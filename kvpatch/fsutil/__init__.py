@@ -1,14 +1,5 @@
-"""The one way kvpatch writes files: atomically, through symlinks, never half-written.
-
-``write_atomic`` writes a temporary file beside the *resolved* target and renames it
-over the target, so a symlinked file is updated where it really lives (the link stays
-a link) and a reader never sees a partial file; on any failure the old file is left as
-it was and the temporary file is removed. A path that names a device, pipe or socket
-(``/dev/stdout``, ``/dev/null``) is written in place: there is nothing to replace, and
-renaming over it would clobber the device node; a FIFO nobody reads fails after
-:data:`FIFO_WAIT` seconds instead of blocking forever. :func:`read_regular` reads an
-input only if it is a regular file (a FIFO, socket or device could block or never end). ``write_if_different`` skips the write
-when the content is already there (build inputs keep their mtimes).
+"""The one way kvpatch writes and reads files: atomically, through symlinks, never half-written,
+and only regular files as inputs (:mod:`.files` says how).
 
 The modules: :mod:`.files` (writing and reading), :mod:`.outputs` (outputs checked before any
 work), :mod:`.locks` (locks between kvpatch processes).

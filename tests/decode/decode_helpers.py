@@ -12,6 +12,7 @@ from typing import Iterator
 import torch
 
 from kvpatch.decode.models import ModelShape
+from prefetch.prefetch_helpers import logging_controller as _logging_controller
 
 MiB = 1 << 20
 
@@ -62,92 +63,9 @@ class ReferenceKernels:
 # --------------------------------------------------------------------------- a logging stream API
 
 
-class LogStream:
-    def __init__(self, log, name):
-        self.log, self.name = log, name
-
-    def wait_event(self, event):
-        self.log.append(("wait_event", self.name))
-
-    def wait_stream(self, other):
-        self.log.append(("wait_stream", self.name, other.name))
-
-
-class LogEvent:
-    def __init__(self, log):
-        self.log = log
-
-    def record(self, stream=None):
-        self.log.append(("record", getattr(stream, "name", None)))
-
-
-class LogTable:
-    def __init__(self, address):
-        self.address = address
-
-    def data_ptr(self):
-        return self.address
-
-
-class LoggingAPI:
-    """PrefetchController's stream/event adapter for CPU tensors: every call is a tuple in ``log``
-    (shared with :class:`LoggingLibrary` and, passed in, :class:`ReferenceKernels`); ``tables``
-    holds the ranges of every table made."""
-
-    def __init__(self, log=None):
-        self.log = [] if log is None else log
-        self.tables: list[list[tuple[int, int]]] = []
-        self.main = LogStream(self.log, "main")
-
-    def normalize(self, device):
-        return "cpu"
-
-    def capability(self, device):
-        return (9, 0)
-
-    def new_stream(self, device, priority):
-        return LogStream(self.log, "side")
-
-    def new_event(self):
-        return LogEvent(self.log)
-
-    def current_stream(self, device):
-        return self.main
-
-    def handle(self, stream):
-        return {"main": 0x1111, "side": 0x2222}[stream.name]
-
-    def make_table(self, ranges, device):
-        self.tables.append(list(ranges))
-        return LogTable(0x7000 + 0x100 * len(self.tables))
-
-    @contextmanager
-    def device_guard(self, device):
-        yield
-
-
-class LoggingLibrary:
-    """A prefetch library (with the demote build's run modes) that logs each launch."""
-
-    modes = ("prefetch", "demote")
-    config = "chunk=4096,line=128,hint=evict_last,threads=32,demote"
-
-    def __init__(self, log):
-        self.log = log
-
-    def launch(self, table_ptr, rows, grid, stream, **options):
-        self.log.append(("launch", table_ptr, rows, grid, stream, tuple(sorted(options.items()))))
-
-    def run(self, table_ptr, rows, grid, stream, *, mode, **options):
-        self.log.append(("run", mode, table_ptr, rows, grid, stream, tuple(sorted(options.items()))))
-
-
 def logging_controller(**kw):
     """A PrefetchController on the CPU whose every stream call and launch lands in ``api.log``."""
-    from kvpatch.prefetch import PrefetchController
-
-    api = LoggingAPI()
-    return PrefetchController("cpu", library=LoggingLibrary(api.log), api=api, **kw), api
+    return _logging_controller("cpu", **kw)
 
 
 # --------------------------------------------------------------------------- the decode bench on the CPU

@@ -109,3 +109,88 @@ def controller(**kw):
     ctl = PrefetchController("cuda:0", library=FakeLibrary(api), api=api, **kw)
     api.log.clear()
     return ctl, api
+
+
+# --------------------------------------------------------------------------- one shared log
+
+
+class LogStream:
+    """A stream whose waits land in a shared ``log`` (by stream name only)."""
+
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def wait_event(self, event):
+        self.log.append(("wait_event", self.name))
+
+    def wait_stream(self, other):
+        self.log.append(("wait_stream", self.name, other.name))
+
+
+class LogEvent:
+    def __init__(self, log):
+        self.log = log
+
+    def record(self, stream=None):
+        self.log.append(("record", getattr(stream, "name", None)))
+
+
+class LoggingAPI:
+    """PrefetchController's stream/event adapter on ``device`` whose every call is a tuple in
+    ``log`` (a list shared with :class:`LoggingLibrary`, and with whatever else a test passes it
+    to); ``tables`` holds the ranges of every table made."""
+
+    def __init__(self, log=None, device="cuda:0"):
+        self.log = [] if log is None else log
+        self.device = device
+        self.tables: list[list[tuple[int, int]]] = []
+        self.main = LogStream(self.log, "main")
+
+    def normalize(self, device):
+        return self.device
+
+    def capability(self, device):
+        return (9, 0)
+
+    def new_stream(self, device, priority):
+        return LogStream(self.log, "side")
+
+    def new_event(self):
+        return LogEvent(self.log)
+
+    def current_stream(self, device):
+        return self.main
+
+    def handle(self, stream):
+        return {"main": 0x1111, "side": 0x2222}[stream.name]
+
+    def make_table(self, ranges, device):
+        self.tables.append(list(ranges))
+        return FakeTable(0x7000 + 0x100 * len(self.tables))
+
+    @contextmanager
+    def device_guard(self, device):
+        yield
+
+
+class LoggingLibrary:
+    """A prefetch library with the demote build's run modes that logs each launch into ``log``."""
+
+    modes = ("prefetch", "demote")
+    config = "chunk=4096,line=128,hint=evict_last,threads=32,demote"
+
+    def __init__(self, log):
+        self.log = log
+
+    def launch(self, table_ptr, rows, grid, stream, **options):
+        self.log.append(("launch", table_ptr, rows, grid, stream, tuple(sorted(options.items()))))
+
+    def run(self, table_ptr, rows, grid, stream, *, mode, **options):
+        self.log.append(("run", mode, table_ptr, rows, grid, stream, tuple(sorted(options.items()))))
+
+
+def logging_controller(device="cuda:0", **kw):
+    """A PrefetchController on :class:`LoggingAPI` and :class:`LoggingLibrary`: every stream call
+    and launch lands in ``api.log``."""
+    api = LoggingAPI(device=device)
+    return PrefetchController(device, library=LoggingLibrary(api.log), api=api, **kw), api

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from kvpatch.errors import UsageError
 from kvpatch.prefetch import kernel as K
 from kvpatch.prefetch.controller import PrefetchController
+from prefetch_helpers import FakeTensor, LoggingAPI, logging_controller
 
 GOLDEN_KERNEL = Path(__file__).resolve().parents[1] / "fixtures" / "golden" / "prefetch" / "l2_prefetch.cu"
 MiB = 1 << 20
@@ -114,7 +114,7 @@ def test_default_library_has_no_run_mode(tmp_path):
         def launch(self, *a, **k):
             pass
 
-    api = FakeAPI()
+    api = LoggingAPI()
     with pytest.raises(UsageError, match="demote=True"):
         PrefetchController("cuda:0", library=Lib(), api=api, zero_bytes=True)
 
@@ -122,102 +122,10 @@ def test_default_library_has_no_run_mode(tmp_path):
 # --------------------------------------------------------------------------- controller
 
 
-class FakeTensor:
-    def __init__(self, address, nbytes, device="cuda:0"):
-        self.device, self._address, self.shape = device, address, (nbytes // 2,)
-
-    def data_ptr(self):
-        return self._address
-
-    def stride(self):
-        return (1,)
-
-    def element_size(self):
-        return 2
-
-
-class FakeStream:
-    def __init__(self, api, name):
-        self.api, self.name = api, name
-
-    def wait_event(self, event):
-        self.api.log.append(("wait_event", self.name))
-
-    def wait_stream(self, other):
-        self.api.log.append(("wait_stream", self.name, other.name))
-
-
-class FakeEvent:
-    def __init__(self, api):
-        self.api = api
-
-    def record(self, stream):
-        self.api.log.append(("record", stream.name))
-
-
-class FakeTable:
-    def __init__(self, address):
-        self.address = address
-
-    def data_ptr(self):
-        return self.address
-
-
-class FakeAPI:
-    def __init__(self):
-        self.log, self.tables = [], []
-        self.main = FakeStream(self, "main")
-
-    def normalize(self, device):
-        return "cuda:0"
-
-    def capability(self, device):
-        return (9, 0)
-
-    def new_stream(self, device, priority):
-        return FakeStream(self, "side")
-
-    def new_event(self):
-        return FakeEvent(self)
-
-    def current_stream(self, device):
-        return self.main
-
-    def handle(self, stream):
-        return {"main": 0x1111, "side": 0x2222}[stream.name]
-
-    def make_table(self, ranges, device):
-        self.tables.append(list(ranges))
-        return FakeTable(0x7000 + 0x100 * len(self.tables))
-
-    @contextmanager
-    def device_guard(self, device):
-        yield
-
-
-class FakeLibrary:
-    modes = ("prefetch", "demote")
-    config = "chunk=4096,line=128,hint=evict_last,threads=32,demote"
-
-    def __init__(self, api):
-        self.api = api
-
-    def launch(self, table_ptr, rows, grid, stream, **options):
-        self.api.log.append(("launch", table_ptr, rows, grid, stream, tuple(sorted(options.items()))))
-
-    def run(self, table_ptr, rows, grid, stream, *, mode, **options):
-        self.api.log.append(("run", mode, table_ptr, rows, grid, stream, tuple(sorted(options.items()))))
-
-
-def controller(**kw):
-    api = FakeAPI()
-    return PrefetchController("cuda:0", library=FakeLibrary(api), api=api, **kw), api
-
-
 def test_zero_byte_forks_launch_the_same_kernel_and_grid_with_no_rows():
     w = FakeTensor(0x10000000, 12 * MiB)
-    real, api_r = controller()
-    zero, api_z = controller(zero_bytes=True)
+    real, api_r = logging_controller()
+    zero, api_z = logging_controller(zero_bytes=True)
     for ctl in (real, zero):
         ctl.add("oproj->gateup", 3, [w], cap_bytes=12 * MiB, hint="evict_normal")
         ctl.fork("oproj->gateup", 3)
@@ -233,7 +141,7 @@ def test_zero_byte_forks_launch_the_same_kernel_and_grid_with_no_rows():
 
 
 def test_window_hint_overrides_the_controllers_and_hinted_ranges_merge():
-    ctl, api = controller(hint="evict_first")
+    ctl, api = logging_controller(hint="evict_first")
     a, b = FakeTensor(0x10000000, 4 * MiB), FakeTensor(0x10000000 + 4 * MiB, 4 * MiB)
     c = FakeTensor(0x30000000, 2 * MiB)
     ctl.add("gateup->down", 0, [a], batches={1: 2 * MiB, 8: 4 * MiB}, hint="evict_last")
@@ -248,12 +156,12 @@ def test_window_hint_overrides_the_controllers_and_hinted_ranges_merge():
     assert ctl.hinted_ranges(("evict_last",), batch=1) == [(0x10000000, 2 * MiB), (0x10000000 + 4 * MiB, MiB)]
     assert ctl.hinted_ranges(("evict_first",)) == [(0x30000000, MiB)]
     assert ctl.hinted_ranges(("evict_normal",)) == []
-    bare, _ = controller()
+    bare, _ = logging_controller()
     bare.add("attn", 0, [c], cap_bytes=MiB)  # no hint anywhere: the library's default, evict_last
     assert bare.hinted_ranges() == [(0x30000000, MiB)]
 
 
 def test_a_bad_window_hint_is_refused():
-    ctl, _ = controller()
+    ctl, _ = logging_controller()
     with pytest.raises(UsageError, match="hint"):
         ctl.add("w", 0, [FakeTensor(0x1000, 4096)], hint="evict_sometimes")

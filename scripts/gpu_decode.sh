@@ -13,7 +13,10 @@
 #   GPU machine:  OUT=/some/dir bash scripts/gpu_decode.sh      (~3-7 minutes on an H200)
 #   GPU machine:  OUT=/some/dir bash scripts/gpu_decode.sh --confirm
 #       instead of the sweep: bench-decode with the default windows and every control on shapes
-#       the sweep never saw (bf16, batch 2 and 6, context 2k and 8k; ~2 minutes)
+#       the sweep never saw (bf16, batch 2 and 6, context 2k and 8k; ~1 minute)
+#   GPU machine:  OUT=/some/dir bash scripts/gpu_decode.sh --heldout
+#       the same on models the sweep never saw (Llama-3.2-3B, Qwen2.5-7B; bf16, batch 1, 4 and 8,
+#       context 1k and 4k), the in-kernel form and its zero-byte twin included (~1 minute)
 #
 # Stages, most important first, each cut at its share of KVPATCH_DECODE_BUDGET (default 420 s):
 # lead (the default windows with every control: A/A twin, zero-byte arm, the in-kernel form and
@@ -89,16 +92,21 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,po
 STAGES=()
 [[ -n ${KVPATCH_DECODE_STAGES:-} ]] && STAGES=(--stages "$KVPATCH_DECODE_STAGES")
 
-if [[ ${1:-} == --confirm ]]; then
-    say "bench-decode, default windows, held-out shapes"
+if [[ ${1:-} == --confirm || ${1:-} == --heldout ]]; then
+    if [[ $1 == --confirm ]]; then
+        NAME=confirm; SHAPES=(--models llama-3.1-8b,llama-3.2-1b --batches 2,6 --contexts 2048,8192)
+    else
+        NAME=heldout; SHAPES=(--models llama-3.2-3b,qwen2.5-7b --batches 1,4,8 --contexts 1024,4096 --tail 8:32@evict_normal)
+    fi
+    say "bench-decode, default windows, held-out shapes ($NAME)"
     PYTHONUNBUFFERED=1 timeout --signal=TERM 240 "$PY" -m kvpatch bench-decode --libs-file "$LIBS/libs.txt" \
-        --prefetch-lib "$LIBS/libkvpatch_l2_prefetch.so" --models llama-3.1-8b,llama-3.2-1b --dtypes bf16 \
-        --batches 2,6 --contexts 2048,8192 --json "$RUN/decode_confirm.json" --text "$RUN/decode_confirm.txt" \
-        > "$RUN/confirm_stdout.txt" 2> "$RUN/confirm_stderr.txt"
+        --prefetch-lib "$LIBS/libkvpatch_l2_prefetch.so" --dtypes bf16 "${SHAPES[@]}" \
+        --json "$RUN/decode_$NAME.json" --text "$RUN/decode_$NAME.txt" \
+        > "$RUN/${NAME}_stdout.txt" 2> "$RUN/${NAME}_stderr.txt"
     RC=$?
     say "done in $((SECONDS - T0)) s, rc $RC"
     pack
-    tail -30 "$RUN/decode_confirm.txt" 2>/dev/null || tail -15 "$RUN/confirm_stderr.txt"
+    tail -30 "$RUN/decode_$NAME.txt" 2>/dev/null || tail -15 "$RUN/${NAME}_stderr.txt"
     exit "$RC"
 fi
 

@@ -9,6 +9,8 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
+from ..decode.models import MODELS
+from ..decode.options import DEFAULT_MODELS
 from ..errors import GpuCheckError
 from ..gpu.defaults import DECODE_LAYERS, DECODE_ROUNDS
 from .base import ArchOpt, JsonOpt, TreeOpt, app, csv, cwd, io, json_target, progress
@@ -22,7 +24,7 @@ def bench_decode(
     libs_file: LibsFileOpt = None,
     tree: TreeOpt = None,
     arch: ArchOpt = "9.0a",
-    models: Annotated[Optional[str], typer.Option(metavar="LIST", help="llama-3.1-8b,llama-3.2-1b (default both).")] = None,
+    models: Annotated[Optional[str], typer.Option(metavar="LIST", help=f"A comma list of {','.join(MODELS)} (default {','.join(DEFAULT_MODELS)}).")] = None,
     dtypes: Annotated[Optional[str], typer.Option(metavar="LIST", help="bf16,fp16 (default both).")] = None,
     batches: Annotated[Optional[str], typer.Option(metavar="LIST", help="Default 1,4,16,64.")] = None,
     contexts: Annotated[Optional[str], typer.Option(metavar="LIST", help="Default 1024,4096,16384.")] = None,

@@ -63,6 +63,13 @@ MODELS: dict[str, ModelShape] = {
         # meta-llama/Llama-3.2-1B config.json: hidden_size 2048, num_attention_heads 32,
         # num_key_value_heads 8, head_dim 64, intermediate_size 8192, rms_norm_eps 1e-5
         ModelShape("llama-3.2-1b", 2048, 32, 8, 64, 8192, 1e-5, "meta-llama/Llama-3.2-1B config.json"),
+        # meta-llama/Llama-3.2-3B config.json: hidden_size 3072, num_attention_heads 24,
+        # num_key_value_heads 8, head_dim 128, intermediate_size 8192, rms_norm_eps 1e-5
+        ModelShape("llama-3.2-3b", 3072, 24, 8, 128, 8192, 1e-5, "meta-llama/Llama-3.2-3B config.json"),
+        # Qwen/Qwen2.5-7B config.json: hidden_size 3584, num_attention_heads 28,
+        # num_key_value_heads 4 (head 3584/28 = 128), intermediate_size 18944, rms_norm_eps 1e-6;
+        # its QKV bias (4608 values a layer) is left out of the step
+        ModelShape("qwen2.5-7b", 3584, 28, 4, 128, 18944, 1e-6, "Qwen/Qwen2.5-7B config.json (no QKV bias)"),
     )
 }
 

@@ -102,22 +102,26 @@ def test_a_long_context_launches_v2_and_still_matches_the_reference():
     assert torch.equal(_contiguous_model(step, lib), step.out) and lib.calls == ["v2"]
 
 
-def test_the_models_are_the_published_llamas():
-    """Layer weights of the real shapes add up to the published parameter counts (embeddings:
-    128256 x hidden, untied in the 8B model, tied in the 1B), and the step allocates exactly the
-    bytes the shape accounts for."""
+def test_the_models_are_the_published_checkpoints():
+    """Layer weights of the real shapes add up to the published parameter counts (Llama's
+    embeddings 128256 x hidden, untied in the 8B model, tied in the 1B and 3B; Qwen2.5-7B's
+    152064 x hidden, untied, plus the QKV bias the step leaves out), and the step allocates
+    exactly the bytes the shape accounts for."""
     vocab = 128256
     m8, m1 = model_shape("llama-3.1-8b"), model_shape("Llama-3.2-1B")
     params_8b = 32 * m8.layer_weight_bytes(1) + 2 * vocab * m8.hidden + m8.hidden
     params_1b = 16 * m1.layer_weight_bytes(1) + vocab * m1.hidden + m1.hidden
     assert (params_8b, params_1b) == (8_030_261_248, 1_235_814_400)  # the models' safetensors, parameter for parameter
+    m3, qw = model_shape("llama-3.2-3b"), model_shape("qwen2.5-7b")
+    assert 28 * m3.layer_weight_bytes(1) + vocab * m3.hidden + m3.hidden == 3_212_749_824
+    assert 28 * (qw.layer_weight_bytes(1) + qw.qkv_out) + 2 * 152064 * qw.hidden + qw.hidden == 7_615_616_512
     assert m8.kv_bytes_per_token(2) == 2 * 8 * 128 * 2  # one layer's K and V of one token, 8 KV heads of 128
     w = DecodeWeights(TINY, "fp16", layers=2, device="cpu")
     assert w.bytes() == 2 * TINY.layer_weight_bytes(2)
     assert {k: v.numel() for k, v in w.per_layer[0].items() if k in TINY.layer_weight_elems()} == TINY.layer_weight_elems()
     with pytest.raises(ValueError, match="llama-3.1-8b"):
         model_shape("llama-4")
-    assert set(MODELS) == {"llama-3.1-8b", "llama-3.2-1b"}
+    assert set(MODELS) == {"llama-3.1-8b", "llama-3.2-1b", "llama-3.2-3b", "qwen2.5-7b"}
 
 
 def test_the_in_kernel_table_holds_each_layers_o_proj_head_keyed_by_its_key_cache(tiny_step):

@@ -11,7 +11,8 @@ run wrote (``files``) and what they are for; each kind below reads exactly those
 * ``heldout``: held-out benches, one per header revision (``scripts/summarize_releases.py``);
 * ``headline``: headline benches, and a table of the headline kernels' key-loop load-use distance;
 * ``decode-step``: ``kvpatch bench-decode`` JSONs;
-* ``weight-prefetch``: a ``python -m kvpatch.prefetch.sweep`` JSON;
+* ``weight-prefetch``: ``kvpatch bench-decode-sweep``'s JSONs, bench-decode JSONs on held-out
+  shapes and models, and a junit file of the GPU tests;
 * ``plugin``: ``kvpatch plugin status`` / ``check`` JSONs and the pytest logs of the GPU tests.
 """
 
@@ -220,44 +221,152 @@ def decode_step(folder: Path, cfg: dict) -> list[str]:
 # --------------------------------------------------------------------------- weight prefetch
 
 
+MODEL_NAMES = {"llama-3.1-8b": "Llama-3.1-8B", "llama-3.2-1b": "Llama-3.2-1B", "llama-3.2-3b": "Llama-3.2-3B",
+               "qwen2.5-7b": "Qwen2.5-7B"}  # fmt: skip
+
+
+def by_model(pts: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for p in pts:
+        out.setdefault(p["model"], []).append(p)
+    return out
+
+
+def ratios(pts: list[dict], arm: str, key: str = "speedup") -> tuple[list[float], list[float]]:
+    """The per-point medians and round minima of ``arm``'s ``key`` (over stock, or over its own
+    library / zero-byte twin), at the points where the arm ran."""
+    got = [p["variants"][arm][key] for p in pts if p["variants"].get(arm) and p["variants"][arm].get(key)]
+    return [g["median"] for g in got], [g["min"] for g in got]
+
+
+def shapes(pts: list[dict]) -> str:
+    return (f"batch {'/'.join(map(str, sorted({p['batch'] for p in pts})))}, "
+            f"context {'/'.join(map(str, sorted({p['context'] for p in pts})))}")  # fmt: skip
+
+
+def aa_worst(pts: list[dict]) -> float:
+    return max(abs(p["aa"]["median"] - 1) for p in pts)
+
+
 def weight_prefetch(folder: Path, cfg: dict) -> list[str]:
-    (_run, name), = run_files(cfg)
-    d = load(folder / name)
-    mg = d["micro_gemm"]
-    lines = [f"## In isolation: a GEMM right after a {mg['idle_us']:.0f} us kernel that leaves HBM idle, L2 flushed before, "
-             f"{mg['dtype']}, median of {mg['trials']}", "",
-             "| gemm | m | weight MiB | prefetched MiB | cold us | prefetched us | warm us | speedup |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in mg["results"]:
-        lines.append(f"| {r['gemm']} | {r['m']} | {r['weight_bytes'] / 2**20:.0f} | {r['prefetched_bytes'] / 2**20:.0f} | {r['cold_us']:.1f} | "
-                     f"{r['prefetched_us']:.1f} | {r['warm_us']:.1f} | {r['speedup']:.2f}x |")  # fmt: skip
-    lines += ["", f"With the prefetch: {span([r['speedup'] for r in mg['results']])}x."]
-    every = []
-    for stage, what in (("stage1", "one knob at a time"), ("stage2", "caps, with the knobs stage 1 picked")):
-        pts = d[stage]["points"]
-        p0 = pts[0]
-        names = [n for n in p0["variants"] if "+wpf" in n]
-        lines += ["", f"## In the decode step, {stage.replace('stage', 'stage ')}: {what} ({p0['model']} {p0['dtype']}, {p0['layers']} layers, "
-                      f"batch x context {', '.join(str(p['batch']) + '/' + str(p['context']) for p in pts)}; each variant against the same "
-                      "library without the weight prefetch)", "",
-                  "| variant | settings | min | max | geomean | points slower beyond the spread |", "|---|---|---|---|---|---|"]  # fmt: skip
-        here, paid = [], []
-        for n in names:
-            sp = [p["variants"][n]["speedup_vs_library"] for p in pts]
-            here += [s["median"] for s in sp]
-            if geomean([s["median"] for s in sp]) > 1 and not any(s["max"] < 1 for s in sp):
-                paid.append(n)
-            label = p0["variants"][n]["weight_prefetch"]["label"]
-            lines.append(f"| {n} | {label} | {min(s['median'] for s in sp):.3f} | {max(s['median'] for s in sp):.3f} | "
-                         f"{geomean([s['median'] for s in sp]):.3f} | {sum(1 for s in sp if s['max'] < 1)} of {len(sp)} |")  # fmt: skip
-        every += here
-        same = all(p["all_identical"] for p in pts)
-        lines += ["", f"This stage: {min(here):.3f}-{max(here):.3f}x per point; settings with a geomean above 1 and no point "
-                      f"slower beyond the spread: {', '.join(paid) or 'none'}. Outputs bit-identical to stock at every point: "
-                      f"{'yes' if same else 'NO'}."]  # fmt: skip
-    caps = d["picked"]["caps_why"]
-    lines += ["", f"Over both stages: {min(every):.3f}-{max(every):.3f}x per point. The cap picked per batch bucket: "
-                  + ", ".join(f"batch <= {b}: {w['cap_mib']} MiB" for b, w in caps.items()) + "."]  # fmt: skip
+    """``kvpatch bench-decode-sweep``'s JSONs (sweep.json and one bench-decode JSON per stage) and
+    bench-decode JSONs on shapes and models the sweep never saw (decode_confirm, decode_heldout)."""
+    data = {Path(f).name.split(".")[0]: folder / f for _run, f in run_files(cfg)}
+    sweep = load(data["sweep"])
+    benches = {n: load(data[n]) for n in data if n.startswith("decode_")}
+    runs = [("lead", "sweep, lead stage"), ("confirm", "held-out shapes"), ("heldout", "held-out models")]
+    runs = [(benches["decode_" + n], what) for n, what in runs if "decode_" + n in benches]
+    d0 = runs[0][0]
+    label = d0["points"][0]["variants"]["stock+wpf"]["weight_prefetch"]["label"]
+    lib = d0["env"]["prefetch_library"]["config"]
+    lines = [f"The default windows `{label}` (MiB per batch bucket, forked on a side stream; the prefetch library `{lib}`), bf16, "
+             f"{d0['layers']} layers in one CUDA graph, {d0['mode']} L2, {d0['rounds']} interleaved rounds; each ratio is "
+             "the median of the per-round ratios, the round-min its smallest round.", "",
+             "## Stock + weight prefetch over stock, per model", "",
+             "| run | model | shapes | per point | geomean | worst round-min | over its zero-byte twin | zero-byte arm | "
+             "A/A largest deviation | bit-identical |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for d, what in runs:
+        for model, pts in by_model(d["points"]).items():
+            med, mins = ratios(pts, "stock+wpf")
+            twin, _ = ratios(pts, "stock+wpf", "speedup_vs_zero")
+            zero, _ = ratios(pts, "stock+zero")
+            lines.append(f"| {what} | {MODEL_NAMES.get(model, model)} | {shapes(pts)} | {span(med, '.3f')} | {geomean(med):.3f} | "
+                         f"{min(mins):.3f} | {geomean(twin):.3f} | {geomean(zero):.3f} | {100 * aa_worst(pts):.2f}% | "
+                         f"{'yes' if all(p['all_identical'] for p in pts) else 'NO'} |")  # fmt: skip
+    lead = d0["points"]
+    med, mins = ratios(lead, "stock+wpf")
+    met = geomean(med) >= 1.02 and min(mins) > 1 and aa_worst(lead) <= 0.003 and all(p["all_identical"] for p in lead)
+    lines += ["", f"The goal (+2% geomean over the sweep's {len(lead)} points, {', '.join(MODEL_NAMES[m] for m in by_model(lead))}, "
+                  f"{shapes(lead)}; every round-min above 1.00; the A/A twin within +-0.3%; bit-identical): geomean "
+                  f"{geomean(med):.4f}, worst round-min {min(mins):.4f}, A/A within {100 * aa_worst(lead):.2f}%: "
+                  f"{'met' if met else 'missed'}."]  # fmt: skip
+
+    lines += ["", "## The patched attention kernels with and without the weight prefetch", "",
+              "| run | model | patched over stock | patched + weight prefetch over patched | worst round-min |", "|---|---|---|---|---|"]
+    for d, what in runs:
+        for model, pts in by_model(d["points"]).items():
+            pat, _ = ratios(pts, "patched")
+            both, bmin = ratios(pts, "patched+wpf", "speedup_vs_library")
+            lines.append(f"| {what} | {MODEL_NAMES.get(model, model)} | {span(pat, '.3f')} | {span(both, '.3f')} | {min(bmin):.3f} |")
+
+    steps = benches["decode_steps"]
+    arms = [a["name"] for a in steps["arms"] if a["name"] not in ("stock", "stock-aa")]
+    models = list(by_model(steps["points"]))
+    lines += ["", f"## Each window alone in the step (sweep, steps stage: {shapes(steps['points'])}; geomean over stock, "
+                  "per model; the caps and hint each window's kernel-by-kernel best)", "",
+              "| arm | settings | " + " | ".join(MODEL_NAMES.get(m, m) for m in models) + " |", "|---|---|" + "---|" * len(models)]  # fmt: skip
+    for arm in arms:
+        wp = steps["points"][0]["variants"][arm]["weight_prefetch"]
+        cells = [f"{geomean(ratios(pts, arm)[0]):.3f}" for pts in by_model(steps["points"]).values()]
+        lines.append(f"| {arm} | `{wp['label'] if wp else '-'}` | " + " | ".join(cells) + " |")
+
+    lines += ["", "## Each window kernel by kernel (sweep, kernels stage; us, median of rounds): the next GEMM with and "
+                  "without its prefetch, the window's own kernels with and without it; the best cap and hint per row", "",
+              "| model | batch | window | GEMM | MiB | hint | GEMM off | GEMM on | gave | window off | window on | cost | net |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for k in load(data["kernels"]):
+        best: dict[tuple[int, str], dict] = {}
+        for r in k["results"]:
+            key = (r["batch"], r["window"])
+            if key not in best or r["net_us"] > best[key]["net_us"]:
+                best[key] = r
+        for (b, w), r in sorted(best.items()):
+            lines.append(f"| {MODEL_NAMES.get(k['model'], k['model'])} | {b} | {w} | {r['target']} | {r['prefetched_bytes'] / 2**20:.0f} | "
+                         f"{r['hint']} | {r['gemm_off_us']:.1f} | {r['gemm_on_us']:.1f} | {r['gave_us']:+.2f} | {r['window_off_us']:.1f} | "
+                         f"{r['window_on_us']:.1f} | {r['cost_us']:+.2f} | {r['net_us']:+.2f} |")  # fmt: skip
+
+    lines += ["", "## The in-kernel form (the attention kernel's tail prefetches o_proj's head) beside its side-stream twin", "",
+              "| run | model | tail over tail+zero | tail+zero (empty table) over stock | side stream attn->oproj over stock |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    named = [(benches["decode_lead"], "sweep, lead stage"), (benches["decode_final"], "sweep, final stage")]
+    named += [(d, what) for d, what in runs if what == "held-out models"]
+    for d, what in named:
+        for model, pts in by_model(d["points"]).items():
+            tail, _ = ratios(pts, "tail", "speedup_vs_library")
+            if not tail:
+                continue
+            side = span(ratios(pts, "stock+attn")[0], ".3f") if ratios(pts, "stock+attn")[0] else "-"
+            lines.append(f"| {what} | {MODEL_NAMES.get(model, model)} | {span(tail, '.3f')} | "
+                         f"{span(ratios(pts, 'tail+zero')[0], '.3f')} | {side} |")  # fmt: skip
+
+    off = benches["decode_guard_off"]["points"]
+    on = {(p["model"], p["batch"], p["context"]): p for p in lead}
+    carry = [p["carryover"]["stock"]["ratio"] for d, _ in runs for p in d["points"] if p.get("carryover")]
+    g = sweep["guard_check"]
+    lines += ["", "## The evict_last guard (lines demoted to evict_normal before every launch)", "",
+              f"Stock timed right after an evict_last arm over stock timed after the others, every point of the runs above: "
+              f"{span(carry, '.4f')} (1: nothing carried over). The guard alone ({g['demoted_bytes'] / 2**20:.0f} MiB demoted) "
+              f"before stock, {MODEL_NAMES[g['model']]} batch {g['batch']}: {g['ratio']['median']:.4f} "
+              f"[{g['ratio']['min']:.4f}..{g['ratio']['max']:.4f}] of plain stock.", "",
+              "| point | stock + weight prefetch, guard on | guard off |", "|---|---|---|"]  # fmt: skip
+    for p in off:
+        q = on[(p["model"], p["batch"], p["context"])]
+        lines.append(f"| {MODEL_NAMES[p['model']]} B{p['batch']}/{p['context']} | {q['variants']['stock+wpf']['speedup']['median']:.3f} | "
+                     f"{p['variants']['stock+wpf']['speedup']['median']:.3f} |")  # fmt: skip
+
+    lines += ["", "## In isolation: a GEMM right after a kernel that leaves HBM idle (clean L2 flush before; median of trials)", "",
+              "| hint | gemm | m | prefetched MiB | cold us | prefetched us | warm us | speedup |", "|---|---|---|---|---|---|---|---|"]
+    for hint, mg in sweep["micro"].items():
+        for r in mg["results"]:
+            lines.append(f"| {hint} | {r['gemm']} | {r['m']} | {r['prefetched_bytes'] / 2**20:.0f} | {r['cold_us']:.1f} | "
+                         f"{r['prefetched_us']:.1f} | {r['warm_us']:.1f} | {r['speedup']:.2f}x |")  # fmt: skip
+
+    fin = benches["decode_final"]["points"]
+    med, mins = ratios(fin, "stock+wpf")
+    twin, _ = ratios(fin, "stock+wpf", "speedup_vs_zero")
+    lines += ["", f"## The sweep's pick: `{sweep['picked']['config']['label']}`", "",
+              f"On the sweep's {len(fin)} points (final stage): {span(med, '.3f')} per point, geomean {geomean(med):.4f}, worst "
+              f"round-min {min(mins):.4f}, over its zero-byte twin {geomean(twin):.4f}; bit-identical: "
+              f"{'yes' if all(p['all_identical'] for p in fin) else 'NO'}."]  # fmt: skip
+
+    if "gpu_tests" in data:
+        import xml.etree.ElementTree as ET
+
+        cases = ET.parse(data["gpu_tests"]).getroot().iter("testcase")
+        res = [(f"{c.get('classname')}::{c.get('name')}", "passed" if not len(c) else c[0].tag) for c in cases]
+        lines += ["", f"## The GPU tests of the decode step and the prefetch runtime (`-m gpu`): "
+                      f"{sum(1 for _, o in res if o == 'passed')} of {len(res)} passed", ""]  # fmt: skip
+        lines += [f"- {o}: `{n}`" for n, o in res]
     return lines
 
 

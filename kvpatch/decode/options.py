@@ -35,10 +35,10 @@ DEFAULT_ROUNDS = 7
 DEFAULT_MODELS = ("llama-3.1-8b", "llama-3.2-1b")
 DEFAULT_DTYPES = ("bf16", "fp16")
 #: The default windows: the heads of gate/up, down and the next layer's QKV weights, from forks
-#: after o_proj, gate/up and down, up to batch 8 (12/8/12 MiB, the library's evict_last). The
-#: lead of the windows' first H200 sweep (1.011x at batch 1, 1.014-1.022x at batch 4), not yet
-#: a result that survived the A/A twin, the zero-byte arm and the evict_last guard:
-#: ``kvpatch bench-decode-sweep`` measures that.
+#: after o_proj, gate/up and down, up to batch 8 (12/8/12 MiB, the library's evict_last). On the
+#: H200 with every control (benchmarks/evidence/weight-prefetch/) they pay on the 7-8B steps
+#: (Llama-3.1-8B 1.006-1.030x, Qwen2.5-7B 1.027-1.041x) and cost on Llama-3.2-1B's
+#: (0.985-0.993x); the sweep's own pick from single windows did no better (1.000x geomean).
 DEFAULT_WINDOWS: tuple[Window, ...] = (
     Window("oproj->gateup", {8: 12 * MiB}), Window("gateup->down", {8: 8 * MiB}), Window("down->qkv", {8: 12 * MiB}),
 )

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 import summarize_releases as releases  # noqa: E402
-from summarize_releases import CELLS, load  # noqa: E402
+from summarize_releases import load  # noqa: E402
 
 from kvpatch.gpu.stats import geomean  # noqa: E402
 

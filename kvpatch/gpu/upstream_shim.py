@@ -159,22 +159,30 @@ def paged_attention_v2(out, exp_sums, max_logits, tmp_out, query, key_cache, val
             (num_kv_heads, scale, block_size, max_seq_len, kv_cache_dtype))  # fmt: skip
 
 
-def convert_fp8(output, input, scale: float = 1.0, kv_dtype: str = "fp8") -> None:  # noqa: A002
+#: Elements converted at a time by :func:`convert_fp8`: its float32 temporaries stay at 256 MiB
+#: whatever the cache's size (vLLM's kernel converts in place; a whole-cache float copy is
+#: several GiB per call, and test workers sharing one GPU ran out of memory on it).
+CONVERT_CHUNK = 1 << 26
+
+
+def convert_fp8(output, input, scale: float = 1.0, kv_dtype: str = "fp8", *, chunk: int = CONVERT_CHUNK) -> None:  # noqa: A002
     """vLLM's fp8 <-> 16/32-bit conversion (round to nearest even, as the CUDA intrinsics do)."""
     import torch
 
     f8 = torch.float8_e5m2 if kv_dtype == "fp8_e5m2" else torch.float8_e4m3fn
+    if torch.uint8 not in (output.dtype, input.dtype):
+        raise ValueError(f"convert_fp8: one side must be uint8 (got {output.dtype} and {input.dtype})")
     # vLLM's kernel converts element by element over the flat blocks (num_blocks x the
     # source's block stride), whatever shapes the two tensors are viewed with: vLLM's own
     # test passes a dequantised key cache shaped with the 16-bit x (8) for an fp8 cache (x 16).
     n = int(input.shape[0]) * int(input.stride(0))
     dst, src = output.reshape(-1)[:n], input.reshape(-1)[:n]
-    if output.dtype == torch.uint8:
-        dst.copy_((src.float() / float(scale)).to(f8).view(torch.uint8))
-    elif input.dtype == torch.uint8:
-        dst.copy_((src.view(f8).float() * float(scale)).to(output.dtype))
-    else:
-        raise ValueError(f"convert_fp8: one side must be uint8 (got {output.dtype} and {input.dtype})")
+    for i in range(0, n, chunk):
+        d, s = dst[i : i + chunk], src[i : i + chunk]
+        if output.dtype == torch.uint8:
+            d.copy_((s.float() / float(scale)).to(f8).view(torch.uint8))
+        else:
+            d.copy_((s.view(f8).float() * float(scale)).to(output.dtype))
 
 
 _CUDA_DEV_ATTR_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97

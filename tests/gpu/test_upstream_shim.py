@@ -91,6 +91,12 @@ def test_shim_convert_fp8_works_on_the_flat_blocks_like_vllms_kernel():
     back = torch.empty_like(codes)
     shim.convert_fp8(back, out, 2.0)
     assert torch.equal(back, codes)
+    # in pieces (bounded temporaries): the same bytes, across piece boundaries that split blocks
+    for chunk in (1, 7, 1000, codes.numel() - 1):
+        part, again = torch.empty_like(out), torch.empty_like(codes)
+        shim.convert_fp8(part, codes, 2.0, chunk=chunk)
+        shim.convert_fp8(again, part, 2.0, chunk=chunk)
+        assert torch.equal(part, out) and torch.equal(again, codes), chunk
 
 
 #: Names the shim may leave as placeholders: imported by test_attention.py for its other

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -70,6 +71,7 @@ def gpu(tmp_path_factory):
     from kvpatch.gpu.plugin_inputs import custom_ops_call, forward_decode_call
     from kvpatch.vllm_plugin.kernel import Override
 
+    cuda_before = torch.cuda.is_initialized()  # an earlier test in this process may have started CUDA
     libs = Path(libs)
     info = json.loads((libs / "libs.json").read_text())
     ns = S.unique_namespace()
@@ -126,15 +128,28 @@ def gpu(tmp_path_factory):
             reg.resume()
 
     calls = {"custom_ops": lambda k: custom_ops_call(ops, k), "forward_decode": lambda k: forward_decode_call(forward_decode)}
-    yield dict(decision=decision, cuda_after_register=cuda_after_register, ops=ops, calls=calls, switch=switch,
+    yield dict(decision=decision, cuda_before=cuda_before, cuda_after_register=cuda_after_register, ops=ops, calls=calls, switch=switch,
                configs=info["patched"]["configs"])  # fmt: skip
     plugin.reset()
     del lib
 
 
+FRESH = "KVPATCH_TEST_FRESH_PROCESS"
+
+
 def test_registers_without_initialising_cuda(gpu):
     assert gpu["decision"].registered, gpu["decision"].line()
-    assert gpu["cuda_after_register"] is False
+    if not gpu["cuda_before"]:
+        assert gpu["cuda_after_register"] is False
+        return
+    # CUDA was started in this process before the module ran (another GPU test did it): ask a
+    # process of its own, where nothing ran before the registration
+    assert not os.environ.get(FRESH), "CUDA initialised before the registration in a fresh process"
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu",
+                           f"{Path(__file__).resolve()}::test_registers_without_initialising_cuda"],
+                          env={**os.environ, FRESH: "1"}, cwd=root, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0 and " 1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
 
 
 def test_bit_identical_eager_and_in_cuda_graphs(gpu):

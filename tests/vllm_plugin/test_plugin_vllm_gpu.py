@@ -133,7 +133,8 @@ def test_vllms_own_test_paged_attention_through_the_real_custom_ops(env, arm):
                    PYTHONPATH=os.pathsep.join([str(run_dir), env["env"]["PYTHONPATH"]]))  # fmt: skip
     if arm == "disabled":
         environ["KVPATCH_DISABLE"] = "1"
-    workers = ["-n", str(max(1, min(14, (os.cpu_count() or 2) - 2)))] if _has_xdist() else []
+    # workers share one GPU's memory (vLLM's caches reach ~10 GiB a case): 8, as validate --upstream
+    workers = ["-n", str(max(1, min(8, (os.cpu_count() or 2) - 2)))] if _has_xdist() else []
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers,
                            f"{test.relative_to(run_dir)}::test_paged_attention", f"--junitxml={junit}"],
                           env=environ, cwd=run_dir, capture_output=True, text=True,

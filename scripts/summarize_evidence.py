@@ -417,6 +417,14 @@ def plugin(folder: Path, cfg: dict) -> list[str]:
                 lines += [f"| {t['shape']} | {t['stock_us']:.1f} | {t['kvpatch_us']:.1f} | {t['speedup']:.3f}x |"
                           for t in d["timings"]]  # fmt: skip
                 lines.append("")
+            elif f.endswith(".xml"):
+                import xml.etree.ElementTree as ET
+
+                cases = list(ET.parse(path).getroot().iter("testcase"))
+                bad = sum(1 for c in cases if any(e.tag in ("failure", "error") for e in c))
+                skipped = sum(1 for c in cases if any(e.tag == "skipped" for e in c))
+                lines += [f"junit ({f}): {len(cases) - bad - skipped} of {len(cases)} cases passed, {bad} failed, "
+                          f"{skipped} skipped", ""]  # fmt: skip
             elif f.endswith(".txt") and Path(f).name not in ("status.txt", "check.txt", "log.txt"):
                 outcomes = pytest_outcomes(path.read_text(encoding="utf-8"))
                 if outcomes:

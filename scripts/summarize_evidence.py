@@ -34,6 +34,7 @@ import summarize_releases as releases  # noqa: E402
 from summarize_releases import load  # noqa: E402
 
 from kvpatch.gpu.stats import geomean  # noqa: E402
+from kvpatch.gpu.upstream import count_cases, junit_cases  # noqa: E402
 
 
 def run_files(cfg: dict) -> list[tuple[dict, str]]:
@@ -225,6 +226,11 @@ MODEL_NAMES = {"llama-3.1-8b": "Llama-3.1-8B", "llama-3.2-1b": "Llama-3.2-1B", "
                "qwen2.5-7b": "Qwen2.5-7B"}  # fmt: skip
 
 
+def title(model: str) -> str:
+    """A model's name as its publisher writes it (the id itself where none is known)."""
+    return MODEL_NAMES.get(model, model)
+
+
 def by_model(pts: list[dict]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for p in pts:
@@ -270,13 +276,13 @@ def weight_prefetch(folder: Path, cfg: dict) -> list[str]:
             med, mins = ratios(pts, "stock+wpf")
             twin, _ = ratios(pts, "stock+wpf", "speedup_vs_zero")
             zero, _ = ratios(pts, "stock+zero")
-            lines.append(f"| {what} | {MODEL_NAMES.get(model, model)} | {shapes(pts)} | {span(med, '.3f')} | {geomean(med):.3f} | "
+            lines.append(f"| {what} | {title(model)} | {shapes(pts)} | {span(med, '.3f')} | {geomean(med):.3f} | "
                          f"{min(mins):.3f} | {geomean(twin):.3f} | {geomean(zero):.3f} | {100 * aa_worst(pts):.2f}% | "
                          f"{'yes' if all(p['all_identical'] for p in pts) else 'NO'} |")  # fmt: skip
     lead = d0["points"]
     med, mins = ratios(lead, "stock+wpf")
     met = geomean(med) >= 1.02 and min(mins) > 1 and aa_worst(lead) <= 0.003 and all(p["all_identical"] for p in lead)
-    lines += ["", f"The goal (+2% geomean over the sweep's {len(lead)} points, {', '.join(MODEL_NAMES[m] for m in by_model(lead))}, "
+    lines += ["", f"The goal (+2% geomean over the sweep's {len(lead)} points, {', '.join(title(m) for m in by_model(lead))}, "
                   f"{shapes(lead)}; every round-min above 1.00; the A/A twin within +-0.3%; bit-identical): geomean "
                   f"{geomean(med):.4f}, worst round-min {min(mins):.4f}, A/A within {100 * aa_worst(lead):.2f}%: "
                   f"{'met' if met else 'missed'}."]  # fmt: skip
@@ -287,14 +293,14 @@ def weight_prefetch(folder: Path, cfg: dict) -> list[str]:
         for model, pts in by_model(d["points"]).items():
             pat, _ = ratios(pts, "patched")
             both, bmin = ratios(pts, "patched+wpf", "speedup_vs_library")
-            lines.append(f"| {what} | {MODEL_NAMES.get(model, model)} | {span(pat, '.3f')} | {span(both, '.3f')} | {min(bmin):.3f} |")
+            lines.append(f"| {what} | {title(model)} | {span(pat, '.3f')} | {span(both, '.3f')} | {min(bmin):.3f} |")
 
     steps = benches["decode_steps"]
     arms = [a["name"] for a in steps["arms"] if a["name"] not in ("stock", "stock-aa")]
     models = list(by_model(steps["points"]))
     lines += ["", f"## Each window alone in the step (sweep, steps stage: {shapes(steps['points'])}; geomean over stock, "
                   "per model; the caps and hint each window's kernel-by-kernel best)", "",
-              "| arm | settings | " + " | ".join(MODEL_NAMES.get(m, m) for m in models) + " |", "|---|---|" + "---|" * len(models)]  # fmt: skip
+              "| arm | settings | " + " | ".join(title(m) for m in models) + " |", "|---|---|" + "---|" * len(models)]  # fmt: skip
     for arm in arms:
         wp = steps["points"][0]["variants"][arm]["weight_prefetch"]
         cells = [f"{geomean(ratios(pts, arm)[0]):.3f}" for pts in by_model(steps["points"]).values()]
@@ -311,7 +317,7 @@ def weight_prefetch(folder: Path, cfg: dict) -> list[str]:
             if key not in best or r["net_us"] > best[key]["net_us"]:
                 best[key] = r
         for (b, w), r in sorted(best.items()):
-            lines.append(f"| {MODEL_NAMES.get(k['model'], k['model'])} | {b} | {w} | {r['target']} | {r['prefetched_bytes'] / 2**20:.0f} | "
+            lines.append(f"| {title(k['model'])} | {b} | {w} | {r['target']} | {r['prefetched_bytes'] / 2**20:.0f} | "
                          f"{r['hint']} | {r['gemm_off_us']:.1f} | {r['gemm_on_us']:.1f} | {r['gave_us']:+.2f} | {r['window_off_us']:.1f} | "
                          f"{r['window_on_us']:.1f} | {r['cost_us']:+.2f} | {r['net_us']:+.2f} |")  # fmt: skip
 
@@ -325,9 +331,9 @@ def weight_prefetch(folder: Path, cfg: dict) -> list[str]:
             tail, _ = ratios(pts, "tail", "speedup_vs_library")
             if not tail:
                 continue
-            side = span(ratios(pts, "stock+attn")[0], ".3f") if ratios(pts, "stock+attn")[0] else "-"
-            lines.append(f"| {what} | {MODEL_NAMES.get(model, model)} | {span(tail, '.3f')} | "
-                         f"{span(ratios(pts, 'tail+zero')[0], '.3f')} | {side} |")  # fmt: skip
+            side, _ = ratios(pts, "stock+attn")
+            lines.append(f"| {what} | {title(model)} | {span(tail, '.3f')} | "
+                         f"{span(ratios(pts, 'tail+zero')[0], '.3f')} | {span(side, '.3f') if side else '-'} |")  # fmt: skip
 
     off = benches["decode_guard_off"]["points"]
     on = {(p["model"], p["batch"], p["context"]): p for p in lead}
@@ -336,12 +342,12 @@ def weight_prefetch(folder: Path, cfg: dict) -> list[str]:
     lines += ["", "## The evict_last guard (lines demoted to evict_normal before every launch)", "",
               f"Stock timed right after an evict_last arm over stock timed after the others, every point of the runs above: "
               f"{span(carry, '.4f')} (1: nothing carried over). The guard alone ({g['demoted_bytes'] / 2**20:.0f} MiB demoted) "
-              f"before stock, {MODEL_NAMES[g['model']]} batch {g['batch']}: {g['ratio']['median']:.4f} "
+              f"before stock, {title(g['model'])} batch {g['batch']}: {g['ratio']['median']:.4f} "
               f"[{g['ratio']['min']:.4f}..{g['ratio']['max']:.4f}] of plain stock.", "",
               "| point | stock + weight prefetch, guard on | guard off |", "|---|---|---|"]  # fmt: skip
     for p in off:
         q = on[(p["model"], p["batch"], p["context"])]
-        lines.append(f"| {MODEL_NAMES[p['model']]} B{p['batch']}/{p['context']} | {q['variants']['stock+wpf']['speedup']['median']:.3f} | "
+        lines.append(f"| {title(p['model'])} B{p['batch']}/{p['context']} | {q['variants']['stock+wpf']['speedup']['median']:.3f} | "
                      f"{p['variants']['stock+wpf']['speedup']['median']:.3f} |")  # fmt: skip
 
     lines += ["", "## In isolation: a GEMM right after a kernel that leaves HBM idle (clean L2 flush before; median of trials)", "",
@@ -360,13 +366,10 @@ def weight_prefetch(folder: Path, cfg: dict) -> list[str]:
               f"{'yes' if all(p['all_identical'] for p in fin) else 'NO'}."]  # fmt: skip
 
     if "gpu_tests" in data:
-        import xml.etree.ElementTree as ET
-
-        cases = ET.parse(data["gpu_tests"]).getroot().iter("testcase")
-        res = [(f"{c.get('classname')}::{c.get('name')}", "passed" if not len(c) else c[0].tag) for c in cases]
+        cases = junit_cases(data["gpu_tests"])
         lines += ["", f"## The GPU tests of the decode step and the prefetch runtime (`-m gpu`): "
-                      f"{sum(1 for _, o in res if o == 'passed')} of {len(res)} passed", ""]  # fmt: skip
-        lines += [f"- {o}: `{n}`" for n, o in res]
+                      f"{count_cases(cases)['passed']} of {len(cases)} passed", ""]  # fmt: skip
+        lines += [f"- {c['outcome']}: `{n}`" for n, c in cases.items()]
     return lines
 
 
@@ -418,13 +421,10 @@ def plugin(folder: Path, cfg: dict) -> list[str]:
                           for t in d["timings"]]  # fmt: skip
                 lines.append("")
             elif f.endswith(".xml"):
-                import xml.etree.ElementTree as ET
-
-                cases = list(ET.parse(path).getroot().iter("testcase"))
-                bad = sum(1 for c in cases if any(e.tag in ("failure", "error") for e in c))
-                skipped = sum(1 for c in cases if any(e.tag == "skipped" for e in c))
-                lines += [f"junit ({f}): {len(cases) - bad - skipped} of {len(cases)} cases passed, {bad} failed, "
-                          f"{skipped} skipped", ""]  # fmt: skip
+                cases = junit_cases(path)
+                n = count_cases(cases)
+                lines += [f"junit ({f}): {n['passed']} of {len(cases)} cases passed, {n['failed'] + n['errors']} failed, "
+                          f"{n['skipped']} skipped", ""]  # fmt: skip
             elif f.endswith(".txt") and Path(f).name not in ("status.txt", "check.txt", "log.txt"):
                 outcomes = pytest_outcomes(path.read_text(encoding="utf-8"))
                 if outcomes:

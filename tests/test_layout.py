@@ -24,7 +24,7 @@ FLOORS: dict[str, int] = {
     "patch": 4,
     "jit": 5, "vllm_plugin": 5,
     "gpu": 6, "prefetch": 6,
-    "tune": 7, "decode": 7,
+    "tune": 7, "decode": 7, "serving": 7,
     "commands": 8,
     "render": 9,
     "cli": 10,

@@ -101,3 +101,42 @@ def check(
     error = P.failure(report)
     if error is not None:
         raise error
+
+
+@plugin_app.command()
+def bench(
+    model: Annotated[str, typer.Option(metavar="SHAPE|DIR", help="A model shape kvpatch knows (llama-3.1-8b, llama-3.2-1b, llama-3.2-3b, qwen2.5-7b; dummy weights, no download), or a model directory with config.json and weights.")] = "llama-3.1-8b",
+    dtype: Annotated[str, typer.Option(metavar="DTYPE", help="fp16 or bf16.")] = "bf16",
+    batch_sizes: Annotated[str, typer.Option(metavar="B,B", help="Batch sizes of the main rows (requests generated at once).")] = "1,8,32,64",
+    input_len: Annotated[int, typer.Option(metavar="N", help="Prompt tokens per request in the main rows.")] = 512,
+    output_len: Annotated[int, typer.Option(metavar="N", help="Generated tokens per request in the main rows.")] = 512,
+    workload: Annotated[list[str], typer.Option(metavar="IN:OUT:B,B", help="More rows (repeatable), e.g. a long context: 4096:256:8,32.")] = [],  # noqa: B006
+    starts: Annotated[int, typer.Option(metavar="N", help="Engine starts per arm (three arms: kvpatch, vLLM, vLLM again).")] = 4,
+    dummy_weights: Annotated[bool, typer.Option("--dummy-weights", help="With a model directory: random weights instead of its own.")] = False,
+    raw: Annotated[Optional[Path], typer.Option(metavar="DIR", help="Keep every engine start's numbers and log here; run again with the same DIR to resume (default: a temporary folder, removed when the run completes).")] = None,
+    budget: Annotated[Optional[float], typer.Option(metavar="SECONDS", help="Start no engine that would likely end after this many seconds; the report says how many ran.")] = None,
+    engine_timeout: Annotated[float, typer.Option(metavar="SECONDS", help="Stop an engine start that runs longer than this.")] = 1200.0,
+    gpu_memory_utilization: Annotated[float, typer.Option(metavar="F", help="vLLM's gpu_memory_utilization.")] = 0.9,
+    json_out: JsonOpt = None,
+) -> None:
+    """vLLM serving with kvpatch's kernels against vLLM's own, on this GPU: vLLM's V0 engine
+    (VLLM_USE_V1=0 VLLM_ATTENTION_BACKEND=XFORMERS) started again and again in separate
+    processes, the arms alternated, KVPATCH_DISABLE=1 in vLLM's two arms (the A/A pair).
+    Reports per workload the decode step time, the request latency and output tokens per
+    second, and which kernels the plugin's own log says each arm ran. Exit 6 when an arm
+    ran other kernels than it needs."""
+    from ..commands import serving as S
+    from ..render import serving_lines
+    from .base import csv
+
+    opts = S.ServingBenchOptions(
+        model=model, dtype=dtype, batch_sizes=csv(batch_sizes, int) or [], input_len=input_len, output_len=output_len,
+        workloads=list(workload), starts=starts, dummy_weights=dummy_weights, raw=raw, budget_s=budget,
+        engine_timeout_s=engine_timeout, gpu_memory_utilization=gpu_memory_utilization, json_path=json_out, cwd=cwd(),
+    )  # fmt: skip
+    with progress() as p:
+        report = S.bench(opts, progress=p)
+    if not emit_json(json_out, report):
+        _print(serving_lines(report))
+    if not report["complete"]:
+        warn(f"{report['engine_starts']} of {report['planned']} engine starts ran: resume with --raw {report['raw']}")

@@ -17,12 +17,13 @@ no CUDA.
 """
 
 from .bundle import BundleError, KernelSet, Manifest, bundle_dir, missing_configs, read_bundle, remove_bundle, write_bundle
-from .checks import ENV_DISABLE, Decision, Target
+from .checks import ENV_DISABLE, Decision, Target, kernels_logged
 from .plugin import decide, register, registration, reset, set_default_target, unregister
 from .schema import OPS, schema_mismatch, schemas_from_bindings
 
 __all__ = [
     "BundleError", "Decision", "ENV_DISABLE", "KernelSet", "Manifest", "OPS", "Target", "bundle_dir", "decide",
+    "kernels_logged",
     "missing_configs", "read_bundle", "register", "registration", "remove_bundle", "reset", "schema_mismatch",
     "schemas_from_bindings", "set_default_target", "unregister", "write_bundle",
 ]  # fmt: skip

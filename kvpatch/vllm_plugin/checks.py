@@ -43,6 +43,29 @@ class Target:
         return (self.namespace, self.dispatch_key)
 
 
+#: The one log line's fixed words (:meth:`Decision.line` writes them, :func:`kernels_logged` reads them).
+_PREFIX = "kvpatch: "
+_RUN = "now run"
+_STAY = f"{_PREFIX}vLLM's own paged attention kernels stay:"
+
+
+def kernels_logged(log: str) -> list[str]:
+    """Whose kernels each of the plugin's log lines in ``log`` says a process runs, in order:
+    'kvpatch' for a line saying its kernels now run, 'vllm' for one saying vLLM's stay (a
+    line saying they *would* run is a status report, not a registration, and is skipped)."""
+    found = []
+    for line in log.splitlines():
+        at = line.find(_PREFIX)
+        if at < 0:
+            continue
+        text = line[at:]
+        if text.startswith(_STAY):
+            found.append("vllm")
+        elif f" {_RUN} kvpatch's patched kernels " in text:
+            found.append("kvpatch")
+    return found
+
+
 @dataclass(frozen=True)
 class Decision:
     """``action``: 'register' (all checks passed), 'off' (not enabled, or switched off) or
@@ -89,15 +112,19 @@ class Decision:
     def _line(self) -> str:
         ops = f"{self.namespace}::paged_attention_v1/_v2 ({self.dispatch_key})"
         if self.action == "register":
-            done = "now run" if self.registered else "would run"
+            done = _RUN if self.registered else "would run"
             marker = self.marker if len(self.marker) <= 80 else self.marker[:77] + "..."
             note = f" [{'; '.join(self.notes)}]" if self.notes else ""
-            return (f"kvpatch: {ops} {done} kvpatch's patched kernels in place of vLLM {self.release}'s own "
+            return (f"{_PREFIX}{ops} {done} kvpatch's patched kernels in place of vLLM {self.release}'s own "
                     f"(configuration '{marker}', built for {', '.join(self.archs)}); "
                     f"{ENV_DISABLE}=1 switches back{note}")  # fmt: skip
         if self.action == "off":
-            return f"kvpatch: vLLM's own paged attention kernels stay: {self.reason}"
-        return f"kvpatch: vLLM's own paged attention kernels stay: {self.reason}" + (f"; {self.fix}" if self.fix else "")
+            return f"{_STAY} {self.reason}"
+        return f"{_STAY} {self.reason}" + (f"; {self.fix}" if self.fix else "")
+
+    def kernels(self) -> str:
+        """Whose kernels this decision leaves running: 'kvpatch' (registered) or 'vllm'."""
+        return "kvpatch" if self.action == "register" and self.registered else "vllm"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -35,6 +35,11 @@ def set_default_target(target: Target) -> Target:
     return previous
 
 
+def default_target() -> Target:
+    """What :func:`register` with no argument uses."""
+    return _default
+
+
 def decide(target: Target | None = None, *, probe_gpu: bool = False) -> Decision:
     """What :func:`register` would do here and why, without registering anything.
     Where it already ran in this process, its decision. ``probe_gpu`` also lists the

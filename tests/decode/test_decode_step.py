@@ -107,14 +107,18 @@ def test_the_models_are_the_published_checkpoints():
     embeddings 128256 x hidden, untied in the 8B model, tied in the 1B and 3B; Qwen2.5-7B's
     152064 x hidden, untied, plus the QKV bias the step leaves out), and the step allocates
     exactly the bytes the shape accounts for."""
-    vocab = 128256
+
+    def params(m):  # every weight of the checkpoint, from the shape's own fields
+        bias = m.qkv_out if m.qkv_bias else 0
+        embeddings = (1 if m.tie_embeddings else 2) * m.vocab * m.hidden
+        return m.layers * (m.layer_weight_bytes(1) + bias) + embeddings + m.hidden
+
     m8, m1 = model_shape("llama-3.1-8b"), model_shape("Llama-3.2-1B")
-    params_8b = 32 * m8.layer_weight_bytes(1) + 2 * vocab * m8.hidden + m8.hidden
-    params_1b = 16 * m1.layer_weight_bytes(1) + vocab * m1.hidden + m1.hidden
-    assert (params_8b, params_1b) == (8_030_261_248, 1_235_814_400)  # the models' safetensors, parameter for parameter
+    assert (params(m8), params(m1)) == (8_030_261_248, 1_235_814_400)  # the models' safetensors, parameter for parameter
     m3, qw = model_shape("llama-3.2-3b"), model_shape("qwen2.5-7b")
-    assert 28 * m3.layer_weight_bytes(1) + vocab * m3.hidden + m3.hidden == 3_212_749_824
-    assert 28 * (qw.layer_weight_bytes(1) + qw.qkv_out) + 2 * 152064 * qw.hidden + qw.hidden == 7_615_616_512
+    assert params(m3) == 3_212_749_824
+    assert params(qw) == 7_615_616_512
+    assert (m8.vocab, m1.layers, qw.vocab, qw.qkv_bias) == (128256, 16, 152064, True)
     assert m8.kv_bytes_per_token(2) == 2 * 8 * 128 * 2  # one layer's K and V of one token, 8 KV heads of 128
     w = DecodeWeights(TINY, "fp16", layers=2, device="cpu")
     assert w.bytes() == 2 * TINY.layer_weight_bytes(2)

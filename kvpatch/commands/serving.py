@@ -1,0 +1,116 @@
+"""``kvpatch plugin bench``: vLLM serving with kvpatch's kernels against vLLM's own, in the
+vLLM this environment has.
+
+The data flow: options -> every check a user could fail (the options, the outputs, the
+model, vLLM installed and V0-capable, the plugin enabled and passing its checks, a GPU)
+before any engine starts -> the model (a directory, or a shipped shape written as a
+``config.json`` with dummy weights) -> :func:`kvpatch.serving.run_bench` (engine starts in
+alternation, each checked, kept in the raw folder) -> the report.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Optional
+
+from ..errors import UsageError
+from ..progress import QUIET, Progress
+
+
+@dataclass
+class ServingBenchOptions:
+    model: str = "llama-3.1-8b"  # a shipped model shape, or a directory with config.json
+    dtype: str = "bf16"
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 8, 32, 64])
+    input_len: int = 512
+    output_len: int = 512
+    workloads: list[str] = field(default_factory=list)  # extra rows, INPUT:OUTPUT:BATCHES
+    starts: int = 4
+    dummy_weights: bool = False  # a directory's own weights unless asked (a shape is always dummy)
+    raw: Optional[Path] = None  # the folder of engine runs (None: a temporary one)
+    budget_s: Optional[float] = None
+    engine_timeout_s: float = 1200.0
+    gpu_memory_utilization: float = 0.9
+    json_path: Optional[str] = None
+    cwd: Path = field(default_factory=Path.cwd)
+
+
+def _model(o: ServingBenchOptions, folder: Path, dtype_torch: str) -> tuple[str, str, bool, dict[str, Any]]:
+    """(the model directory, its label, dummy weights?, provenance)."""
+    from ..decode.models import MODELS
+
+    path = (o.cwd / o.model).expanduser() if not Path(o.model).is_absolute() else Path(o.model)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UsageError(f"--model {o.model}: the directory has no config.json")
+        return str(path.resolve()), path.name, o.dummy_weights, {"model_dir": str(path.resolve())}
+    shape = MODELS.get(o.model.lower())
+    if shape is None:
+        raise UsageError(f"--model {o.model!r} is neither a directory nor a model shape kvpatch knows "
+                         f"({', '.join(MODELS)})")  # fmt: skip
+    from ..fsutil.files import write_if_different
+
+    where = folder / f"model-{shape.name}-{dtype_torch}"
+    where.mkdir(parents=True, exist_ok=True)
+    write_if_different(where / "config.json", json.dumps(shape.hf_config(dtype_torch), indent=1) + "\n")
+    return str(where), shape.name, True, {"model_shape": shape.name, "source": shape.source}
+
+
+def preflight() -> Any:
+    """vLLM installed and V0-capable, the plugin enabled and every check of it passing: the
+    plugin's :class:`~kvpatch.vllm_plugin.Decision`, or a one-line refusal."""
+    from ..source.releases import release_tuple
+    from .plugin import LAST_V0, installed_vllm, status
+
+    version = installed_vllm()
+    if version is None:
+        raise UsageError("vLLM is not installed in this Python environment: 'kvpatch plugin bench' starts its engine")
+    try:
+        v0 = release_tuple(version)[:2] <= LAST_V0
+    except ValueError:
+        v0 = False
+    if not v0:
+        raise UsageError(f"vLLM {version} has no V0 engine, the only one that calls these kernels on CUDA "
+                         "(releases 0.6.4 to 0.10.x)")  # fmt: skip
+    decision = status()
+    if not decision.registers:
+        raise UsageError(f"the plugin would not run kvpatch's kernels here: {decision.reason}"
+                         + (f"; {decision.fix}" if decision.fix else ""))  # fmt: skip
+    return decision
+
+
+def bench(o: ServingBenchOptions, *, progress: Progress = QUIET) -> dict[str, Any]:
+    """Run the serving benchmark (see the module); the report."""
+    from ..fsutil.outputs import check_outputs
+    from ..gpu.env import require_cuda
+    from ..serving import ServingOptions, make_workloads, run_bench
+    from ..serving.options import engine_dtype
+
+    dtype_torch = engine_dtype(o.dtype)
+    workloads = make_workloads(o.input_len, o.output_len, o.batch_sizes, o.workloads)
+    checked = ServingOptions(model="", model_label="", dtype=o.dtype, workloads=workloads, starts=o.starts,
+                             gpu_memory_utilization=o.gpu_memory_utilization, engine_timeout_s=o.engine_timeout_s)  # fmt: skip
+    if o.budget_s is not None and not o.budget_s > 0:
+        raise UsageError("--budget must be a positive number of seconds")
+    raw = o.raw if o.raw is None or o.raw.is_absolute() else o.cwd / o.raw
+    if raw is not None and raw.exists() and not raw.is_dir():
+        raise UsageError(f"--raw {raw}: not a directory")
+    json_file = o.json_path if o.json_path not in (None, "-") else None
+    check_outputs(json=json_file, protected={"the --raw folder": raw} if raw else None)
+    preflight()
+    require_cuda()
+    temporary = raw is None
+    folder = Path(tempfile.mkdtemp(prefix="kvpatch-serving-")) if raw is None else raw
+    folder.mkdir(parents=True, exist_ok=True)
+    model, label, dummy, provenance = _model(o, folder, dtype_torch)
+    options = replace(checked, model=model, model_label=label, dummy_weights=dummy, extra=provenance)
+    report = run_bench(options, folder, progress=progress, budget_s=o.budget_s)
+    report["model_source"] = provenance
+    if temporary and report["complete"]:
+        shutil.rmtree(folder, ignore_errors=True)
+        report["raw"] = None
+    return report

@@ -1,0 +1,165 @@
+"""What a serving benchmark runs, as data, checked before any engine starts.
+
+A :class:`Workload` is one timed batch: ``batch`` requests of ``input_len`` prompt tokens,
+each generating exactly ``output_len`` tokens. An :class:`Arm` is one way of starting the
+engine: kvpatch's kernels, or vLLM's own (``KVPATCH_DISABLE=1``), the latter twice so that
+two arms with identical code give the A/A reading. :class:`ServingOptions` is the whole run;
+its :meth:`~ServingOptions.fingerprint` says whether saved engine runs belong to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .. import dtypes as D
+from ..errors import UsageError
+
+#: Bounds a workload must stay within (a typo, not a wish, is what they catch).
+MAX_BATCH = 1024
+MAX_TOKENS = 1 << 17
+MAX_STARTS = 50
+
+
+@dataclass(frozen=True, order=True)
+class Workload:
+    input_len: int
+    output_len: int
+    batch: int
+
+    @property
+    def label(self) -> str:
+        """``'512x512 B64'``: how tables and JSON name it."""
+        return f"{self.input_len}x{self.output_len} B{self.batch}"
+
+    @property
+    def tokens(self) -> int:
+        """The longest sequence the workload makes (prompt + generated)."""
+        return self.input_len + self.output_len
+
+
+def parse_workload(text: str) -> list[Workload]:
+    """``'4096:256:8,32'`` (input:output:batches) -> one Workload per batch size."""
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise UsageError(f"workload {text!r}: write INPUT:OUTPUT:BATCHES, e.g. 4096:256:8,32")
+    i, o = _int(parts[0], "input length", MAX_TOKENS), _int(parts[1], "output length", MAX_TOKENS)
+    batches = [_int(b, "batch size", MAX_BATCH) for b in parts[2].split(",") if b.strip()]
+    if not batches:
+        raise UsageError(f"workload {text!r} names no batch size")
+    return [Workload(i, o, b) for b in batches]
+
+
+def make_workloads(input_len: int, output_len: int, batches: list[int], extra: list[str]) -> tuple[Workload, ...]:
+    """The main rows (every batch size at ``input_len``/``output_len``) and the extra ones, in
+    that order, each once."""
+    rows = [Workload(_bound(input_len, "--input-len", MAX_TOKENS), _bound(output_len, "--output-len", MAX_TOKENS),
+                     _bound(b, "--batch-sizes", MAX_BATCH)) for b in batches]  # fmt: skip
+    for text in extra:
+        rows.extend(parse_workload(text))
+    if not rows:
+        raise UsageError("no workload: give --batch-sizes (and --input-len/--output-len) or --workload")
+    out: list[Workload] = []
+    for w in rows:
+        if w not in out:
+            out.append(w)
+    return tuple(out)
+
+
+def _int(text: str, what: str, top: int) -> int:
+    t = text.strip()
+    if not (t.isascii() and t.isdigit()) or len(t) > 9:
+        raise UsageError(f"{what} {text!r} is not a whole number between 1 and {top}")
+    return _bound(int(t), what, top)
+
+
+def _bound(value: int, what: str, top: int) -> int:
+    if not 1 <= value <= top:
+        raise UsageError(f"{what} {value} is out of range: 1 to {top}")
+    return value
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One engine set-up. ``kernels`` is what the plugin must say it ran: 'kvpatch' or 'vllm'."""
+
+    name: str
+    kernels: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What the engine's environment adds (the plugin's kill switch for vLLM's arms)."""
+        from ..vllm_plugin import ENV_DISABLE
+
+        return {ENV_DISABLE: "1"} if self.kernels == "vllm" else {}
+
+
+KVPATCH = Arm("kvpatch", "kvpatch")
+VLLM = Arm("vllm", "vllm")
+#: vLLM's kernels again: the A/A twin of :data:`VLLM`.
+VLLM_TWIN = Arm("vllm-twin", "vllm")
+ARMS = (KVPATCH, VLLM, VLLM_TWIN)
+
+
+def engine_dtype(name: str) -> str:
+    """kvpatch's dtype name (fp16, bf16) -> the torch name vLLM takes (float16, bfloat16)."""
+    d = D.QUERY_DTYPES.get(name)
+    if d is None or name == "fp32":
+        raise UsageError(f"dtype {name!r}: choose fp16 or bf16")
+    return d.torch
+
+
+@dataclass(frozen=True)
+class ServingOptions:
+    """One serving benchmark. ``model`` is a directory holding the model's ``config.json``
+    (and its weights unless ``dummy_weights``)."""
+
+    model: str
+    model_label: str
+    dtype: str  # kvpatch's name: fp16 | bf16
+    workloads: tuple[Workload, ...]
+    starts: int = 4
+    dummy_weights: bool = True
+    seed: int = 0
+    gpu_memory_utilization: float = 0.9
+    engine_timeout_s: float = 1200.0
+    warmup_tokens: int = 8
+    arms: tuple[Arm, ...] = ARMS
+    extra: dict[str, Any] = field(default_factory=dict)  # provenance only
+
+    def __post_init__(self) -> None:
+        engine_dtype(self.dtype)
+        _bound(self.starts, "--starts", MAX_STARTS)
+        if not 0.1 <= self.gpu_memory_utilization <= 0.98:
+            raise UsageError(f"--gpu-memory-utilization {self.gpu_memory_utilization}: choose 0.1 to 0.98")
+        if not self.engine_timeout_s > 0:
+            raise UsageError("--engine-timeout must be positive")
+        if not self.workloads:
+            raise UsageError("no workload to run")
+
+    @property
+    def max_model_len(self) -> int:
+        """The engine's context: the longest workload's, rounded up to 256 tokens."""
+        longest = max(w.tokens for w in self.workloads)
+        return -(-longest // 256) * 256
+
+    @property
+    def capture_sizes(self) -> list[int]:
+        """The batch sizes CUDA graphs are captured for: exactly the workloads' (no padding)."""
+        return sorted({w.batch for w in self.workloads})
+
+    def engine_spec(self) -> dict[str, Any]:
+        """What an engine process needs (:mod:`kvpatch.serving.worker` reads it)."""
+        return {
+            "model": self.model, "dtype": engine_dtype(self.dtype), "dummy_weights": self.dummy_weights,
+            "seed": self.seed, "gpu_memory_utilization": self.gpu_memory_utilization,
+            "max_model_len": self.max_model_len, "capture_sizes": self.capture_sizes,
+            "warmup_tokens": self.warmup_tokens, "workloads": [asdict(w) for w in self.workloads],
+        }  # fmt: skip
+
+    def fingerprint(self) -> str:
+        """What makes two engine runs comparable: the spec and the arms (not the start count)."""
+        data = {"spec": self.engine_spec(), "arms": [asdict(a) for a in self.arms]}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

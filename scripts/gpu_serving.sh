@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# vLLM serving with kvpatch's kernels against vLLM's own, on a GPU machine with torch 2.11
+# (CUDA 13) and no network: vLLM 0.10.2's own Python and its own ops rebuilt for that torch,
+# kvpatch installed from its wheel, the plugin enabled, then 'kvpatch plugin bench'.
+# What is not vLLM's own code, and why it is off the measured path:
+# scripts/serving_standins/README.md.
+#
+#   here (nvcc, no GPU):  bash scripts/gpu_serving.sh --prepare
+#       fetches the release, builds vLLM's ops for torch 2.11 (scripts/vllm_ops.py; ~20 min on
+#       two cores the first time), downloads the Python packages vLLM needs that the GPU
+#       machine lacks, builds kvpatch's wheel and the plugin's bundle (kvpatch build --all;
+#       cached), and packs all of it into .gpu/serving/carry (carry that folder).
+#   GPU machine:          OUT=/some/dir bash scripts/gpu_serving.sh [--dtype bf16] [--budget S]
+#                             [--smoke] [-- more 'kvpatch plugin bench' options]
+#       installs the carry (once per machine), runs vLLM's own kernel tests on the rebuilt
+#       ops, 'kvpatch plugin status --gpus', then the bench; its engine runs are kept in
+#       /tmp/kvpatch-serving/raw-DTYPE, so a second call resumes where a budget stopped the
+#       first ($OUT/raw-DTYPE.tar.xz holds them too; put it in the carry to resume on a new
+#       machine). --smoke: one engine start per arm, batch 1 and 64, 64 output tokens.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PY=${PYTHON:-python3}
+VERSION=0.10.2
+CARRY=.gpu/serving/carry
+WORK=.gpu/serving/work
+# The Python packages vLLM 0.10.2 imports that the GPU machine's image lacks (cp312 wheels).
+WHEELS=(pydantic==2.11.7 pydantic_core==2.33.2 annotated-types typing-inspection msgspec pyzmq cachetools cbor2
+  setproctitle blake3 pybase64 fastapi==0.116.1 starlette==0.47.3 openai==1.107.0 jiter distro sniffio
+  openai-harmony partial-json-parser gguf compressed-tensors==0.11.0 frozendict platformdirs)
+
+if [[ ${1:-} == --prepare ]]; then
+  set -e
+  mkdir -p "$CARRY/wheels" "$WORK/dl"
+  TREE=$("$PY" -c "from kvpatch.source.fetch import fetch_release; print(fetch_release('$VERSION'))")
+  pipdl() { "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 "$@"; }
+  if [[ ! -d $WORK/torch/torch/include ]]; then  # torch 2.11's headers (the GPU machine's torch)
+    pipdl -d "$WORK/dl" torch==2.11.0
+    (cd "$WORK" && unzip -q -o dl/torch-2.11.0-*.whl 'torch/include/*' -d torch)
+  fi
+  if [[ ! -d $WORK/cuinc ]]; then  # the cuBLAS/cuSOLVER/cuSPARSE headers torch's CUDA headers include
+    pipdl -d "$WORK/dl" nvidia-cublas==13.1.0.3 nvidia-cusolver==12.0.4.66 nvidia-cusparse==12.6.3.3
+    for w in "$WORK"/dl/nvidia_cu*.whl; do unzip -q -o "$w" '*/include/*' -d "$WORK/cuinc"; done
+  fi
+  "$PY" scripts/vllm_ops.py --tree "$TREE" --torch-include "$WORK/torch/torch/include" \
+    --extra-include "$WORK/cuinc/nvidia/cu13/include" --out "$WORK/ops"
+  xz -T0 -6 -c "$WORK/ops/_C.abi3.so" > "$CARRY/_C.abi3.so.xz"
+  cp "$WORK/ops/ops.json" "$CARRY/ops.json"
+  rm -f "$CARRY"/wheels/*.whl
+  pipdl -d "$CARRY/wheels" "${WHEELS[@]}"
+  "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$CARRY/wheels" . 2>/dev/null \
+    || "$PY" -m pip wheel -q --no-deps -w "$CARRY/wheels" .
+  # vLLM's Python, its bindings (the plugin records the op schemas) and its kernel tests.
+  tar -C "$TREE" -cJf "$CARRY/vllm-$VERSION.tar.xz" --exclude=__pycache__ vllm tests/__init__.py tests/kernels \
+    csrc/torch_bindings.cpp PKG-INFO
+  # The plugin's bundle: the patched kernels of vLLM's full set (kvpatch build --all, cached).
+  mkdir -p "$WORK/ws"
+  (cd "$WORK/ws" && { [[ -f .kvpatch/state.json ]] || kvpatch apply --vllm "v$VERSION" >/dev/null; } \
+    && kvpatch build --all --arch 9.0a >/dev/null && rm -rf bundle && kvpatch plugin enable --dir bundle >/dev/null)
+  rm -rf "$CARRY/bundle" && mkdir -p "$CARRY/bundle"
+  cp "$WORK/ws/bundle/bundle.json" "$CARRY/bundle/"
+  for f in "$WORK"/ws/bundle/*.so; do xz -T0 -6 -c "$f" > "$CARRY/bundle/$(basename "$f").xz"; done
+  du -sh "$CARRY"
+  exit 0
+fi
+
+DTYPE=bf16
+BUDGET=480
+SMOKE=0
+EXTRA=()
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --dtype) DTYPE=$2; shift 2 ;;
+    --budget) BUDGET=$2; shift 2 ;;
+    --smoke) SMOKE=1; shift ;;
+    --) shift; EXTRA=("$@"); break ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+OUT=${OUT:?set OUT to the output directory}
+mkdir -p "$OUT"
+T0=$SECONDS
+say() { echo "[gpu_serving +$((SECONDS - T0))s] $*" | tee -a "$OUT/log.txt"; }
+[[ -f $CARRY/_C.abi3.so.xz && -f $CARRY/bundle/bundle.json ]] || { say "missing $CARRY: run --prepare here and carry it"; exit 2; }
+BASE=/tmp/kvpatch-serving
+SITE=$BASE/site
+SRC=$BASE/src
+export PYTHONPATH=$SITE:$SRC KVPATCH_PLUGIN_DIR=$BASE/bundle VLLM_HOST_IP=127.0.0.1 PYTHONUNBUFFERED=1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+if [[ ! -f $BASE/installed ]]; then
+  say "installing the carry"
+  rm -rf "$BASE" && mkdir -p "$SITE" "$SRC" "$BASE/bundle"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$CARRY"/wheels/*.whl || exit 3
+  cp -r scripts/serving_standins/xformers "$SITE/"
+  tar -C "$SRC" -xJf "$CARRY/vllm-$VERSION.tar.xz"
+  xz -dc "$CARRY/_C.abi3.so.xz" > "$SRC/vllm/_C.abi3.so"
+  mkdir -p "$SRC/vllm/vllm_flash_attn/layers"
+  touch "$SRC/vllm/vllm_flash_attn/layers/__init__.py"
+  cp scripts/serving_standins/rotary.py "$SRC/vllm/vllm_flash_attn/layers/rotary.py"
+  mkdir -p "$SITE/vllm-$VERSION.dist-info"
+  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\n' "$VERSION" > "$SITE/vllm-$VERSION.dist-info/METADATA"
+  cp "$CARRY/bundle/bundle.json" "$BASE/bundle/"
+  for f in "$CARRY"/bundle/*.xz; do xz -dc "$f" > "$BASE/bundle/$(basename "$f" .xz)"; done
+  touch "$BASE/installed"
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv > "$OUT/smi.csv" 2>&1
+cd "$BASE"
+"$PY" -c 'import torch, vllm, kvpatch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), "| vllm", vllm.__version__, "| kvpatch", kvpatch.__version__, kvpatch.__file__)' 2>&1 | tail -1 | tee -a "$OUT/log.txt"
+
+if [[ ! -f $BASE/ops-tested ]]; then
+  say "vLLM's own kernel tests on the rebuilt ops"
+  (cd "$SRC" && timeout 240 "$PY" -m pytest -q -x -p no:cacheprovider -n 8 --junitxml="$OUT/ops-tests.xml" \
+    tests/kernels/core/test_layernorm.py::test_rms_norm tests/kernels/core/test_activation.py::test_act_and_mul \
+    tests/kernels/core/test_pos_encoding.py::test_rotary_embedding \
+    tests/kernels/attention/test_cache.py::test_reshape_and_cache tests/kernels/attention/test_cache.py::test_copy_blocks \
+    tests/kernels/test_apply_repetition_penalties.py > "$OUT/ops-tests.txt" 2>&1)
+  rc=$?
+  tail -3 "$OUT/ops-tests.txt" | tee -a "$OUT/log.txt"
+  if [[ $rc == 124 ]]; then
+    say "vLLM's kernel tests ran out of their 240 s with no failure so far (see ops-tests.xml); going on"
+  elif [[ $rc != 0 ]]; then
+    say "the rebuilt ops failed vLLM's own tests (rc=$rc)"; exit 6
+  fi
+  touch "$BASE/ops-tested"
+fi
+
+say "kvpatch plugin status --gpus"
+"$PY" -m kvpatch plugin status --gpus 2>&1 | tee "$OUT/status.txt" | tail -4
+
+RAW=$BASE/raw-$DTYPE
+if [[ ! -d $RAW && -f $ROOT/$CARRY/raw-$DTYPE.tar.xz ]]; then
+  mkdir -p "$RAW" && tar -C "$RAW" -xJf "$ROOT/$CARRY/raw-$DTYPE.tar.xz"
+fi
+ARGS=(--dtype "$DTYPE" --raw "$RAW" --budget "$BUDGET" --json "$OUT/serving-$DTYPE.json")
+if [[ $SMOKE == 1 ]]; then
+  RAW=$BASE/smoke-$DTYPE
+  ARGS=(--dtype "$DTYPE" --raw "$RAW" --starts 1 --batch-sizes 1,64 --output-len 64 --json "$OUT/smoke-$DTYPE.json")
+else
+  ARGS+=(--workload 4096:256:8,32)
+fi
+say "kvpatch plugin bench ${ARGS[*]} ${EXTRA[*]}"
+"$PY" -m kvpatch plugin bench "${ARGS[@]}" "${EXTRA[@]}" > "$OUT/bench-$DTYPE.txt" 2> "$OUT/bench-$DTYPE.err"
+rc=$?
+tail -40 "$OUT/bench-$DTYPE.txt"
+tail -5 "$OUT/bench-$DTYPE.err"
+tar -C "$RAW" -cJf "$OUT/raw-$DTYPE.tar.xz" . 2>/dev/null
+say "done (rc=$rc)"
+exit $rc

@@ -1,0 +1,1 @@
+from . import attn_bias  # noqa: F401

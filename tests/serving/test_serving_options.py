@@ -1,0 +1,122 @@
+"""The serving benchmark's settings, its schedule and its numbers, as before/after specifications
+(no engine, no torch)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpatch.errors import UsageError
+from kvpatch.serving import ARMS, KVPATCH, VLLM, VLLM_TWIN, ServingOptions, Workload, make_workloads, parse_workload
+from kvpatch.serving.report import build_report
+from kvpatch.serving.schedule import pending, schedule
+from kvpatch.serving.worker import step_stats
+
+
+def _opts(**kw) -> ServingOptions:
+    base = dict(model="/m", model_label="m", dtype="bf16", workloads=(Workload(512, 512, 1), Workload(4096, 256, 32)))
+    return ServingOptions(**{**base, **kw})
+
+
+def test_workloads_read_as_input_output_and_batches():
+    assert parse_workload("4096:256:8,32") == [Workload(4096, 256, 8), Workload(4096, 256, 32)]
+    rows = make_workloads(512, 512, [1, 64, 1], ["4096:256:8", "512:512:64"])
+    assert rows == (Workload(512, 512, 1), Workload(512, 512, 64), Workload(4096, 256, 8))
+    assert Workload(512, 512, 64).label == "512x512 B64"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("4096:256", "INPUT:OUTPUT:BATCHES"),
+        ("4096:256:", "names no batch size"),
+        ("4096:+-5:8", "not a whole number"),
+        ("4096:256:0", "out of range"),
+        ("9" * 4000 + ":1:1", "not a whole number"),
+        ("4096:256:2000", "out of range"),
+        ("４:1:1", "not a whole number"),
+    ],
+)
+def test_a_bad_workload_is_one_line(text, message):
+    with pytest.raises(UsageError, match=message):
+        parse_workload(text)
+
+
+def test_the_run_is_checked_before_anything_starts():
+    with pytest.raises(UsageError, match="fp16 or bf16"):
+        _opts(dtype="fp32")
+    with pytest.raises(UsageError, match="--starts"):
+        _opts(starts=0)
+    with pytest.raises(UsageError, match="gpu-memory-utilization"):
+        _opts(gpu_memory_utilization=1.5)
+    with pytest.raises(UsageError, match="no workload"):
+        make_workloads(512, 512, [], [])
+    with pytest.raises(UsageError, match="--batch-sizes"):
+        make_workloads(512, 512, [0], [])
+
+
+def test_the_engine_is_sized_for_the_longest_workload_and_captures_exactly_its_batches():
+    o = _opts()
+    assert o.max_model_len == 4352 and o.capture_sizes == [1, 32]
+    spec = o.engine_spec()
+    assert spec["dtype"] == "bfloat16" and spec["workloads"][1] == {"input_len": 4096, "output_len": 256, "batch": 32}
+
+
+def test_the_fingerprint_changes_with_what_makes_runs_comparable_and_not_with_the_start_count():
+    o = _opts()
+    assert o.fingerprint() == _opts(starts=7).fingerprint()
+    assert o.fingerprint() != _opts(dtype="fp16").fingerprint()
+    assert o.fingerprint() != _opts(workloads=(Workload(512, 512, 1),)).fingerprint()
+    assert o.fingerprint() != _opts(arms=(KVPATCH, VLLM)).fingerprint()
+
+
+def test_arms_rotate_so_each_is_in_every_position_equally_often():
+    slots = schedule(ARMS, 6)
+    assert [s.arm for s in slots[:6]] == [KVPATCH, VLLM, VLLM_TWIN, VLLM, VLLM_TWIN, KVPATCH]
+    for arm in ARMS:
+        positions = [s.index % 3 for s in slots if s.arm == arm]
+        assert sorted(positions) == [0, 0, 1, 1, 2, 2]
+    assert [s.index for s in slots] == list(range(18))
+    assert [s.name for s in pending(slots[:3], ["r00-vllm"])] == ["r00-kvpatch", "r00-vllm-twin"]
+    assert VLLM_TWIN.env == VLLM.env == {"KVPATCH_DISABLE": "1"} and KVPATCH.env == {}
+
+
+def test_decode_steps_are_those_after_every_request_has_its_first_token():
+    # (seconds, new tokens, first tokens): two prefill steps, then decodes of 10 ms, a 1 ms tail
+    steps = [(0.3, 2, 2), (0.3, 2, 2), (0.02, 4, 0)] + [(0.010, 4, 0)] * 5 + [(0.012, 4, 0), (0.001, 0, 0)]
+    s = step_stats(steps, batch=4, output_len=8)
+    assert s["decode_steps"] == 6 and s["decode_ms"] == pytest.approx(10.0)
+    assert s["decode_mean_ms"] == pytest.approx(1e3 * (5 * 0.010 + 0.012) / 6)
+    assert s["prefill_s"] == pytest.approx(0.6) and s["latency_s"] == pytest.approx(sum(x[0] for x in steps))
+    assert s["tokens"] == 32 == s["tokens_expected"]
+    assert "decode_ms" not in step_stats([(0.1, 1, 1)], batch=1, output_len=1)
+    with pytest.raises(ValueError):
+        step_stats([], 1, 1)
+
+
+def _record(arm: str, rnd: int, decode: float) -> dict:
+    row = {"input_len": 512, "output_len": 512, "batch": 1, "decode_ms": decode, "latency_s": decode / 2,
+           "tokens_per_s": 1000 / decode}  # fmt: skip
+    return {"arm": {"name": arm, "kernels": "kvpatch" if arm == "kvpatch" else "vllm"}, "round": rnd,
+            "kernels_logged": ["kvpatch" if arm == "kvpatch" else "vllm"],
+            "result": {"engine_start_s": 40.0, "workloads": [row], "plugin": {"line": f"line {arm}"}}}  # fmt: skip
+
+
+def test_the_report_gives_medians_over_starts_and_ratios_from_rounds_beside_the_aa_twin():
+    o = _opts(workloads=(Workload(512, 512, 1),), starts=3)
+    recs = [_record("kvpatch", r, k) for r, k in enumerate((5.0, 5.5, 6.0))]
+    recs += [_record("vllm", r, v) for r, v in enumerate((6.0, 6.6, 6.3))]
+    recs += [_record("vllm-twin", r, v) for r, v in enumerate((6.1, 6.5, 6.3))]
+    rep = build_report(o, recs, planned=9)
+    row = rep["workloads"][0]
+    assert row["arms"]["kvpatch"]["decode_ms"]["median"] == 5.5 and row["arms"]["vllm"]["decode_ms"]["max"] == 6.6
+    sp = row["speedup"]["decode_ms"]
+    assert sp["median"] == pytest.approx(6.3 / 5.5) and (sp["lo"], sp["hi"]) == pytest.approx((6.3 / 6.0, 6.0 / 5.0))
+    assert sp["verdict"] == "faster"
+    aa = row["aa"]["decode_ms"]
+    assert (aa["lo"], aa["hi"]) == pytest.approx((6.0 / 6.1, 6.6 / 6.5)) and aa["verdict"] == "noise"
+    # a rate: more is better, so the ratio is kvpatch's over vLLM's
+    assert row["speedup"]["tokens_per_s"]["median"] == pytest.approx((1000 / 5.5) / (1000 / 6.3))
+    assert rep["complete"] and rep["arms"]["kvpatch"]["plugin_lines"] == ["line kvpatch"]
+    partial = build_report(o, recs[:4], planned=9)
+    assert not partial["complete"] and partial["workloads"][0]["aa"]["decode_ms"] == {"n": 0}
+    assert partial["workloads"][0]["speedup"]["decode_ms"]["n"] == 1

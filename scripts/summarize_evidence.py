@@ -13,7 +13,8 @@ run wrote (``files``) and what they are for; each kind below reads exactly those
 * ``decode-step``: ``kvpatch bench-decode`` JSONs;
 * ``weight-prefetch``: ``kvpatch bench-decode-sweep``'s JSONs, bench-decode JSONs on held-out
   shapes and models, and a junit file of the GPU tests;
-* ``plugin``: ``kvpatch plugin status`` / ``check`` JSONs and the pytest logs of the GPU tests.
+* ``plugin``: ``kvpatch plugin status`` / ``check`` JSONs and the pytest logs of the GPU tests;
+* ``serving``: ``kvpatch plugin bench`` JSON reports.
 """
 
 from __future__ import annotations
@@ -432,8 +433,47 @@ def plugin(folder: Path, cfg: dict) -> list[str]:
     return lines
 
 
+def _cell(d: dict, fmt: str = ".2f") -> str:
+    return f"{format(d['median'], fmt)} ({span([d['min'], d['max']], fmt)})" if d.get("n") else "-"
+
+
+def _ratio(d: dict) -> str:
+    return f"{d['median']:.3f} ({span([d['lo'], d['hi']], '.3f')})" if d.get("n") else "-"
+
+
+def serving(folder: Path, cfg: dict) -> list[str]:
+    """``kvpatch plugin bench`` reports: per workload the decode step of each arm over engine
+    starts, the speedup and the A/A pair with their per-round ranges, then latency and tokens/s."""
+    lines = []
+    for run, f in run_files(cfg):
+        if not f.endswith(".json"):
+            continue
+        d = json.loads((folder / f).read_text(encoding="utf-8"))
+        env, arms = d["environment"], d["arms"]
+        logged = "; ".join(f"{a}: {'/'.join(v['kernels_logged'])} in {v['starts']} starts" for a, v in arms.items())
+        ups = [v["engine_start_s"]["median"] for v in arms.values() if v["engine_start_s"].get("n")]
+        lines += [f"## {d['model']}, {d['dtype']} ({f})", "",
+                  f"vLLM {env.get('vllm')} V0 engine (XFORMERS backend), CUDA graphs, dummy weights; {env.get('gpu')}, "
+                  f"torch {env.get('torch')}. {d['engine_starts']} of {d['planned']} engine starts "
+                  f"({d['starts_per_arm']} per arm, rotated); engine up in {span(ups, '.0f')} s. What the plugin's "
+                  f"log line said each arm ran: {logged}.", "",
+                  "Decode step, ms: median over engine starts (min-max); speedup = vLLM's kernels / kvpatch's, median "
+                  "of the arms (range of the per-round ratios); A/A = vLLM's kernels / vLLM's kernels in another "
+                  "engine start.", "",
+                  "| workload | vLLM | kvpatch | vLLM again | speedup | A/A | latency speedup | tokens/s speedup |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for w in d["workloads"]:
+            a, sp, aa = w["arms"], w["speedup"], w["aa"]
+            lines.append(f"| {w['workload']} | {_cell(a['vllm']['decode_ms'])} | {_cell(a['kvpatch']['decode_ms'])} | "
+                         f"{_cell(a['vllm-twin']['decode_ms'])} | {_ratio(sp['decode_ms'])} | {_ratio(aa['decode_ms'])} | "
+                         f"{_ratio(sp['latency_s'])} | {_ratio(sp['tokens_per_s'])} |")  # fmt: skip
+        worst = max(abs(1 - x) for w in d["workloads"] for k in ("lo", "hi") if (x := w["aa"]["decode_ms"].get(k)))
+        lines += ["", f"A/A pair, decode step: every per-round ratio within {100 * worst:.1f}% of 1.00.", ""]
+    return lines
+
+
 KINDS = {"tune-table": tune_table, "bit-identity": bit_identity, "heldout": heldout, "headline": headline,
-         "decode-step": decode_step, "weight-prefetch": weight_prefetch, "plugin": plugin}  # fmt: skip
+         "decode-step": decode_step, "weight-prefetch": weight_prefetch, "plugin": plugin, "serving": serving}  # fmt: skip
 
 
 def summary(folder: Path) -> str:

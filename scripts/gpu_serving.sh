@@ -36,15 +36,16 @@ if [[ ${1:-} == --prepare ]]; then
   pipdl() { "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
       --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 "$@"; }
-  if [[ ! -d $WORK/torch/torch/include ]]; then  # torch 2.11's headers (the GPU machine's torch)
+  if [[ ! -d $WORK/torch/torch/lib ]]; then  # torch 2.11's headers and libraries (the GPU machine's torch)
     pipdl -d "$WORK/dl" torch==2.11.0
-    (cd "$WORK" && unzip -q -o dl/torch-2.11.0-*.whl 'torch/include/*' -d torch)
+    (cd "$WORK" && unzip -q -o dl/torch-2.11.0-*.whl 'torch/include/*' 'torch/lib/libc10.so' 'torch/lib/libc10_cuda.so' \
+      'torch/lib/libtorch.so' 'torch/lib/libtorch_cpu.so' 'torch/lib/libtorch_cuda.so' -d torch)
   fi
   if [[ ! -d $WORK/cuinc ]]; then  # the cuBLAS/cuSOLVER/cuSPARSE headers torch's CUDA headers include
     pipdl -d "$WORK/dl" nvidia-cublas==13.1.0.3 nvidia-cusolver==12.0.4.66 nvidia-cusparse==12.6.3.3
     for w in "$WORK"/dl/nvidia_cu*.whl; do unzip -q -o "$w" '*/include/*' -d "$WORK/cuinc"; done
   fi
-  "$PY" scripts/vllm_ops.py --tree "$TREE" --torch-include "$WORK/torch/torch/include" \
+  "$PY" scripts/vllm_ops.py --tree "$TREE" --torch-include "$WORK/torch/torch/include" --torch-lib "$WORK/torch/torch/lib" \
     --extra-include "$WORK/cuinc/nvidia/cu13/include" --out "$WORK/ops"
   xz -T0 -6 -c "$WORK/ops/_C.abi3.so" > "$CARRY/_C.abi3.so.xz"
   cp "$WORK/ops/ops.json" "$CARRY/ops.json"

@@ -158,6 +158,30 @@ def build_key(argv: list[str]) -> str:
     return json.dumps({"argv": argv, "source": hashlib.sha256(source.read_bytes()).hexdigest()})
 
 
+#: torch's libraries an extension links (what torch.utils.cpp_extension passes, less torch_python).
+TORCH_LIBS = ("c10", "c10_cuda", "torch", "torch_cpu", "torch_cuda")
+
+
+def _dynamic_symbols(path: Path, flag: str) -> set[str]:
+    text = subprocess.run(["nm", "-D", flag, str(path)], capture_output=True, text=True, check=True).stdout
+    return {line.split()[-1] for line in text.splitlines() if line.strip()}
+
+
+def unresolved_symbols(so: Path, libs: list[Path]) -> list[str]:
+    """The library's undefined symbols that neither the linked torch libraries define nor the
+    system, CUDA runtime or Python provide (versioned glibc/libstdc++/cudart symbols, ``Py*``):
+    what would fail at ``import vllm._C`` on the GPU machine."""
+    defined: set[str] = set()
+    for lib in libs:
+        defined |= {s.split("@")[0] for s in _dynamic_symbols(lib, "--defined-only")}
+    out = []
+    for sym in sorted(_dynamic_symbols(so, "--undefined-only")):
+        if "@" in sym or sym.startswith(("Py", "_Py", "__gmon_start__", "_ITM_", "__cxa_finalize")) or sym in defined:
+            continue
+        out.append(sym)
+    return out
+
+
 def compile_cached(argv: list[str], obj: Path, log: Path) -> bool:
     """Compile unless ``obj`` was made from this very command line and source; True when it compiled."""
     cmd = obj.with_suffix(".cmd")
@@ -206,6 +230,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tree", type=Path, required=True, help="the release's source tree (csrc/ inside)")
     ap.add_argument("--torch-include", type=Path, required=True, help="torch's include/ of the target torch")
+    ap.add_argument("--torch-lib", type=Path, required=True,
+                    help="the target torch's lib/ (libc10, libtorch*: linked by name, as vLLM's build links them)")
     ap.add_argument("--extra-include", type=Path, action="append", default=[], help="e.g. cuBLAS/cuSOLVER headers")
     ap.add_argument("--python-include", type=Path, default=Path(sysconfig.get_paths()["include"]))
     ap.add_argument("--arch", default="9.0a")
@@ -240,14 +266,13 @@ def main() -> int:
     compile_all(units)
     objs = [str(obj) for _, _, obj in (*kernels, *units)]
     so = args.out / "_C.abi3.so"
-    _run([nvcc, "-shared", *gencode, "-o", str(so), *objs, "-lcudart"], work / "link.log")
+    libs = [f"-L{args.torch_lib.resolve()}", *(f"-l{name}" for name in TORCH_LIBS), "-lcudart"]
+    _run([nvcc, "-shared", *gencode, "-o", str(so), *objs, *libs], work / "link.log")
     # Host debug info only (-g of RelWithDebInfo): 51 MiB -> 13 MiB, as vLLM's wheels ship it.
     _run(["strip", "--strip-debug", str(so)], work / "strip.log")
-    undefined = subprocess.run(["nm", "-D", "--undefined-only", "-C", str(so)], capture_output=True, text=True,
-                               check=True).stdout
-    missing = sorted({fn for _, _, fn in ops.values() if f" {fn}(" in undefined})
-    if missing:
-        raise SystemExit(f"{so}: the registered functions {missing} are not defined by the compiled sources")
+    unresolved = unresolved_symbols(so, [args.torch_lib / f"lib{name}.so" for name in TORCH_LIBS])
+    if unresolved:
+        raise SystemExit(f"{so}: {len(unresolved)} symbols no linked library defines, e.g. {unresolved[:3]}")
     info = {
         "release_tree": str(args.tree),
         "sources": list(SOURCES),

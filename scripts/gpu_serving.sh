@@ -27,7 +27,7 @@ WORK=.gpu/serving/work
 # The Python packages vLLM 0.10.2 imports that the GPU machine's image lacks (cp312 wheels).
 WHEELS=(pydantic==2.11.7 pydantic_core==2.33.2 annotated-types typing-inspection msgspec pyzmq cachetools cbor2
   setproctitle blake3 pybase64 fastapi==0.116.1 starlette==0.47.3 openai==1.107.0 jiter distro sniffio
-  openai-harmony partial-json-parser gguf compressed-tensors==0.11.0 frozendict platformdirs)
+  openai-harmony partial-json-parser gguf compressed-tensors==0.11.0 frozendict platformdirs typer==0.29.2)
 
 if [[ ${1:-} == --prepare ]]; then
   set -e
@@ -92,6 +92,7 @@ export PYTHONPATH=$SITE:$SRC KVPATCH_PLUGIN_DIR=$BASE/bundle VLLM_HOST_IP=127.0.
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 if [[ ! -f $BASE/installed ]]; then
   say "installing the carry"
+  env -u PYTHONPATH "$PY" -c 'import importlib.metadata as m; print("image: typer", m.version("typer"), "click", m.version("click"))' 2>&1 | tail -1 | tee -a "$OUT/log.txt"
   rm -rf "$BASE" && mkdir -p "$SITE" "$SRC" "$BASE/bundle"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$CARRY"/wheels/*.whl || exit 3
   cp -r scripts/serving_standins/xformers "$SITE/"
@@ -108,11 +109,11 @@ if [[ ! -f $BASE/installed ]]; then
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv > "$OUT/smi.csv" 2>&1
 cd "$BASE"
-"$PY" -c 'import torch, vllm, kvpatch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), "| vllm", vllm.__version__, "| kvpatch", kvpatch.__version__, kvpatch.__file__)' 2>&1 | tail -1 | tee -a "$OUT/log.txt"
+"$PY" -c 'import torch, vllm, kvpatch, typer, importlib.metadata as m; print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), "| vllm", vllm.__version__, "| kvpatch", kvpatch.__version__, kvpatch.__file__, "| typer", typer.__version__, "| click", m.version("click"))' 2>&1 | tail -1 | tee -a "$OUT/log.txt"
 
 if [[ ! -f $BASE/ops-tested ]]; then
   say "vLLM's own kernel tests on the rebuilt ops"
-  (cd "$SRC" && timeout 240 "$PY" -m pytest -q -x -p no:cacheprovider -n 8 --junitxml="$OUT/ops-tests.xml" \
+  (cd "$SRC" && timeout 240 "$PY" -m pytest -q -x -p no:cacheprovider -n 3 --junitxml="$OUT/ops-tests.xml" \
     tests/kernels/core/test_layernorm.py::test_rms_norm tests/kernels/core/test_activation.py::test_act_and_mul \
     tests/kernels/core/test_pos_encoding.py::test_rotary_embedding \
     tests/kernels/attention/test_cache.py::test_reshape_and_cache tests/kernels/attention/test_cache.py::test_copy_blocks \

@@ -27,7 +27,7 @@ WORK=.gpu/serving/work
 # The Python packages vLLM 0.10.2 imports that the GPU machine's image lacks (cp312 wheels).
 WHEELS=(pydantic==2.11.7 pydantic_core==2.33.2 annotated-types typing-inspection msgspec pyzmq cachetools cbor2
   setproctitle blake3 pybase64 fastapi==0.116.1 starlette==0.47.3 openai==1.107.0 jiter distro sniffio
-  openai-harmony partial-json-parser gguf compressed-tensors==0.11.0 frozendict platformdirs typer==0.29.2)
+  openai-harmony partial-json-parser gguf compressed-tensors==0.11.0 frozendict platformdirs)
 
 if [[ ${1:-} == --prepare ]]; then
   set -e

@@ -106,7 +106,7 @@ def check(
 @plugin_app.command()
 def bench(
     model: Annotated[str, typer.Option(metavar="SHAPE|DIR", help="A model shape kvpatch knows (llama-3.1-8b, llama-3.2-1b, llama-3.2-3b, qwen2.5-7b; dummy weights, no download), or a model directory with config.json and weights.")] = "llama-3.1-8b",
-    dtype: Annotated[str, typer.Option(metavar="DTYPE", help="fp16 or bf16.")] = "bf16",
+    dtype: Annotated[str, typer.Option("--dtype", metavar="DTYPE", help="fp16 or bf16.")] = "bf16",
     batch_sizes: Annotated[str, typer.Option(metavar="B,B", help="Batch sizes of the main rows (requests generated at once).")] = "1,8,32,64",
     input_len: Annotated[int, typer.Option(metavar="N", help="Prompt tokens per request in the main rows.")] = 512,
     output_len: Annotated[int, typer.Option(metavar="N", help="Generated tokens per request in the main rows.")] = 512,

@@ -12,6 +12,7 @@ checks everything again in the serving process and logs one line either way.
 from __future__ import annotations
 
 import importlib.metadata
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -147,11 +148,11 @@ def _full_build(root: Path, patched: Any, o: EnableOptions, progress: Progress) 
         spec = jit.make_spec(root, [patched], o.arch, all_kernels=True, check_variants=False)
         (built,) = jit.build(spec, jobs=o.jobs, progress=progress).variants
         return built, built.cached
-    build = f"kvpatch build --all --arch '{o.arch}'" + (f" --tree {root}" if o.tree is not None else "")
+    build = shlex.join(["kvpatch", "build", "--all", "--arch", o.arch, *(["--tree", str(root)] if o.tree is not None else [])])
     partial = cached(False)
     have = (f"the build for {o.arch} holds {len(partial.configs)} of vLLM's configurations (kvpatch build without --all)"
             if partial is not None else f"the tree's patched kernels are not built for {o.arch}")  # fmt: skip
-    raise UsageError(f"{have}; the plugin needs the full set: run '{build}' first, or pass --build")
+    raise UsageError(f"{have}; the plugin needs the full set, so first run (or pass --build): {build}")
 
 
 def _version() -> str:
@@ -184,7 +185,8 @@ def check(*, reps: int = 30, graphs: bool = True) -> Any:
     from ..gpu.env import require_cuda
 
     if installed_vllm() is None:
-        raise UsageError("vLLM is not installed in this Python environment: 'kvpatch plugin check' runs its kernels")
+        raise UsageError("'kvpatch plugin check' compares vLLM's kernels with kvpatch's, and vLLM is not installed "
+                         "in this Python environment")  # fmt: skip
     require_cuda()
     from ..gpu.plugin_check import check as run_check
 

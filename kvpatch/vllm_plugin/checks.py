@@ -163,6 +163,17 @@ def torch_version() -> str:
     return str(getattr(sys.modules.get("torch"), "__version__", ""))
 
 
+def _vllm_distribution() -> bool:
+    """Whether a vLLM distribution is installed (its metadata; nothing imported)."""
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def _installed_vllm() -> str:
     import vllm
 
@@ -203,6 +214,8 @@ def evaluate(target: Target, *, probe_gpu: bool = False) -> tuple[Decision, Read
     again = f"{_ENABLE_HOW} again"
     if m.abi_version != ABI_VERSION:
         return refuse(f"the bundle's launcher ABI is {m.abi_version}, this kvpatch's is {ABI_VERSION}", again)
+    if target.vllm_version is None and not _vllm_distribution():
+        return refuse("vLLM is not installed in this environment", f"install vLLM {m.vllm_release}, the bundle's release")
     try:
         import torch
     except ImportError as e:

@@ -210,7 +210,7 @@ def test_enable_without_the_full_build_says_which_build_to_run(vllm_release, tmp
     monkeypatch.setattr(P, "installed_vllm", lambda: "0.10.2")
     monkeypatch.setattr(jit, "build", lambda *a, **k: pytest.fail("compiled without --build"))
     opts = P.EnableOptions(tree=tree, cwd=tmp_path, arch="8.0;9.0a", directory=tmp_path / "bundle")
-    with pytest.raises(UsageError, match=r"not built for 8\.0;9\.0a; .*run 'kvpatch build --all --arch '8\.0;9\.0a' --tree "):
+    with pytest.raises(UsageError, match=r"not built for 8\.0;9\.0a; .*first run \(or pass --build\): kvpatch build --all --arch '8\.0;9\.0a' --tree /"):
         P.enable(opts)
     partial = SimpleNamespace(configs=("bf16/auto/128/16", "fp16/auto/128/16"))
     monkeypatch.setattr(library, "load_cached", lambda p: (partial if len(p.configs) < 10 else None, ""))

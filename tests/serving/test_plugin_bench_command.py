@@ -39,7 +39,7 @@ def test_bad_options_are_one_line_before_anything_runs(tmp_path, args, needle):
 def test_without_vllm_it_refuses_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr("kvpatch.commands.plugin.installed_vllm", lambda: None)
     proc = run_cli("plugin", "bench", cwd=tmp_path)
-    assert_one_line_error(proc, 2, "vLLM is not installed", "plugin bench")
+    assert_one_line_error(proc, 2, "vLLM is not installed", "starts vLLM's engine")
 
 
 def test_a_vllm_without_a_v0_engine_is_refused(monkeypatch):

@@ -376,3 +376,22 @@ def test_decide_probes_gpus_on_request(env):
     if not torch.cuda.is_available():
         assert d.gpus == ("no CUDA GPU visible",)
     assert plugin.decide(env.target()).gpus == ()
+
+
+def test_without_vllm_installed_the_reason_is_vllm_not_torch(tmp_path, monkeypatch):
+    """With vLLM's reader left to the default (its installed metadata), a missing vLLM is the
+    reason given, before torch or vLLM's kernels are looked at."""
+    import importlib.metadata
+
+    real = importlib.metadata.version
+
+    def version(name):
+        if name == "vllm":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    bundle = S.make_bundle(tmp_path / "bundle")
+    d = plugin.decide(Target(bundle=bundle, import_ops=lambda: pytest.fail("vLLM's kernels were imported")))
+    assert d.action == "refuse" and d.reason == "vLLM is not installed in this environment"
+    assert d.fix == "install vLLM 0.10.2, the bundle's release"

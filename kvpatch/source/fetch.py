@@ -37,7 +37,7 @@ from rich.markup import escape
 from ..errors import FetchError, UsageError
 from ..fsutil import read_regular, write_atomic
 from . import git as gitcmd
-from .releases import normalize_version, release_tag, HEADER, SUPPORTED, carries_header
+from .releases import HEADER, LAST, SUPPORTED, carries_header, normalize_version, release_tag, release_tuple
 from .repo import _clone, _git_reason, _make_repo, git_executable, require_git  # noqa: F401
 from .sdist import _download, _find_sdist, _redact, _unpack
 
@@ -49,7 +49,10 @@ DEFAULT_INDEX = "https://pypi.org/simple"
 
 
 def _unsupported(version: str) -> FetchError:
-    return FetchError(f"vLLM {version} has no {HEADER}; {SUPPORTED}")
+    """A version outside the releases that carry the header (nothing was fetched: whether it
+    exists at all is not known here, so the message does not claim it does)."""
+    where = "after" if release_tuple(version)[:3] > LAST else "before"
+    return FetchError(f"vLLM {version} is {where} the releases that carry {HEADER}; {SUPPORTED}")
 
 
 # --------------------------------------------------------------------------- cache

@@ -40,7 +40,12 @@ def build(
         io.out.print(build_table(result))
         for v in result.variants:
             io.out.print(f"{escape(v.name)}: {escape(str(v.library))}", highlight=False)
-        io.out.print("Load with kvpatch.gpu.launch.Kernels(path, prefix); running them needs a CUDA GPU "
-                     "and a CUDA build of torch ('kvpatch validate', 'kvpatch bench').", highlight=False)  # fmt: skip
+        if all_kernels:
+            io.out.print("next: 'kvpatch plugin enable' puts the patched kernels into this environment's vLLM; "
+                         "'kvpatch validate' and 'kvpatch bench' run them on a GPU", highlight=False)  # fmt: skip
+        else:
+            io.out.print("next: 'kvpatch validate' and 'kvpatch bench' run them on a GPU (needs torch with CUDA); "
+                         "'kvpatch build --all' builds vLLM's full set, which 'kvpatch plugin enable' needs",
+                         highlight=False)  # fmt: skip
     for line in report.warnings:
         warn(line)

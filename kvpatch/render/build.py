@@ -12,8 +12,16 @@ if TYPE_CHECKING:
     from ..jit.result import BuildResult
 
 
+#: Above this many kernels a build is shown per variant (plus every kernel that failed its
+#: check); ``--json`` always holds every kernel.
+MAX_KERNEL_ROWS = 60
+
+
 def build_table(result: BuildResult) -> Table:
-    """One row per kernel of every variant; the caption names the compile flags."""
+    """One row per kernel of every variant (per variant for a large build); the caption names
+    the compile flags."""
+    if sum(len(v.kernels) for v in result.variants) > MAX_KERNEL_ROWS:
+        return _variant_table(result)
     table = Table(title=f"kvpatch build ({result.elapsed:.1f} s)")
     for name, justify in (("variant", "left"), ("arch", "left"), ("kernel", "left"), ("config", "left"),
                           ("regs", "right"), ("spill st/ld", "right"), ("stack", "right"),
@@ -25,6 +33,36 @@ def build_table(result: BuildResult) -> Table:
                 escape(v.name), k.arch, k.kernel, k.config, str(k.registers), f"{k.spill_stores}/{k.spill_loads}",
                 str(k.stack_bytes), "yes" if k.has_prefetch else "-", "[green]ok[/]" if k.ok else "[red]FAIL[/]",
             )  # fmt: skip
+    if result.vllm_flags:
+        table.caption = escape("vLLM's nvcc flags: " + " ".join(result.vllm_flags))
+    return table
+
+
+def _span(xs: list[int]) -> str:
+    return "-" if not xs else str(xs[0]) if min(xs) == max(xs) else f"{min(xs)}-{max(xs)}"
+
+
+def _variant_table(result: BuildResult) -> Table:
+    table = Table(title=f"kvpatch build ({result.elapsed:.1f} s): per variant; every kernel is in --json")
+    for name, justify in (("variant", "left"), ("archs", "left"), ("kernels", "right"), ("configurations", "right"),
+                          ("prefetching (UBLKPF)", "right"), ("regs", "right"), ("spilling", "right"),
+                          ("check", "center")):  # fmt: skip
+        table.add_column(name, justify=justify)
+    failed = []
+    for v in result.variants:
+        ks = v.kernels
+        bad = [k for k in ks if not k.ok]
+        failed += [(v.name, k) for k in bad]
+        configs = {(k.dtype, k.kv_cache_dtype, k.head_size, k.block_size) for k in ks if k.block_size}
+        table.add_row(
+            escape(v.name), ", ".join(sorted({k.arch for k in ks})), str(len(ks)), str(len(configs)),
+            str(sum(k.has_prefetch for k in ks)), _span(sorted(k.registers for k in ks)),
+            str(sum(1 for k in ks if k.spill_stores or k.spill_loads)),
+            "[green]ok[/]" if not bad else f"[red]{len(bad)} FAIL[/]",
+        )  # fmt: skip
+    for name, k in failed:
+        table.add_row(escape(name), k.arch, f"{k.kernel} {k.config}", "", "yes" if k.has_prefetch else "-",
+                      str(k.registers), f"{k.spill_stores}/{k.spill_loads}", "[red]FAIL[/]")  # fmt: skip
     if result.vllm_flags:
         table.caption = escape("vLLM's nvcc flags: " + " ".join(result.vllm_flags))
     return table

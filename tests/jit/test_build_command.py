@@ -46,3 +46,23 @@ def test_build_table_shows_every_kernel_and_vllms_flags():
     rows = [line for line in text.splitlines() if "fp16/auto/128/16" in line]
     assert len(rows) == 3 and "FAIL" in rows[2] and "128" in rows[2] and "FAIL" not in rows[0] + rows[1]
     assert "vLLM's nvcc flags: -std=c++17 -O2 -g -DNDEBUG --expt-relaxed-constexpr -DENABLE_FP8" in text
+
+
+def test_a_large_build_is_one_row_per_variant_plus_every_failed_kernel():
+    """vLLM's full set is ~500 kernels a variant: one row each, and the kernel that failed its check."""
+    heads = (32, 64, 80, 96, 112, 120, 128, 192, 256)
+    stock = variant_result("stock", tuple(kernel(dtype=d, head_size=h, block_size=b, has_prefetch=False,
+                                                 expect_prefetch=False)
+                                          for d in ("fp16", "bf16") for h in heads for b in (8, 16, 32)))  # fmt: skip
+    patched = variant_result("patched", tuple(kernel(dtype=d, head_size=h, block_size=b, registers=80 + h // 8,
+                                                     has_prefetch=(d, h, b) != ("fp16", 64, 8))
+                                              for d in ("fp16", "bf16") for h in heads for b in (8, 16, 32)))  # fmt: skip
+    out = io.StringIO()
+    Console(file=out, width=250).print(build_table(BuildResult((stock, patched), 700.0, vllm_nvcc_flags())))
+    text = out.getvalue()
+    lines = [line for line in text.splitlines() if "sm_90a" in line]
+    assert len(lines) == 3, text  # two variants and the one failed kernel
+    assert lines[0].split()[1:6] == ["stock", "│", "sm_90a", "│", "54"] and "ok" in lines[0]
+    assert [c.strip() for c in lines[1].split("│")[1:-1]] == ["patched", "sm_90a", "54", "54", "53", "84-112", "0", "1 FAIL"]
+    assert "v1 fp16/auto/64/8" in lines[2] and "FAIL" in lines[2]
+    assert "every kernel is in --json" in text

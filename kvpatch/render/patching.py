@@ -37,5 +37,8 @@ def config_summary(cfg: PatchConfig) -> str:
     kernels = cfg.kernel_variants()
     on = sum(1 for _, _, c in kernels if not c.off)
     rules = len(cfg.overrides)
-    return (f"config: {on} of {len(kernels)} kernels prefetch ({rules} rules); "
+    dims = [sorted({k[i] for (k, _, _) in kernels}, key=str) for i in range(5)]
+    what = (f"{'/'.join(map(str, dims[0]))} x {len(dims[1])} head sizes x {len(dims[2])} block sizes x "
+            f"{'/'.join(dims[4])}, {'/'.join(dims[3])} cache")  # fmt: skip
+    return (f"config: {on} of the {len(kernels)} kernels vLLM builds ({what}) prefetch, by {rules} rules; "
             "'kvpatch config' prints all of it (with --config FILE for yours)")

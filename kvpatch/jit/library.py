@@ -206,7 +206,7 @@ def _compile_all(plans: list[LibraryPlan], tc: Toolchain, tools: Inspector, jobs
             steps[p.name].append((name, round(time.perf_counter() - t0, 2)))
 
         def compile_shard(p: LibraryPlan, i: int) -> None:
-            what = f"compile {p.shard_source(i)}" if p.shards > 1 else "compile"
+            what = f"compile {p.shard_source(i)} ({i + 1} of {p.shards})" if p.shards > 1 else "compile"
             step(p, what, lambda: _compile_shard(p, i, tc, threads, procs))
 
         _wait([pool.submit(compile_shard, p, i) for p, i in tasks], procs)

@@ -11,12 +11,13 @@
 #       machine lacks, builds kvpatch's wheel and the plugin's bundle (kvpatch build --all;
 #       cached), and packs all of it into .gpu/serving/carry (carry that folder).
 #   GPU machine:          OUT=/some/dir bash scripts/gpu_serving.sh [--dtype bf16] [--budget S]
-#                             [--smoke] [-- more 'kvpatch plugin bench' options]
+#                             [--resume RAW.tar.xz] [--smoke] [-- more 'kvpatch plugin bench' options]
 #       installs the carry (once per machine), runs vLLM's own kernel tests on the rebuilt
 #       ops, 'kvpatch plugin status --gpus', then the bench; its engine runs are kept in
-#       /tmp/kvpatch-serving/raw-DTYPE, so a second call resumes where a budget stopped the
-#       first ($OUT/raw-DTYPE.tar.xz holds them too; put it in the carry to resume on a new
-#       machine). --smoke: one engine start per arm, batch 1 and 64, 64 output tokens.
+#       /tmp/kvpatch-serving/raw-DTYPE, so a second call on the same machine resumes where a
+#       budget stopped the first. $OUT/raw-DTYPE.tar.xz holds them too: --resume with that file
+#       goes on from it on a new machine. --smoke: one engine start per arm, batch 1 and 64, 64
+#       output tokens.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -70,12 +71,14 @@ fi
 DTYPE=bf16
 BUDGET=480
 SMOKE=0
+RESUME=
 EXTRA=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --dtype) DTYPE=$2; shift 2 ;;
     --budget) BUDGET=$2; shift 2 ;;
     --smoke) SMOKE=1; shift ;;
+    --resume) RESUME=$2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
@@ -132,8 +135,9 @@ say "kvpatch plugin status --gpus"
 "$PY" -m kvpatch plugin status --gpus 2>&1 | tee "$OUT/status.txt" | tail -4
 
 RAW=$BASE/raw-$DTYPE
-if [[ ! -d $RAW && -f $ROOT/$CARRY/raw-$DTYPE.tar.xz ]]; then
-  mkdir -p "$RAW" && tar -C "$RAW" -xJf "$ROOT/$CARRY/raw-$DTYPE.tar.xz"
+if [[ -n $RESUME && ! -d $RAW ]]; then  # engine runs of an earlier machine
+  [[ $RESUME == /* ]] || RESUME=$ROOT/$RESUME
+  mkdir -p "$RAW" && tar -C "$RAW" -xJf "$RESUME" || exit 2
 fi
 ARGS=(--dtype "$DTYPE" --raw "$RAW" --budget "$BUDGET" --json "$OUT/serving-$DTYPE.json")
 if [[ $SMOKE == 1 ]]; then

@@ -441,22 +441,56 @@ def _ratio(d: dict) -> str:
     return f"{d['median']:.3f} ({span([d['lo'], d['hi']], '.3f')})" if d.get("n") else "-"
 
 
+def _engine_runs(path: Path) -> list[dict]:
+    """The counted engine starts in a ``kvpatch plugin bench --raw`` folder, packed as tar.xz."""
+    import tarfile
+
+    runs = []
+    with tarfile.open(path) as tar:
+        for m in tar.getmembers():
+            name = Path(m.name).name
+            if m.isfile() and re.fullmatch(r"r\d\d-[a-z-]+\.json", name):
+                runs.append(json.loads(tar.extractfile(m).read()))
+    return sorted(runs, key=lambda r: r["index"])
+
+
+def _options_of(report: dict):
+    """The ServingOptions a report was made with (its fingerprint must be its runs')."""
+    from kvpatch.serving import ServingOptions, Workload
+
+    e = report["engine"]
+    return ServingOptions(model=e["model"], model_label=report["model"], dtype=report["dtype"],
+                          workloads=tuple(Workload(w["input_len"], w["output_len"], w["batch"]) for w in report["workloads"]),
+                          starts=report["starts_per_arm"], dummy_weights=e["dummy_weights"], seed=e["seed"],
+                          gpu_memory_utilization=e["gpu_memory_utilization"], warmup_tokens=e["warmup_tokens"])  # fmt: skip
+
+
 def serving(folder: Path, cfg: dict) -> list[str]:
-    """``kvpatch plugin bench`` reports: per workload the decode step of each arm over engine
-    starts, the speedup and the A/A pair with their per-round ranges, then latency and tokens/s."""
+    """``kvpatch plugin bench``: the report, re-derived from the raw engine runs beside it (and
+    refused where they disagree), every engine start, vLLM's kernel tests on the rebuilt ops."""
+    from kvpatch.serving.report import build_report
+
+    files = [f for _, f in run_files(cfg)]
     lines = []
-    for run, f in run_files(cfg):
+    for f in files:
         if not f.endswith(".json"):
             continue
         d = json.loads((folder / f).read_text(encoding="utf-8"))
+        raw = f.replace("serving-", "raw-").replace(".json", ".tar.xz")
+        runs = _engine_runs(folder / raw)
+        options = _options_of(d)
+        again = build_report(options, [r for r in runs if r["fingerprint"] == options.fingerprint()], planned=d["planned"])
+        if again["workloads"] != d["workloads"] or again["engine_starts"] != d["engine_starts"]:
+            raise SystemExit(f"{f} does not follow from the engine runs in {raw}")
         env, arms = d["environment"], d["arms"]
         logged = "; ".join(f"{a}: {'/'.join(v['kernels_logged'])} in {v['starts']} starts" for a, v in arms.items())
-        ups = [v["engine_start_s"]["median"] for v in arms.values() if v["engine_start_s"].get("n")]
-        lines += [f"## {d['model']}, {d['dtype']} ({f})", "",
+        ups = [r["result"]["engine_start_s"] for r in runs]
+        rounds = len({r["round"] for r in runs})
+        lines += [f"## {d['model']}, {d['dtype']} ({f}, re-derived from {raw})", "",
                   f"vLLM {env.get('vllm')} V0 engine (XFORMERS backend), CUDA graphs, dummy weights; {env.get('gpu')}, "
-                  f"torch {env.get('torch')}. {d['engine_starts']} of {d['planned']} engine starts "
-                  f"({d['starts_per_arm']} per arm, rotated); engine up in {span(ups, '.0f')} s. What the plugin's "
-                  f"log line said each arm ran: {logged}.", "",
+                  f"torch {env.get('torch')}. {d['engine_starts']} of {d['planned']} engine starts planned "
+                  f"({rounds} rounds of {len(arms)} arms, the order rotated each round); engine up in "
+                  f"{span(ups, '.0f')} s. What the plugin's log line said each arm ran: {logged}.", "",
                   "Decode step, ms: median over engine starts (min-max); speedup = vLLM's kernels / kvpatch's, median "
                   "of the arms (range of the per-round ratios); A/A = vLLM's kernels / vLLM's kernels in another "
                   "engine start.", "",
@@ -468,7 +502,23 @@ def serving(folder: Path, cfg: dict) -> list[str]:
                          f"{_cell(a['vllm-twin']['decode_ms'])} | {_ratio(sp['decode_ms'])} | {_ratio(aa['decode_ms'])} | "
                          f"{_ratio(sp['latency_s'])} | {_ratio(sp['tokens_per_s'])} |")  # fmt: skip
         worst = max(abs(1 - x) for w in d["workloads"] for k in ("lo", "hi") if (x := w["aa"]["decode_ms"].get(k)))
-        lines += ["", f"A/A pair, decode step: every per-round ratio within {100 * worst:.1f}% of 1.00.", ""]
+        lines += ["", f"A/A pair, decode step: every per-round ratio within {100 * worst:.1f}% of 1.00.", "",
+                  "Every engine start, in the order it ran (decode step, ms):", "",
+                  "| start | arm | plugin logged | engine up, s | " + " | ".join(w["workload"] for w in d["workloads"]) + " |",
+                  "|---|---|---|---|" + "---|" * len(d["workloads"])]  # fmt: skip
+        for r in runs:
+            ms = " | ".join(f"{w['decode_ms']:.2f}" for w in r["result"]["workloads"])
+            lines.append(f"| {r['slot']} | {r['arm']['name']} | {'/'.join(r['kernels_logged'])} | "
+                         f"{r['result']['engine_start_s']:.0f} | {ms} |")  # fmt: skip
+        lines.append("")
+    for f in files:
+        if f.endswith(".xml"):
+            n = count_cases(junit_cases(folder / f))
+            lines += [f"vLLM's own kernel tests on the rebuilt ops ({f}): {n['passed']} passed, "
+                      f"{n['failed'] + n['errors']} failed, {n['skipped']} skipped.", ""]  # fmt: skip
+        elif f.endswith("status.txt"):
+            text = (folder / f).read_text(encoding="utf-8").strip().splitlines()
+            lines += [f"`kvpatch plugin status --gpus` on the machine ({f}):", "", *(f"    {t}" for t in text), ""]
     return lines
 
 

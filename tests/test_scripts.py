@@ -152,3 +152,33 @@ def test_gpu_run_packs_the_upstream_records_but_not_vllms_test_files(tmp_path: P
         names = tar.getnames()
     assert "./upstream/record-stock/record-gw0.jsonl" in names
     assert not [n for n in names if n.startswith("./upstream/run")]
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_vllm_ops_registers_each_op_as_the_release_does(vllm_release) -> None:
+    """scripts/vllm_ops.py's registration unit: the release's own schema text and dispatch key per
+    op (kCUDA, or a catch-all where torch_bindings.cpp gives none), in the release's library, and the
+    CUTLASS capability queries answered false in the same unit (ops.h defines a function: one unit)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import vllm_ops
+    finally:
+        sys.path.pop(0)
+    text = (vllm_release("0.10.2") / "csrc" / "torch_bindings.cpp").read_text(encoding="utf-8")
+    regs = vllm_ops.registrations(text)
+    assert regs["rms_norm"] == ("ops", "kCUDA", "rms_norm")
+    assert regs["reshape_and_cache"] == ("cache_ops", "kCUDA", "reshape_and_cache")
+    assert regs["get_device_attribute"] == ("cuda_utils", None, "get_device_attribute")
+    assert regs["cutlass_scaled_mm_supports_fp8"] == ("ops", None, "cutlass_scaled_mm_supports_fp8")
+    assert regs["per_token_group_fp8_quant"][2] != "per_token_group_fp8_quant"  # an impl whose function has another name
+    chosen = {op: regs[op] for op in ("paged_attention_v1", "swap_blocks", "get_device_attribute", "cutlass_group_gemm_supported")}
+    unit = vllm_ops.bindings_source(text, chosen)
+    assert 'ops.def("paged_attention_v1(Tensor! out, Tensor query, Tensor key_cache,' in unit
+    assert 'ops.impl("paged_attention_v1", torch::kCUDA, &paged_attention_v1);' in unit
+    assert 'cache_ops.impl("swap_blocks", torch::kCUDA, &swap_blocks);' in unit
+    assert 'cuda_utils.impl("get_device_attribute", &get_device_attribute);' in unit
+    assert "bool cutlass_group_gemm_supported(int64_t) { return false; }" in unit
+    assert unit.count("TORCH_LIBRARY_EXPAND(") == 3 and unit.rstrip().endswith("REGISTER_EXTENSION(TORCH_EXTENSION_NAME)")

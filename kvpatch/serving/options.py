@@ -147,7 +147,9 @@ class ServingOptions:
 
     @property
     def capture_sizes(self) -> list[int]:
-        """The batch sizes CUDA graphs are captured for: exactly the workloads' (no padding)."""
+        """The batch sizes to capture CUDA graphs for: the workloads' (``cuda_graph_sizes``; vLLM
+        0.10's V0 engine captures its own list up to ``max_num_seqs`` instead: 1, 2, 4 and the
+        multiples of 8, so a batch size off that list is padded up to the next one there)."""
         return sorted({w.batch for w in self.workloads})
 
     def engine_spec(self) -> dict[str, Any]:

@@ -326,3 +326,17 @@ def read_input(path: str | os.PathLike[str], what: str, *, limit: int | None = N
         raise UsageError(f"{what} {shown}: {e}") from None
     except OSError as e:
         raise UsageError(f"cannot read {what} {shown}: {e.strerror or e}") from None
+
+
+def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:
+    """``(size in bytes, sha256 hex)`` of a file, read in chunks: how kvpatch names a library's
+    contents (the build cache, the plugin's bundle)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()

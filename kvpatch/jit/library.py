@@ -17,7 +17,6 @@ children, and the interrupt goes on up.
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import json
 import os
 import signal
@@ -31,6 +30,7 @@ import filelock
 
 from ..errors import BuildError
 from ..fsutil import write_atomic, write_if_different
+from ..fsutil.files import file_digest
 from ..progress import QUIET, Progress
 from .toolchain import Inspector, Toolchain, first_error
 
@@ -113,17 +113,6 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 
 # --------------------------------------------------------------------------- the cache
-
-
-def file_digest(path: Path) -> tuple[int, str]:
-    """(size in bytes, sha256 hex) of a file."""
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-            size += len(chunk)
-    return size, h.hexdigest()
 
 
 def load_cached(p: LibraryPlan) -> tuple[Any | None, str]:

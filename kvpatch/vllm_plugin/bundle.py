@@ -15,7 +15,6 @@ manifest is one :class:`BundleError` line, never a traceback.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -29,6 +28,7 @@ from typing import Any, Iterable, Mapping
 from .. import dtypes as D
 from ..abi import ABI_VERSION, config_label
 from ..errors import KvpatchError
+from ..fsutil.files import file_digest
 from .schema import OPS
 
 #: Overrides :func:`bundle_dir` (tests; an environment whose prefix is read-only).
@@ -154,17 +154,6 @@ class Manifest:
             schemas={op: schemas[op] for op in OPS}, kvpatch_version=str(d.get("kvpatch_version", "")),
             extra=d.get("extra") if isinstance(d.get("extra"), dict) else {},
         )  # fmt: skip
-
-
-def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:
-    """``(size, sha256 hex)`` of a file, read in chunks."""
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-            size += len(chunk)
-    return size, h.hexdigest()
 
 
 def _readable(path: str) -> None:

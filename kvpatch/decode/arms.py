@@ -131,12 +131,6 @@ def zero_twin(arm: Arm, arms: Sequence[Arm]) -> str | None:
 # --------------------------------------------------------------------------- per-round arithmetic
 
 
-def ratio_stats(base: Sequence[float], times: Sequence[float]) -> dict[str, float]:
-    """Per-round ``base / time`` ratios: ``{median, min, max, rounds}``."""
-    r = [b / t for b, t in zip(base, times)]
-    return {"median": median(r), "min": min(r), "max": max(r), "rounds": r}
-
-
 def sequence_of(n: int, cycles: int) -> list[int]:
     """The launcher indices in the order one :func:`~kvpatch.gpu.timing.time_interleaved` round
     times them (after its warm-up, which runs 0..n-1)."""

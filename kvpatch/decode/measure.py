@@ -27,9 +27,9 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from ..gpu.stats import median
+from ..gpu.stats import median, ratio_stats
 from ..gpu.timing import Timer, time_interleaved
-from .arms import AA, AA_TOLERANCE, Arm, carryover_check, check_arms, ratio_stats, zero_twin
+from .arms import AA, AA_TOLERANCE, Arm, carryover_check, check_arms, zero_twin
 from .step import DecodeStep
 from .windows import plan_forks, prefetch_bytes
 

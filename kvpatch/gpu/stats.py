@@ -51,6 +51,12 @@ def verdict(lo: float, hi: float) -> str:
     return NOISE
 
 
+def ratio_stats(base: Sequence[float], times: Sequence[float]) -> dict[str, float | list[float]]:
+    """Per-round ``base / time`` ratios (one value per round each): ``{median, min, max, rounds}``."""
+    r = [b / t for b, t in zip(base, times)]
+    return {"median": median(r), "min": min(r), "max": max(r), "rounds": r}
+
+
 def speedup_interval(base_rounds: Sequence[Sequence[float]], var_rounds: Sequence[Sequence[float]]) -> tuple[float, float]:
     """The spread of a speedup (baseline time / variant time) from per-round samples.
 
@@ -63,7 +69,7 @@ def speedup_interval(base_rounds: Sequence[Sequence[float]], var_rounds: Sequenc
     if not pairs:
         return math.nan, math.nan
     if len(pairs) >= 2:
-        ratios = [median(b) / median(v) for b, v in pairs]
-        return min(ratios), max(ratios)
+        r = ratio_stats([median(b) for b, _ in pairs], [median(v) for _, v in pairs])
+        return r["min"], r["max"]
     b, v = pairs[0]
     return quantile(b, 0.25) / quantile(v, 0.75), quantile(b, 0.75) / quantile(v, 0.25)

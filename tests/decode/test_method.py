@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvpatch.decode.arms import Arm, by_predecessor, carryover_check, check_arms, default_arms, ratio_stats, sequence_of, zero_twin
+from kvpatch.decode.arms import Arm, by_predecessor, carryover_check, check_arms, default_arms, sequence_of, zero_twin
+from kvpatch.gpu.stats import ratio_stats
 from kvpatch.decode.kernels import best_configs, op_path
 from kvpatch.decode.options import MiB, WeightPrefetch
 from kvpatch.decode.report import DecodeReport

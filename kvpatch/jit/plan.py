@@ -25,6 +25,7 @@ from ..abi import ABI_VERSION
 from ..templating import render
 from ..arch import Arch, code_major
 from .flags import vllm_nvcc_flags
+from .layout import CacheLayout
 from .signatures import KernelSignature, call_arguments, kernel_signatures, scale_by_value, template_arguments
 from ..dtypes import KV_CACHE_DTYPES, QUERY_DTYPES
 from .result import KernelInfo, VariantResult
@@ -71,7 +72,7 @@ def source_closure(csrc: Path, header_text: str, header_rel: str = "attention/at
 
 
 @dataclass(frozen=True)
-class VariantPlan:
+class VariantPlan(CacheLayout):
     """One variant's build, fully determined: files to write, commands, cache key."""
 
     variant: Variant
@@ -106,24 +107,8 @@ class VariantPlan:
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
     @property
-    def dir(self) -> Path:
-        return self.cache / "builds" / self.key
-
-    @property
-    def lock_path(self) -> Path:
-        return self.cache / "builds" / f"{self.key}.lock"
-
-    @property
-    def library(self) -> Path:
-        return self.dir / f"lib{self.variant.prefix}.so"
-
-    @property
-    def result_path(self) -> Path:
-        return self.dir / "result.json"
-
-    @property
-    def link_flags(self) -> tuple[str, ...]:
-        return ("-shared", "-Xcompiler", "-fPIC")
+    def library_name(self) -> str:
+        return f"lib{self.variant.prefix}.so"
 
     def shard_source(self, i: int) -> str:
         return f"launcher_{i}.cu"
@@ -133,16 +118,6 @@ class VariantPlan:
 
     def shard_log(self, i: int) -> str:
         return f"launcher_{i}.ptxas.log"
-
-    def compile_argv(self, nvcc: Path, i: int, threads: int = 1) -> list[str]:
-        argv = [str(nvcc), "-c", self.shard_source(i), "-o", self.shard_object(i) + ".tmp", *self.compile_flags]
-        if threads > 1:
-            argv.append(f"--threads={threads}")
-        return argv
-
-    def link_argv(self, nvcc: Path) -> list[str]:
-        objects = [self.shard_object(i) for i in range(self.shards)]
-        return [str(nvcc), *self.link_flags, "-o", self.library.name + ".tmp", *objects]
 
     def inspect(self, tools: Any, step: Callable[[str, Callable[[], None]], None]) -> VariantResult:
         """Registers from the ptxas logs, the prefetch from the SASS (:mod:`kvpatch.jit.sass`)."""

@@ -17,6 +17,7 @@ from ..arch import Arch
 from ..errors import UsageError
 from ..progress import QUIET, Progress
 from .flags import vllm_nvcc_flags
+from .layout import CacheLayout
 from .toolchain import Inspector, toolchain, validate_archs
 
 #: Bump when the generated code or the cache layout changes: every cache key changes.
@@ -40,7 +41,7 @@ class PrefetchBuild:
 
 
 @dataclass(frozen=True)
-class PrefetchPlan:
+class PrefetchPlan(CacheLayout):
     """The build of one prefetch kernel source for some archs (paths under :attr:`dir`)."""
 
     source: str
@@ -69,24 +70,8 @@ class PrefetchPlan:
         return "l2prefetch-" + hashlib.sha256(blob.encode()).hexdigest()[:20]
 
     @property
-    def dir(self) -> Path:
-        return self.cache / "builds" / self.key
-
-    @property
-    def lock_path(self) -> Path:
-        return self.cache / "builds" / f"{self.key}.lock"
-
-    @property
-    def library(self) -> Path:
-        return self.dir / LIBRARY_NAME
-
-    @property
-    def result_path(self) -> Path:
-        return self.dir / "result.json"
-
-    @property
-    def link_flags(self) -> tuple[str, ...]:
-        return ("-shared", "-Xcompiler", "-fPIC")
+    def library_name(self) -> str:
+        return LIBRARY_NAME
 
     def shard_source(self, i: int) -> str:
         return SOURCE
@@ -96,12 +81,6 @@ class PrefetchPlan:
 
     def shard_log(self, i: int) -> str:
         return "ptxas.log"
-
-    def compile_argv(self, nvcc: Path, i: int, threads: int = 1) -> list[str]:
-        return [str(nvcc), "-c", SOURCE, "-o", self.shard_object(i) + ".tmp", *self.compile_flags]
-
-    def link_argv(self, nvcc: Path) -> list[str]:
-        return [str(nvcc), *self.link_flags, "-o", LIBRARY_NAME + ".tmp", self.shard_object(0)]
 
     def inspect(self, tools: Inspector, step: Callable[[str, Callable[[], None]], None]) -> PrefetchBuild:
         from .sass import check_prefetch_library, dump_sass_text

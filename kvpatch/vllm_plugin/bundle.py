@@ -28,12 +28,14 @@ from typing import Any, Iterable, Mapping
 from .. import dtypes as D
 from ..abi import ABI_VERSION, config_label
 from ..errors import KvpatchError
-from ..fsutil.files import file_digest
+from ..fsutil.files import file_digest, read_regular
 from .schema import OPS
 
 #: Overrides :func:`bundle_dir` (tests; an environment whose prefix is read-only).
 ENV_DIR = "KVPATCH_PLUGIN_DIR"
 MANIFEST = "bundle.json"
+#: A manifest is a few kB; anything far larger is not one.
+MANIFEST_LIMIT = 1 << 24
 #: The manifest's own format; bump on an incompatible change.
 FORMAT = 1
 
@@ -241,8 +243,8 @@ def read_bundle(
     """The installed manifest; None when there is no bundle (``missing_ok``) or, with
     ``damaged_ok``, a damaged one. Otherwise :class:`BundleError` in one line."""
     path = (Path(directory) if directory is not None else bundle_dir()) / MANIFEST
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:  # a regular file of bounded size only: a FIFO or a device must not hang vLLM's start-up
+        text = read_regular(path, limit=MANIFEST_LIMIT).decode("utf-8")
     except FileNotFoundError:
         if missing_ok:
             return None
@@ -261,20 +263,24 @@ def read_bundle(
 
 
 def remove_bundle(directory: str | os.PathLike[str] | None = None) -> bool:
-    """Remove the bundle (its manifest first, so no reader sees a manifest without its
-    library); True when there was one."""
+    """Remove the bundle: its manifest (first, so no reader sees a manifest without its
+    library), the library the manifest names and :func:`write_bundle`'s own leftovers of the
+    two, then the directory if nothing else is in it. Only what a valid manifest names is
+    touched: no manifest is nothing to remove (False); a damaged one is :class:`BundleError`."""
     out = Path(directory) if directory is not None else bundle_dir()
-    manifest = out / MANIFEST
-    if not out.is_dir():
+    m = read_bundle(out, missing_ok=True)
+    if m is None:
         return False
-    existed = manifest.exists()
-    manifest.unlink(missing_ok=True)
-    for p in out.iterdir():  # the libraries write_bundle names, and its leftovers
-        if p.is_file() and (_LIBRARY_NAME.fullmatch(p.name) or p.name.endswith(".tmp") and p.name.startswith(".")):
+    if not _LIBRARY_NAME.fullmatch(m.library):
+        raise BundleError(f"{out / MANIFEST} names {m.library!r}, not a library kvpatch writes: nothing removed")
+    (out / MANIFEST).unlink(missing_ok=True)
+    (out / m.library).unlink(missing_ok=True)
+    for p in out.iterdir():
+        ours = p.name.startswith((f".{m.library}.", f".{MANIFEST}.")) and p.name.endswith(".tmp")
+        if ours and p.is_file():
             p.unlink(missing_ok=True)
-            existed = True
     try:
         out.rmdir()
     except OSError:
         pass  # something else lives there: leave it
-    return existed
+    return True

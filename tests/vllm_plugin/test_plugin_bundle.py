@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import standin as S  # noqa: E402
+
 from kvpatch.vllm_plugin import KernelSet, bundle_dir, missing_configs, read_bundle, remove_bundle  # noqa: E402
 from kvpatch.vllm_plugin.bundle import MANIFEST, BundleError, file_digest  # noqa: E402
 from kvpatch.vllm_plugin.schema import normalize_schema, schemas_from_bindings  # noqa: E402
@@ -77,7 +78,7 @@ def test_missing_configs():
 # --------------------------------------------------------------------------- schema texts
 
 
-BINDINGS = r'''
+BINDINGS = r"""
 TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   // Attention ops
   ops.def(
@@ -89,7 +90,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       /* not a comment inside a raw string */ Tensor query) -> ())");
   ops.def("other(Tensor a) -> ()");
 }
-'''
+"""
 
 
 def test_schemas_from_bindings():
@@ -133,3 +134,47 @@ def test_the_bundle_is_readable_by_other_users(tmp_path):
         os.umask(old)
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "b").iterdir()}
     assert set(modes.values()) == {0o644}, modes
+
+
+def test_remove_touches_only_what_a_valid_manifest_names(tmp_path):
+    """No manifest: nothing is removed, even files named like kvpatch's libraries; a damaged
+    manifest, or one naming a path, is refused with everything left in place."""
+    d = tmp_path / "not-a-bundle"
+    d.mkdir()
+    keep = {"libtorch_cuda-0123456789ab.so": b"x", ".partial.tmp": b"y", "model.so": b"z"}
+    for name, data in keep.items():
+        (d / name).write_bytes(data)
+    assert not remove_bundle(d)
+    assert sorted(p.name for p in d.iterdir()) == sorted(keep)
+    (d / MANIFEST).write_text("{")
+    with pytest.raises(BundleError, match="damaged manifest"):
+        remove_bundle(d)
+    assert sorted(p.name for p in d.iterdir()) == sorted([*keep, MANIFEST])
+    b = S.make_bundle(tmp_path / "b")
+    raw = json.loads((b / MANIFEST).read_text())
+    raw["library"] = "../not-a-bundle/model.so"
+    (b / MANIFEST).write_text(json.dumps(raw))
+    with pytest.raises(BundleError, match="not a plain file name"):
+        remove_bundle(b)
+    (b / "model.so").write_bytes(b"a user's file")
+    raw["library"] = "model.so"
+    (b / MANIFEST).write_text(json.dumps(raw))
+    with pytest.raises(BundleError, match="'model.so', not a library kvpatch writes: nothing removed"):
+        remove_bundle(b)
+    assert (d / "model.so").exists() and (b / "model.so").exists() and (b / MANIFEST).exists()
+
+
+def test_a_manifest_that_is_a_fifo_or_a_device_is_refused_without_blocking(tmp_path):
+    import os
+
+    d = tmp_path / "b"
+    d.mkdir()
+    os.mkfifo(d / MANIFEST)  # nothing ever writes it: a plain open() would block forever
+    with pytest.raises(BundleError, match="cannot read"):
+        read_bundle(d)
+    assert read_bundle(d, damaged_ok=True) is None
+    e = tmp_path / "e"
+    e.mkdir()
+    (e / MANIFEST).symlink_to("/dev/zero")
+    with pytest.raises(BundleError, match="cannot read"):
+        read_bundle(e)

@@ -42,9 +42,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Mapping
 
 from ..errors import UsageError
+from .cuda_api import TorchCudaAPI
 from .ranges import count, tensor_list, total_bytes, weight_ranges
 
 #: ``priority="high"``: torch maps a priority below the device's range to its greatest.
@@ -52,55 +53,6 @@ HIGH_PRIORITY = -(1 << 16)
 #: Default grid: one CTA per this many bytes, between MIN_GRID and MAX_GRID CTAs.
 BYTES_PER_CTA = 1 << 20
 MIN_GRID, MAX_GRID = 4, 32
-
-
-class TorchCudaAPI:
-    """The stream/event/table operations the controller needs, over ``torch.cuda``."""
-
-    def normalize(self, device: Any) -> str:
-        import torch
-
-        d = torch.device(device)
-        if d.type != "cuda":
-            raise UsageError(f"PrefetchController needs a CUDA device, not {d}")
-        if not torch.cuda.is_available():
-            raise UsageError(f"PrefetchController: no CUDA GPU visible to torch {torch.__version__} (pass enabled=False "
-                             "to run without the prefetch)")  # fmt: skip
-        return f"cuda:{d.index if d.index is not None else torch.cuda.current_device()}"
-
-    def capability(self, device: str) -> tuple[int, int]:
-        import torch
-
-        return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
-
-    def new_stream(self, device: str, priority: int) -> Any:
-        import torch
-
-        return torch.cuda.Stream(device=device, priority=priority)
-
-    def new_event(self) -> Any:
-        import torch
-
-        return torch.cuda.Event()
-
-    def current_stream(self, device: str) -> Any:
-        import torch
-
-        return torch.cuda.current_stream(device)
-
-    def handle(self, stream: Any) -> int:
-        """The ``cudaStream_t`` to pass to the C launcher."""
-        return int(stream.cuda_stream)
-
-    def make_table(self, ranges: Sequence[tuple[int, int]], device: str) -> Any:
-        from .ranges import range_table
-
-        return range_table(ranges, device)
-
-    def device_guard(self, device: str) -> Any:
-        import torch
-
-        return torch.cuda.device(device)
 
 
 def _device_name(t: Any) -> str:
@@ -198,7 +150,8 @@ class PrefetchController:
         #: Forks launch the prefetch kernel with no rows (the zero-byte control).
         self.zero_bytes = zero_bytes
         #: Keyword arguments of every launch (only the knobs that were set).
-        self.launch_options = {k: v for k, v in (("threads", threads), ("chunk", chunk), ("hint", hint)) if v is not None}
+        knobs = (("threads", threads), ("chunk", chunk), ("hint", hint))
+        self.launch_options = {k: v for k, v in knobs if v is not None}
         self.enabled = bool(enabled)
         self._tables: dict[tuple[Hashable, Hashable], dict[int | None, RangeTable]] = {}
         self._events: dict[tuple[Hashable, Hashable], Any] = {}
@@ -281,7 +234,8 @@ class PrefetchController:
         tensors = tuple(tensor_list(tensors, f"prefetch window {key}"))
         wrong = sorted({_device_name(t) for t in tensors if _device_name(t) != self.device})
         if wrong:
-            raise ValueError(f"prefetch window {key}: tensors on {', '.join(wrong)}, this controller prefetches on {self.device}")
+            on = ", ".join(wrong)
+            raise ValueError(f"prefetch window {key}: tensors on {on}, this controller prefetches on {self.device}")
         if cap_bytes is not None:
             cap_bytes = count(cap_bytes, f"prefetch window {key}: cap_bytes", minimum=1)
         if batches is None:
@@ -291,7 +245,8 @@ class PrefetchController:
                     (None if c is None else count(c, f"prefetch window {key}: cap of batch {b!r}", minimum=0))
                     for b, c in batches.items()}  # fmt: skip
         elif isinstance(batches, (str, bytes)) or not isinstance(batches, Iterable):
-            raise ValueError(f"prefetch window {key}: batches must be None, batch sizes or {{batch: cap}}, not {batches!r}")
+            what = "batches must be None, batch sizes or {batch: cap}"
+            raise ValueError(f"prefetch window {key}: {what}, not {batches!r}")
         else:
             caps = {count(b, f"prefetch window {key}: batch", minimum=1): cap_bytes for b in batches}
         shared: dict[int | None, RangeTable | None] = {}
@@ -304,7 +259,8 @@ class PrefetchController:
                 if ranges:
                     nbytes = total_bytes(ranges)
                     table = self.api.make_table(ranges, self.device)
-                    launch_grid = grid if grid is not None else self.grid if self.grid is not None else default_grid(nbytes)
+                    launch_grid = grid if grid is not None else self.grid
+                    launch_grid = default_grid(nbytes) if launch_grid is None else launch_grid
                     shared[cap] = RangeTable(tensors, ranges, table, launch_grid, cap, hint)
                 else:
                     shared[cap] = None
@@ -396,5 +352,6 @@ class PrefetchController:
         self.pending = False
 
     def __repr__(self) -> str:
-        state = "disabled" if not self.enabled else f"{self.device}, priority {self.priority}, {len(self._tables)} windows"
+        windows = len(self._tables)
+        state = f"{self.device}, priority {self.priority}, {windows} windows" if self.enabled else "disabled"
         return f"PrefetchController({state})"

@@ -20,9 +20,9 @@ FLOORS: dict[str, int] = {
     "__init__": 0, "errors": 0,
     "dtypes": 1, "arch": 1, "fsutil": 1, "templating": 1, "progress": 1,
     "abi": 2,
-    "config": 3, "source": 3,
+    "config": 3, "source": 3, "vllm_plugin": 3,
     "patch": 4,
-    "jit": 5, "vllm_plugin": 5,
+    "jit": 5,
     "gpu": 6, "prefetch": 6,
     "tune": 7, "decode": 7, "serving": 7,
     "commands": 8,
@@ -100,7 +100,7 @@ def test_no_circles(graph: dict[str, set[str]]) -> None:
         state[node] = 1
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                circles.append(" -> ".join(path[path.index(nxt):] + [nxt]) if nxt in path else f"{node} -> {nxt}")
+                circles.append(" -> ".join(path[path.index(nxt) :] + [nxt]) if nxt in path else f"{node} -> {nxt}")
             elif nxt not in state:
                 visit(nxt, path + [nxt])
         state[node] = 2
@@ -112,7 +112,11 @@ def test_no_circles(graph: dict[str, set[str]]) -> None:
 
 
 def test_render_is_imported_by_the_cli_alone(graph: dict[str, set[str]]) -> None:
-    users = sorted(a for a, targets in graph.items() if "kvpatch.render" in targets or any(t.startswith("kvpatch.render.") for t in targets))
+    users = sorted(
+        a
+        for a, targets in graph.items()
+        if "kvpatch.render" in targets or any(t.startswith("kvpatch.render.") for t in targets)
+    )
     assert [u for u in users if room(u) not in ("cli", "render")] == []
 
 
@@ -127,5 +131,7 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
     fake = tmp_path / "kvpatch" / "config"
     fake.mkdir(parents=True)
     (fake / "model.py").write_text("from ..jit import plan\n")
-    found = imports_of("kvpatch.config.model", fake / "model.py", {"kvpatch.jit", "kvpatch.jit.plan", "kvpatch.config.model"})
+    found = imports_of(
+        "kvpatch.config.model", fake / "model.py", {"kvpatch.jit", "kvpatch.jit.plan", "kvpatch.config.model"}
+    )
     assert found == {"kvpatch.jit", "kvpatch.jit.plan"}

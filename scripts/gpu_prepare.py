@@ -28,10 +28,9 @@ import argparse
 import json
 import lzma
 import shutil
+import sys
 from dataclasses import replace
 from pathlib import Path
-
-import sys
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's kvpatch, not an installed one
 
@@ -51,27 +50,50 @@ from kvpatch.source.releases import HEADER, revision_of  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vllm", default="0.10.2")
-    ap.add_argument("--tree", type=Path, help="a vLLM source tree to build from instead of fetching --vllm (e.g. on the GPU machine)")
+    ap.add_argument(
+        "--tree",
+        type=Path,
+        help="a vLLM source tree to build from instead of fetching --vllm (e.g. on the GPU machine)",
+    )
     ap.add_argument("--out", type=Path, default=Path(".gpu/libs"))
     ap.add_argument("--arch", default="9.0a")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--config", type=Path, help="kvpatch.toml for 'patched' (default: kvpatch's default)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=config.toml")
     ap.add_argument("--no-tree", action="store_true", help="do not copy the release tree beside the libraries")
-    ap.add_argument("--tune", action="store_true",
-                    help="build what `kvpatch tune --lib` takes instead: stock and every candidate of the grid, "
-                         "for the tuned instantiations only")
-    ap.add_argument("--grid", action="append", default=[],
-                    help="with --tune: kvpatch tune's --grid (e.g. 'min-group=2;min-ctas=1,1024'; repeatable: the union)")
+    ap.add_argument(
+        "--tune",
+        action="store_true",
+        help="build what `kvpatch tune --lib` takes instead: stock and every candidate of the grid, "
+        "for the tuned instantiations only",
+    )
+    ap.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        help="with --tune: kvpatch tune's --grid (e.g. 'min-group=2;min-ctas=1,1024'; repeatable: the union)",
+    )
     ap.add_argument("--dtype", action="append", default=[], help="with --tune: build only this dtype's instantiations")
-    ap.add_argument("--only", action="append", default=[],
-                    help="with --tune: build only the instantiations kvpatch tune --only SELECTOR measures (e.g. fp16/128/16)")
-    ap.add_argument("--kernels", choices=("full", "tuned"), default="full",
-                    help="stock + patched: vLLM's full kernel set, or the tuned instantiations with auto and fp8 caches")
+    ap.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="with --tune: build only the instantiations kvpatch tune --only SELECTOR measures (e.g. fp16/128/16)",
+    )
+    ap.add_argument(
+        "--kernels",
+        choices=("full", "tuned"),
+        default="full",
+        help="stock + patched: vLLM's full kernel set, or the tuned instantiations with auto and fp8 caches",
+    )
     ap.add_argument("--no-small", action="store_true", help="no paper/control variants")
-    ap.add_argument("--variant-kernels", choices=("headline", "tuned"), default="headline",
-                    help="what paper/control/--variant are built for: the headline shapes, or the tuned "
-                         "instantiations with auto and fp8 caches (what the held-out set runs)")
+    ap.add_argument(
+        "--variant-kernels",
+        choices=("headline", "tuned"),
+        default="headline",
+        help="what paper/control/--variant are built for: the headline shapes, or the tuned "
+        "instantiations with auto and fp8 caches (what the held-out set runs)",
+    )
     args = ap.parse_args()
 
     console = Console(stderr=True)
@@ -141,8 +163,14 @@ def copy_slim_tree(tree: Path, dest: Path) -> None:
     from kvpatch.gpu.upstream import find_test
 
     test = Path(find_test(tree).path)
-    wanted = [test, test.parent / "conftest.py", Path("tests/kernels/allclose_default.py"),
-              Path("csrc/attention/paged_attention_v1.cu"), Path(HEADER), Path("vllm/utils.py")]
+    wanted = [
+        test,
+        test.parent / "conftest.py",
+        Path("tests/kernels/allclose_default.py"),
+        Path("csrc/attention/paged_attention_v1.cu"),
+        Path(HEADER),
+        Path("vllm/utils.py"),
+    ]
     wanted += [d / "__init__.py" for d in list(reversed(test.parents))[1:]]
     wanted += [p.relative_to(tree) for p in (tree / "vllm/utils").glob("*.py")]
     for rel in wanted:

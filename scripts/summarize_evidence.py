@@ -52,9 +52,14 @@ def span(xs: list[float], fmt: str = ".2f") -> str:
 
 def tune_table(folder: Path, cfg: dict) -> list[str]:
     run = next(r for r in cfg["run"] if "from" in r)
-    args = [a for f in run["from"] for a in ("--from", f)] + [a for e in run.get("exclude", []) for a in ("--exclude", e)]
+    args = [a for f in run["from"] for a in ("--from", f)] + [
+        a for e in run.get("exclude", []) for a in ("--exclude", e)
+    ]
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+        }
         done = subprocess.run([sys.executable, "-m", "kvpatch", "tune", *args, "-o", f"{tmp}/kvpatch.toml", "--json", f"{tmp}/tune.json"],
                               cwd=folder, env=env, capture_output=True, text=True, check=False)  # fmt: skip
         if done.returncode != 0:
@@ -76,7 +81,9 @@ def tune_table(folder: Path, cfg: dict) -> list[str]:
                   f"{sum(1 for r in on.values() if r.get('read') == 'warp')}."]  # fmt: skip
     excluded = {k for ks in data["exclusions"].values() for k in ks}
     if excluded:
-        lines.append(f"Excluded after tune: {', '.join(sorted(excluded))} (every candidate there; `{'`, `'.join(run['exclude'])}`).")
+        lines.append(
+            f"Excluded after tune: {', '.join(sorted(excluded))} (every candidate there; `{'`, `'.join(run['exclude'])}`)."
+        )
     lines += ["", "Per kernel, policy strict: the pick (else off) and, over that kernel's tuning points in the run it was "
                   "measured in, the candidate shown (the pick, or for a kernel off the best candidate tune ranked): "
                   "bit-identical, points slower than stock beyond noise, worst point, geomean [interval over rounds].", "",
@@ -93,7 +100,9 @@ def tune_table(folder: Path, cfg: dict) -> list[str]:
 
 # --------------------------------------------------------------------------- bit-identity
 
-KERNEL = re.compile(r"paged_attention_(v[12])_kernelI(tt|13__nv_bfloat16S1_|ff)Li(\d+)ELi(\d+)ELi\d+EL2ns_18Fp8KVCacheDataTypeE(\d)")
+KERNEL = re.compile(
+    r"paged_attention_(v[12])_kernelI(tt|13__nv_bfloat16S1_|ff)Li(\d+)ELi(\d+)ELi\d+EL2ns_18Fp8KVCacheDataTypeE(\d)"
+)
 DTYPES = {"tt": "fp16", "13__nv_bfloat16S1_": "bf16", "ff": "fp32"}
 
 
@@ -112,7 +121,9 @@ def sass_sections(path: Path) -> list[dict]:
     for line in path.read_text(encoding="utf-8").splitlines():
         m = re.match(r"(\d+) stock kernels, (\d+) patched; identical (\d+), differ (\d+), missing (\d+)", line)
         if m:
-            out.append({"kernels": int(m[2]), "identical": int(m[3]), "differ": int(m[4]), "missing": int(m[5]), "names": []})
+            out.append(
+                {"kernels": int(m[2]), "identical": int(m[3]), "differ": int(m[4]), "missing": int(m[5]), "names": []}
+            )
         elif line.startswith("differs: "):
             out[-1]["names"].append(kernel_name(line.split(": ", 1)[1]))
     return out
@@ -136,21 +147,35 @@ def bit_identity(folder: Path, cfg: dict) -> list[str]:
             text += f"; {same['identical']}/{same['compared']} patched outputs equal stock's"
             rerun = [f"{r['name']} {len(r['rerun'])}" for r in up["runs"] if r.get("rerun")]
             if rerun:
-                text += f"; run again alone after running out of GPU memory beside the other workers: {', '.join(rerun)}"
+                text += (
+                    f"; run again alone after running out of GPU memory beside the other workers: {', '.join(rerun)}"
+                )
             if any(r.get("cut") for r in up["runs"]):
                 text += "; CUT at the time limit"
             lines.append(f"| {run['release']} | {run['table']} | {check} | {text} |")
         elif name.endswith("kernels-on.txt"):
-            kernels_on += [(run, line) for line in path.read_text(encoding="utf-8").splitlines() if re.match(r"\w+/\d+/\d+/\w+/v[12]: ", line)]
+            kernels_on += [
+                (run, line)
+                for line in path.read_text(encoding="utf-8").splitlines()
+                if re.match(r"\w+/\d+/\d+/\w+/v[12]: ", line)
+            ]
         elif name.endswith(".txt"):
             sass += [(label, s) for label, s in zip(run["labels"][name], sass_sections(path), strict=True)]
-    lines += ["", "SASS (`cuobjdump` of each library, kernel by kernel):", "",
-              "| comparison | kernels | identical | differ | missing | the kernels that differ |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "SASS (`cuobjdump` of each library, kernel by kernel):",
+        "",
+        "| comparison | kernels | identical | differ | missing | the kernels that differ |",
+        "|---|---|---|---|---|---|",
+    ]
     for label, s in sass:
         names = ", ".join(sorted(s["names"])) if len(s["names"]) <= 2 else f"{len(s['names'])} kernels"
         lines.append(f"| {label} | {s['kernels']} | {s['identical']} | {s['differ']} | {s['missing']} | {names} |")
     if kernels_on:
-        fields = [re.match(r"(\S+): regs (\d+) \[(\d+)\], spills (\d+)/(\d+), FFMA (\d+) \[(\d+)\]", line).groups() for _r, line in kernels_on]
+        fields = [
+            re.match(r"(\S+): regs (\d+) \[(\d+)\], spills (\d+)/(\d+), FFMA (\d+) \[(\d+)\]", line).groups()
+            for _r, line in kernels_on
+        ]
         lines += ["", f"The {len(fields)} kernels with a prefetch ({kernels_on[0][0]['table']}): FFMA count equal to stock's in "
                       f"{sum(1 for f in fields if f[5] == f[6])}, spills in {sum(1 for f in fields if f[3] != '0' or f[4] != '0')}; "
                       f"registers {span([int(f[1]) for f in fields], 'd')} (stock's {span([int(f[2]) for f in fields], 'd')})."]  # fmt: skip
@@ -182,7 +207,11 @@ def headline(folder: Path, cfg: dict) -> list[str]:
         if name.endswith(".json.gz"):
             lines += releases.headline(run["label"], load(folder / name), run["table"])
         else:  # a whitespace table: the headline kernels' registers and key-loop load-use distance
-            rows = [line.split() for line in (folder / name).read_text(encoding="utf-8").splitlines() if line and not line.startswith("#")]
+            rows = [
+                line.split()
+                for line in (folder / name).read_text(encoding="utf-8").splitlines()
+                if line and not line.startswith("#")
+            ]
             lines += ["", f"## The headline kernels' key loops ({run['label']}): median instructions between each key load "
                           "and its first use (load_use)", "",
                       "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]  # fmt: skip
@@ -208,11 +237,19 @@ def decode_step(folder: Path, cfg: dict) -> list[str]:
                   "|---|" + "---|" * (len(batches) + 1)]  # fmt: skip
         for dt in sorted({p["dtype"] for p in pts}):
             mine = [p for p in pts if p["dtype"] == dt]
-            row = [span([p["variants"]["patched"]["speedup"]["median"] for p in mine if p["batch"] == b]) for b in batches]
+            row = [
+                span([p["variants"]["patched"]["speedup"]["median"] for p in mine if p["batch"] == b]) for b in batches
+            ]
             share = [100 * p["variants"]["stock"]["attention_share"] for p in mine]
             lines.append(f"| {dt} | " + " | ".join(row) + f" | {span(share, '.0f')}% |")
-        v1 = [f"{p['dtype']} B{p['batch']}/{p['context']} {p['variants']['patched']['speedup']['median']:.3f}" for p in pts if p["kernel"] == "v1"]
-        wpf = {str(p["variants"]["stock+wpf"]["weight_prefetch"]["label"]) for p in pts if p["variants"].get("stock+wpf")}
+        v1 = [
+            f"{p['dtype']} B{p['batch']}/{p['context']} {p['variants']['patched']['speedup']['median']:.3f}"
+            for p in pts
+            if p["kernel"] == "v1"
+        ]
+        wpf = {
+            str(p["variants"]["stock+wpf"]["weight_prefetch"]["label"]) for p in pts if p["variants"].get("stock+wpf")
+        }
         lines += ["", f"Geomean over the {len(pts)} points: {geomean([p['variants']['patched']['speedup']['median'] for p in pts]):.3f}. "
                       f"Outputs bit-identical to stock at every point: {'yes' if all(p['all_identical'] for p in pts) else 'NO'}. "
                       f"Points where vLLM dispatches v1: {', '.join(v1) or 'none'}. "
@@ -288,8 +325,13 @@ def weight_prefetch(folder: Path, cfg: dict) -> list[str]:
                   f"{geomean(med):.4f}, worst round-min {min(mins):.4f}, A/A within {100 * aa_worst(lead):.2f}%: "
                   f"{'met' if met else 'missed'}."]  # fmt: skip
 
-    lines += ["", "## The patched attention kernels with and without the weight prefetch", "",
-              "| run | model | patched over stock | patched + weight prefetch over patched | worst round-min |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## The patched attention kernels with and without the weight prefetch",
+        "",
+        "| run | model | patched over stock | patched + weight prefetch over patched | worst round-min |",
+        "|---|---|---|---|---|",
+    ]
     for d, what in runs:
         for model, pts in by_model(d["points"]).items():
             pat, _ = ratios(pts, "patched")
@@ -351,8 +393,13 @@ def weight_prefetch(folder: Path, cfg: dict) -> list[str]:
         lines.append(f"| {title(p['model'])} B{p['batch']}/{p['context']} | {q['variants']['stock+wpf']['speedup']['median']:.3f} | "
                      f"{p['variants']['stock+wpf']['speedup']['median']:.3f} |")  # fmt: skip
 
-    lines += ["", "## In isolation: a GEMM right after a kernel that leaves HBM idle (clean L2 flush before; median of trials)", "",
-              "| hint | gemm | m | prefetched MiB | cold us | prefetched us | warm us | speedup |", "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## In isolation: a GEMM right after a kernel that leaves HBM idle (clean L2 flush before; median of trials)",
+        "",
+        "| hint | gemm | m | prefetched MiB | cold us | prefetched us | warm us | speedup |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for hint, mg in sweep["micro"].items():
         for r in mg["results"]:
             lines.append(f"| {hint} | {r['gemm']} | {r['m']} | {r['prefetched_bytes'] / 2**20:.0f} | {r['cold_us']:.1f} | "
@@ -479,7 +526,9 @@ def serving(folder: Path, cfg: dict) -> list[str]:
         raw = f.replace("serving-", "raw-").replace(".json", ".tar.xz")
         runs = _engine_runs(folder / raw)
         options = _options_of(d)
-        again = build_report(options, [r for r in runs if r["fingerprint"] == options.fingerprint()], planned=d["planned"])
+        again = build_report(
+            options, [r for r in runs if r["fingerprint"] == options.fingerprint()], planned=d["planned"]
+        )
         if again["workloads"] != d["workloads"] or again["engine_starts"] != d["engine_starts"]:
             raise SystemExit(f"{f} does not follow from the engine runs in {raw}")
         env, arms = d["environment"], d["arms"]

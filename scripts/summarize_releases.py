@@ -106,7 +106,9 @@ def heldout(root: Path, table: str) -> tuple[list[str], dict]:
         aa = cells(bench, variant="stock-aa") if "stock-aa" in bench["variants"] else {}
         runs[v] = (cl, aa)
         flagged = f"{bench['flagged_rounds']}/{len(bench['rounds'])}" if "flagged_rounds" in bench else "?"
-        vtext = [validate_text(d) or "no record"] if with_validate else []  # a run whose record did not come back: never a pass
+        vtext = (
+            [validate_text(d) or "no record"] if with_validate else []
+        )  # a run whose record did not come back: never a pass
         lines.append(f"| {v} | " + " | ".join(vtext + [cell(cl[c], aa.get(c)) for c in CELLS]) + f" | {flagged} |")
     return lines, runs
 
@@ -125,7 +127,7 @@ def verdicts(runs: dict) -> list[str]:
         lines.append(f"* where the code differs from stock: {len(on)} points, {n_verdict(on, 'faster')} faster, "
                      f"{n_verdict(on, 'noise')} within noise ({min(noise)}-{max(noise)} per release), "
                      f"{n_verdict(on, 'slower')} slower; min {min(r[0] for r in on):.3f}")  # fmt: skip
-    text = f"* \"slower\" verdicts: {len(slower)}, {sum(1 for r in slower if r[2])} of them where the code differs"
+    text = f'* "slower" verdicts: {len(slower)}, {sum(1 for r in slower if r[2])} of them where the code differs'
     if slower:
         low = min(slower)
         text += f"; {low[0]:.3f}-{max(r[0] for r in slower):.3f}, the lowest at {low[3]}"
@@ -212,8 +214,11 @@ def headline(release: str, h: dict, table: str) -> list[str]:
         for dt, mode in CELLS:
             rs = [r for r in pts if r["mode"] == mode and r["point"]["dtype"] == dt]
             q = [r["variants"]["patched"]["speedup"] / r["variants"]["paper"]["speedup"] for r in rs]
-            ahead = [f"B{r['point']['batch']}/{r['point']['context']}" for r in rs
-                     if r["variants"]["paper"]["speedup_lo"] > r["variants"]["patched"]["speedup_hi"]]
+            ahead = [
+                f"B{r['point']['batch']}/{r['point']['context']}"
+                for r in rs
+                if r["variants"]["paper"]["speedup_lo"] > r["variants"]["patched"]["speedup_hi"]
+            ]
             lines.append(f"| {dt} | {mode} | {min(q):.3f} | {geomean(q):.3f} | {max(q):.3f} | {len(ahead)} of {len(rs)}"
                          + (f": {' '.join(ahead)}" if ahead else "") + " |")  # fmt: skip
     return lines

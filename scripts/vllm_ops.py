@@ -230,8 +230,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tree", type=Path, required=True, help="the release's source tree (csrc/ inside)")
     ap.add_argument("--torch-include", type=Path, required=True, help="torch's include/ of the target torch")
-    ap.add_argument("--torch-lib", type=Path, required=True,
-                    help="the target torch's lib/ (libc10, libtorch*: linked by name, as vLLM's build links them)")
+    ap.add_argument(
+        "--torch-lib",
+        type=Path,
+        required=True,
+        help="the target torch's lib/ (libc10, libtorch*: linked by name, as vLLM's build links them)",
+    )
     ap.add_argument("--extra-include", type=Path, action="append", default=[], help="e.g. cuBLAS/cuSOLVER headers")
     ap.add_argument("--python-include", type=Path, default=Path(sysconfig.get_paths()["include"]))
     ap.add_argument("--arch", default="9.0a")
@@ -276,7 +280,9 @@ def main() -> int:
     info = {
         "release_tree": str(args.tree),
         "sources": list(SOURCES),
-        "ops": {op: {"library": lib, "dispatch": key or "catch-all", "function": fn} for op, (lib, key, fn) in ops.items()},
+        "ops": {
+            op: {"library": lib, "dispatch": key or "catch-all", "function": fn} for op, (lib, key, fn) in ops.items()
+        },
         "standins": list(STANDINS),
         "nvcc_flags": [*vllm_nvcc_flags(), *gencode],
         "defines": DEFINES,

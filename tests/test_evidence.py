@@ -28,7 +28,14 @@ def script(name: str, *args: object) -> subprocess.CompletedProcess:
 
 
 def test_there_is_evidence() -> None:
-    assert {"default-table", "bit-identity", "heldout-six-releases", "headline", "decode-step", "weight-prefetch"} <= set(FOLDERS)
+    assert {
+        "default-table",
+        "bit-identity",
+        "heldout-six-releases",
+        "headline",
+        "decode-step",
+        "weight-prefetch",
+    } <= set(FOLDERS)
 
 
 @pytest.mark.slow
@@ -107,7 +114,10 @@ def test_release_summary_counts_the_aa_twin_where_the_run_has_one(tmp_path: Path
 
     rewrite(bench, all_slower)
     out = script("summarize_releases.py", tmp_path).stdout
-    assert row(out).count(", 0-0-96, min") == 4 and "A/A twin (stock against itself), per cell of 96 points: faster 0-0, slower 96-96" in out
+    assert (
+        row(out).count(", 0-0-96, min") == 4
+        and "A/A twin (stock against itself), per cell of 96 points: faster 0-0, slower 96-96" in out
+    )
     rewrite(bench, lambda b: b["variants"].remove("stock-aa"))
     out = script("summarize_releases.py", tmp_path).stdout
     assert "A/A twin" not in row(out) and "A/A twin (stock against itself)" not in out
@@ -121,7 +131,9 @@ def test_release_summary_has_a_validate_column_only_where_a_record_is(tmp_path: 
     (tmp_path / "0.8.5").mkdir()
     shutil.copy(EVIDENCE / "heldout-six-releases/0.8.5/bench-heldout.json.gz", tmp_path / "0.8.5")
     out = script("summarize_releases.py", tmp_path).stdout
-    assert row(out).startswith("| 0.6.4 | 960/960 identical (0 failed) | ") and row(out, "0.8.5").startswith("| 0.8.5 | no record | ")
+    assert row(out).startswith("| 0.6.4 | 960/960 identical (0 failed) | ") and row(out, "0.8.5").startswith(
+        "| 0.8.5 | no record | "
+    )
     (tmp_path / "0.6.4" / "validate.json.gz").unlink()
     out = script("summarize_releases.py", tmp_path).stdout
     assert "| release | fp16 warm |" in out and row(out).startswith("| 0.6.4 | 1.09 (min ")
@@ -157,4 +169,7 @@ def test_bit_identity_names_a_kernel_no_full_run_checked(tmp_path: Path) -> None
     done = script("summarize_evidence.py", here)
     assert done.returncode == 0, done.stderr
     assert "* kernels that differ in every one of these runs: fp16/256/16/auto/v2" in done.stdout
-    assert "* kernels that differ in every one of these runs: none" in script("summarize_evidence.py", EVIDENCE / "bit-identity").stdout
+    assert (
+        "* kernels that differ in every one of these runs: none"
+        in script("summarize_evidence.py", EVIDENCE / "bit-identity").stdout
+    )

@@ -91,7 +91,12 @@ def test_one_flush(modules) -> None:
     flushes = sorted(name for name, (tree, _) in modules.items() for n in ast.walk(tree)
                      if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and "flush" in n.name.lower())  # fmt: skip
     assert flushes == ["kvpatch/gpu/flush.py"]
-    for user in ("kvpatch/decode/bench.py", "kvpatch/decode/micro.py", "kvpatch/decode/sweep.py", "kvpatch/gpu/bench.py"):
+    for user in (
+        "kvpatch/decode/bench.py",
+        "kvpatch/decode/micro.py",
+        "kvpatch/decode/sweep.py",
+        "kvpatch/gpu/bench.py",
+    ):
         tree, _ = modules[user]
         froms = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
         assert any(a == "L2Flush" and (m or "").endswith("flush") for m, a in froms), user
@@ -100,10 +105,14 @@ def test_one_flush(modules) -> None:
 def test_one_jit_path(modules) -> None:
     """nvcc compiles only through kvpatch.jit.library (and vLLM's own build, jit.full): every
     library kvpatch builds, the weight-prefetch kernel's too, takes that one path."""
-    popen = sorted(name for name, (tree, _) in modules.items() if _calls(tree, "Popen") and name.startswith("kvpatch/jit/"))
+    popen = sorted(
+        name for name, (tree, _) in modules.items() if _calls(tree, "Popen") and name.startswith("kvpatch/jit/")
+    )
     assert popen == ["kvpatch/jit/full.py", "kvpatch/jit/library.py", "kvpatch/jit/sass.py"]
     prefetch = modules["kvpatch/prefetch/kernel.py"][0]
-    assert not any(isinstance(n, ast.Import) and any(a.name == "subprocess" for a in n.names) for n in ast.walk(prefetch))
+    assert not any(
+        isinstance(n, ast.Import) and any(a.name == "subprocess" for a in n.names) for n in ast.walk(prefetch)
+    )
 
 
 def _restated_rules(text: str, rules) -> int:
@@ -116,7 +125,7 @@ def _restated_rules(text: str, rules) -> int:
         for quote in ("'", '"'):
             at = text.find(f"{quote}{sel}{quote}")
             while at >= 0:
-                if all(v in text[at: at + 300] for v in values):
+                if all(v in text[at : at + 300] for v in values):
                     n += 1
                     break
                 at = text.find(f"{quote}{sel}{quote}", at + 1)

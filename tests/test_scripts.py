@@ -34,7 +34,9 @@ def _run_libs(tmp_path: Path) -> Path:
     libs.mkdir()
     (libs / "libkvpatch_stock.so").write_bytes(b"s")
     (libs / "libkvpatch_patched.so").write_bytes(b"p")
-    (libs / "libs.txt").write_text("stock=libkvpatch_stock.so:kvpatch_stock\npatched=libkvpatch_patched.so:kvpatch_patched\n")
+    (libs / "libs.txt").write_text(
+        "stock=libkvpatch_stock.so:kvpatch_stock\npatched=libkvpatch_patched.so:kvpatch_patched\n"
+    )
     return libs
 
 
@@ -173,12 +175,19 @@ def test_vllm_ops_registers_each_op_as_the_release_does(vllm_release) -> None:
     assert regs["reshape_and_cache"] == ("cache_ops", "kCUDA", "reshape_and_cache")
     assert regs["get_device_attribute"] == ("cuda_utils", None, "get_device_attribute")
     assert regs["cutlass_scaled_mm_supports_fp8"] == ("ops", None, "cutlass_scaled_mm_supports_fp8")
-    assert regs["per_token_group_fp8_quant"][2] != "per_token_group_fp8_quant"  # an impl whose function has another name
-    chosen = {op: regs[op] for op in ("paged_attention_v1", "swap_blocks", "get_device_attribute", "cutlass_group_gemm_supported")}
+    assert (
+        regs["per_token_group_fp8_quant"][2] != "per_token_group_fp8_quant"
+    )  # an impl whose function has another name
+    chosen = {
+        op: regs[op]
+        for op in ("paged_attention_v1", "swap_blocks", "get_device_attribute", "cutlass_group_gemm_supported")
+    }
     unit = vllm_ops.bindings_source(text, chosen)
     assert 'ops.def("paged_attention_v1(Tensor! out, Tensor query, Tensor key_cache,' in unit
     assert 'ops.impl("paged_attention_v1", torch::kCUDA, &paged_attention_v1);' in unit
     assert 'cache_ops.impl("swap_blocks", torch::kCUDA, &swap_blocks);' in unit
     assert 'cuda_utils.impl("get_device_attribute", &get_device_attribute);' in unit
     assert "bool cutlass_group_gemm_supported(int64_t) { return false; }" in unit
-    assert unit.count("TORCH_LIBRARY_EXPAND(") == 3 and unit.rstrip().endswith("REGISTER_EXTENSION(TORCH_EXTENSION_NAME)")
+    assert unit.count("TORCH_LIBRARY_EXPAND(") == 3 and unit.rstrip().endswith(
+        "REGISTER_EXTENSION(TORCH_EXTENSION_NAME)"
+    )

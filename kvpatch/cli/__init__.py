@@ -22,7 +22,7 @@ from rich.markup import escape
 
 from .. import __version__
 from ..errors import KvpatchError
-from . import patching, building, measuring, decode, plugin  # noqa: F401,I001  (each registers its commands, in this order)
+from . import building, decode, measuring, patching, plugin  # noqa: F401,I001  (each registers its commands, in this order)
 from .base import DEBUG, app, io
 
 
@@ -35,7 +35,9 @@ def _version(value: bool) -> None:
 @app.callback()
 def main(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
 ) -> None:
     DEBUG["on"] = debug
 

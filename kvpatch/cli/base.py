@@ -176,7 +176,9 @@ TreeOpt = Annotated[
 ]
 JsonOpt = Annotated[
     Optional[str],
-    typer.Option("--json", metavar="PATH", help="Write the report as JSON to PATH ('-': to stdout, instead of the table)."),
+    typer.Option(
+        "--json", metavar="PATH", help="Write the report as JSON to PATH ('-': to stdout, instead of the table)."
+    ),
 ]
 ArchOpt = Annotated[
     str, typer.Option("--arch", metavar="ARCHS", help="TORCH_CUDA_ARCH_LIST syntax: 9.0a, 9.0, '8.0;9.0a', 9.0+PTX.")

@@ -19,8 +19,16 @@ def build(
     block_sizes: Annotated[Optional[str], typer.Option(metavar="LIST", help="e.g. 16,32 (default 16).")] = None,
     kv_cache_dtypes: Annotated[Optional[str], typer.Option(metavar="LIST", help="auto,fp8 (default auto).")] = None,
     all_kernels: Annotated[bool, typer.Option("--all", help="vLLM's full set of configurations.")] = False,
-    jobs: Annotated[Optional[int], typer.Option(metavar="N", help="Parallel nvcc processes (default: CPU count).")] = None,
-    full: Annotated[bool, typer.Option("--full", help="Run vLLM's own build of the patched tree instead (pip install -e into this Python environment).")] = False,
+    jobs: Annotated[
+        Optional[int], typer.Option(metavar="N", help="Parallel nvcc processes (default: CPU count).")
+    ] = None,
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help="Run vLLM's own build of the patched tree instead (pip install -e into this Python environment).",
+        ),
+    ] = False,
     json_out: JsonOpt = None,
 ) -> None:
     """Compile stock and patched kernels for an arch; report registers/spills; check the SASS."""

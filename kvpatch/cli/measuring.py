@@ -12,6 +12,7 @@ from ..errors import GpuCheckError
 from ..gpu.defaults import DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP, TUNE_REPS
 from .base import ArchOpt, DeviceOpt, JsonOpt, LibOpt, TreeOpt, VariantInfoOpt, app, csv, cwd, io, json_target, progress
 
+
 @app.command()
 def validate(
     tree: TreeOpt = None,
@@ -19,14 +20,50 @@ def validate(
     lib: LibOpt = [],  # noqa: B006
     variant_info: VariantInfoOpt = None,
     quick: Annotated[bool, typer.Option("--quick", help="fp16/bf16, head 128, block 16 only (32 cases).")] = False,
-    full: Annotated[bool, typer.Option("--full", help="Every head and block size vLLM instantiates, ALiBi on/off, all dtypes, auto+fp8, v1+v2 (sampled contexts); a skipped configuration fails.")] = False,
-    upstream: Annotated[bool, typer.Option("--upstream", help="Also run the release's own test_paged_attention, unchanged, against each library (needs the tree).")] = False,
-    matrix: Annotated[bool, typer.Option("--matrix/--no-matrix", help="Run kvpatch's own matrix (--no-matrix: only --upstream).")] = True,
-    upstream_dir: Annotated[Optional[Path], typer.Option("--upstream-dir", metavar="DIR", help="Where --upstream writes its run dir, logs and records.")] = None,
-    workers: Annotated[Optional[int], typer.Option(metavar="N", help="pytest-xdist workers for --upstream, in all (default: CPU count).")] = None,
-    upstream_shard: Annotated[Optional[str], typer.Option("--upstream-shard", metavar="K/N", help="Run only the K-th of N shares of vLLM's test cases (every N-th case as pytest collects them, from the K-th); the N runs together cover every case once.")] = None,
-    upstream_timeout: Annotated[Optional[float], typer.Option("--upstream-timeout", metavar="SECONDS", help="Seconds for the whole --upstream run (default 900); at the limit pytest is interrupted, the report counts what finished and says the run was cut (not a pass).")] = None,
-    paper: Annotated[bool, typer.Option("--paper", help="Also check the paper preset against stock (when building).")] = False,
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help="Every head and block size vLLM instantiates, ALiBi on/off, all dtypes, auto+fp8, v1+v2 (sampled contexts); a skipped configuration fails.",
+        ),
+    ] = False,
+    upstream: Annotated[
+        bool,
+        typer.Option(
+            "--upstream",
+            help="Also run the release's own test_paged_attention, unchanged, against each library (needs the tree).",
+        ),
+    ] = False,
+    matrix: Annotated[
+        bool, typer.Option("--matrix/--no-matrix", help="Run kvpatch's own matrix (--no-matrix: only --upstream).")
+    ] = True,
+    upstream_dir: Annotated[
+        Optional[Path],
+        typer.Option("--upstream-dir", metavar="DIR", help="Where --upstream writes its run dir, logs and records."),
+    ] = None,
+    workers: Annotated[
+        Optional[int],
+        typer.Option(metavar="N", help="pytest-xdist workers for --upstream, in all (default: CPU count)."),
+    ] = None,
+    upstream_shard: Annotated[
+        Optional[str],
+        typer.Option(
+            "--upstream-shard",
+            metavar="K/N",
+            help="Run only the K-th of N shares of vLLM's test cases (every N-th case as pytest collects them, from the K-th); the N runs together cover every case once.",
+        ),
+    ] = None,
+    upstream_timeout: Annotated[
+        Optional[float],
+        typer.Option(
+            "--upstream-timeout",
+            metavar="SECONDS",
+            help="Seconds for the whole --upstream run (default 900); at the limit pytest is interrupted, the report counts what finished and says the run was cut (not a pass).",
+        ),
+    ] = None,
+    paper: Annotated[
+        bool, typer.Option("--paper", help="Also check the paper preset against stock (when building).")
+    ] = False,
     seed: Annotated[int, typer.Option(metavar="N", help="Seed of the random inputs.")] = 0,
     dtypes: Annotated[Optional[str], typer.Option(metavar="LIST", help="Query dtypes, e.g. fp16,bf16.")] = None,
     kv: Annotated[Optional[str], typer.Option("--kv", metavar="LIST", help="KV-cache dtypes: auto,fp8.")] = None,
@@ -70,29 +107,58 @@ def bench(
     arch: ArchOpt = "9.0a",
     lib: LibOpt = [],  # noqa: B006
     variant_info: VariantInfoOpt = None,
-    point_set: Annotated[Optional[str], typer.Option("--set", metavar="SET", help="tuning, headline (default) or heldout (shapes tune never saw).")] = None,
+    point_set: Annotated[
+        Optional[str],
+        typer.Option("--set", metavar="SET", help="tuning, headline (default) or heldout (shapes tune never saw)."),
+    ] = None,
     json_out: JsonOpt = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", metavar="FILE", help="Write a PNG of the speedups here.")] = None,
-    variant: Annotated[list[str], typer.Option("--variant", metavar="NAME=FILE", help="More variants: NAME=config.toml (repeatable; when building).")] = [],  # noqa: B006
+    plot: Annotated[
+        Optional[Path], typer.Option("--plot", metavar="FILE", help="Write a PNG of the speedups here.")
+    ] = None,
+    variant: Annotated[
+        list[str],
+        typer.Option(
+            "--variant", metavar="NAME=FILE", help="More variants: NAME=config.toml (repeatable; when building)."
+        ),
+    ] = [],  # noqa: B006
     paper: Annotated[bool, typer.Option("--paper/--no-paper", help="Include the paper preset (when building).")] = True,
-    control: Annotated[bool, typer.Option("--control/--no-control", help="Include the prefetch-never-runs control (when building).")] = False,
+    control: Annotated[
+        bool, typer.Option("--control/--no-control", help="Include the prefetch-never-runs control (when building).")
+    ] = False,
     quick: Annotated[bool, typer.Option("--quick", help="8 points instead of 24.")] = False,
     dtypes: Annotated[Optional[str], typer.Option(metavar="LIST", help="fp16,bf16 (default).")] = None,
     batches: Annotated[Optional[str], typer.Option(metavar="LIST", help="e.g. 1,4,16,64.")] = None,
     contexts: Annotated[Optional[str], typer.Option(metavar="LIST", help="e.g. 1024,4096,16384.")] = None,
-    heads: Annotated[Optional[str], typer.Option(metavar="Q/KV,...", help="Query/KV heads, e.g. 32/8 or 32/8,8/1.")] = None,
+    heads: Annotated[
+        Optional[str], typer.Option(metavar="Q/KV,...", help="Query/KV heads, e.g. 32/8 or 32/8,8/1.")
+    ] = None,
     head_sizes: Annotated[Optional[str], typer.Option(metavar="LIST", help="e.g. 64,128.")] = None,
     block_sizes: Annotated[Optional[str], typer.Option(metavar="LIST", help="e.g. 16,32.")] = None,
     kv: Annotated[Optional[str], typer.Option("--kv", metavar="LIST", help="KV-cache dtypes: auto,fp8.")] = None,
-    kernels: Annotated[str, typer.Option(metavar="LIST", help="v1,v2 or 'dispatched' (only the kernel vLLM launches).")] = "v1,v2",
-    seed: Annotated[Optional[int], typer.Option(metavar="N", help="Seed of the KV data and block tables (default: the set's).")] = None,
-    reps: Annotated[int, typer.Option(metavar="N", help="Timed launches per point, variant and round (more for kernels < 30 us).")] = DEFAULT_REPS,
-    rounds: Annotated[int, typer.Option(metavar="N", help="Interleaved rounds (the speedup interval is min..max over them).")] = DEFAULT_ROUNDS,
-    warmup: Annotated[int, typer.Option(metavar="N", help="Untimed launches per variant before each round.")] = DEFAULT_WARMUP,
+    kernels: Annotated[
+        str, typer.Option(metavar="LIST", help="v1,v2 or 'dispatched' (only the kernel vLLM launches).")
+    ] = "v1,v2",
+    seed: Annotated[
+        Optional[int], typer.Option(metavar="N", help="Seed of the KV data and block tables (default: the set's).")
+    ] = None,
+    reps: Annotated[
+        int, typer.Option(metavar="N", help="Timed launches per point, variant and round (more for kernels < 30 us).")
+    ] = DEFAULT_REPS,
+    rounds: Annotated[
+        int, typer.Option(metavar="N", help="Interleaved rounds (the speedup interval is min..max over them).")
+    ] = DEFAULT_ROUNDS,
+    warmup: Annotated[
+        int, typer.Option(metavar="N", help="Untimed launches per variant before each round.")
+    ] = DEFAULT_WARMUP,
     warm: Annotated[bool, typer.Option("--warm/--no-warm", help="Time with a warm L2.")] = True,
     cold: Annotated[bool, typer.Option("--cold/--no-cold", help="Time with the L2 flushed before each launch.")] = True,
-    check: Annotated[bool, typer.Option("--check/--no-check", help="Check outputs bit-identical before timing.")] = True,
-    aa: Annotated[bool, typer.Option("--aa", help="Also time stock against itself (variant 'stock-aa'): the method's false verdicts.")] = False,
+    check: Annotated[
+        bool, typer.Option("--check/--no-check", help="Check outputs bit-identical before timing.")
+    ] = True,
+    aa: Annotated[
+        bool,
+        typer.Option("--aa", help="Also time stock against itself (variant 'stock-aa'): the method's false verdicts."),
+    ] = False,
     device: DeviceOpt = "cuda",
 ) -> None:
     """GPU: time stock, the paper preset and the patched kernels side by side (warm and cold)."""
@@ -122,21 +188,97 @@ def bench(
 def tune(
     tree: TreeOpt = None,
     arch: ArchOpt = "9.0a",
-    lib: Annotated[list[str], typer.Option("--lib", metavar="NAME=PATH.so:PREFIX", help="Prebuilt libraries (repeatable): 'stock' and the candidates; nothing is built.")] = [],  # noqa: B006
-    variant_info: Annotated[Optional[Path], typer.Option("--variant-info", metavar="FILE", help="JSON of NAME -> {marker: ...}: the candidates' configurations (with --lib).")] = None,
-    output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE", help="Where to write the tuned configuration.")] = Path("kvpatch.toml"),
-    json_out: Annotated[Optional[str], typer.Option("--json", metavar="PATH", help="Write the ranking and the bench data as JSON to PATH ('-': stdout).")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="Bench batch 2/32 x context 512/12288 of the tuning set (144 points) instead of 324.")] = False,
+    lib: Annotated[
+        list[str],
+        typer.Option(
+            "--lib",
+            metavar="NAME=PATH.so:PREFIX",
+            help="Prebuilt libraries (repeatable): 'stock' and the candidates; nothing is built.",
+        ),
+    ] = [],  # noqa: B006
+    variant_info: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--variant-info",
+            metavar="FILE",
+            help="JSON of NAME -> {marker: ...}: the candidates' configurations (with --lib).",
+        ),
+    ] = None,
+    output: Annotated[
+        Path, typer.Option("--output", "-o", metavar="FILE", help="Where to write the tuned configuration.")
+    ] = Path("kvpatch.toml"),
+    json_out: Annotated[
+        Optional[str],
+        typer.Option(
+            "--json", metavar="PATH", help="Write the ranking and the bench data as JSON to PATH ('-': stdout)."
+        ),
+    ] = None,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            "--quick", help="Bench batch 2/32 x context 512/12288 of the tuning set (144 points) instead of 324."
+        ),
+    ] = False,
     reps: Annotated[int, typer.Option(metavar="N", help="Timed launches per point, candidate and round.")] = TUNE_REPS,
-    rounds: Annotated[int, typer.Option(metavar="N", help="Interleaved rounds (the spread a verdict uses).")] = DEFAULT_ROUNDS,
-    policy: Annotated[str, typer.Option(metavar="strict|geomean", help="strict (no tuning point slower than stock beyond noise) or geomean (only the geomean's interval above 1.00).")] = "strict",
-    fallback: Annotated[str, typer.Option(metavar="off|base", help="What instantiations tune does not measure get: off, or the base settings.")] = "off",
-    jobs: Annotated[Optional[int], typer.Option(metavar="N", help="Parallel nvcc processes (default: CPU count).")] = None,
-    from_json: Annotated[list[Path], typer.Option("--from", metavar="FILE", help="Choose again from a saved tune JSON (--json of an earlier tune; .gz too): no GPU, nothing built. Repeatable: each kernel from the last JSON that measured it (the runs must come from one machine).")] = [],  # noqa: B006
-    exclude: Annotated[list[str], typer.Option("--exclude", metavar="CANDIDATE@SELECTOR", help="With --from: rule out a candidate at a kernel (shell patterns, e.g. 'inline_*@bf16/256/16/auto/v1', '*@KERNEL' for the whole kernel); never picked, shown as excluded (repeatable).")] = [],  # noqa: B006
-    grid: Annotated[list[str], typer.Option("--grid", metavar="KEY=V1,V2;...", help="The candidates to build: the default grid with settings replaced or added, e.g. 'issue=inline,call;min-group=2;min-ctas=1,1024' (keys issue, scope, lookahead, min-group, min-ctas, min-kv-mib, read; repeatable: the union).")] = [],  # noqa: B006
-    dtype: Annotated[list[str], typer.Option("--dtype", metavar="DTYPE", help="Measure only this query dtype's kernels (fp16 or bf16; repeatable); the others come out off.")] = [],  # noqa: B006
-    only: Annotated[list[str], typer.Option("--only", metavar="SELECTOR", help="Measure only the tuned instantiations this selector picks (dtype[/head[/block]], e.g. fp16/128/16; repeatable); the others come out off.")] = [],  # noqa: B006
+    rounds: Annotated[
+        int, typer.Option(metavar="N", help="Interleaved rounds (the spread a verdict uses).")
+    ] = DEFAULT_ROUNDS,
+    policy: Annotated[
+        str,
+        typer.Option(
+            metavar="strict|geomean",
+            help="strict (no tuning point slower than stock beyond noise) or geomean (only the geomean's interval above 1.00).",
+        ),
+    ] = "strict",
+    fallback: Annotated[
+        str,
+        typer.Option(
+            metavar="off|base", help="What instantiations tune does not measure get: off, or the base settings."
+        ),
+    ] = "off",
+    jobs: Annotated[
+        Optional[int], typer.Option(metavar="N", help="Parallel nvcc processes (default: CPU count).")
+    ] = None,
+    from_json: Annotated[
+        list[Path],
+        typer.Option(
+            "--from",
+            metavar="FILE",
+            help="Choose again from a saved tune JSON (--json of an earlier tune; .gz too): no GPU, nothing built. Repeatable: each kernel from the last JSON that measured it (the runs must come from one machine).",
+        ),
+    ] = [],  # noqa: B006
+    exclude: Annotated[
+        list[str],
+        typer.Option(
+            "--exclude",
+            metavar="CANDIDATE@SELECTOR",
+            help="With --from: rule out a candidate at a kernel (shell patterns, e.g. 'inline_*@bf16/256/16/auto/v1', '*@KERNEL' for the whole kernel); never picked, shown as excluded (repeatable).",
+        ),
+    ] = [],  # noqa: B006
+    grid: Annotated[
+        list[str],
+        typer.Option(
+            "--grid",
+            metavar="KEY=V1,V2;...",
+            help="The candidates to build: the default grid with settings replaced or added, e.g. 'issue=inline,call;min-group=2;min-ctas=1,1024' (keys issue, scope, lookahead, min-group, min-ctas, min-kv-mib, read; repeatable: the union).",
+        ),
+    ] = [],  # noqa: B006
+    dtype: Annotated[
+        list[str],
+        typer.Option(
+            "--dtype",
+            metavar="DTYPE",
+            help="Measure only this query dtype's kernels (fp16 or bf16; repeatable); the others come out off.",
+        ),
+    ] = [],  # noqa: B006
+    only: Annotated[
+        list[str],
+        typer.Option(
+            "--only",
+            metavar="SELECTOR",
+            help="Measure only the tuned instantiations this selector picks (dtype[/head[/block]], e.g. fp16/128/16; repeatable); the others come out off.",
+        ),
+    ] = [],  # noqa: B006
 ) -> None:
     """GPU: per kernel (v1, v2) of the tuned instantiations, sweep candidate settings, keep the fastest bit-identical one never slower than stock (else off); write kvpatch.toml with the machine it was tuned on."""
     from ..commands import tune as T
@@ -154,4 +296,6 @@ def tune(
     if report.machine is not None:
         io.out.print(f"tuned on: {escape(report.machine.describe())}", highlight=False)
     if report.tree:
-        io.out.print(f"next: kvpatch apply --tree {escape(report.tree)} --config {escape(str(output))}", highlight=False)
+        io.out.print(
+            f"next: kvpatch apply --tree {escape(report.tree)} --config {escape(str(output))}", highlight=False
+        )

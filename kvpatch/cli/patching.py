@@ -19,27 +19,100 @@ _RULE_HELP = ("Settings for the instantiations a selector picks: 'bf16/80/32=off
 
 
 # the configuration's options, shared by apply and config
-ConfigOpt = Annotated[Optional[Path], typer.Option("--config", metavar="FILE", help="kvpatch.toml with any of the options below.")]
-PresetOpt = Annotated[Optional[str], typer.Option(metavar="default|paper", help="default, or paper (the paper's exact mechanism).")]
+ConfigOpt = Annotated[
+    Optional[Path], typer.Option("--config", metavar="FILE", help="kvpatch.toml with any of the options below.")
+]
+PresetOpt = Annotated[
+    Optional[str], typer.Option(metavar="default|paper", help="default, or paper (the paper's exact mechanism).")
+]
 LookaheadOpt = Annotated[Optional[int], typer.Option(metavar="N", help="Prefetch block_idx + N*NUM_WARPS (default 1).")]
-SizeOpt = Annotated[Optional[str], typer.Option(metavar="BYTES", help="auto (one K/V tile: BLOCK_SIZE*HEAD_SIZE*sizeof(cache_t)) or bytes, a multiple of 16.")]
-AlignOpt = Annotated[Optional[int], typer.Option(metavar="BYTES", help="Round the address down to this power of two >= 16 (default 16).")]
+SizeOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        metavar="BYTES", help="auto (one K/V tile: BLOCK_SIZE*HEAD_SIZE*sizeof(cache_t)) or bytes, a multiple of 16."
+    ),
+]
+AlignOpt = Annotated[
+    Optional[int], typer.Option(metavar="BYTES", help="Round the address down to this power of two >= 16 (default 16).")
+]
 CachesOpt = Annotated[Optional[str], typer.Option(metavar="k|v|kv", help="Which loops prefetch (default kv).")]
-CacheHintOpt = Annotated[Optional[str], typer.Option(metavar="HINT", help="none, evict_last, evict_first or evict_normal.")]
-PlacementOpt = Annotated[Optional[str], typer.Option(metavar="start|end", help="After the block number is read, or after the block's work.")]
-ScopeOpt = Annotated[Optional[str], typer.Option(metavar="SCOPE", help="cta (every CTA prefetches), kv-head (one CTA per KV head under GQA) or kv-head-rotate (the KV head's CTAs take turns, block by block).")]
-MinGroupOpt = Annotated[Optional[int], typer.Option("--min-group", metavar="N", help="Prefetch only where >= N query heads share a KV head (a runtime test; 1 = always; MHA has 1).")]
-MinCtasOpt = Annotated[Optional[int], typer.Option("--min-ctas", metavar="N", help="Prefetch only in launches of >= N CTAs (query heads x sequences x partitions; a runtime test; 1 = always).")]
-MinKvMibOpt = Annotated[Optional[int], typer.Option("--min-kv-mib", metavar="MIB", help="issue=call only: the call helper skips the prefetch unless the launch's KV cache, estimated from the grid, is >= MIB (0 = always).")]
-ControlOpt = Annotated[Optional[bool], typer.Option("--control/--no-control", help="Compile the prefetch but never run it (for measurements).")]
-IssueOpt = Annotated[Optional[str], typer.Option(metavar="call|inline|split", help="call (an out-of-line helper; keeps stock's code generation), inline (asm in the loop), split (inline, and the key loop runs as stock's copy when the ALiBi slope is not 0).")]
-ReadOpt = Annotated[Optional[str], typer.Option(metavar="lane|warp", help="lane (lane 0 reads the next block number inside the guard) or warp (every lane reads it before the guard).")]
-QuantizedOpt = Annotated[Optional[str], typer.Option(metavar="skip|prefetch", help="skip (fp8-cache kernels stay stock, the default) or prefetch.")]
-Fp16Opt = Annotated[Optional[str], typer.Option("--fp16", metavar="SETTINGS", help="Settings for the fp16 kernels no rule names: 'off' (the default), key=value,... (e.g. 'issue=inline,lookahead=2': turns them on), or 'none' (the base settings).")]
+CacheHintOpt = Annotated[
+    Optional[str], typer.Option(metavar="HINT", help="none, evict_last, evict_first or evict_normal.")
+]
+PlacementOpt = Annotated[
+    Optional[str], typer.Option(metavar="start|end", help="After the block number is read, or after the block's work.")
+]
+ScopeOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        metavar="SCOPE",
+        help="cta (every CTA prefetches), kv-head (one CTA per KV head under GQA) or kv-head-rotate (the KV head's CTAs take turns, block by block).",
+    ),
+]
+MinGroupOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--min-group",
+        metavar="N",
+        help="Prefetch only where >= N query heads share a KV head (a runtime test; 1 = always; MHA has 1).",
+    ),
+]
+MinCtasOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--min-ctas",
+        metavar="N",
+        help="Prefetch only in launches of >= N CTAs (query heads x sequences x partitions; a runtime test; 1 = always).",
+    ),
+]
+MinKvMibOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--min-kv-mib",
+        metavar="MIB",
+        help="issue=call only: the call helper skips the prefetch unless the launch's KV cache, estimated from the grid, is >= MIB (0 = always).",
+    ),
+]
+ControlOpt = Annotated[
+    Optional[bool],
+    typer.Option("--control/--no-control", help="Compile the prefetch but never run it (for measurements)."),
+]
+IssueOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        metavar="call|inline|split",
+        help="call (an out-of-line helper; keeps stock's code generation), inline (asm in the loop), split (inline, and the key loop runs as stock's copy when the ALiBi slope is not 0).",
+    ),
+]
+ReadOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        metavar="lane|warp",
+        help="lane (lane 0 reads the next block number inside the guard) or warp (every lane reads it before the guard).",
+    ),
+]
+QuantizedOpt = Annotated[
+    Optional[str],
+    typer.Option(metavar="skip|prefetch", help="skip (fp8-cache kernels stay stock, the default) or prefetch."),
+]
+Fp16Opt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--fp16",
+        metavar="SETTINGS",
+        help="Settings for the fp16 kernels no rule names: 'off' (the default), key=value,... (e.g. 'issue=inline,lookahead=2': turns them on), or 'none' (the base settings).",
+    ),
+]
 Bf16Opt = Annotated[Optional[str], typer.Option("--bf16", metavar="SETTINGS", help="As --fp16, for bf16 kernels.")]
 Fp32Opt = Annotated[Optional[str], typer.Option("--fp32", metavar="SETTINGS", help="As --fp16, for fp32 kernels.")]
 RuleOpt = Annotated[Optional[list[str]], typer.Option("--rule", metavar="SELECTOR=SETTINGS", help=_RULE_HELP)]
-UntunedOpt = Annotated[bool, typer.Option("--untuned", help="Start from the base settings everywhere: no shipped table (every kernel prefetches, with your settings).")]
+UntunedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--untuned",
+        help="Start from the base settings everywhere: no shipped table (every kernel prefetches, with your settings).",
+    ),
+]
 
 
 @app.command()
@@ -69,7 +142,9 @@ def apply(
     remote: Annotated[str, typer.Option(metavar="URL", help="git remote to fetch releases from.")] = "",
     untuned: UntunedOpt = False,
     force: Annotated[bool, typer.Option("--force", help="Patch even if the header has local edits.")] = False,
-    force_write: Annotated[bool, typer.Option("--force-write", help="Replace the header even if it is read-only (its mode is kept).")] = False,
+    force_write: Annotated[
+        bool, typer.Option("--force-write", help="Replace the header even if it is read-only (its mode is kept).")
+    ] = False,
     json_out: JsonOpt = None,
 ) -> None:
     """Fetch a vLLM release (or use --tree), locate the key/value loop sites, inject the prefetch."""
@@ -122,7 +197,9 @@ def sites(vllm: VllmOpt = None, tree: TreeOpt = None, json_out: JsonOpt = None) 
 @app.command()
 def diff(
     tree: TreeOpt = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE", help="Write the patch to FILE ('-': stdout).")] = None,
+    output: Annotated[
+        Optional[Path], typer.Option("--output", "-o", metavar="FILE", help="Write the patch to FILE ('-': stdout).")
+    ] = None,
 ) -> None:
     """Print what apply changed as a unified diff (a patch git apply / patch -p1 accept)."""
     from ..commands import diff as D
@@ -162,8 +239,12 @@ def diff(
 @app.command()
 def revert(
     tree: TreeOpt = None,
-    force: Annotated[bool, typer.Option("--force", help="Revert even if kvpatch's regions were edited (the edits are lost).")] = False,
-    force_write: Annotated[bool, typer.Option("--force-write", help="Replace the header even if it is read-only (its mode is kept).")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Revert even if kvpatch's regions were edited (the edits are lost).")
+    ] = False,
+    force_write: Annotated[
+        bool, typer.Option("--force-write", help="Replace the header even if it is read-only (its mode is kept).")
+    ] = False,
 ) -> None:
     """Remove kvpatch's injection: the header is stock again, byte for byte."""
     from ..commands import revert as R
@@ -171,7 +252,9 @@ def revert(
     with progress() as p:
         report = R.run(R.RevertOptions(tree=tree, cwd=cwd(), force=force, force_write=force_write), progress=p)
     shown = escape(str(report.header))
-    io.out.print(f"[green]reverted[/] {shown}" if report.changed else f"nothing to revert: {shown} is stock", highlight=False)
+    io.out.print(
+        f"[green]reverted[/] {shown}" if report.changed else f"nothing to revert: {shown} is stock", highlight=False
+    )
 
 
 @app.command("config")

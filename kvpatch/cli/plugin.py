@@ -34,9 +34,23 @@ def _print(lines: list[str]) -> None:
 def enable(
     tree: TreeOpt = None,
     arch: ArchOpt = "9.0a",
-    release: Annotated[Optional[str], typer.Option(metavar="VERSION", help="The tree's vLLM release, where kvpatch cannot read it (no apply here, no PKG-INFO).")] = None,
-    jobs: Annotated[Optional[int], typer.Option(metavar="N", help="Parallel nvcc processes (default: CPU count).")] = None,
-    build: Annotated[bool, typer.Option("--build", help="Compile vLLM's full kernel set now if 'kvpatch build --all' has not (minutes to an hour, by CPU count).")] = False,
+    release: Annotated[
+        Optional[str],
+        typer.Option(
+            metavar="VERSION",
+            help="The tree's vLLM release, where kvpatch cannot read it (no apply here, no PKG-INFO).",
+        ),
+    ] = None,
+    jobs: Annotated[
+        Optional[int], typer.Option(metavar="N", help="Parallel nvcc processes (default: CPU count).")
+    ] = None,
+    build: Annotated[
+        bool,
+        typer.Option(
+            "--build",
+            help="Compile vLLM's full kernel set now if 'kvpatch build --all' has not (minutes to an hour, by CPU count).",
+        ),
+    ] = False,
     directory: DirOpt = None,
     json_out: JsonOpt = None,
 ) -> None:
@@ -45,8 +59,9 @@ def enable(
     from ..commands import plugin as P
     from ..render import enable_lines
 
-    opts = P.EnableOptions(tree=tree, cwd=cwd(), arch=arch, jobs=jobs, release=release, directory=directory,
-                            build=build)
+    opts = P.EnableOptions(
+        tree=tree, cwd=cwd(), arch=arch, jobs=jobs, release=release, directory=directory, build=build
+    )
     with progress() as p:
         report = P.enable(opts, progress=p)
     if not emit_json(json_out, {"directory": str(report.directory), "manifest": report.manifest.to_dict(),
@@ -68,7 +83,9 @@ def disable(directory: DirOpt = None) -> None:
 @plugin_app.command()
 def status(
     directory: DirOpt = None,
-    gpus: Annotated[bool, typer.Option("--gpus", help="Also say which visible GPUs the bundle's archs serve (initialises CUDA).")] = False,
+    gpus: Annotated[
+        bool, typer.Option("--gpus", help="Also say which visible GPUs the bundle's archs serve (initialises CUDA).")
+    ] = False,
     json_out: JsonOpt = None,
 ) -> None:
     """What vLLM's plugin loader would do in this environment, and why. Exit 0 when vLLM would
@@ -86,7 +103,9 @@ def status(
 @plugin_app.command()
 def check(
     reps: Annotated[int, typer.Option(metavar="N", min=1, help="Timed replays per kernel and shape.")] = 30,
-    graphs: Annotated[bool, typer.Option("--graphs/--no-graphs", help="Also compare calls captured in CUDA graphs.")] = True,
+    graphs: Annotated[
+        bool, typer.Option("--graphs/--no-graphs", help="Also compare calls captured in CUDA graphs.")
+    ] = True,
     json_out: JsonOpt = None,
 ) -> None:
     """On this GPU: register the plugin, compare vLLM's kernel with kvpatch's bit for bit over
@@ -105,17 +124,46 @@ def check(
 
 @plugin_app.command()
 def bench(
-    model: Annotated[str, typer.Option(metavar="SHAPE|DIR", help="A model shape kvpatch knows (llama-3.1-8b, llama-3.2-1b, llama-3.2-3b, qwen2.5-7b; dummy weights, no download), or a model directory with config.json and weights.")] = "llama-3.1-8b",
+    model: Annotated[
+        str,
+        typer.Option(
+            metavar="SHAPE|DIR",
+            help="A model shape kvpatch knows (llama-3.1-8b, llama-3.2-1b, llama-3.2-3b, qwen2.5-7b; dummy weights, no download), or a model directory with config.json and weights.",
+        ),
+    ] = "llama-3.1-8b",
     dtype: Annotated[str, typer.Option("--dtype", metavar="DTYPE", help="fp16 or bf16.")] = "bf16",
-    batch_sizes: Annotated[str, typer.Option(metavar="B,B", help="Batch sizes of the main rows (requests generated at once).")] = "1,8,32,64",
+    batch_sizes: Annotated[
+        str, typer.Option(metavar="B,B", help="Batch sizes of the main rows (requests generated at once).")
+    ] = "1,8,32,64",
     input_len: Annotated[int, typer.Option(metavar="N", help="Prompt tokens per request in the main rows.")] = 512,
     output_len: Annotated[int, typer.Option(metavar="N", help="Generated tokens per request in the main rows.")] = 512,
-    workload: Annotated[list[str], typer.Option(metavar="IN:OUT:B,B", help="More rows (repeatable), e.g. a long context: 4096:256:8,32.")] = [],  # noqa: B006
-    starts: Annotated[int, typer.Option(metavar="N", help="Engine starts per arm (three arms: kvpatch, vLLM, vLLM again).")] = 4,
-    dummy_weights: Annotated[bool, typer.Option("--dummy-weights", help="With a model directory: random weights instead of its own.")] = False,
-    raw: Annotated[Optional[Path], typer.Option(metavar="DIR", help="Keep every engine start's numbers and log here; run again with the same DIR to resume (default: a temporary folder, removed when the run completes).")] = None,
-    budget: Annotated[Optional[float], typer.Option(metavar="SECONDS", help="Start no engine that would likely end after this many seconds; the report says how many ran.")] = None,
-    engine_timeout: Annotated[float, typer.Option(metavar="SECONDS", help="Stop an engine start that runs longer than this.")] = 1200.0,
+    workload: Annotated[
+        list[str],
+        typer.Option(metavar="IN:OUT:B,B", help="More rows (repeatable), e.g. a long context: 4096:256:8,32."),
+    ] = [],  # noqa: B006
+    starts: Annotated[
+        int, typer.Option(metavar="N", help="Engine starts per arm (three arms: kvpatch, vLLM, vLLM again).")
+    ] = 4,
+    dummy_weights: Annotated[
+        bool, typer.Option("--dummy-weights", help="With a model directory: random weights instead of its own.")
+    ] = False,
+    raw: Annotated[
+        Optional[Path],
+        typer.Option(
+            metavar="DIR",
+            help="Keep every engine start's numbers and log here; run again with the same DIR to resume (default: a temporary folder, removed when the run completes).",
+        ),
+    ] = None,
+    budget: Annotated[
+        Optional[float],
+        typer.Option(
+            metavar="SECONDS",
+            help="Start no engine that would likely end after this many seconds; the report says how many ran.",
+        ),
+    ] = None,
+    engine_timeout: Annotated[
+        float, typer.Option(metavar="SECONDS", help="Stop an engine start that runs longer than this.")
+    ] = 1200.0,
     gpu_memory_utilization: Annotated[float, typer.Option(metavar="F", help="vLLM's gpu_memory_utilization.")] = 0.9,
     json_out: JsonOpt = None,
 ) -> None:

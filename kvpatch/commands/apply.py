@@ -16,8 +16,17 @@ from typing import Optional
 from ..config import Machine, PatchConfig, differences
 from ..patch import Result, Sites, patch_header, read_header
 from ..progress import QUIET, Progress
-from ..source.workspace import STATE_DIR, State, Tree, check_header_writable, check_no_local_edits, locked
-from ..source.workspace import resolve_tree, sha256, write_header_and_state
+from ..source.workspace import (
+    STATE_DIR,
+    State,
+    Tree,
+    check_header_writable,
+    check_no_local_edits,
+    locked,
+    resolve_tree,
+    sha256,
+    write_header_and_state,
+)
 from .configuration import ConfigOptions, configure
 from .tree import check_target, edited_regions, fetch_tree, state_or_none
 
@@ -85,7 +94,13 @@ def run(o: ApplyOptions, *, progress: Progress = QUIET) -> ApplyReport:
     resolved, lines, overridden = configure(o)
     cfg, tuned = resolved.config, resolved.tuned
     for line in (*lines, *overridden):  # before anything is written
-        progress.say(line if line.startswith("warning:") else f"warning: {line}" if " changes no kernel" in line else f"note: {line}")
+        progress.say(
+            line
+            if line.startswith("warning:")
+            else f"warning: {line}"
+            if " changes no kernel" in line
+            else f"note: {line}"
+        )
     cwd = o.cwd
     state = State.load(cwd) if o.vllm is None and o.tree is None else None  # corrupt: its one-line error
     if state is not None and not Path(state.tree).is_dir() and state.version is not None \

@@ -17,7 +17,15 @@ from ..fsutil import check_outputs
 from ..gpu.defaults import DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP
 from ..progress import QUIET, Progress
 from ..source.workspace import protected_paths
-from .common import input_files, check_sources, LibraryOptions, build_libraries, parse_libs, prebuilt, require_device, write_if
+from .common import (
+    LibraryOptions,
+    build_libraries,
+    check_sources,
+    input_files,
+    prebuilt,
+    require_device,
+    write_if,
+)
 
 
 @dataclass
@@ -68,7 +76,7 @@ def bench_points(o: BenchOptions) -> tuple[list, str]:
         else:
             name = "custom"
             pts = []
-            for (qh, kvh) in o.heads or [P.HEADLINE_HEADS]:
+            for qh, kvh in o.heads or [P.HEADLINE_HEADS]:
                 for hs in o.head_sizes or [P.HEADLINE_HEAD_SIZE]:
                     for bs in o.block_sizes or [P.HEADLINE_BLOCK_SIZE]:
                         for kv in o.kv_cache_dtypes or ["auto"]:

@@ -49,7 +49,9 @@ def run(o: BuildOptions, *, progress: Progress = QUIET) -> BuildReport:
                                             ("block-sizes", o.block_sizes), ("kv-cache-dtypes", o.kv_cache_dtypes))
                      if v is not None] + (["--all"] if o.all_kernels else [])  # fmt: skip
         if selection:
-            raise UsageError(f"--full runs vLLM's own build (its whole kernel set): {', '.join(selection)} do not apply")
+            raise UsageError(
+                f"--full runs vLLM's own build (its whole kernel set): {', '.join(selection)} do not apply"
+            )
         archs = jit.parse_arch_list(o.arch)
         target = resolve(o.tree, o.cwd)
         return BuildReport(full_seconds=jit.run_full_build(target.root, archs, o.jobs, progress=progress))

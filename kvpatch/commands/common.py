@@ -60,7 +60,9 @@ def load_variant_info(path: Optional[Path]) -> dict[str, Any]:
     try:
         data = json.loads(read_input(path, "--variant-info", limit=64 << 20))
     except (ValueError, RecursionError) as e:
-        raise UsageError(f"cannot read --variant-info {path}: {str(e).splitlines()[0][:120] or 'nested too deeply'}") from None
+        raise UsageError(
+            f"cannot read --variant-info {path}: {str(e).splitlines()[0][:120] or 'nested too deeply'}"
+        ) from None
     if not isinstance(data, dict):
         raise UsageError(f"--variant-info {path}: expected a JSON object of name -> configuration")
     return {str(k): (v if isinstance(v, dict) else {"marker": v}) for k, v in data.items()}

@@ -61,7 +61,9 @@ def overridden_lines(r: Resolved) -> list[str]:
         if not kernels:
             continue
         shown = "auto" if value is None else str(value).lower() if isinstance(value, bool) else value
-        out.append(f"{key.replace('_', '-')}={shown} replaces the tuned value at {len(kernels)} kernel{'s' * (len(kernels) != 1)}")
+        out.append(
+            f"{key.replace('_', '-')}={shown} replaces the tuned value at {len(kernels)} kernel{'s' * (len(kernels) != 1)}"
+        )
         if key == "issue" and value == "inline":
             risky = [k for k in kernels if k[0] in INLINE_CHANGES_FP]
             if risky:

@@ -21,7 +21,7 @@ from ..fsutil import check_outputs
 from ..gpu.defaults import DECODE_LAYERS, DECODE_ROUNDS
 from ..progress import QUIET, Progress
 from ..source.workspace import protected_paths
-from .common import input_files, LibraryOptions, build_libraries, parse_libs, require_device
+from .common import LibraryOptions, build_libraries, input_files, parse_libs, require_device
 
 #: Rounds with weight prefetch on (a 1-2% effect must clear the round-to-round spread).
 WPF_ROUNDS = 7
@@ -109,7 +109,11 @@ def check(o: DecodeOptions) -> tuple[list[str], list[str], list[int], list[int],
     if bad:
         raise UsageError(f"invalid dtype {bad[0]!r}: {' or '.join(DTYPES)}")
     batches, contexts = list(o.batches or DEFAULT_BATCHES), list(o.contexts or DEFAULT_CONTEXTS)
-    if any(v < 1 for v in (*batches, *contexts)) or o.layers < 1 or any(v is not None and v < 1 for v in (o.rounds, o.cycles)):
+    if (
+        any(v < 1 for v in (*batches, *contexts))
+        or o.layers < 1
+        or any(v is not None and v < 1 for v in (o.rounds, o.cycles))
+    ):
         raise UsageError("--batches, --contexts, --layers, --rounds and --cycles must be >= 1")
     if o.guard not in ("auto", "on", "off"):
         raise UsageError(f"invalid --guard {o.guard!r}: auto, on or off")
@@ -117,7 +121,9 @@ def check(o: DecodeOptions) -> tuple[list[str], list[str], list[int], list[int],
     specs = library_specs(o.libs, o.libs_file)
     tail = tail_of(o.tail)
     if tail is not None and specs and "tail" not in {s.name for s in specs}:
-        raise UsageError("--tail needs a weight-tail library named 'tail' (--lib tail=...: scripts/gpu_decode.sh --prepare builds one)")
+        raise UsageError(
+            "--tail needs a weight-tail library named 'tail' (--lib tail=...: scripts/gpu_decode.sh --prepare builds one)"
+        )
     check_outputs(json=o.json_out, plot=o.plot, text=o.text, inputs=input_files(o), protected=protected_paths(o.cwd))
     return models, dtypes, batches, contexts, wpf, specs, tail
 
@@ -153,9 +159,8 @@ def with_tail_copy(libs: dict[str, Any], folder: Optional[Path] = None) -> dict[
 
 def run(o: DecodeOptions, *, progress: Progress = QUIET) -> Any:
     """``kvpatch bench-decode``: the :class:`~kvpatch.decode.report.DecodeReport` (JSON and plot written)."""
-    from ..decode.models import model_shape
-
     from ..arch import parse_arch_list
+    from ..decode.models import model_shape
 
     models, dtypes, batches, contexts, wpf, specs, tail = check(o)
     target = None
@@ -190,7 +195,9 @@ def run(o: DecodeOptions, *, progress: Progress = QUIET) -> Any:
                               tail=tail, guard=o.guard, prefetch_library=str(o.prefetch_lib) if o.prefetch_lib else None,
                               json_path=o.json_out, plot_path=o.plot, progress=progress.say)  # fmt: skip
     if o.micro:
-        report.micro = run_micro_gemm(str(o.prefetch_lib) if o.prefetch_lib else None, priority=wpf.priority, hint=wpf.hint)
+        report.micro = run_micro_gemm(
+            str(o.prefetch_lib) if o.prefetch_lib else None, priority=wpf.priority, hint=wpf.hint
+        )
         if o.json_out:
             report.save_json(o.json_out)
     return report

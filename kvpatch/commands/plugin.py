@@ -90,11 +90,10 @@ def enable(o: EnableOptions, *, progress: Progress = QUIET) -> EnableReport:
     environment's bundle (replacing any)."""
     from .. import jit
     from ..abi import load
+    from ..dtypes import KV_CACHE_DTYPES, QUERY_DTYPES
     from ..patch import read_header
     from ..source.releases import HEADER, header_digest
     from ..vllm_plugin import KernelSet, bundle_dir, schemas_from_bindings, write_bundle
-    from ..dtypes import KV_CACHE_DTYPES, QUERY_DTYPES
-
     from .tree import resolve, variants_for
 
     jit.check_jobs(o.jobs)
@@ -148,7 +147,9 @@ def _full_build(root: Path, patched: Any, o: EnableOptions, progress: Progress) 
         spec = jit.make_spec(root, [patched], o.arch, all_kernels=True, check_variants=False)
         (built,) = jit.build(spec, jobs=o.jobs, progress=progress).variants
         return built, built.cached
-    build = shlex.join(["kvpatch", "build", "--all", "--arch", o.arch, *(["--tree", str(root)] if o.tree is not None else [])])
+    build = shlex.join(
+        ["kvpatch", "build", "--all", "--arch", o.arch, *(["--tree", str(root)] if o.tree is not None else [])]
+    )
     partial = cached(False)
     have = (f"the build for {o.arch} holds {len(partial.configs)} of vLLM's configurations (kvpatch build without --all)"
             if partial is not None else f"the tree's patched kernels are not built for {o.arch}")  # fmt: skip

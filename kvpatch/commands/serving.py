@@ -68,7 +68,9 @@ def preflight() -> Any:
 
     version = installed_vllm()
     if version is None:
-        raise UsageError("'kvpatch plugin bench' starts vLLM's engine, and vLLM is not installed in this Python environment")
+        raise UsageError(
+            "'kvpatch plugin bench' starts vLLM's engine, and vLLM is not installed in this Python environment"
+        )
     try:
         v0 = release_tuple(version)[:2] <= LAST_V0
     except ValueError:

@@ -19,7 +19,7 @@ from ..fsutil import check_outputs, write_atomic, write_both
 from ..gpu.defaults import DEFAULT_ROUNDS, TUNE_REPS
 from ..progress import QUIET, Progress
 from ..source.workspace import protected_paths
-from .common import input_files, Libraries, LibraryOptions, built, check_sources, local_machine, parse_libs, prebuilt
+from .common import Libraries, LibraryOptions, built, check_sources, input_files, local_machine, prebuilt
 
 
 @dataclass
@@ -72,7 +72,9 @@ def _prebuilt_candidates(o: TuneOptions) -> tuple[Libraries, dict[str, Any]]:
         try:
             configs.update(candidate_configs({name: info}))
         except UsageError:
-            raise UsageError(f"kvpatch tune --lib: no configuration for {name!r} (give --variant-info with its marker)") from None
+            raise UsageError(
+                f"kvpatch tune --lib: no configuration for {name!r} (give --variant-info with its marker)"
+            ) from None
     if not configs:
         raise UsageError("kvpatch tune --lib: give stock and at least one candidate")
     return libs, configs
@@ -151,10 +153,16 @@ def _rechoose_command(o: TuneOptions) -> Any:
 
     runs = [read_tune_json(path) for path in map(Path, o.from_json)]
     data = runs[0] if len(runs) == 1 else T.merge_tune_data(runs)
-    names = ", ".join(f"{Path(p).parent.name}/{Path(p).name}" if Path(p).parent.name else Path(p).name for p in o.from_json)
-    machine = Machine.from_dict(data["machine"], f"machine in {names}") if isinstance(data.get("machine"), dict) else None
+    names = ", ".join(
+        f"{Path(p).parent.name}/{Path(p).name}" if Path(p).parent.name else Path(p).name for p in o.from_json
+    )
+    machine = (
+        Machine.from_dict(data["machine"], f"machine in {names}") if isinstance(data.get("machine"), dict) else None
+    )
     if machine is not None:
-        extra = f"chosen again from {names}, policy {o.policy}" + (f", excluding {', '.join(o.exclude)}" if o.exclude else "")
+        extra = f"chosen again from {names}, policy {o.policy}" + (
+            f", excluding {', '.join(o.exclude)}" if o.exclude else ""
+        )
         machine = replace(machine, note="; ".join(x for x in (machine.note, extra) if x))
     return _write_tune(o, T.rechoose(data, policy=o.policy, fallback=o.fallback, exclude=o.exclude, machine=machine))
 

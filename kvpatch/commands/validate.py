@@ -18,7 +18,16 @@ from ..errors import GpuCheckError, UsageError
 from ..fsutil import check_outputs
 from ..progress import QUIET, Progress
 from ..source.workspace import protected_paths
-from .common import input_files, check_sources, Libraries, LibraryOptions, build_libraries, parse_libs, prebuilt, require_device, write_if
+from .common import (
+    Libraries,
+    LibraryOptions,
+    build_libraries,
+    check_sources,
+    input_files,
+    prebuilt,
+    require_device,
+    write_if,
+)
 
 
 @dataclass
@@ -80,7 +89,11 @@ def validate_cases(o: ValidateOptions) -> tuple[list, str, str]:
         heads, blocks = V.vllm_sizes(o.tree)
         cases, name, sampling = V.full_matrix(head_sizes=heads, block_sizes=blocks), "full", V.FULL_SAMPLING
     elif o.quick:
-        cases, name, sampling = V.quick_matrix(), "quick", "fp16/bf16, head 128, block 16, GQA 8/2, contexts 17 and 1500"
+        cases, name, sampling = (
+            V.quick_matrix(),
+            "quick",
+            "fp16/bf16, head 128, block 16, GQA 8/2, contexts 17 and 1500",
+        )
     else:
         cases, name, sampling = V.validate_matrix(), "default", "the full cross product of the default matrix"
     keep = {"dtype": o.dtypes, "kv_cache_dtype": o.kv_cache_dtypes, "head_size": o.head_sizes,
@@ -143,6 +156,7 @@ def run(o: ValidateOptions, *, progress: Progress = QUIET) -> ValidateOutcome:
         env.update(collect_env(o.device))
     except Exception as e:  # noqa: BLE001 - the environment is informational
         env["env_error"] = str(e)
+
     def each(i: int, n: int, r: Any) -> None:
         if r.status == "fail" or i == n or i % 100 == 0:
             progress.say(f"[{i}/{n}] {r.status} {r.case.name}")

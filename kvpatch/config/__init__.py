@@ -13,16 +13,35 @@ Pure: nothing here touches the GPU, nvcc or the network; only :mod:`.toml` reads
 """
 
 from .defaults import DEFAULT_OVERRIDES, DEFAULT_TUNED_ON
+from .layers import config_and_tuned
 from .machine import Machine, differences
 from .make import make_config, parse_override, parse_rules
 from .marker import config_from_marker
 from .model import (
-    CACHE_HINTS, CACHES, CHOICES, DTYPES, ISSUES, MAX_ALIGN, MAX_LOOKAHEAD, MAX_MIN_CTAS, MAX_MIN_GROUP,
-    MAX_MIN_KV_MIB, MAX_SIZE, OVERRIDABLE, PAPER, PLACEMENTS, PRESETS, QUANTIZED, READS, RULE_KERNELS, RULE_KV,
-    SCOPES, PatchConfig, Selector,
+    CACHE_HINTS,
+    CACHES,
+    CHOICES,
+    DTYPES,
+    ISSUES,
+    MAX_ALIGN,
+    MAX_LOOKAHEAD,
+    MAX_MIN_CTAS,
+    MAX_MIN_GROUP,
+    MAX_MIN_KV_MIB,
+    MAX_SIZE,
+    OVERRIDABLE,
+    PAPER,
+    PLACEMENTS,
+    PRESETS,
+    QUANTIZED,
+    READS,
+    RULE_KERNELS,
+    RULE_KV,
+    SCOPES,
+    PatchConfig,
+    Selector,
 )  # fmt: skip
 from .reach import unreached
-from .layers import config_and_tuned
 from .toml import RESERVED_VARIANTS, dump_config, load_config_file, read_config_file, variant_configs
 
 __all__ = [

@@ -81,8 +81,13 @@ def _setting_sources(cfg: PatchConfig, cli: dict[str, Any], file_values: dict[st
 
 
 def _rule_sources(cfg: PatchConfig, cli: dict[str, Any], file_values: dict[str, Any], inherits: bool) -> dict[str, str]:
-    cli_rules = {str(Selector.parse(s)) for s in (cli.get("rules") or {})} | {d for d in DTYPES if cli.get(d) is not None}
-    file_rules = {str(Selector.parse(s)) for s in (file_values.get("rules") or {} if isinstance(file_values.get("rules"), dict) else {})}
+    cli_rules = {str(Selector.parse(s)) for s in (cli.get("rules") or {})} | {
+        d for d in DTYPES if cli.get(d) is not None
+    }
+    file_rules = {
+        str(Selector.parse(s))
+        for s in (file_values.get("rules") or {} if isinstance(file_values.get("rules"), dict) else {})
+    }
     file_rules |= {d for d in DTYPES if file_values.get(d) is not None}
     table = dict(DEFAULT_OVERRIDES) if inherits else {}
     user = [s for s in (*cli_rules, *file_rules) if s not in DTYPES]
@@ -98,8 +103,14 @@ def _rule_sources(cfg: PatchConfig, cli: dict[str, Any], file_values: dict[str, 
             where = "where a rule of yours meets the shipped table"
         if sel in table and table[sel] != items:
             changed = [k for k in OVERRIDABLE if dict(table[sel]).get(k) != dict(items).get(k)]
-            over = [u for u in user if u != sel and Selector.parse(u).intersect(Selector.parse(sel)) == Selector.parse(sel)]
-            where += f" ({', '.join(changed)} changed" + (f" by rule {', '.join(sorted(over))}" if over else " by your settings") + ")"
+            over = [
+                u for u in user if u != sel and Selector.parse(u).intersect(Selector.parse(sel)) == Selector.parse(sel)
+            ]
+            where += (
+                f" ({', '.join(changed)} changed"
+                + (f" by rule {', '.join(sorted(over))}" if over else " by your settings")
+                + ")"
+            )
         out[sel] = where
     return out
 

@@ -11,8 +11,21 @@ from typing import Any
 from ..errors import UsageError
 from .defaults import DEFAULT_OVERRIDES
 from .model import (
-    CHOICES, DTYPES, MAX_ALIGN, MAX_LOOKAHEAD, MAX_MIN_CTAS, MAX_MIN_GROUP, MAX_MIN_KV_MIB, MAX_SIZE, OVERRIDABLE,
-    PAPER, PRESETS, PatchConfig, Selector, LIMITS, ascii_digits,
+    CHOICES,
+    DTYPES,
+    LIMITS,
+    MAX_ALIGN,
+    MAX_LOOKAHEAD,
+    MAX_MIN_CTAS,
+    MAX_MIN_GROUP,
+    MAX_MIN_KV_MIB,
+    MAX_SIZE,
+    OVERRIDABLE,
+    PAPER,
+    PRESETS,
+    PatchConfig,
+    Selector,
+    ascii_digits,
 )  # fmt: skip
 
 
@@ -57,7 +70,11 @@ _REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 40, 40
 def _short(value: Any) -> str:
     """``repr(value)``, cut to fit one line (a value may be thousands of characters, or
     nested thousands deep)."""
-    text = _REPR.repr(value) if not isinstance(value, int) or value.bit_length() < 64 else f"{str(value)[:12]}... ({len(str(value))} digits)"
+    text = (
+        _REPR.repr(value)
+        if not isinstance(value, int) or value.bit_length() < 64
+        else f"{str(value)[:12]}... ({len(str(value))} digits)"
+    )
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -108,7 +125,9 @@ def make_config(**options: Any) -> PatchConfig:
             raise UsageError(f"invalid align {_short(al)}: at most {MAX_ALIGN} (the address is rounded down to it)")
         cfg = replace(cfg, align=al)
     if cfg.size is not None and cfg.align > cfg.size:
-        raise UsageError(f"invalid align {cfg.align}: larger than size {cfg.size}, the rounded-down window could miss the tile")
+        raise UsageError(
+            f"invalid align {cfg.align}: larger than size {cfg.size}, the rounded-down window could miss the tile"
+        )
     for key, allowed in CHOICES.items():
         if key in given:
             cfg = replace(cfg, **{key: _choice(key.replace("_", "-"), given[key], allowed)})
@@ -123,7 +142,9 @@ def make_config(**options: Any) -> PatchConfig:
             raise UsageError("--preset paper takes no weight-tail")
         cfg = replace(cfg, weight_tail=given["weight_tail"])
     if cfg.min_kv_mib and cfg.issue != "call" and preset != "paper":
-        raise UsageError(f"min-kv-mib {cfg.min_kv_mib} needs issue=call (its test is in the call helper), not issue={cfg.issue}")
+        raise UsageError(
+            f"min-kv-mib {cfg.min_kv_mib} needs issue=call (its test is in the call helper), not issue={cfg.issue}"
+        )
     if preset == "paper":
         clash = sorted(k for k, fixed in {**PAPER, "min_group": 1, "min_ctas": 1, "min_kv_mib": 0,
                                                     "read": "lane"}.items()
@@ -162,7 +183,9 @@ def parse_rules(items: list[str] | tuple[str, ...]) -> dict[str, str]:
     for item in items:
         selector, sep, settings = item.partition("=")
         if not sep or not selector.strip():
-            raise UsageError(f"invalid --rule {item!r}: use SELECTOR=SETTINGS, e.g. bf16/80/32=off or fp16/64=issue=call")
+            raise UsageError(
+                f"invalid --rule {item!r}: use SELECTOR=SETTINGS, e.g. bf16/80/32=off or fp16/64=issue=call"
+            )
         key = str(Selector.parse(selector))
         if key in out:
             raise UsageError(f"--rule {key} given twice")
@@ -282,7 +305,9 @@ def _meetings(user: dict[str, tuple | None], table: dict[str, tuple]) -> dict[st
 
     def strongest(rules: dict[Selector, tuple], where: Selector) -> Selector | None:
         """The most specific rule holding ``where`` (of two as specific: the one resolve tries first)."""
-        return min((r for r in rules if r.intersect(where) == where), key=lambda r: (-r.specificity, str(r)), default=None)
+        return min(
+            (r for r in rules if r.intersect(where) == where), key=lambda r: (-r.specificity, str(r)), default=None
+        )
 
     out = {}
     for where in met - set(mine):  # a user's own selector is laid on the table's rule of that selector
@@ -322,13 +347,16 @@ def _overrides(base: PatchConfig, given: dict[str, Any]) -> tuple:
     result.update(_meetings(user, {k: v for k, v in table.items() if user.get(k, ()) is not None}))
     overrides = tuple(sorted(result.items()))
     live = replace(base, overrides=overrides).live_variants()
-    gated = [f"{sel or 'the base'} (issue={c.issue})" for sel, c in live if c.min_kv_mib and c.issue != "call" and not c.off]
+    gated = [
+        f"{sel or 'the base'} (issue={c.issue})" for sel, c in live if c.min_kv_mib and c.issue != "call" and not c.off
+    ]
     if gated:
         raise UsageError(f"min-kv-mib needs issue=call (its test is in the call helper), but {', '.join(gated[:3])}"
                          + (f" and {len(gated) - 3} more" if len(gated) > 3 else "") + " would inherit it: give those "
                          "rules min-kv-mib=0, or set it only in call rules")  # fmt: skip
-    callers = {(c.align, c.cache_hint) for _, c in live
-               if c.issue == "call" and not c.off}  # fmt: skip (shadowed settings reach no kernel: not counted)
+    callers = {
+        (c.align, c.cache_hint) for _, c in live if c.issue == "call" and not c.off
+    }  # fmt: skip (shadowed settings reach no kernel: not counted)
     if len(callers) > 1:
         raise UsageError("the kernels that use issue=call share one helper: give them the same align and cache-hint")
     return overrides

@@ -9,7 +9,6 @@ from ..errors import UsageError
 from .make import make_config, parse_override
 from .model import DTYPES, PatchConfig, Selector
 
-
 #: marker word -> configuration key, where they differ.
 _MARKER_KEYS = {"hint": "cache_hint", "min-group": "min_group", "min-ctas": "min_ctas", "min-kv-mib": "min_kv_mib"}
 

@@ -49,12 +49,26 @@ MAX_MIN_GROUP = 1024
 MAX_MIN_CTAS = 1 << 24
 #: MiB of KV cache (1 TiB): more than any GPU holds.
 MAX_MIN_KV_MIB = 1 << 20
-LIMITS = {"lookahead": MAX_LOOKAHEAD, "align": MAX_ALIGN, "size": MAX_SIZE, "min_group": MAX_MIN_GROUP,
-           "min_ctas": MAX_MIN_CTAS, "min_kv_mib": MAX_MIN_KV_MIB}
+LIMITS = {
+    "lookahead": MAX_LOOKAHEAD,
+    "align": MAX_ALIGN,
+    "size": MAX_SIZE,
+    "min_group": MAX_MIN_GROUP,
+    "min_ctas": MAX_MIN_CTAS,
+    "min_kv_mib": MAX_MIN_KV_MIB,
+}
 
 #: What ``--preset paper`` fixes: the paper's 4096-byte, one-ahead prefetch.
-PAPER = dict(lookahead=1, size=4096, align=16, cache_hint="none", placement="start", scope="cta", issue="inline",
-             quantized="prefetch")
+PAPER = dict(
+    lookahead=1,
+    size=4096,
+    align=16,
+    cache_hint="none",
+    placement="start",
+    scope="cta",
+    issue="inline",
+    quantized="prefetch",
+)
 
 #: Query dtypes a configuration can give settings of their own (kvpatch.dtypes' names).
 DTYPES = tuple(QUERY_DTYPES)
@@ -66,7 +80,6 @@ RULE_KERNELS = ("v1", "v2")
 #: selected instantiations get no prefetch at all and compile exactly as stock.
 OVERRIDABLE = ("lookahead", "size", "align", "cache_hint", "scope", "min_group", "min_ctas", "min_kv_mib", "issue",
                "read", "control", "off")  # fmt: skip
-
 
 
 @dataclass(frozen=True)
@@ -91,7 +104,9 @@ class Selector:
     def parse(cls, text: str) -> Selector:
         parts = [p.strip() for p in str(text).strip().split("/")]
         if not 1 <= len(parts) <= 5 or any(not p for p in parts):
-            raise UsageError(f"invalid selector {text!r}: use dtype[/head[/block[/kv[/kernel]]]], e.g. bf16/80/32 or */*/32")
+            raise UsageError(
+                f"invalid selector {text!r}: use dtype[/head[/block[/kv[/kernel]]]], e.g. bf16/80/32 or */*/32"
+            )
         parts += ["*"] * (5 - len(parts))
         dtype, head, block, kv, kernel = (None if p == "*" else p for p in parts)
         if dtype is not None and dtype not in DTYPES:

@@ -16,7 +16,6 @@ from .machine import Machine
 from .make import make_config
 from .model import DTYPES, PatchConfig
 
-
 #: A kvpatch.toml is a few kB; a larger input is not one.
 MAX_CONFIG_BYTES = 16 << 20
 
@@ -59,7 +58,9 @@ def read_config_file(path: Path) -> tuple[dict[str, Any], Machine | None]:
                              "(put every setting under [kvpatch], or use no [kvpatch] table)")  # fmt: skip
     else:
         table = data
-    options = {_key(k, path): (_table(v, path, k) if isinstance(v, dict) else v) for k, v in _unique(table, path).items()}
+    options = {
+        _key(k, path): (_table(v, path, k) if isinstance(v, dict) else v) for k, v in _unique(table, path).items()
+    }
     tuned = options.pop("tuned", None)
     return options, (None if tuned is None else Machine.from_dict(tuned, f"[kvpatch.tuned] in {path}"))
 
@@ -74,7 +75,9 @@ def _unique(table: dict[str, Any], path: Path, where: str = "") -> dict[str, Any
     for key in table:
         norm = str(key).replace("-", "_")
         if norm in seen:
-            raise UsageError(f"invalid config file {path}: {where}{seen[norm]!r} and {key!r} are the same setting; keep one")
+            raise UsageError(
+                f"invalid config file {path}: {where}{seen[norm]!r} and {key!r} are the same setting; keep one"
+            )
         seen[norm] = str(key)
     return table
 

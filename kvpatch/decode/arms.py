@@ -139,7 +139,9 @@ def sequence_of(n: int, cycles: int) -> list[int]:
     return carryover_order(n) * cycles
 
 
-def by_predecessor(order: Sequence[str], cycles: int, samples: Sequence[Sequence[float]]) -> dict[str, dict[str, list[float]]]:
+def by_predecessor(
+    order: Sequence[str], cycles: int, samples: Sequence[Sequence[float]]
+) -> dict[str, dict[str, list[float]]]:
     """``{launcher: {predecessor: [us, ...]}}`` for one round: ``order`` the launchers as passed,
     ``samples[i]`` launcher ``order[i]``'s samples in the order timed. The first launch's
     predecessor is the warm-up's last launcher."""

@@ -31,7 +31,13 @@ from .arms import Arm, default_arms
 from .measure import close_rounds, measure_point
 from .models import model_shape
 from .options import (
-    BLOCK_SIZE, DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_DTYPES, DEFAULT_LAYERS, DEFAULT_MODELS, DEFAULT_ROUNDS,
+    BLOCK_SIZE,
+    DEFAULT_BATCHES,
+    DEFAULT_CONTEXTS,
+    DEFAULT_DTYPES,
+    DEFAULT_LAYERS,
+    DEFAULT_MODELS,
+    DEFAULT_ROUNDS,
     WeightPrefetch,
 )  # fmt: skip
 from .report import DecodeReport

@@ -94,83 +94,95 @@ def run_window_kernels(
     sizes = {k: v.numel() * v.element_size() for k, v in weights.per_layer[0].items()}
     results: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
+
+    def one_window(step: Any, batch: int, window: str) -> None:
+        """Measure one window at one batch; its closures bind these parameters, not loop variables."""
+        t0 = time.perf_counter()
+        pre, between, target = op_path(window)
+        configs = configs_for(caps_mib, hints)
+        ctls = {}
+        for cap, hint in configs:
+            ctl = PrefetchController(dev, priority=priority, library=pf_lib)
+            step.add_prefetch(ctl, [Window(window, cap, hint)])
+            ctls[(cap, hint)] = ctl
+        ranges = sorted(
+            {
+                r
+                for (cap, hint), c in ctls.items()
+                if hint == "evict_last"
+                for r in c.hinted_ranges(("evict_last",), batch)
+            }
+        )
+        guard = Guard(pf_lib, _merge(ranges), dev, flush)
+        st: dict[str, Any] = {}
+
+        def run(ops: Sequence[tuple[int, str]]) -> None:
+            for layer, op in ops:
+                step.run_op(op, lib, layer, st)
+
+        def setup(ctl: Any = None, through: bool = False) -> Callable[[], None]:
+            def go() -> None:
+                for c in ctls.values():
+                    c.join()
+                guard()
+                st.clear()
+                st["x"] = step.x0
+                run(pre)
+                if ctl is not None:
+                    ctl.fork(window, 0, batch)
+                if through:
+                    run(between)
+
+            return go
+
+        tl, tt = target
+        launchers: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {
+            "gemm_off": (lambda: step.run_op(tt, lib, tl, st), setup(None, True)),
+            "window_off": (lambda: run(between), setup(None, False)),
+        }
+        for (cap, hint), ctl in ctls.items():
+            tag = f"{cap // MiB if cap % MiB == 0 else cap / MiB:g}@{hint}"
+            launchers[f"gemm_on:{tag}"] = (lambda: step.run_op(tt, lib, tl, st), setup(ctl, True))
+            launchers[f"window_on:{tag}"] = (lambda: run(between), setup(ctl, False))
+        names = list(launchers)
+        n = len(names)
+        samples: dict[str, list[float]] = {x: [] for x in names}
+        meds: dict[str, list[float]] = {x: [] for x in names}
+        for r in range(rounds):
+            order = names[r % n :] + names[: r % n]
+            us = time_interleaved([launchers[x][0] for x in order], reps=n * cycles, warmup=1, timer=timer,
+                                  flush=[launchers[x][1] for x in order])  # fmt: skip
+            for x, s in zip(order, us):
+                samples[x] += s
+                meds[x].append(median(s))
+        for c in ctls.values():
+            c.join()
+        torch.cuda.synchronize(dev)
+        base = {**summarize(samples, meds, "gemm_off"), **summarize(samples, meds, "window_off")}
+        weight = sum(sizes[w] for w in KINDS[window].weights)
+        for cap, hint in configs:
+            tag = f"{cap // MiB if cap % MiB == 0 else cap / MiB:g}@{hint}"
+            on_g, on_w = median(samples[f"gemm_on:{tag}"]), median(samples[f"window_on:{tag}"])
+            gave, cost = base["gemm_off_us"] - on_g, on_w - base["window_off_us"]
+            results.append({
+                "model": model, "batch": batch, "window": window, "target": GEMM_WEIGHTS[KINDS[window].target],
+                "cap_bytes": cap, "prefetched_bytes": min(cap, weight), "weight_bytes": weight, "hint": hint,
+                **base, "gemm_on_us": on_g, "gemm_on_rounds": meds[f"gemm_on:{tag}"], "window_on_us": on_w,
+                "window_on_rounds": meds[f"window_on:{tag}"], "gave_us": gave, "cost_us": cost, "net_us": gave - cost,
+                "window_ops": [op for _, op in between],
+            })  # fmt: skip
+        best = max((r for r in results if r["batch"] == batch and r["window"] == window), key=lambda r: r["net_us"])
+        say(f"  {model} B={batch} {window}: {base['gemm_off_us']:.1f} us GEMM, {base['window_off_us']:.1f} us window; "
+            f"best {best['cap_bytes'] / MiB:g} MiB @{best['hint']}: gave {best['gave_us']:+.2f} cost {best['cost_us']:+.2f} "
+            f"({time.perf_counter() - t0:.1f} s)")  # fmt: skip
+
     for batch in batches:
         step = DecodeStep(weights, batch, context, seed=1000 * batch + context)
         for window in windows:
             if deadline is not None and time.perf_counter() > deadline:
                 skipped.append({"batch": batch, "window": window, "reason": "time budget"})
                 continue
-            t0 = time.perf_counter()
-            pre, between, target = op_path(window)
-            configs = configs_for(caps_mib, hints)
-            ctls = {}
-            for cap, hint in configs:
-                ctl = PrefetchController(dev, priority=priority, library=pf_lib)
-                step.add_prefetch(ctl, [Window(window, cap, hint)])
-                ctls[(cap, hint)] = ctl
-            ranges = sorted({r for (cap, hint), c in ctls.items() if hint == "evict_last" for r in c.hinted_ranges(("evict_last",), batch)})
-            guard = Guard(pf_lib, _merge(ranges), dev, flush)
-            st: dict[str, Any] = {}
-
-            def run(ops: Sequence[tuple[int, str]]) -> None:
-                for layer, op in ops:
-                    step.run_op(op, lib, layer, st)
-
-            def setup(ctl: Any = None, through: bool = False) -> Callable[[], None]:
-                def go() -> None:
-                    for c in ctls.values():
-                        c.join()
-                    guard()
-                    st.clear()
-                    st["x"] = step.x0
-                    run(pre)
-                    if ctl is not None:
-                        ctl.fork(window, 0, batch)
-                    if through:
-                        run(between)
-                return go
-
-            tl, tt = target
-            launchers: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {
-                "gemm_off": (lambda: step.run_op(tt, lib, tl, st), setup(None, True)),
-                "window_off": (lambda: run(between), setup(None, False)),
-            }
-            for (cap, hint), ctl in ctls.items():
-                tag = f"{cap // MiB if cap % MiB == 0 else cap / MiB:g}@{hint}"
-                launchers[f"gemm_on:{tag}"] = (lambda: step.run_op(tt, lib, tl, st), setup(ctl, True))
-                launchers[f"window_on:{tag}"] = (lambda: run(between), setup(ctl, False))
-            names = list(launchers)
-            n = len(names)
-            samples: dict[str, list[float]] = {x: [] for x in names}
-            meds: dict[str, list[float]] = {x: [] for x in names}
-            for r in range(rounds):
-                order = names[r % n:] + names[: r % n]
-                us = time_interleaved([launchers[x][0] for x in order], reps=n * cycles, warmup=1, timer=timer,
-                                      flush=[launchers[x][1] for x in order])  # fmt: skip
-                for x, s in zip(order, us):
-                    samples[x] += s
-                    meds[x].append(median(s))
-            for c in ctls.values():
-                c.join()
-            torch.cuda.synchronize(dev)
-            base = {**summarize(samples, meds, "gemm_off"), **summarize(samples, meds, "window_off")}
-            weight = sum(sizes[w] for w in KINDS[window].weights)
-            for (cap, hint) in configs:
-                tag = f"{cap // MiB if cap % MiB == 0 else cap / MiB:g}@{hint}"
-                on_g, on_w = median(samples[f"gemm_on:{tag}"]), median(samples[f"window_on:{tag}"])
-                gave, cost = base["gemm_off_us"] - on_g, on_w - base["window_off_us"]
-                results.append({
-                    "model": model, "batch": batch, "window": window, "target": GEMM_WEIGHTS[KINDS[window].target],
-                    "cap_bytes": cap, "prefetched_bytes": min(cap, weight), "weight_bytes": weight, "hint": hint,
-                    **base, "gemm_on_us": on_g, "gemm_on_rounds": meds[f"gemm_on:{tag}"], "window_on_us": on_w,
-                    "window_on_rounds": meds[f"window_on:{tag}"], "gave_us": gave, "cost_us": cost, "net_us": gave - cost,
-                    "window_ops": [op for _, op in between],
-                })  # fmt: skip
-            best = max((r for r in results if r["batch"] == batch and r["window"] == window), key=lambda r: r["net_us"])
-            say(f"  {model} B={batch} {window}: {base['gemm_off_us']:.1f} us GEMM, {base['window_off_us']:.1f} us window; "
-                f"best {best['cap_bytes'] / MiB:g} MiB @{best['hint']}: gave {best['gave_us']:+.2f} cost {best['cost_us']:+.2f} "
-                f"({time.perf_counter() - t0:.1f} s)")  # fmt: skip
-            del ctls
+            one_window(step, batch, window)
         del step
         torch.cuda.empty_cache()
     del weights
@@ -179,7 +191,9 @@ def run_window_kernels(
             "hints": list(hints), "results": results, "skipped": skipped}  # fmt: skip
 
 
-def best_configs(results: Sequence[Mapping[str, Any]], *, min_net_us: float = 0.0) -> dict[tuple[str, int], dict[str, Any]]:
+def best_configs(
+    results: Sequence[Mapping[str, Any]], *, min_net_us: float = 0.0
+) -> dict[tuple[str, int], dict[str, Any]]:
     """Per (window, batch): the (cap, hint) of the largest ``net`` over the models measured
     (their ``net_us`` added), kept only if that sum is above ``min_net_us``."""
     table: dict[tuple[str, int, int, str], float] = {}

@@ -72,14 +72,18 @@ class Guard:
         self.table = range_table(self.ranges, device) if self.ranges else None
         self.device, self.grid, self.threads = device, grid, threads
         if self.ranges and "demote" not in getattr(pf_lib, "modes", ()):
-            raise ValueError("the evict_last guard needs the prefetch library's demote mode (PrefetchKernelSpec(demote=True))")
+            raise ValueError(
+                "the evict_last guard needs the prefetch library's demote mode (PrefetchKernelSpec(demote=True))"
+            )
 
     def __call__(self) -> None:
         import torch
 
         if self.table is not None:
             stream = torch.cuda.current_stream(self.device).cuda_stream
-            self.pf_lib.run(int(self.table.data_ptr()), len(self.ranges), self.grid, stream, mode="demote", threads=self.threads)
+            self.pf_lib.run(
+                int(self.table.data_ptr()), len(self.ranges), self.grid, stream, mode="demote", threads=self.threads
+            )
         if self.flush is not None:
             self.flush()
 
@@ -98,7 +102,7 @@ def time_rounds(launchers: Mapping[str, Callable[[], None]], *, rounds: int, cyc
     medians: dict[str, list[float]] = {x: [] for x in names}
     raw: list[dict[str, Any]] = []
     for r in range(rounds):
-        order = names[r % n:] + names[: r % n]
+        order = names[r % n :] + names[: r % n]
         t0 = time.time()
         us = time_interleaved([launchers[x] for x in order], reps=n * cycles, warmup=1, timer=timer,
                               flush=[flush.get(x) for x in order])  # fmt: skip
@@ -133,11 +137,15 @@ def build_graphs(step: DecodeStep, arms: Sequence[Arm], libs: Mapping[str, Any],
             graphs[arm.name] = capture(lambda lib=lib: step.step(lib), device)
             info.setdefault(arm.name, {"prefetch_bytes": 0, "forks": 0})
             continue
-        ctl = keep[arm.name] = PrefetchController(device, library=pf_lib, zero_bytes=arm.zero, **arm.wpf.controller_options())
+        ctl = keep[arm.name] = PrefetchController(
+            device, library=pf_lib, zero_bytes=arm.zero, **arm.wpf.controller_options()
+        )
         windows = arm.wpf.effective_windows()
         step.add_prefetch(ctl, windows)
         forks = plan_forks(windows, weights.layers, batch)
-        graphs[arm.name] = capture(lambda lib=lib, ctl=ctl, forks=forks, j=arm.wpf.join: step.step(lib, ctl, forks=forks, join=j), device)
+        graphs[arm.name] = capture(
+            lambda lib=lib, ctl=ctl, forks=forks, j=arm.wpf.join: step.step(lib, ctl, forks=forks, join=j), device
+        )
         info[arm.name] = {"prefetch_bytes": 0 if arm.zero else prefetch_bytes(forks, sizes), "forks": len(forks),
                           "grids": sorted({t.grid for key in ctl.windows() if (t := ctl.table(*key, batch)) is not None})}  # fmt: skip
     return graphs, keep, info
@@ -246,11 +254,23 @@ def measure_point(
         "kv_bytes_per_layer": batch * step.context * weights.shape.kv_bytes_per_token(weights.elem),
         "finite": finite,
         "all_identical": all(identical.values()) and finite,
-        "aa": ({"median": aa["speedup"]["median"], "min": aa["speedup"]["min"], "max": aa["speedup"]["max"],
-                "within": abs(aa["speedup"]["median"] - 1) <= AA_TOLERANCE} if aa else None),  # fmt: skip
+        "aa": (
+            {
+                "median": aa["speedup"]["median"],
+                "min": aa["speedup"]["min"],
+                "max": aa["speedup"]["max"],
+                "within": abs(aa["speedup"]["median"] - 1) <= AA_TOLERANCE,
+            }
+            if aa
+            else None
+        ),  # fmt: skip
         "guard": {"mode": guard, "on": use_guard, "hinted_arms": sorted(hinted), **guarded.describe()},
         "carryover": carryover_check(raw, hinted, [a.name for a in arms]) if hinted else None,
-        "timer": {"chunks": timer.chunks - health[0], "retried": timer.retried - health[1], "host_bound": timer.host_bound - health[2]},
+        "timer": {
+            "chunks": timer.chunks - health[0],
+            "retried": timer.retried - health[1],
+            "host_bound": timer.host_bound - health[2],
+        },
         "variants": out,
         "raw": [{k: r[k] for k in ("order", "cycles", "samples_us")} for r in raw],
         "rounds": [{"t0": r["t0"], "t1": r["t1"]} for r in raw],
@@ -268,7 +288,10 @@ def guard_check(step: DecodeStep, libs: Mapping[str, Any], pf_lib: Any, device: 
     ctl = PrefetchController(device, library=pf_lib, **wpf.controller_options())
     step.add_prefetch(ctl, wpf.effective_windows())
     guard = Guard(pf_lib, _merge(ctl.hinted_ranges(("evict_last",), step.batch)), device)
-    graphs = {"after_demote": capture(lambda: step.step(libs["stock"]), device), "plain": capture(lambda: step.step(libs["stock"]), device)}
+    graphs = {
+        "after_demote": capture(lambda: step.step(libs["stock"]), device),
+        "plain": capture(lambda: step.step(libs["stock"]), device),
+    }
     medians, raw = time_rounds({k: g.replay for k, g in graphs.items()}, rounds=rounds, cycles=cycles, timer=timer,
                                flush={"after_demote": guard, "plain": None})  # fmt: skip
     return {"model": step.w.shape.name, "batch": step.batch, "context": step.context, **guard.describe(),
@@ -291,6 +314,8 @@ def _merge(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
 def close_rounds(point: dict[str, Any], sampler: Any) -> None:
     """Fill a point's ``clocks`` (one nvidia-smi window summary per round, after the
     sampler stopped) and ``power_capped_rounds``."""
-    clocks = [(sampler.window(w["t0"], w["t1"]) if sampler is not None else None) or {} for w in point.get("rounds", [])]
+    clocks = [
+        (sampler.window(w["t0"], w["t1"]) if sampler is not None else None) or {} for w in point.get("rounds", [])
+    ]
     point["clocks"] = clocks
     point["power_capped_rounds"] = sum(1 for c in clocks if c.get("flagged"))

@@ -49,7 +49,11 @@ def _setup(device: Any, prefetch_library: Any, dtype: str, idle_us: float) -> tu
 def run_micro_gemm(
     prefetch_library: Any = None,
     *,
-    shapes: Sequence[tuple[str, int, int]] = (("llama-3.1-8b o_proj", 4096, 4096), ("llama-3.2-1b gate_up", 16384, 2048), ("llama-3.1-8b down (capped)", 4096, 14336)),
+    shapes: Sequence[tuple[str, int, int]] = (
+        ("llama-3.1-8b o_proj", 4096, 4096),
+        ("llama-3.2-1b gate_up", 16384, 2048),
+        ("llama-3.1-8b down (capped)", 4096, 14336),
+    ),
     batches: Sequence[int] = (1, 4, 16),
     dtype: str = "bf16",
     cap_bytes: int | None = 32 * MiB,
@@ -66,9 +70,8 @@ def run_micro_gemm(
     Medians in us."""
     import torch
 
-    from ..prefetch.controller import PrefetchController
-
     from ..gpu.timing import time_interleaved
+    from ..prefetch.controller import PrefetchController
 
     dev, prefetch_library, dt, l2, flush, timer, cycles = _setup(device, prefetch_library, dtype, idle_us)
     results = []
@@ -194,10 +197,10 @@ def run_micro_prefetch(
 
         options = dict(ctl.launch_options)
 
-        def launch_here(table: Any = table, options: dict = options) -> None:  # on the current stream
+        def launch_here(table: Any = table, options: dict = options, stream: int = stream) -> None:  # current stream
             prefetch_library.launch(table.table_ptr, table.rows, table.grid, stream, **options)
 
-        def chained() -> None:
+        def chained(gemv: Any = gemv) -> None:
             launch_here()
             gemv()
 

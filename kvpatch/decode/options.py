@@ -22,7 +22,15 @@ from ..errors import UsageError
 from ..gpu.defaults import DECODE_LAYERS
 from ..gpu.points import DEFAULT_BATCHES, DEFAULT_CONTEXTS  # noqa: F401 - the decode step's grid is the bench's headline grid
 from .windows import (  # noqa: F401 - the caps' text forms live with the windows; re-exported
-    DEFAULT_CAPS_MIB, LEGACY, MiB, Window, cap_for_batch, caps_text, parse_caps, parse_windows, windows_text,
+    DEFAULT_CAPS_MIB,
+    LEGACY,
+    MiB,
+    Window,
+    cap_for_batch,
+    caps_text,
+    parse_caps,
+    parse_windows,
+    windows_text,
 )
 
 BLOCK_SIZE = 16
@@ -40,7 +48,9 @@ DEFAULT_DTYPES = ("bf16", "fp16")
 #: (Llama-3.1-8B 1.006-1.030x, Qwen2.5-7B 1.027-1.041x) and cost on Llama-3.2-1B's
 #: (0.985-0.993x); the sweep's own pick from single windows did no better (1.000x geomean).
 DEFAULT_WINDOWS: tuple[Window, ...] = (
-    Window("oproj->gateup", {8: 12 * MiB}), Window("gateup->down", {8: 8 * MiB}), Window("down->qkv", {8: 12 * MiB}),
+    Window("oproj->gateup", {8: 12 * MiB}),
+    Window("gateup->down", {8: 8 * MiB}),
+    Window("down->qkv", {8: 12 * MiB}),
 )
 #: Where in a layer the prefetch is forked: right before attention (after the QKV GEMM
 #: and the KV write), or before the layer's first RMSNorm (so it also overlaps the QKV GEMM).
@@ -75,7 +85,9 @@ class WeightPrefetch:
     grid: int | None = None  # CTAs (None: one per MiB, 4..32)
     threads: int | None = None  # per CTA (None: the library's, 32)
     chunk: int | None = None  # bytes per bulk prefetch (None: the library's, 4096)
-    hint: str | None = None  # the windows' default hint: evict_last / evict_normal / evict_first / none (None: the library's, evict_last)
+    hint: str | None = (
+        None  # the windows' default hint: evict_last / evict_normal / evict_first / none (None: the library's, evict_last)
+    )
     fork: str = "attn"  # the first form's fork point
     join: str = "step"
     priority: str | int = "high"
@@ -90,7 +102,9 @@ class WeightPrefetch:
             raise UsageError(f"unknown fork point {self.fork!r}: choose one of {', '.join(FORK_POINTS)}")
         if self.join not in JOIN_POINTS:
             raise UsageError(f"unknown join point {self.join!r}: choose one of {', '.join(JOIN_POINTS)}")
-        if self.priority not in ("high", "normal") and (isinstance(self.priority, bool) or not isinstance(self.priority, int)):
+        if self.priority not in ("high", "normal") and (
+            isinstance(self.priority, bool) or not isinstance(self.priority, int)
+        ):
             raise UsageError(f"priority must be 'high', 'normal' or an int, not {self.priority!r}")
         caps = self.caps
         if isinstance(caps, Mapping):
@@ -131,7 +145,13 @@ class WeightPrefetch:
 
     def controller_options(self) -> dict[str, Any]:
         """Keyword arguments of :class:`~kvpatch.prefetch.controller.PrefetchController`."""
-        return {"priority": self.priority, "grid": self.grid, "threads": self.threads, "chunk": self.chunk, "hint": self.hint}
+        return {
+            "priority": self.priority,
+            "grid": self.grid,
+            "threads": self.threads,
+            "chunk": self.chunk,
+            "hint": self.hint,
+        }
 
     def with_(self, **changes: Any) -> WeightPrefetch:
         return replace(self, **changes)

@@ -31,7 +31,11 @@ TAIL = TailPrefetch({8: 32 * MiB}, "evict_normal")
 #: Each stage ends by this share of the budget (the final bench by the whole of it, less the
 #: guard-off demonstration's share).
 SHARES = {"lead": 0.30, "micro": 0.34, "kernels": 0.48, "steps": 0.66, "final": 0.94, "guard_off": 1.0}
-MICRO_SHAPES = (("llama-3.1-8b o_proj", 4096, 4096), ("llama-3.1-8b gate_up", 28672, 4096), ("llama-3.1-8b down", 4096, 14336))
+MICRO_SHAPES = (
+    ("llama-3.1-8b o_proj", 4096, 4096),
+    ("llama-3.1-8b gate_up", 28672, 4096),
+    ("llama-3.1-8b down", 4096, 14336),
+)
 
 
 def control_arms(libs: Sequence[str], wpf: WeightPrefetch, *, tail: TailPrefetch | None = TAIL) -> list[Arm]:

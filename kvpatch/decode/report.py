@@ -79,14 +79,24 @@ class DecodeReport:
             for key, label in (("speedup_vs_library", "vs_library"), ("speedup_vs_zero", "vs_zero")):
                 other = [p["variants"][name].get(key) for p in pts]
                 if other and all(other):
-                    entry[label] = {"geomean": _geomean([o["median"] for o in other]), "worst_round_min": min(o["min"] for o in other)}
+                    entry[label] = {
+                        "geomean": _geomean([o["median"] for o in other]),
+                        "worst_round_min": min(o["min"] for o in other),
+                    }
             out[name] = entry
         aa = [p["aa"] for p in self.points if p.get("aa")]
         if aa:
-            out["aa"] = {"worst": max(abs(a["median"] - 1) for a in aa), "within": sum(a["within"] for a in aa), "of": len(aa)}
+            out["aa"] = {
+                "worst": max(abs(a["median"] - 1) for a in aa),
+                "within": sum(a["within"] for a in aa),
+                "of": len(aa),
+            }
         carry = [c for p in self.points if (c := p.get("carryover")) and "stock" in c]
         if carry:
-            out["carryover_stock"] = {"max": max(c["stock"]["ratio"] for c in carry), "min": min(c["stock"]["ratio"] for c in carry)}
+            out["carryover_stock"] = {
+                "max": max(c["stock"]["ratio"] for c in carry),
+                "min": min(c["stock"]["ratio"] for c in carry),
+            }
         best = {}
         for p in self.points:
             winner = min(p["variants"], key=lambda n: p["variants"][n]["step_us"]["median"])
@@ -125,7 +135,10 @@ class DecodeReport:
             xs = list(range(len(pts)))
             width = 0.8 / max(1, len(self.variants) - 1)
             for j, name in enumerate(self.variants[1:]):
-                sp = [p["variants"][name]["speedup"] if name in p["variants"] else {"median": 1.0, "min": 1.0, "max": 1.0} for p in pts]
+                sp = [
+                    p["variants"][name]["speedup"] if name in p["variants"] else {"median": 1.0, "min": 1.0, "max": 1.0}
+                    for p in pts
+                ]
                 med = [s["median"] for s in sp]
                 err = [[m - s["min"] for m, s in zip(med, sp)], [s["max"] - m for m, s in zip(med, sp)]]
                 ax.bar([x + (j - (len(self.variants) - 2) / 2) * width for x in xs], [m - 1 for m in med], width,
@@ -136,7 +149,10 @@ class DecodeReport:
             ax.set_ylabel("speedup over stock")
             ax.set_title(f"{model} {dtype}: decode step, {self.layers} layers, {self.mode} L2", fontsize=9)
             ax.legend(fontsize=7, ncol=3)
-        fig.suptitle(f"kvpatch bench-decode on {env_facts(self.env)['gpu']} (bars: min..max over {self.rounds} rounds)", fontsize=10)
+        fig.suptitle(
+            f"kvpatch bench-decode on {env_facts(self.env)['gpu']} (bars: min..max over {self.rounds} rounds)",
+            fontsize=10,
+        )
         fig.tight_layout()
         fig.savefig(str(path), dpi=120)
         plt.close(fig)
@@ -155,8 +171,18 @@ def env_facts(env: dict[str, Any]) -> dict[str, Any]:
         l2 = env.get("l2_bytes") or gpu.get("L2_cache_size", 0)
     else:
         name, cap, sms, l2 = gpu or "?", env.get("capability", "?"), env.get("sm_count", "?"), env.get("l2_bytes", 0)
-    return {"gpu": name, "capability": cap, "sm_count": sms, "l2_bytes": l2 or 0, "torch": env.get("torch"),
-            "torch_cuda": env.get("torch_cuda"), "nvcc": env.get("nvcc", "nvcc ?"),
-            "driver": smi.get("driver_version", "?"), "sm_mhz": smi.get("clocks.sm", "?"),
-            "max_sm_mhz": smi.get("clocks.max.sm", "?"), "mem_mhz": smi.get("clocks.mem", "?"),
-            "power_limit": smi.get("power.limit", "?"), "prefetch_config": (env.get("prefetch_library") or {}).get("config", "?")}
+    return {
+        "gpu": name,
+        "capability": cap,
+        "sm_count": sms,
+        "l2_bytes": l2 or 0,
+        "torch": env.get("torch"),
+        "torch_cuda": env.get("torch_cuda"),
+        "nvcc": env.get("nvcc", "nvcc ?"),
+        "driver": smi.get("driver_version", "?"),
+        "sm_mhz": smi.get("clocks.sm", "?"),
+        "max_sm_mhz": smi.get("clocks.max.sm", "?"),
+        "mem_mhz": smi.get("clocks.mem", "?"),
+        "power_limit": smi.get("power.limit", "?"),
+        "prefetch_config": (env.get("prefetch_library") or {}).get("config", "?"),
+    }

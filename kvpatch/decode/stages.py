@@ -105,7 +105,9 @@ class Stages:
         windows = step_windows(best)
         if not windows:  # no kernel stage: the default windows' caps, one hint each
             windows = {w.name: w for w in DEFAULT_WINDOWS}
-        positive = [n for n, w in windows.items() if any(best.get((n, b), {}).get("net_us", 1.0) > 0 for b in (1, 4, 8))]
+        positive = [
+            n for n, w in windows.items() if any(best.get((n, b), {}).get("net_us", 1.0) > 0 for b in (1, 4, 8))
+        ]
         arms = step_arms(windows, positive)
         self.result["steps"] = {"windows": {n: w.to_dict() for n, w in windows.items()}, "together": positive}
         report = self._bench("steps", arms, rounds=STEP_ROUNDS, attention=False)
@@ -117,11 +119,15 @@ class Stages:
 
         steps = _load(self.out / "decode_steps.json")
         windows = {n: _window(d) for n, d in (self.result.get("steps") or {}).get("windows", {}).items()}
-        pick, why = (pick_windows(steps["points"], windows) if steps and windows else (None, {"reason": "no steps stage"}))
+        pick, why = (
+            pick_windows(steps["points"], windows) if steps and windows else (None, {"reason": "no steps stage"})
+        )
         if pick is None:
             single = best_single(steps["points"], windows) if steps and windows else None
             pick = single or WeightPrefetch(windows=DEFAULT_WINDOWS)
-            why["fallback"] = f"{'the best single window' if single else 'the default windows'}: {pick.label()} (no window passed)"
+            why["fallback"] = (
+                f"{'the best single window' if single else 'the default windows'}: {pick.label()} (no window passed)"
+            )
         knobs = pick_launch(steps["points"]) if steps else {}
         if knobs:
             pick = pick.with_(**knobs)
@@ -137,15 +143,19 @@ class Stages:
         from .arms import Arm
         from .measure import guard_check
         from .models import model_shape
-        from .step import DecodeStep, DecodeWeights
         from .picks import DTYPE, LAYERS
+        from .step import DecodeStep, DecodeWeights
 
         wpf = WeightPrefetch(windows=DEFAULT_WINDOWS)
         arms = [Arm("stock", "stock"), Arm("stock-aa", "stock"), Arm("stock+wpf", "stock", wpf)]
-        report = self._bench("guard_off", arms, models=["llama-3.1-8b"], batches=[1, 4], contexts=[1024], guard="off", wpf=wpf)
+        report = self._bench(
+            "guard_off", arms, models=["llama-3.1-8b"], batches=[1, 4], contexts=[1024], guard="off", wpf=wpf
+        )
         if time.perf_counter() < self.until("guard_off"):
             weights = DecodeWeights(model_shape("llama-3.1-8b"), DTYPE, LAYERS, self.dev, seed=0)
-            check = guard_check(DecodeStep(weights, 1, 1024, seed=2024), self.libs, self.pf_lib, self.dev, wpf, timer=Timer(self.dev))
+            check = guard_check(
+                DecodeStep(weights, 1, 1024, seed=2024), self.libs, self.pf_lib, self.dev, wpf, timer=Timer(self.dev)
+            )
             self.result["guard_check"] = {k: v for k, v in check.items() if k != "raw"}
             self._write("guard_check.json", check)
             self.note(f"  guard alone before stock: plain / after the demote {check['ratio']['median']:.4f} "

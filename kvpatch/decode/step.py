@@ -34,14 +34,12 @@ from .windows import KINDS, LAYER_OPS, Fork, forks_by_op
 DTYPES = {name: (QUERY_DTYPES[name].torch, QUERY_DTYPES[name].size) for name in ("fp16", "bf16")}
 
 
-
 def point_bytes(shape: ModelShape, elem: int, batch: int, context: int, layers: int) -> int:
     """Device bytes a point needs beyond the weights: caches and activations."""
     blocks = batch * -(-context // BLOCK_SIZE) + 1
     cache = layers * blocks * BLOCK_SIZE * shape.kv_bytes_per_token(elem)
     acts = 16 * batch * (shape.qkv_out + 2 * shape.intermediate + 4 * shape.hidden) * elem * layers
     return cache + acts
-
 
 
 class DecodeWeights:
@@ -102,8 +100,19 @@ class DecodeStep:
         self.slot_blocks: list[Any] = []
         pos = context - 1
         for _ in range(weights.layers):
-            kc = torch.randn(blocks, s.kv_heads, s.head_size // self.x_elems, BLOCK_SIZE, self.x_elems, generator=g, device=dev, dtype=torch.float32).to(dt)
-            vc = torch.randn(blocks, s.kv_heads, s.head_size, BLOCK_SIZE, generator=g, device=dev, dtype=torch.float32).to(dt)
+            kc = torch.randn(
+                blocks,
+                s.kv_heads,
+                s.head_size // self.x_elems,
+                BLOCK_SIZE,
+                self.x_elems,
+                generator=g,
+                device=dev,
+                dtype=torch.float32,
+            ).to(dt)
+            vc = torch.randn(
+                blocks, s.kv_heads, s.head_size, BLOCK_SIZE, generator=g, device=dev, dtype=torch.float32
+            ).to(dt)
             perm = torch.randperm(blocks, generator=g, device=dev)[: batch * per_seq]
             table = perm.view(batch, per_seq).to(torch.int32).contiguous()
             self.key_caches.append(kc)
@@ -130,7 +139,9 @@ class DecodeStep:
         """vLLM's reshape_and_cache for one new token per sequence."""
         s = self.w.shape
         blk, off = self.slot_blocks[layer], self.slot_offset
-        self.key_caches[layer][blk, :, :, off, :] = k.reshape(self.batch, s.kv_heads, s.head_size // self.x_elems, self.x_elems)
+        self.key_caches[layer][blk, :, :, off, :] = k.reshape(
+            self.batch, s.kv_heads, s.head_size // self.x_elems, self.x_elems
+        )
         self.value_caches[layer][blk, :, :, off] = v.reshape(self.batch, s.kv_heads, s.head_size)
 
     def attention(self, lib: Any, layer: int, q: Any) -> None:
@@ -214,7 +225,9 @@ class DecodeStep:
 
     def lib_check(self, lib: Any) -> Any:
         if getattr(lib, "scale_by_value", False):
-            raise ValueError(f"{lib} takes k/v scales by value (vLLM 0.6.4): it syncs per launch and cannot be captured")
+            raise ValueError(
+                f"{lib} takes k/v scales by value (vLLM 0.6.4): it syncs per launch and cannot be captured"
+            )
         return lib
 
     def label(self) -> str:
@@ -229,7 +242,9 @@ class DecodeStep:
                 if not tensors:
                     continue
                 if isinstance(w.caps, int):
-                    ctl.add(w.name, i, tensors, cap_bytes=w.caps or None, batches=None if w.caps else {1: 0}, hint=w.hint)
+                    ctl.add(
+                        w.name, i, tensors, cap_bytes=w.caps or None, batches=None if w.caps else {1: 0}, hint=w.hint
+                    )
                 else:
                     ctl.add(w.name, i, tensors, batches=dict(w.caps), hint=w.hint)
 

@@ -35,8 +35,26 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from .picks import (  # noqa: F401 - the sweep's settings and choices, re-exported
-    BATCHES, CONTEXTS, DTYPE, KERNEL_CAPS_MIB, KERNEL_HINTS, KERNEL_ROUNDS, LAYERS, MICRO_SHAPES, MIN_GAIN, MODELS,
-    ROUNDS, SHARES, STEP_ROUNDS, TAIL, all_identical, best_single, control_arms, pick_windows, step_arms, step_windows,
+    BATCHES,
+    CONTEXTS,
+    DTYPE,
+    KERNEL_CAPS_MIB,
+    KERNEL_HINTS,
+    KERNEL_ROUNDS,
+    LAYERS,
+    MICRO_SHAPES,
+    MIN_GAIN,
+    MODELS,
+    ROUNDS,
+    SHARES,
+    STEP_ROUNDS,
+    TAIL,
+    all_identical,
+    best_single,
+    control_arms,
+    pick_windows,
+    step_arms,
+    step_windows,
 )
 from .windows import TailPrefetch
 

@@ -147,7 +147,11 @@ class Window:
             raise UsageError(f"unknown hint {self.hint!r} for window {self.name}: choose one of {', '.join(HINTS)}")
         caps = self.caps
         if isinstance(caps, Mapping):
-            bad = [(b, c) for b, c in caps.items() if isinstance(b, bool) or isinstance(c, bool) or int(b) < 1 or int(c) < 0]
+            bad = [
+                (b, c)
+                for b, c in caps.items()
+                if isinstance(b, bool) or isinstance(c, bool) or int(b) < 1 or int(c) < 0
+            ]
             if bad:
                 raise UsageError(f"window {self.name}: caps must be {{batch >= 1: bytes >= 0}}, not {dict(caps)!r}")
             object.__setattr__(self, "caps", {int(b): int(c) for b, c in sorted(caps.items())})
@@ -238,7 +242,9 @@ def parse_windows(text: str) -> tuple[Window, ...]:
     for item in filter(None, (p.strip() for p in text.split(";"))):
         name, sep, value = item.partition("=")
         if not sep or not value.strip():
-            raise ValueError(f"invalid prefetch window {item!r}: use NAME=CAPS[@HINT], e.g. oproj->gateup=12@evict_normal")
+            raise ValueError(
+                f"invalid prefetch window {item!r}: use NAME=CAPS[@HINT], e.g. oproj->gateup=12@evict_normal"
+            )
         out.append(Window.parse(name, value))
     return tuple(out)
 
@@ -263,7 +269,12 @@ class TailPrefetch:
         Window("attn->oproj", self.caps, self.hint)  # the same checks as the side-stream window's
         if isinstance(self.caps, Mapping):
             object.__setattr__(self, "caps", {int(b): int(c) for b, c in sorted(self.caps.items())})
-        if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or not (16 <= self.chunk <= 1_048_560) or self.chunk % 16:
+        if (
+            isinstance(self.chunk, bool)
+            or not isinstance(self.chunk, int)
+            or not (16 <= self.chunk <= 1_048_560)
+            or self.chunk % 16
+        ):
             raise UsageError(f"tail chunk {self.chunk!r}: a multiple of 16 from 16 to 1048560")
 
     def cap(self, batch: int) -> int:

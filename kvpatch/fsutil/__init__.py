@@ -5,6 +5,26 @@ The modules: :mod:`.files` (writing and reading), :mod:`.outputs` (outputs check
 work), :mod:`.locks` (locks between kvpatch processes).
 """
 
-from .files import FIFO_WAIT, FileTooLargeError, NotRegularFileError, READ_LIMIT, STALE_AFTER, Staged, file_digest, file_kind, is_temp_name, open_descriptor, read_input, read_regular, read_regular_with_stat, remove_stale_temps, resolve_target, stage, write_atomic, write_both, write_if_different  # noqa: F401
-from .outputs import check_outputs, output_problem, same_file  # noqa: F401
+from .files import (  # noqa: F401
+    FIFO_WAIT,
+    READ_LIMIT,
+    STALE_AFTER,
+    FileTooLargeError,
+    NotRegularFileError,
+    Staged,
+    file_digest,
+    file_kind,
+    is_temp_name,
+    open_descriptor,
+    read_input,
+    read_regular,
+    read_regular_with_stat,
+    remove_stale_temps,
+    resolve_target,
+    stage,
+    write_atomic,
+    write_both,
+    write_if_different,
+)
 from .locks import LOCK_NOTE, hold_lock  # noqa: F401
+from .outputs import check_outputs, output_problem, same_file  # noqa: F401

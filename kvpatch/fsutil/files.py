@@ -41,8 +41,8 @@ def open_descriptor(path: str | os.PathLike[str]) -> int | None:
     if named is not None:
         return named
     for prefix in ("/dev/fd/", "/proc/self/fd/", f"/proc/{os.getpid()}/fd/"):
-        if text.startswith(prefix) and text[len(prefix):].isdigit():
-            return int(text[len(prefix):])
+        if text.startswith(prefix) and text[len(prefix) :].isdigit():
+            return int(text[len(prefix) :])
     return None
 
 
@@ -70,7 +70,7 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, mode: int |
     if fd is not None:  # /dev/stdout of `cmd -o /dev/stdout >> log`: write to the stream, do not replace the log
         view = memoryview(raw)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         return Path(path)
     if _in_place(path):
         _write_in_place(path, raw)
@@ -102,13 +102,15 @@ def _write_in_place(path: str | os.PathLike[str], raw: bytes) -> None:
             if not fifo:
                 raise
             if time.monotonic() >= deadline:
-                raise OSError(errno.ENXIO, f"no process reads the FIFO (waited {FIFO_WAIT:g} s)", os.fspath(path)) from None
+                raise OSError(
+                    errno.ENXIO, f"no process reads the FIFO (waited {FIFO_WAIT:g} s)", os.fspath(path)
+                ) from None
             time.sleep(0.05)
     try:
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
         view = memoryview(raw)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
 

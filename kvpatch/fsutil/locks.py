@@ -18,7 +18,6 @@ from typing import Callable, Iterator
 
 from .files import NotRegularFileError, file_kind
 
-
 #: What a lock file says about itself (written into it once, when it is empty).
 LOCK_NOTE = ("This is a kvpatch lock file. A kvpatch command holds a lock (flock) on it while it changes "
              "{what}; the lock dies with the process. The file stays between commands: its presence does "
@@ -71,7 +70,9 @@ def hold_lock(path: str | os.PathLike[str], *, timeout: float | None = None,
             os.close(fd)
 
 
-def _acquire(path: Path, timeout: float | None, on_wait: Callable[[], None] | None) -> tuple[int | None, tuple[int, int]]:
+def _acquire(
+    path: Path, timeout: float | None, on_wait: Callable[[], None] | None
+) -> tuple[int | None, tuple[int, int]]:
     deadline = None if timeout is None else time.monotonic() + timeout
     told = False
     while True:
@@ -112,5 +113,3 @@ def _acquire(path: Path, timeout: float | None, on_wait: Callable[[], None] | No
             os.close(fd)
             raise
         os.close(fd)  # deleted or replaced while we waited: lock what is there now
-
-

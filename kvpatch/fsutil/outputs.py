@@ -54,7 +54,6 @@ def output_problem(path: str | os.PathLike[str]) -> str | None:
     return None
 
 
-
 PathArg = str | os.PathLike[str]
 #: Inputs or protected paths: ``{label: path}`` (the label names it in the error) or paths.
 Named = Mapping[str, PathArg | None] | Iterable[PathArg | None] | None
@@ -144,7 +143,9 @@ def check_outputs(*, inputs: Named = None, protected: Named = None, **paths: Pat
             raise UsageError(f"{flag} {os.fspath(path)!r}: {why}")
         for other_flag, other in seen:
             if same_file(path, other):
-                raise UsageError(f"{other_flag} and {flag} name the same file ({os.fspath(path)}): one would overwrite the other")
+                raise UsageError(
+                    f"{other_flag} and {flag} name the same file ({os.fspath(path)}): one would overwrite the other"
+                )
         for label, source in read:
             if same_file(path, source):
                 raise UsageError(f"{flag} {_shown(path)} is {label} ({os.fspath(source)}): writing it would destroy "

@@ -38,14 +38,14 @@ import time
 from typing import Any, Callable, Sequence
 
 from . import launch as L
+from .bench_report import BenchReport, finish_results
 from .defaults import DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP
 from .dispatch import KERNELS, PARTITION_SIZE
 from .env import SmiSampler, collect_env, nvidia_smi_query
-from .inputs import make_generator, make_inputs, make_kv_pool
-from .points import BenchPoint, pool_blocks, point_set
-from .bench_report import BenchReport, finish_results
-from .report import STOCK_MARKER
 from .flush import L2Flush
+from .inputs import make_generator, make_inputs, make_kv_pool
+from .points import BenchPoint, point_set, pool_blocks
+from .report import STOCK_MARKER
 from .timing import Timer, adaptive_reps, l2_bytes_of, measure_copy_bandwidth, time_interleaved
 
 #: The A/A control's variant name (it runs the baseline's code, and records stock's marker).
@@ -196,7 +196,11 @@ def run_bench(
                         ok = bool(L.all_written(o) and torch.equal(o, ref))
                         res[n] = ok
                         if not ok:
-                            why = f"{L.count_unwritten(o)} unwritten" if not L.all_written(o) else f"differs from {names[0]}"
+                            why = (
+                                f"{L.count_unwritten(o)} unwritten"
+                                if not L.all_written(o)
+                                else f"differs from {names[0]}"
+                            )
                             mismatches.append(f"{n}: {k} {p.name}: output {why}")
                     matches[(p, k)] = res
             for (p, k), (inp, bufs) in setups.items():
@@ -218,7 +222,9 @@ def run_bench(
                             slot[n].append(u)
                     round_ids.setdefault((p, k), []).append(len(windows))
                 windows.append({"round": rnd, "pool": gi, "t0": t0, "t1": time.time()})
-                say(f"round {rnd + 1}/{rounds} of pool {gi + 1}/{len(groups)} done ({time.perf_counter() - t_start:.0f} s)")
+                say(
+                    f"round {rnd + 1}/{rounds} of pool {gi + 1}/{len(groups)} done ({time.perf_counter() - t_start:.0f} s)"
+                )
             del setups, pool
             if dev.type == "cuda":
                 torch.cuda.empty_cache()

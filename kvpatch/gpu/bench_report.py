@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from . import stats
 from .points import BenchPoint
-from .report import STOCK_MARKER, dumps, json_safe
+from .report import STOCK_MARKER, dumps
 
 
 @dataclass

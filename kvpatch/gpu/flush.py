@@ -35,7 +35,9 @@ class L2Flush:
         import torch
 
         self.buf.add_(1.0)  # read + write every line
-        torch.sum(self.buf, dim=0, out=self.sink)  # read it again: the dirty lines are written back here, not in the kernel
+        torch.sum(
+            self.buf, dim=0, out=self.sink
+        )  # read it again: the dirty lines are written back here, not in the kernel
 
     @property
     def method(self) -> str:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from .. import dtypes as D
 from .. import abi
+from .. import dtypes as D
 from .dispatch import check_kernel
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -118,7 +118,9 @@ class Kernels:
             )  # fmt: skip
         if rc != 0:
             config = f"{dtype_name}/{kv_name}/{head_size}/{block_size}"
-            built = ", ".join(self.configs[:6]) + (f", ... ({len(self.configs)} in all)" if len(self.configs) > 6 else "")
+            built = ", ".join(self.configs[:6]) + (
+                f", ... ({len(self.configs)} in all)" if len(self.configs) > 6 else ""
+            )
             raise RuntimeError(
                 f"{self.prefix} paged_attention_{kind} failed for dtype/kv_cache_dtype/head_size/block_size "
                 f"{config}: {self.error_string(rc)} (error {rc}; built: {built})"
@@ -134,7 +136,9 @@ class Kernels:
         if not isinstance(scale, torch.Tensor):
             return torch.tensor([float(scale)], dtype=torch.float32, device=device)
         if scale.dtype != torch.float32 or scale.numel() != 1:
-            raise ValueError(f"k_scale/v_scale must be a 1-element float32 tensor, not {scale.dtype} {tuple(scale.shape)}")
+            raise ValueError(
+                f"k_scale/v_scale must be a 1-element float32 tensor, not {scale.dtype} {tuple(scale.shape)}"
+            )
         return scale
 
 

@@ -13,7 +13,6 @@ import json
 import os
 from typing import Any
 
-
 #: Speedup ticks on the log axis (matplotlib shows those inside the data's range).
 Y_TICKS = (0.25, 0.33, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
 
@@ -40,7 +39,9 @@ def speedup_series(report: Any, *, dispatched_only: bool = True) -> dict[tuple[s
             continue
         pt = r["point"]
         key = (pt["dtype"], r["mode"])
-        panel = panels.setdefault(key, {"labels": [], "series": {v: {"speedup": [], "lo": [], "hi": []} for v in others}})
+        panel = panels.setdefault(
+            key, {"labels": [], "series": {v: {"speedup": [], "lo": [], "hi": []} for v in others}}
+        )
         ctx = pt["context"]
         ctx_s = f"{ctx // 1024}k" if ctx % 1024 == 0 else str(ctx)
         prefix = f"{_shape(pt)}\n" if len(shapes) > 1 else ""
@@ -105,8 +106,15 @@ def plot_bench(report: Any, path: str | os.PathLike[str], *, title: str | None =
                 line = ax.errorbar(pos, s["speedup"], yerr=err, fmt="o", ms=4, capsize=2, lw=0.8, label=v)
                 slow = [(x, y) for x, y, hi in zip(pos, s["speedup"], s["hi"]) if hi < 1.0]
                 if slow:
-                    ax.plot([x for x, _ in slow], [y for _, y in slow], "o", ms=7, mfc="none", mec="red",
-                            color=line[0].get_color())
+                    ax.plot(
+                        [x for x, _ in slow],
+                        [y for _, y in slow],
+                        "o",
+                        ms=7,
+                        mfc="none",
+                        mec="red",
+                        color=line[0].get_color(),
+                    )
             ax.set_xticks(xs)
             ax.set_xticklabels(panel["labels"], fontsize=7)
             ax.set_yscale("log")
@@ -121,8 +129,12 @@ def plot_bench(report: Any, path: str | os.PathLike[str], *, title: str | None =
         fig.legend(handles, labels, loc="upper right", fontsize=8)
     gpu = (d.get("env") or {}).get("gpu", {}).get("name", "")
     pset = d.get("point_set", "custom")
-    fig.suptitle(title or f"kvpatch bench ({pset} set): kernel vLLM dispatches {('(' + gpu + ')') if gpu else ''}"
-                 "; bars: min..max over rounds", fontsize=11)
+    fig.suptitle(
+        title
+        or f"kvpatch bench ({pset} set): kernel vLLM dispatches {('(' + gpu + ')') if gpu else ''}"
+        "; bars: min..max over rounds",
+        fontsize=11,
+    )
     fig.tight_layout(rect=(0, 0, 0.92, 0.95))
     fig.savefig(path, dpi=120)
     plt.close(fig)

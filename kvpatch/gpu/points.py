@@ -75,7 +75,10 @@ class BenchPoint:
     def name(self) -> str:
         s = f"{self.dtype} B={self.batch} ctx={self.context}"
         if (self.num_heads, self.num_kv_heads, self.head_size, self.block_size, self.kv_cache_dtype) != (
-            *HEADLINE_HEADS, HEADLINE_HEAD_SIZE, HEADLINE_BLOCK_SIZE, "auto"
+            *HEADLINE_HEADS,
+            HEADLINE_HEAD_SIZE,
+            HEADLINE_BLOCK_SIZE,
+            "auto",
         ):
             s += (f" heads={self.num_heads}/{self.num_kv_heads} head={self.head_size}"
                   f" block={self.block_size} kv={self.kv_cache_dtype}")  # fmt: skip
@@ -96,7 +99,9 @@ class BenchPoint:
     @property
     def block_bytes(self) -> int:
         """K + V bytes of one block (all KV heads)."""
-        return 2 * self.num_kv_heads * self.head_size * self.block_size * cache_elem_size(self.dtype, self.kv_cache_dtype)
+        return (
+            2 * self.num_kv_heads * self.head_size * self.block_size * cache_elem_size(self.dtype, self.kv_cache_dtype)
+        )
 
     @property
     def kv_bytes(self) -> int:
@@ -130,7 +135,9 @@ def make_points(
 ) -> list[BenchPoint]:
     """dtype x batch x context, in that nesting order."""
     if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
-        raise ValueError(f"heads {num_heads}/{num_kv_heads}: need >= 1 KV head and a positive multiple of it as query heads")
+        raise ValueError(
+            f"heads {num_heads}/{num_kv_heads}: need >= 1 KV head and a positive multiple of it as query heads"
+        )
     for d in dtypes:
         if d not in DTYPES:
             raise ValueError(f"unknown dtype {d!r}: choose from {', '.join(DTYPES)}")
@@ -193,7 +200,9 @@ def quick_points() -> list[BenchPoint]:
     return make_points(batches=(1, 64), contexts=(1024, 16384))
 
 
-def pool_blocks(points: Sequence[BenchPoint], l2_bytes: int, *, l2_multiple: float = 64.0, headroom: float = 1.2) -> int:
+def pool_blocks(
+    points: Sequence[BenchPoint], l2_bytes: int, *, l2_multiple: float = 64.0, headroom: float = 1.2
+) -> int:
     """Blocks in a shared pool: >= headroom x the largest point's blocks and >= l2_multiple x L2."""
     need = max(p.num_blocks for p in points)
     bb = points[0].block_bytes

@@ -12,7 +12,9 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 
-def dequantize(cache: "torch.Tensor", kv_cache_dtype: str, scale: float, compute_dtype: "torch.dtype") -> "torch.Tensor":
+def dequantize(
+    cache: "torch.Tensor", kv_cache_dtype: str, scale: float, compute_dtype: "torch.dtype"
+) -> "torch.Tensor":
     """A cache (or a gathered part of one) as ``compute_dtype``; fp8 bytes decoded through
     the e4m3 table and multiplied by the scale."""
     import torch

@@ -57,7 +57,9 @@ def ratio_stats(base: Sequence[float], times: Sequence[float]) -> dict[str, floa
     return {"median": median(r), "min": min(r), "max": max(r), "rounds": r}
 
 
-def speedup_interval(base_rounds: Sequence[Sequence[float]], var_rounds: Sequence[Sequence[float]]) -> tuple[float, float]:
+def speedup_interval(
+    base_rounds: Sequence[Sequence[float]], var_rounds: Sequence[Sequence[float]]
+) -> tuple[float, float]:
     """The spread of a speedup (baseline time / variant time) from per-round samples.
 
     With two or more rounds: min..max over rounds of the per-round ratio of medians

@@ -162,7 +162,7 @@ def time_interleaved(
         size -= size % len(cycle)
     out: list[list[float]] = [[] for _ in range(n)]
     for start in range(0, len(sequence), size):
-        chunk = sequence[start:start + size]
+        chunk = sequence[start : start + size]
         ev = timer.events(2 * len(chunk))
         for attempt in range(LEAD_ATTEMPTS):
             timer.sync()
@@ -206,7 +206,7 @@ def measure_copy_bandwidth(device: Any, nbytes: int, reps: int = 10, timer: Time
     dst = torch.empty_like(src)
     us = time_interleaved([lambda: dst.copy_(src)], reps=reps, warmup=3, timer=timer)[0]
     med = median(us)
-    del src, dst
+    src = dst = None  # the buffers go back to the allocator before the next measurement
     return {"bytes": nbytes, "bytes_moved": 2 * nbytes, "median_us": med, "samples_us": us,
             "bytes_per_s": 2 * nbytes / (med * 1e-6)}  # fmt: skip
 

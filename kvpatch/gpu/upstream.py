@@ -27,10 +27,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..fsutil import write_atomic
 from .launch import LibSpec
 from .upstream_test import (  # noqa: F401  (the test's files: re-exported for callers of this module)
-    HELPERS_MODULE, OOM_MARKERS, SHIM_MODULE, TEST_FUNCTION, UpstreamError, UpstreamTest, find_test, helper_source,
+    HELPERS_MODULE,
+    OOM_MARKERS,
+    SHIM_MODULE,
+    TEST_FUNCTION,
+    UpstreamError,
+    UpstreamTest,
+    find_test,
+    helper_source,
     write_run_dir,
 )  # fmt: skip
 
@@ -97,9 +103,21 @@ def junit_cases(path: str | Path) -> dict[str, dict[str, Any]]:
             continue
         kinds = {child.tag for child in case}
         bad = [child for child in case if child.tag in ("failure", "error")]
-        outcome = "failed" if "failure" in kinds else "errors" if "error" in kinds else "skipped" if "skipped" in kinds else "passed"
+        outcome = (
+            "failed"
+            if "failure" in kinds
+            else "errors"
+            if "error" in kinds
+            else "skipped"
+            if "skipped" in kinds
+            else "passed"
+        )
         oom = any(m in f"{c.get('message', '')} {c.text or ''}" for c in bad for m in OOM_MARKERS)
-        out[f"{case.get('classname', '')}::{case.get('name', '')}"] = {"name": case.get("name", ""), "outcome": outcome, "oom": oom}
+        out[f"{case.get('classname', '')}::{case.get('name', '')}"] = {
+            "name": case.get("name", ""),
+            "outcome": outcome,
+            "oom": oom,
+        }
     return out
 
 
@@ -127,7 +145,9 @@ def read_records(folder: str | Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def compare_records(base: dict[str, dict[str, Any]], other: dict[str, dict[str, Any]]) -> tuple[dict[str, int], list[str], list[str]]:
+def compare_records(
+    base: dict[str, dict[str, Any]], other: dict[str, dict[str, Any]]
+) -> tuple[dict[str, int], list[str], list[str]]:
     """(counts, differing keys, notes): outputs of the same test call compared by digest.
 
     Calls whose inputs digests differ are not compared (a note says so): the test
@@ -305,7 +325,7 @@ def run_upstream(
         procs.append((s, p, log, junit, rec, env, time.perf_counter()))
     runs: list[UpstreamRun] = []
     cases: list[dict[str, dict[str, Any]]] = []
-    for s, p, log, junit, rec, env, started in procs:
+    for s, p, log, junit, _rec, _env, started in procs:
         rc, cut = _wait(p, timeout - (time.perf_counter() - t0))
         log.close()
         runs.append(UpstreamRun(s.name, str(s), rc, seconds=time.perf_counter() - started, cut=cut))
@@ -322,7 +342,9 @@ def run_upstream(
             notes.append(f"{s.name}: {len(oom)} test(s) ran out of GPU memory; no time left to run them again")
             continue
         if progress:
-            progress(f"upstream: {len(oom)} test(s) against {s.name} ran out of GPU memory beside the others; again, one at a time")
+            progress(
+                f"upstream: {len(oom)} test(s) against {s.name} ran out of GPU memory beside the others; again, one at a time"
+            )
         junit = out / f"junit-{s.name}-rerun.xml"
         p, log = _start_pytest(test, run_dir, env, junit, out / f"pytest-{s.name}-rerun.log", 1, oom)
         reruns.append((s, run, got, oom, junit, p, log))
@@ -342,8 +364,16 @@ def run_upstream(
         run.failures = counts["failures"]
         run.outputs = len(read_records(rec)) if rec.is_dir() else 0
         run.log_tail = "\n".join((out / f"pytest-{s.name}.log").read_text(errors="replace").splitlines()[-15:])
-    report = UpstreamReport(release=release, test_id=test.node_id, baseline=base, runs=runs, notes=notes,
-                            shard=f"{shard[0]}/{shard[1]}" if shard else "", selected=selected, collected=collected)
+    report = UpstreamReport(
+        release=release,
+        test_id=test.node_id,
+        baseline=base,
+        runs=runs,
+        notes=notes,
+        shard=f"{shard[0]}/{shard[1]}" if shard else "",
+        selected=selected,
+        collected=collected,
+    )
     base_rec = read_records(out / f"record-{base}")
     for s in libs:
         if s.name == base:

@@ -72,7 +72,7 @@ def kernels() -> Any:
         if not path or not prefix:
             raise RuntimeError("KVPATCH_UPSTREAM_LIB must be path.so:prefix")
         if path.startswith("python:"):  # a Python stand-in, module.Class (the CPU tests use one)
-            module, _, cls = path[len("python:"):].rpartition(".")
+            module, _, cls = path[len("python:") :].rpartition(".")
             _kernels = getattr(__import__(module, fromlist=[cls]), cls)()
         else:
             from kvpatch.gpu.launch import Kernels

@@ -13,7 +13,6 @@ from the tree's ``vllm/utils``. :mod:`.upstream` runs it.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import shutil
 from dataclasses import dataclass
 from pathlib import Path

@@ -23,18 +23,16 @@ instantiates, sampled: see its docstring).
 from __future__ import annotations
 
 import itertools
-import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from ..dtypes import VLLM_BLOCK_SIZES, VLLM_HEAD_SIZES
 from . import launch as L
+from .cases import ValidateCase
 from .dispatch import KERNELS, check_kernel
 from .inputs import DTYPES, KV_CACHE_DTYPES, cache_x, make_inputs
-from .reference import max_alibi_bias, max_rel_l2_per_seq, reference_attention, ref_tolerance
-from .cases import ValidateCase
+from .reference import max_alibi_bias, max_rel_l2_per_seq, ref_tolerance, reference_attention
 from .report import CaseResult, ValidateReport, VariantCheck
 
 #: Context lengths: one token, mid-block, just past one partition, and spanning 3-5
@@ -246,7 +244,9 @@ def check_case(libs: dict[str, Any], case: ValidateCase, *, seed: int, baseline:
             if finite.any():
                 vc.max_abs_diff = float((b.out[finite].float() - s1.out[finite].float()).abs().max().item())
             if not vc.unwritten:
-                vc.reasons.append(f"output differs from {base}: {vc.mismatched} elements, max |diff| {vc.max_abs_diff:.3g}")
+                vc.reasons.append(
+                    f"output differs from {base}: {vc.mismatched} elements, max |diff| {vc.max_abs_diff:.3g}"
+                )
         if mask is not None and vc.identical:
             for part in ("exp_sums", "max_logits"):
                 sv, bv = getattr(s1, part)[mask], getattr(b, part)[mask]

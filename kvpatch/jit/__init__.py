@@ -25,15 +25,15 @@ does I/O at import time.
 
 from __future__ import annotations
 
-from ..source.releases import HEADER
 from ..arch import Arch, parse_arch_list
+from ..source.releases import HEADER
 from .compile import build
-from .library import build_libraries
 from .flags import vllm_nvcc_flags
 from .full import full_build_command, run_full_build
-from .sass import demangle, describe_kernel, parse_ptxas_log, scan_sass
+from .library import build_libraries
 from .plan import TORCH_STUBS, VariantPlan, compile_flags, launcher_sources, plan, source_closure, stub_headers
 from .result import PREFETCH_SASS, BuildResult, KernelInfo, StepTime, VariantResult
+from .sass import demangle, describe_kernel, parse_ptxas_log, scan_sass
 from .signatures import (
     KERNELS,
     KernelSignature,

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from ..arch import Arch
 from ..errors import BuildError, UsageError
 from ..progress import QUIET, Progress
-from ..arch import Arch
 from .spec import check_jobs
 from .toolchain import find_nvcc, first_error
 
@@ -34,7 +34,16 @@ def full_build_command(
     if not archs:
         raise UsageError("no arch given")
     jobs = check_jobs(jobs) or os.cpu_count() or 1
-    argv = [python or sys.executable, "-m", "pip", "install", "-v", "-e", str(Path(tree).resolve()), "--no-build-isolation"]
+    argv = [
+        python or sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "-v",
+        "-e",
+        str(Path(tree).resolve()),
+        "--no-build-isolation",
+    ]
     env = dict(os.environ if base_env is None else base_env)
     env["TORCH_CUDA_ARCH_LIST"] = ";".join(str(a) for a in archs)
     env["MAX_JOBS"] = str(jobs)

@@ -132,7 +132,10 @@ def load_cached(p: LibraryPlan) -> tuple[Any | None, str]:
     if size != result.library_bytes:
         return None, f"cached {p.library.name} is damaged ({size} bytes, recorded {result.library_bytes})"
     if digest != result.library_sha256:
-        return None, f"cached {p.library.name} is damaged (sha256 {digest[:12]}..., recorded {result.library_sha256[:12]}...)"
+        return (
+            None,
+            f"cached {p.library.name} is damaged (sha256 {digest[:12]}..., recorded {result.library_sha256[:12]}...)",
+        )
     return result, ""
 
 
@@ -186,6 +189,7 @@ def _compile_all(plans: list[LibraryPlan], tc: Toolchain, tools: Inspector, jobs
     procs = Processes()
     pool = concurrent.futures.ThreadPoolExecutor(jobs)
     try:
+
         def step(p: LibraryPlan, name: str, fn: Callable[[], None]) -> None:
             import time
 

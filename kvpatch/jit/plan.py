@@ -22,15 +22,14 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..abi import ABI_VERSION
-from ..templating import render
 from ..arch import Arch, code_major
+from ..dtypes import KV_CACHE_DTYPES, QUERY_DTYPES
+from ..templating import render
 from .flags import vllm_nvcc_flags
 from .layout import CacheLayout
-from .signatures import KernelSignature, call_arguments, kernel_signatures, scale_by_value, template_arguments
-from ..dtypes import KV_CACHE_DTYPES, QUERY_DTYPES
 from .result import KernelInfo, VariantResult
 from .sass import SassKernel, demangle, describe_kernel, dump_sass, extract_cubins, parse_ptxas_log
-from .signatures import KERNELS
+from .signatures import KERNELS, KernelSignature, call_arguments, kernel_signatures, scale_by_value, template_arguments
 from .spec import BuildSpec, KernelConfig, Variant
 from .toolchain import Toolchain, toolchain
 
@@ -178,7 +177,12 @@ def compile_flags(variant: Variant, archs: Sequence[Arch], extra: Sequence[str] 
 
 
 def launcher_sources(
-    variant: Variant, sigs: Mapping[str, KernelSignature], configs: Sequence[KernelConfig], *, num_threads: int = 128, partition_size: int = 512
+    variant: Variant,
+    sigs: Mapping[str, KernelSignature],
+    configs: Sequence[KernelConfig],
+    *,
+    num_threads: int = 128,
+    partition_size: int = 512,
 ) -> list[str]:
     """The launcher translation units of one variant (shard 0 first; it holds the API)."""
     shards = max(1, -(-len(configs) // CONFIGS_PER_SHARD))
@@ -201,7 +205,8 @@ def launcher_sources(
         weight_tail=WEIGHT_TAIL_SYMBOL in variant.header,
     )
     return [
-        render("build/launcher.cu.j2", shard=i, configs=[c.template_context() for c in configs[i::shards]], **common) + "\n"
+        render("build/launcher.cu.j2", shard=i, configs=[c.template_context() for c in configs[i::shards]], **common)
+        + "\n"
         for i in range(shards)
     ]
 

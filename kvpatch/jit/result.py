@@ -130,8 +130,9 @@ class VariantResult:
             sass=Path(d["sass"]),
             archs=tuple(d["archs"]),
             configs=tuple(d["configs"]),
-            kernels=tuple(KernelInfo(**{**k, "fp_ops": tuple(tuple(x) for x in k.get("fp_ops", ()))})
-                          for k in d["kernels"]),  # fmt: skip
+            kernels=tuple(
+                KernelInfo(**{**k, "fp_ops": tuple(tuple(x) for x in k.get("fp_ops", ()))}) for k in d["kernels"]
+            ),  # fmt: skip
             steps=tuple(StepTime(**s) for s in d["steps"]),
             expect_prefetch=d["expect_prefetch"],
             compile_flags=tuple(d["compile_flags"]),

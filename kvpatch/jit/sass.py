@@ -9,18 +9,17 @@ import gzip
 import re
 import shutil
 import statistics
-from dataclasses import replace
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, NamedTuple, Sequence
 
-from ..dtypes import KV_CACHE_DTYPES, QUERY_DTYPES, by_demangled
+from ..arch import Arch
+from ..dtypes import KV_CACHE_DTYPES, by_demangled
 from ..errors import BuildError
-from ..arch import Arch, code_major
 from .result import PREFETCH_SASS, KernelInfo, VariantResult
 from .signatures import KERNELS, KernelSignature
 from .toolchain import Inspector, first_error, run_text
-
 
 _PTXAS_ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\w+)'")
 _PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from ..patch.libclang import ci
-
 from ..errors import BuildError
 from ..patch.interrupts import interruptible
+from ..patch.libclang import ci
 from ..patch.parse import parse_header
 
 #: The kernels a variant library holds, by the short name reports use.

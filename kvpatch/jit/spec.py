@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
+from ..arch import Arch, parse_arch_list
 from ..dtypes import KV_CACHE_ALIASES, KV_CACHE_DTYPES, QUERY_DTYPES, VLLM_BLOCK_SIZES, VLLM_HEAD_SIZES
 from ..errors import UsageError
 from ..source.releases import HEADER
-from ..arch import Arch, parse_arch_list
 
 if TYPE_CHECKING:
     from ..config import PatchConfig
@@ -205,7 +205,9 @@ def _check_variants(variants: tuple[Variant, ...]) -> None:
         raise UsageError(f"variant name(s) given twice: {', '.join(dup)}")
 
 
-def _choices(what: str, given: Iterable[str] | None, default: tuple[str, ...], allowed: tuple[str, ...]) -> tuple[str, ...]:
+def _choices(
+    what: str, given: Iterable[str] | None, default: tuple[str, ...], allowed: tuple[str, ...]
+) -> tuple[str, ...]:
     values = tuple(dict.fromkeys(given)) if given is not None else default
     for v in values:
         if v not in allowed:
@@ -215,7 +217,9 @@ def _choices(what: str, given: Iterable[str] | None, default: tuple[str, ...], a
     return values
 
 
-def _sizes(what: str, given: Iterable[int] | None, default: tuple[int, ...], allowed: tuple[int, ...]) -> tuple[int, ...]:
+def _sizes(
+    what: str, given: Iterable[int] | None, default: tuple[int, ...], allowed: tuple[int, ...]
+) -> tuple[int, ...]:
     if given is None:
         return default
     values: list[int] = []

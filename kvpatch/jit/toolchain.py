@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import BuildError
 from ..arch import Arch
+from ..errors import BuildError
 
 
 @dataclass(frozen=True)

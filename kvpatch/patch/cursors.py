@@ -111,7 +111,6 @@ def flatten_sum(p: Parsed, node: ci.Cursor) -> list[ci.Cursor]:
 # --------------------------------------------------------------------------- locating
 
 
-
 def own_line_break(p: Parsed, offset: int) -> int:
     """The line break before ``offset``'s line when only blanks precede it there, else -1."""
     start = p.data.rfind(b"\n", 0, offset)

@@ -94,7 +94,6 @@ class Result:
         return self.stock != self.patched
 
 
-
 @interruptible
 def patch_header(header: Header, cfg: PatchConfig) -> Result:
     """Inject ``cfg`` into the header's stock text, replacing any earlier injection, and
@@ -136,7 +135,6 @@ class Injected:
         return bool(self.labels)
 
 
-
 def verify(stock: Parsed, patched_text: str, cfg: PatchConfig) -> None:
     """Re-parse the patched header and check what :func:`patch_header` promises: both
     chosen sites are found again and hold the prefetch (an ``asm`` or a call of the helper),
@@ -148,7 +146,9 @@ def verify(stock: Parsed, patched_text: str, cfg: PatchConfig) -> None:
         raise PatchError(f"the patched header has new diagnostics: {new_errors[0]}")
     copies = tuple((j.start, j.end) for j in injections(patched) if j.label == SPLIT_LABEL)
     if bool(copies) != (cfg.uses_split and cfg.k):
-        raise PatchError("after patching, the key loop's issue=split copy is " + ("unexpected" if copies else "missing"))
+        raise PatchError(
+            "after patching, the key loop's issue=split copy is " + ("unexpected" if copies else "missing")
+        )
     if copies:
         want = sites_of(stock).key.loop_text.replace("\r\n", "\n")
     for start, end in copies:

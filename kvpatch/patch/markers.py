@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .libclang import ci
-
 from ..errors import PatchError
 from .edits import Edit
+from .libclang import ci
 from .parse import Parsed
 
 BEGIN = "// kvpatch:begin"
@@ -34,8 +33,10 @@ class Injection:
 def _broken(p: Parsed, what: str) -> str:
     """A marker pair broken by hand: which lines are kvpatch's is unknown, so not even
     ``--force`` can remove them; say how to get a stock header back."""
-    return (f"{what} in {p.path}: the markers are broken, so kvpatch cannot tell its lines from yours (not even "
-            "with --force); restore the header (git checkout -- FILE, or a copy) or mend the markers by hand")
+    return (
+        f"{what} in {p.path}: the markers are broken, so kvpatch cannot tell its lines from yours (not even "
+        "with --force); restore the header (git checkout -- FILE, or a copy) or mend the markers by hand"
+    )
 
 
 def injections(p: Parsed) -> list[Injection]:

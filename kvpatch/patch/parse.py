@@ -173,7 +173,5 @@ def parse_header(text: str, header_path: str) -> Parsed:
     data = text.encode("utf-8")
     unsaved = [(header_path, text), *_virtual_files()]
     index = ci.Index.create()
-    tu = index.parse(
-        header_path, args=clang_args(header_path), unsaved_files=unsaved, options=_KEEP_GOING
-    )
+    tu = index.parse(header_path, args=clang_args(header_path), unsaved_files=unsaved, options=_KEEP_GOING)
     return Parsed(tu=tu, path=header_path, data=data)

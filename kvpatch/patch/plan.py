@@ -107,9 +107,11 @@ def plan(sites: Sites, cfg: PatchConfig) -> list[Edit]:
 def _split(site: Site, sites: Sites, cfg: PatchConfig, branches: list) -> Edit:
     """``issue=split``'s branch before the key loop, holding a copy of stock's loop."""
     if sites.alibi_var is None:
-        raise PatchError(f"issue=split: no variable initialised from the kernel's {ALIBI_PARAM} parameter, which "
-                         "split tests; give each split rule that `kvpatch config` lists another issue "
-                         "(--rule 'bf16/128/16/auto/v1=issue=call', ...) or drop the rules (rules = \"none\")")
+        raise PatchError(
+            f"issue=split: no variable initialised from the kernel's {ALIBI_PARAM} parameter, which "
+            "split tests; give each split rule that `kvpatch config` lists another issue "
+            "(--rule 'bf16/128/16/auto/v1=issue=call', ...) or drop the rules (rules = \"none\")"
+        )
     if site.before_loop < 0:
         raise PatchError(f"issue=split: the key loop at line {site.line} does not start its own line")
     loop_text = site.loop_text.replace("\r\n", "\n")

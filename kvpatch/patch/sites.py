@@ -25,14 +25,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cursors import (
-    after_trailing_comment, flatten_sum, in_main_file, indent_at, line_break_before, operator, own_line_break,
-    ref_name, refs, strip_wrappers, text_of,
-)  # fmt: skip
-from .libclang import CursorKind, ci
-
 from ..errors import PatchError
+from .cursors import (
+    after_trailing_comment,
+    flatten_sum,
+    in_main_file,
+    indent_at,
+    line_break_before,
+    operator,
+    own_line_break,
+    ref_name,
+    refs,
+    strip_wrappers,
+    text_of,
+)  # fmt: skip
 from .interrupts import interruptible
+from .libclang import CursorKind, ci
 from .parse import Parsed, parse_header
 
 K = CursorKind
@@ -102,7 +110,6 @@ class Sites:
         return iter((self.key, self.value))
 
 
-
 def _function(p: Parsed) -> ci.Cursor:
     for node in p.tu.cursor.walk_preorder():
         if (node.kind == K.FUNCTION_TEMPLATE and node.spelling == FUNCTION
@@ -163,9 +170,7 @@ def _block_loop(p: Parsed, node: ci.Cursor) -> _Loop | None:
 
 def _tile_address(p: Parsed, loop: _Loop, cache: str) -> tuple[str, str, frozenset[str]]:
     """(block stride, head offset) from ``cache + number * stride + head terms ...``."""
-    declared_inside = {
-        c.spelling for c in loop.body.walk_preorder() if c.kind == K.VAR_DECL
-    }
+    declared_inside = {c.spelling for c in loop.body.walk_preorder() if c.kind == K.VAR_DECL}
     for node in loop.body.walk_preorder():
         if node.kind != K.BINARY_OPERATOR or operator(p, node) != "+":
             continue
@@ -245,7 +250,6 @@ def _site(p: Parsed, kind: str, loop: _Loop, address: tuple[str, str, frozenset[
         loop_indent=indent_at(p, loop.node.extent.start.offset),
         loop_text=p.data[loop.node.extent.start.offset : loop.node.extent.end.offset].decode(),
     )
-
 
 
 def _kernel_names(p: Parsed, fn: ci.Cursor, cache_param: ci.Cursor) -> dict[str, str]:

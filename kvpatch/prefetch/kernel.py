@@ -95,23 +95,28 @@ class PrefetchKernelSpec:
 
     @property
     def marker(self) -> str:
-        return f"chunk={self.chunk},line={self.line},hint={self.hint},threads={self.threads}" + (",demote" if self.demote else "")
+        return f"chunk={self.chunk},line={self.line},hint={self.hint},threads={self.threads}" + (
+            ",demote" if self.demote else ""
+        )
 
     def source(self) -> str:
         from ..templating import render  # jinja2: only where the source is generated
 
-        return render(
-            "prefetch/l2_prefetch.cu.j2",
-            marker=self.marker,
-            chunk=self.chunk,
-            line=self.line,
-            hint=self.hint,
-            hint_code=HINT_CODES[self.hint],
-            threads=self.threads,
-            abi_version=PREFETCH_ABI_VERSION,
-            max_chunk=MAX_CHUNK,
-            demote=self.demote,
-        ) + "\n"
+        return (
+            render(
+                "prefetch/l2_prefetch.cu.j2",
+                marker=self.marker,
+                chunk=self.chunk,
+                line=self.line,
+                hint=self.hint,
+                hint_code=HINT_CODES[self.hint],
+                threads=self.threads,
+                abi_version=PREFETCH_ABI_VERSION,
+                max_chunk=MAX_CHUNK,
+                demote=self.demote,
+            )
+            + "\n"
+        )
 
 
 def _archs(archs: str | Sequence[Arch]) -> list[Arch]:
@@ -191,7 +196,9 @@ class PrefetchLibrary:
             raise BuildError(f"cannot load the L2 prefetch library {self.path}: {e}") from None
         version = self._fn("kvpatch_l2_prefetch_abi_version", [], ctypes.c_int)()
         if version != PREFETCH_ABI_VERSION:
-            raise BuildError(f"{self.path} has prefetch ABI {version}, this kvpatch expects {PREFETCH_ABI_VERSION}: rebuild it")
+            raise BuildError(
+                f"{self.path} has prefetch ABI {version}, this kvpatch expects {PREFETCH_ABI_VERSION}: rebuild it"
+            )
         self.config: str = self._fn("kvpatch_l2_prefetch_config", [], ctypes.c_char_p)().decode()
         self._error_string = self._fn("kvpatch_l2_prefetch_error_string", [ctypes.c_int], ctypes.c_char_p)
         self._launch = self._fn(
@@ -199,7 +206,15 @@ class PrefetchLibrary:
         )
         self._launch_ex = self._fn(
             "kvpatch_l2_prefetch_ex",
-            [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p],
+            [
+                ctypes.c_void_p,
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.c_longlong,
+                ctypes.c_int,
+                ctypes.c_void_p,
+            ],
             ctypes.c_int,
         )
         #: The modes of :meth:`run`: both with ``PrefetchKernelSpec(demote=True)``, none without.
@@ -252,23 +267,33 @@ class PrefetchLibrary:
         128-byte line of the rows to ``evict_normal``. Needs a library built with
         ``PrefetchKernelSpec(demote=True)`` (:attr:`modes`)."""
         if self._run is None:
-            raise UsageError(f"{self.path} has no kvpatch_l2_prefetch_run: build it with PrefetchKernelSpec(demote=True)")
+            raise UsageError(
+                f"{self.path} has no kvpatch_l2_prefetch_run: build it with PrefetchKernelSpec(demote=True)"
+            )
         if mode not in MODES:
             raise UsageError(f"unknown prefetch mode {mode!r}: choose one of {', '.join(MODES)}")
         if not (-(2**31) <= int(rows) < 2**31 and -(2**31) <= int(grid) < 2**31):
             raise UsageError(f"prefetch launch: rows {rows} and grid {grid} must fit a 32-bit int")
         check_launch(threads, chunk, hint)
         code = -1 if hint is None else HINT_CODES[hint]
-        rc = self._run(table_ptr, int(rows), int(grid), int(threads or 0), int(chunk or 0), code, MODES[mode], stream_ptr)
+        rc = self._run(
+            table_ptr, int(rows), int(grid), int(threads or 0), int(chunk or 0), code, MODES[mode], stream_ptr
+        )
         if rc != 0:
-            raise RuntimeError(f"kvpatch_l2_prefetch_run ({mode}) failed: {self._error_string(rc).decode()} (error {rc})")
+            raise RuntimeError(
+                f"kvpatch_l2_prefetch_run ({mode}) failed: {self._error_string(rc).decode()} (error {rc})"
+            )
 
 
-def load_prefetch_library(path: str | os.PathLike[str] | None = None, *, capability: tuple[int, int] | None = None) -> PrefetchLibrary:
+def load_prefetch_library(
+    path: str | os.PathLike[str] | None = None, *, capability: tuple[int, int] | None = None
+) -> PrefetchLibrary:
     """``path``, else ``$KVPATCH_PREFETCH_LIB``, else a build for ``capability``."""
     path = path or os.environ.get(LIBRARY_ENV)
     if not path:
         if capability is None:
-            raise UsageError("load_prefetch_library: give a path, set $KVPATCH_PREFETCH_LIB or pass the GPU's capability")
+            raise UsageError(
+                "load_prefetch_library: give a path, set $KVPATCH_PREFETCH_LIB or pass the GPU's capability"
+            )
         path = build_prefetch_library(archs_for_capability(*capability))
     return PrefetchLibrary(path)

@@ -20,7 +20,6 @@ extra bytes at either end belong to the same block.
 from __future__ import annotations
 
 import operator
-
 from typing import Any, Iterable, Sequence
 
 #: Every range starts and ends on a multiple of this (``cp.async.bulk`` needs 16).
@@ -108,7 +107,9 @@ def tensor_list(tensors: Iterable[Any], what: str) -> list[Any]:
     return out
 
 
-def weight_ranges(tensors: Iterable[Any], cap_bytes: int | None = None, *, merge: bool = False) -> list[tuple[int, int]]:
+def weight_ranges(
+    tensors: Iterable[Any], cap_bytes: int | None = None, *, merge: bool = False
+) -> list[tuple[int, int]]:
     """``(address, bytes)`` of each tensor's span, in the order given.
 
     * Each span is 16-byte aligned: start rounded down, end rounded up.
@@ -130,7 +131,9 @@ def weight_ranges(tensors: Iterable[Any], cap_bytes: int | None = None, *, merge
     tensors = tensor_list(tensors, "weight_ranges")
     devices = sorted({_device_of(t) for t in tensors})
     if len(devices) > 1:
-        raise ValueError(f"weight_ranges: tensors are on different devices ({', '.join(devices)}); one table serves one device")
+        raise ValueError(
+            f"weight_ranges: tensors are on different devices ({', '.join(devices)}); one table serves one device"
+        )
     remaining: int | None = None
     if cap_bytes is not None:
         cap_bytes = count(cap_bytes, "weight_ranges: cap_bytes", minimum=1)

@@ -51,7 +51,9 @@ class WeightTail:
             self._set = getattr(lib, f"{prefix}_{SETTER}")
             max_rows = getattr(lib, f"{prefix}_{MAX_ROWS}")
         except AttributeError:
-            raise BuildError(f"{self.path} has no {prefix}_{SETTER}: not a weight-tail build (PatchConfig weight_tail)") from None
+            raise BuildError(
+                f"{self.path} has no {prefix}_{SETTER}: not a weight-tail build (PatchConfig weight_tail)"
+            ) from None
         self._set.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p]
         self._set.restype = ctypes.c_int
         max_rows.argtypes, max_rows.restype = [], ctypes.c_int
@@ -61,7 +63,9 @@ class WeightTail:
             self._error.argtypes, self._error.restype = [ctypes.c_int], ctypes.c_char_p
         self.rows: tuple[tuple[int, int, int], ...] = ()
 
-    def set(self, rows: Iterable[Sequence[int]], *, hint: str = "evict_normal", chunk: int = 65536, stream: int = 0) -> None:
+    def set(
+        self, rows: Iterable[Sequence[int]], *, hint: str = "evict_normal", chunk: int = 65536, stream: int = 0
+    ) -> None:
         """Fill the table: ``rows`` of (key cache address, weight address, bytes); asynchronous
         on ``stream`` (a ``cudaStream_t``; never one being captured). Raises UsageError for rows
         the kernels cannot take, RuntimeError for a CUDA error."""
@@ -93,7 +97,9 @@ def check_rows(rows: Sequence[Sequence[int]], max_rows: int) -> None:
             raise UsageError(f"weight-tail row {r!r}: (key cache, address, bytes)")
         key, address, size = r
         if key <= 0 or address <= 0 or size <= 0 or address % 16 or size % 16 or address >= 2**63 or key >= 2**63:
-            raise UsageError(f"weight-tail row ({key:#x}, {address:#x}, {size}): positive, address and bytes multiples of 16")
+            raise UsageError(
+                f"weight-tail row ({key:#x}, {address:#x}, {size}): positive, address and bytes multiples of 16"
+            )
 
 
 def second_copy(path: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Path:

@@ -9,8 +9,15 @@ never read as rich markup.
 from .build import build_table
 from .decode import decode_text, micro_prefetch_table, micro_table, stage_table, sweep_text
 from .measure import (
-    bench_summary_table, bench_tables, fmt_speedup, print_bench, print_upstream, print_validate, tune_table,
-    upstream_table, validate_summary,
+    bench_summary_table,
+    bench_tables,
+    fmt_speedup,
+    print_bench,
+    print_upstream,
+    print_validate,
+    tune_table,
+    upstream_table,
+    validate_summary,
 )  # fmt: skip
 from .patching import config_summary, sites_table
 from .plugin import check_lines, enable_lines, status_lines

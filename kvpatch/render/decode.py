@@ -37,7 +37,11 @@ def decode_text(report: DecodeReport | dict[str, Any]) -> str:
     head.append("speedup over stock = median [min..max] of per-round ratios; aa = stock-aa's ratio; "
                 "guard = MiB demoted before every launch")  # fmt: skip
     names = [n for n in report.variants[1:]]
-    cols = ["model", "dtype", "B", "ctx", "kern", "stock us", "tok/s"] + [f"{n} x" for n in names] + ["attn", "guard", "same"]
+    cols = (
+        ["model", "dtype", "B", "ctx", "kern", "stock us", "tok/s"]
+        + [f"{n} x" for n in names]
+        + ["attn", "guard", "same"]
+    )
     rows = []
     for p in report.points:
         v = p["variants"]
@@ -57,7 +61,9 @@ def decode_text(report: DecodeReport | dict[str, Any]) -> str:
 
 def _table(cols: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
-    return ["  ".join(c.rjust(w) for c, w in zip(cols, widths))] + ["  ".join(x.rjust(w) for x, w in zip(r, widths)) for r in rows]
+    return ["  ".join(c.rjust(w) for c, w in zip(cols, widths))] + [
+        "  ".join(x.rjust(w) for x, w in zip(r, widths)) for r in rows
+    ]
 
 
 def _interval(s: Mapping[str, float]) -> str:
@@ -82,13 +88,17 @@ def _decode_summary_lines(report: DecodeReport) -> list[str]:
         lines.append(line)
     if summ.get("aa"):
         aa = summ["aa"]
-        lines.append(f"A/A twin: within +-0.3% at {aa['within']} of {aa['of']} points (largest deviation {100 * aa['worst']:.2f}%)")
+        lines.append(
+            f"A/A twin: within +-0.3% at {aa['within']} of {aa['of']} points (largest deviation {100 * aa['worst']:.2f}%)"
+        )
     if summ.get("carryover_stock"):
         c = summ["carryover_stock"]
         lines.append(f"evict_last carry-over: stock right after a hinted arm / after the others = {c['min']:.4f}..{c['max']:.4f} "
                      "(1.0: nothing carried over)")  # fmt: skip
     lines.append(f"fastest arm per point: {summ['best_variant_counts']}")
-    lines.append("bit-identical to stock at every point" if summ["all_identical"] else "OUTPUTS DIFFER FROM STOCK (see 'same')")
+    lines.append(
+        "bit-identical to stock at every point" if summ["all_identical"] else "OUTPUTS DIFFER FROM STOCK (see 'same')"
+    )
     capped = sum(p.get("power_capped_rounds", 0) for p in report.points)
     if capped:
         lines.append(f"{capped} rounds ran power- or thermally capped (clocks in the JSON)")
@@ -104,7 +114,10 @@ def micro_table(micro: Mapping[str, Any]) -> str:
     """Plain text table of :func:`run_micro_gemm`'s results."""
     head = f"{'gemm':<28} {'m':>3} {'weight MiB':>10} {'pf MiB':>7} {'cold us':>8} {'prefetched':>10} {'warm us':>8} {'speedup':>7}"
     hint = f", hint {micro.get('hint') or 'default'}" + (", demoted between trials" if micro.get("demoted") else "")
-    lines = [f"GEMM after a {micro['idle_us']:.0f} us HBM-idle kernel, L2 flushed, {micro['dtype']}{hint}, median of {micro['trials']}", head]
+    lines = [
+        f"GEMM after a {micro['idle_us']:.0f} us HBM-idle kernel, L2 flushed, {micro['dtype']}{hint}, median of {micro['trials']}",
+        head,
+    ]
     for r in micro["results"]:
         lines.append(
             f"{r['gemm']:<28} {r['m']:>3} {r['weight_bytes'] / MiB:>10.1f} {r['prefetched_bytes'] / MiB:>7.1f} "
@@ -136,14 +149,28 @@ def kernels_table(runs: Sequence[Mapping[str, Any]], best_only: bool = True) -> 
     """:func:`~kvpatch.decode.kernels.run_window_kernels`'s results: per model, batch and window,
     the next GEMM and the window's kernels without / with the prefetch (each cap and hint, or
     the best one), what the prefetch gave the GEMM and cost the window, and the net."""
-    cols = ["model", "B", "window", "GEMM", "MiB", "hint", "GEMM off", "GEMM on", "gave", "window off", "window on", "cost", "net"]
+    cols = [
+        "model",
+        "B",
+        "window",
+        "GEMM",
+        "MiB",
+        "hint",
+        "GEMM off",
+        "GEMM on",
+        "gave",
+        "window off",
+        "window on",
+        "cost",
+        "net",
+    ]
     rows = []
     for run in runs:
         results = list(run.get("results", []))
         keys = list(dict.fromkeys((r["batch"], r["window"]) for r in results))
         for b, w in keys:
             rs = [r for r in results if r["batch"] == b and r["window"] == w]
-            for r in ([max(rs, key=lambda r: r["net_us"])] if best_only else rs):
+            for r in [max(rs, key=lambda r: r["net_us"])] if best_only else rs:
                 rows.append([run["model"], str(b), w, r["target"], f"{r['prefetched_bytes'] / MiB:g}", r["hint"],
                              f"{r['gemm_off_us']:.1f}", f"{r['gemm_on_us']:.1f}", f"{r['gave_us']:+.2f}",
                              f"{r['window_off_us']:.1f}", f"{r['window_on_us']:.1f}", f"{r['cost_us']:+.2f}", f"{r['net_us']:+.2f}"])  # fmt: skip
@@ -172,7 +199,9 @@ def stage_table(points: Sequence[Mapping[str, Any]], names: Sequence[str]) -> st
     return "\n".join(lines)
 
 
-def sweep_text(result: Mapping[str, Any], reports: Mapping[str, Any] | None = None, kernels: Sequence[Any] | None = None) -> str:
+def sweep_text(
+    result: Mapping[str, Any], reports: Mapping[str, Any] | None = None, kernels: Sequence[Any] | None = None
+) -> str:
     """The weight-prefetch sweep as text: the pick and why, each stage's table, the log.
     ``reports``: ``{stage: decode report dict}`` (decode_<stage>.json); ``kernels``: kernels.json."""
     parts = []
@@ -197,7 +226,7 @@ def sweep_text(result: Mapping[str, Any], reports: Mapping[str, Any] | None = No
                 parts.append(stage_table(reports[stage]["points"], reports[stage]["variants"][1:]))
     if kernels:
         parts.append(kernels_table(kernels))
-    for hint, micro in (result.get("micro") or {}).items():
+    for micro in (result.get("micro") or {}).values():
         parts.append(micro_table(micro))
     if result.get("errors"):
         parts.append("errors: " + "; ".join(f"{k}: {v}" for k, v in result["errors"].items()))
@@ -215,7 +244,11 @@ def sweep_summary(result: Mapping[str, Any], reports: Mapping[str, Any]) -> str:
     from ..decode.report import DecodeReport, env_facts
 
     e = env_facts(result.get("env") or {})
-    done = [s for s in result.get("stages", []) if s not in (result.get("skipped_stages") or []) and s not in (result.get("errors") or {})]
+    done = [
+        s
+        for s in result.get("stages", [])
+        if s not in (result.get("skipped_stages") or []) and s not in (result.get("errors") or {})
+    ]
     lines = [f"kvpatch weight-prefetch run on {e['gpu']}: {result.get('seconds', '?')} s; stages done: {', '.join(done) or 'none'}"
              + (f"; skipped: {', '.join(result['skipped_stages'])}" if result.get("skipped_stages") else "")]  # fmt: skip
     for stage in ("final", "lead", "guard_off"):
@@ -224,7 +257,11 @@ def sweep_summary(result: Mapping[str, Any], reports: Mapping[str, Any]) -> str:
             continue
         rep = DecodeReport.from_dict(data)
         s = rep.summary()
-        cfg = (result.get("picked") or {}).get("config", {}).get("label") if stage == "final" else (rep.weight_prefetch or {}).get("label")
+        cfg = (
+            (result.get("picked") or {}).get("config", {}).get("label")
+            if stage == "final"
+            else (rep.weight_prefetch or {}).get("label")
+        )
         lines.append(f"{stage}: {s['points']} points ({cfg or '-'}), bit-identical: {'yes' if s['all_identical'] else 'NO'}"
                      + (f", A/A within +-0.3% at {s['aa']['within']}/{s['aa']['of']} (largest {100 * s['aa']['worst']:.2f}%)" if s.get("aa") else "")
                      + (f", carry-over after evict_last {s['carryover_stock']['min']:.4f}..{s['carryover_stock']['max']:.4f}" if s.get("carryover_stock") else ""))  # fmt: skip

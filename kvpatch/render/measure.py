@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -62,7 +62,8 @@ def bench_tables(report: Any) -> list[Table]:
                 v = r.variants.get(n)
                 row.append(
                     f"{fmt_speedup(v.speedup, v.outputs_match, v.verdict)} [dim][{v.speedup_lo:.2f}..{v.speedup_hi:.2f}][/dim]"
-                    if v else "-"
+                    if v
+                    else "-"
                 )
             best = max([best] + [v.kv_bytes_per_s for v in r.variants.values()])
         row.append(f"{best / 1e12:.2f}")
@@ -109,7 +110,9 @@ def print_bench(report: Any, console: Console) -> None:
 
 def validate_summary(report: Any) -> str:
     worst = ", ".join(f"{k} {v:.1e}" for k, v in sorted(report.max_ref_error().items()))
-    ident = "; ".join(f"{n}: {c['identical']}/{c['checked']} bit-identical" for n, c in report.identical_counts().items())
+    ident = "; ".join(
+        f"{n}: {c['identical']}/{c['checked']} bit-identical" for n, c in report.identical_counts().items()
+    )
     return (f"{len(report.results)} configurations ({report.matrix}) x {len(report.variants) - 1} variant(s): "
             f"{report.n_passed} passed, {report.n_failed} failed, {len(report.skipped)} skipped"
             + (f"; {ident}" if ident else "") + (f"; stock vs float64 reference (rel-L2): {worst}" if worst else ""))  # fmt: skip
@@ -138,7 +141,15 @@ def upstream_table(report: Any) -> Table:
     share = f", shard {report.shard}: {report.selected} of its {report.collected} cases" if report.shard else ""
     t = Table(title=f"vLLM {escape(report.release)}'s own test {escape(report.test_id)} (unchanged{share}) per library",
               title_justify="left")  # fmt: skip
-    for col in ("library", "passed", "failed", "skipped", "errors", "outputs", escape(f"== {report.baseline} bit for bit")):
+    for col in (
+        "library",
+        "passed",
+        "failed",
+        "skipped",
+        "errors",
+        "outputs",
+        escape(f"== {report.baseline} bit for bit"),
+    ):
         t.add_column(col, justify="left" if col == "library" else "right")
     for run in report.runs:
         same = report.identical.get(run.name)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -40,5 +37,7 @@ def config_summary(cfg: PatchConfig) -> str:
     dims = [sorted({k[i] for (k, _, _) in kernels}, key=str) for i in range(5)]
     what = (f"{'/'.join(map(str, dims[0]))} x {len(dims[1])} head sizes x {len(dims[2])} block sizes x "
             f"{'/'.join(dims[4])}, {'/'.join(dims[3])} cache")  # fmt: skip
-    return (f"config: {on} of the {len(kernels)} kernels vLLM builds ({what}) prefetch, by {rules} rules; "
-            "'kvpatch config' prints all of it (with --config FILE for yours)")
+    return (
+        f"config: {on} of the {len(kernels)} kernels vLLM builds ({what}) prefetch, by {rules} rules; "
+        "'kvpatch config' prints all of it (with --config FILE for yours)"
+    )

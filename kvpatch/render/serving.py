@@ -36,16 +36,22 @@ def serving_lines(report: dict[str, Any]) -> list[str]:
                                   f"torch {env['torch']}" if env.get("torch") else "") if x)  # fmt: skip
     weights = "dummy weights" if engine.get("dummy_weights") else "its weights"
     lines = [
-        (f"vLLM serving, {report['model']} ({weights}), {report['dtype']}, V0 engine with the XFORMERS backend, "
-         f"CUDA graphs; {where}"),
-        (f"engine starts: {report['engine_starts']} of {report['planned']} ({report['starts_per_arm']} per arm, arms "
-         "alternated)" + ("" if report["complete"] else "  INCOMPLETE: run again with the same --raw to go on")),
+        (
+            f"vLLM serving, {report['model']} ({weights}), {report['dtype']}, V0 engine with the XFORMERS backend, "
+            f"CUDA graphs; {where}"
+        ),
+        (
+            f"engine starts: {report['engine_starts']} of {report['planned']} ({report['starts_per_arm']} per arm, arms "
+            "alternated)" + ("" if report["complete"] else "  INCOMPLETE: run again with the same --raw to go on")
+        ),
     ]
     for name, arm in report["arms"].items():
         logged = "/".join(arm["kernels_logged"]) or "nothing"
         start = arm["engine_start_s"]
         up = f"; engine up in {start['median']:.0f} s" if start.get("n") else ""
-        lines.append(f"  {name}: {arm['starts']} starts, {arm['kernels']}'s kernels needed, the plugin logged {logged}{up}")
+        lines.append(
+            f"  {name}: {arm['starts']} starts, {arm['kernels']}'s kernels needed, the plugin logged {logged}{up}"
+        )
     arms = list(report["arms"])
     for metric, (heading, fmt) in _TABLES.items():
         lines += ["", heading]
@@ -56,8 +62,10 @@ def serving_lines(report: dict[str, Any]) -> list[str]:
         lines += _table(rows)
     lines += [
         "",
-        ("speedup: vLLM's kernels over kvpatch's (above 1: kvpatch faster), median and the range of the per-round "
-         "ratios; A/A: vLLM's kernels over the same kernels in another engine start (identical code: the noise)."),
+        (
+            "speedup: vLLM's kernels over kvpatch's (above 1: kvpatch faster), median and the range of the per-round "
+            "ratios; A/A: vLLM's kernels over the same kernels in another engine start (identical code: the noise)."
+        ),
     ]
     if report.get("raw"):
         lines.append(f"engine runs and logs: {report['raw']}")

@@ -24,6 +24,7 @@ from .report import build_report
 from .schedule import Slot, pending, schedule
 
 MANIFEST = "bench.json"
+DEFAULT_WORKER = Worker()
 
 
 def saved_runs(options: ServingOptions, folder: Path, slots: list[Slot]) -> dict[str, dict[str, Any]]:
@@ -53,7 +54,7 @@ def saved_runs(options: ServingOptions, folder: Path, slots: list[Slot]) -> dict
     return out
 
 
-def run_bench(options: ServingOptions, folder: Path, *, worker: Worker = Worker(), progress: Progress = QUIET,
+def run_bench(options: ServingOptions, folder: Path, *, worker: Worker = DEFAULT_WORKER, progress: Progress = QUIET,
               budget_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:  # fmt: skip
     """Every engine start of the schedule not yet in ``folder``, then the report over all of
     them. Stops early, leaving the report incomplete, when the next start would likely end

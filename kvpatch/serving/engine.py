@@ -103,7 +103,7 @@ def run_slot(slot: Slot, options: ServingOptions, folder: Path, *, worker: Worke
                 if line is None:
                     break
                 if line.startswith(PROGRESS):
-                    progress.say(f"{slot.name}: {line[len(PROGRESS):].strip()}")
+                    progress.say(f"{slot.name}: {line[len(PROGRESS) :].strip()}")
                 if clock() - t0 > options.engine_timeout_s:
                     timed_out = True
                     break

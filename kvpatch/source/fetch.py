@@ -46,8 +46,6 @@ DEFAULT_REMOTE = "https://github.com/vllm-project/vllm.git"
 DEFAULT_INDEX = "https://pypi.org/simple"
 
 
-
-
 def _unsupported(version: str) -> FetchError:
     """A version outside the releases that carry the header (nothing was fetched: whether it
     exists at all is not known here, so the message does not claim it does)."""
@@ -75,8 +73,9 @@ def _absolute(path: Path, what: str) -> Path:
     try:
         return Path.cwd() / path
     except OSError as e:  # the current directory was removed
-        raise UsageError(f"{what} is relative and the current directory cannot be read ({e.strerror or e}); "
-                         "give an absolute path") from None
+        raise UsageError(
+            f"{what} is relative and the current directory cannot be read ({e.strerror or e}); give an absolute path"
+        ) from None
 
 
 def check_release(version: str) -> None:
@@ -181,7 +180,7 @@ def _remembered(record: Path) -> str | None:
     except (OSError, UnicodeDecodeError):
         return None
     origin = lines[0] if lines else ""
-    source = next((line[len("source "):] for line in lines if line.startswith("source ")), None)
+    source = next((line[len("source ") :] for line in lines if line.startswith("source ")), None)
     if source is None:  # an older kvpatch's record: its line names the source
         kind, _, rest = origin.partition(" ")
         where = rest.split(" ")[0]

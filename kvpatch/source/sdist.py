@@ -58,7 +58,8 @@ def _find_sdist(index: str, version: str, *, git_reason: str = "") -> _Sdist:
     except FetchError:
         raise
     except _NotFound:
-        raise FetchError(f"vLLM release {version} not found on {_redact(index)} (the index has no vllm project)") from None
+        where = _redact(index)
+        raise FetchError(f"vLLM release {version} not found on {where} (the index has no vllm project)") from None
     except _Unreachable as exc:
         raise _no_network(index, version, exc.reason, git_reason) from None
     for pkg in packages:
@@ -132,7 +133,7 @@ def _remote_packages(index: str) -> list:
     except (requests.ConnectionError, requests.Timeout) as exc:
         raise _Unreachable(_short_reason(exc)) from None
     except (UnsupportedContentTypeError, UnsupportedRepoVersionError, pydantic.ValidationError, ValueError,
-            KeyError, TypeError, RecursionError) as exc:  # fmt: skip  (RecursionError: JSON nested too deep)
+            KeyError, TypeError, RecursionError) as exc:  # fmt: skip  # RecursionError: JSON nested too deep
         raise FetchError(f"package index {_redact(index)} sent a vllm page kvpatch cannot read "
                          f"({type(exc).__name__}: {_short_reason(exc)})") from None  # fmt: skip
     except requests.RequestException as exc:
@@ -205,8 +206,7 @@ def _with_index_credentials(url: str, index: str) -> str:
 def _no_network(index: str, version: str, reason: object, git_reason: str) -> FetchError:
     git_part = f"git clone failed ({git_reason}), " if git_reason else ""
     return FetchError(
-        f"no network: {git_part}cannot reach {_redact(index)} ({reason}), "
-        f"and nothing cached for v{version}"
+        f"no network: {git_part}cannot reach {_redact(index)} ({reason}), and nothing cached for v{version}"
     )
 
 
@@ -296,7 +296,8 @@ def _copy_local(sdist: _Sdist, dest: Path, tracker) -> None:
         raise FetchError(f"cannot read {sdist.url}: {exc.strerror or exc}") from None
     if sdist.sha256 is not None and digest.hexdigest() != sdist.sha256.lower():
         dest.unlink(missing_ok=True)
-        raise FetchError(f"sha256 mismatch for {sdist.filename}: index says {sdist.sha256}, downloaded {digest.hexdigest()}")
+        got = digest.hexdigest()
+        raise FetchError(f"sha256 mismatch for {sdist.filename}: index says {sdist.sha256}, downloaded {got}")
 
 
 #: Bounds on what an sdist may unpack to (vLLM's hold ~5,000 files, ~50 MB): a

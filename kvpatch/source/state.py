@@ -7,15 +7,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import KvpatchError, UsageError
 from .. import fsutil
+from ..errors import KvpatchError, UsageError
 from ..fsutil import stage
 from .tree import Tree
 
 STATE_DIR = ".kvpatch"
 STATE_FILE = "state.json"
 LOCK_FILE = "lock"
-
 
 
 @dataclass(frozen=True)

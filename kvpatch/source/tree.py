@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import PatchError
 from .. import fsutil
+from ..errors import PatchError
 from . import git as gitcmd
 from .releases import HEADER, revision_of
 

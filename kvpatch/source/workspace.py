@@ -23,8 +23,8 @@ import stat
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..errors import BuildError, KvpatchError, PatchError
 from .. import fsutil
+from ..errors import BuildError, KvpatchError, PatchError
 from ..fsutil import Staged, stage, write_atomic
 from . import git as gitcmd
 from .releases import HEADER
@@ -57,7 +57,6 @@ def protected_paths(cwd: Path, tree: Tree | None = None) -> dict[str, Path]:
         paths["the tree's header"] = tree.header
         paths["the tree's lock"] = tree_lock_path(tree)
     return paths
-
 
 
 #: The tree's lock: in its git directory (never in ``git status``), else beside the header.
@@ -94,7 +93,7 @@ def _git_dir(root: Path) -> Path | None:
         return None
     if not first.startswith("gitdir:"):
         return None
-    target = Path(first[len("gitdir:"):].strip())
+    target = Path(first[len("gitdir:") :].strip())
     target = target if target.is_absolute() else root / target
     return target if target.is_dir() else None
 

@@ -38,7 +38,15 @@ measurements, no GPU) and :mod:`.run` (the GPU run).
 
 from .choose import Pick, Score, choose, combine, score, validation_failures
 from .grid import (
-    FALLBACKS, GRID, GRID_KEYS, POLICIES, candidate_configs, candidate_name, candidates, parse_grid, parse_grids,
+    FALLBACKS,
+    GRID,
+    GRID_KEYS,
+    POLICIES,
+    candidate_configs,
+    candidate_name,
+    candidates,
+    parse_grid,
+    parse_grids,
     tuned_instantiations,
 )  # fmt: skip
 from .report import TuneReport

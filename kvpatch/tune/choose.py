@@ -4,7 +4,7 @@ configuration (pure)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 from ..config import DTYPES, RULE_KERNELS, PatchConfig, Selector, make_config
@@ -183,4 +183,3 @@ def combine(picks: dict[str, Pick], configs: dict[str, PatchConfig], *, fallback
                 rules[f"{inst}/{kernel}"] = value
     dtypes = {d: ("off" if fallback == "off" else "none") for d in DTYPES}
     return make_config(**plain, **dtypes, rules=rules, inherit_rules=False)
-

@@ -27,7 +27,9 @@ FALLBACKS = ("off", "base")
 def candidate_name(cfg: PatchConfig) -> str:
     """``inline_kvhead_la1``: the grid settings of a configuration (``_mg2``, ``_ctas1024``,
     ``_kv64``: a runtime gate that is set; ``_warp``: read=warp)."""
-    gates = (f"_mg{cfg.min_group}" if cfg.min_group != 1 else "") + (f"_ctas{cfg.min_ctas}" if cfg.min_ctas != 1 else "")
+    gates = (f"_mg{cfg.min_group}" if cfg.min_group != 1 else "") + (
+        f"_ctas{cfg.min_ctas}" if cfg.min_ctas != 1 else ""
+    )
     gates += f"_kv{cfg.min_kv_mib}" if cfg.min_kv_mib else ""
     gates += "_warp" if cfg.read != "lane" else ""
     return f"{cfg.issue}_{cfg.scope.replace('-', '')}_la{cfg.lookahead}{gates}"
@@ -82,7 +84,6 @@ def candidates(base: PatchConfig | None = None, grids=(GRID,)) -> dict[str, Patc
     return out
 
 
-
 def tuned_instantiations(dtypes: Iterable[str] = (), only: Iterable[str] = ()) -> list[tuple[str, int, int]]:
     """The tuned (dtype, head, block)s, of ``dtypes`` only (if any) and picked by a selector of
     ``only`` (``dtype[/head[/block]]``; if any). UsageError for a selector that is invalid,
@@ -91,7 +92,9 @@ def tuned_instantiations(dtypes: Iterable[str] = (), only: Iterable[str] = ()) -
     for text in only:
         sel = Selector.parse(text)
         if sel.kv_cache is not None or sel.kernel is not None:
-            raise UsageError(f"invalid --only {text!r}: give dtype[/head[/block]] (tune measures v1 and v2, auto cache)")
+            raise UsageError(
+                f"invalid --only {text!r}: give dtype[/head[/block]] (tune measures v1 and v2, auto cache)"
+            )
         sels.append(sel)
     out = [(d, h, b) for d in P.TUNING_DTYPES for h in P.TUNING_HEAD_SIZES for b in P.TUNING_BLOCK_SIZES
            if (not dtypes or d in dtypes) and (not sels or any(s.matches(d, h, b) for s in sels))]  # fmt: skip
@@ -102,10 +105,8 @@ def tuned_instantiations(dtypes: Iterable[str] = (), only: Iterable[str] = ()) -
     return out
 
 
-
 def candidate_configs(variant_info: dict[str, dict], baseline: str = "stock") -> dict[str, PatchConfig]:
     """``{name: configuration}`` of every library but ``baseline``, from its marker
     (:func:`kvpatch.config.config_from_marker`; UsageError for one that has none)."""
 
     return {n: config_from_marker(str(i.get("marker", ""))) for n, i in variant_info.items() if n != baseline}
-

@@ -42,16 +42,22 @@ class TuneReport:
             "exclusions": dump_sets(self.exclusions),
             "ranking": {
                 inst: [
-                    {"name": s.name, "bit_identical": s.bit_identical, "excluded": s.excluded, "slower": s.slower, "worst": s.worst,
-                     "geomean": s.geomean, "geomean_interval": list(s.geomean_interval),
-                     "qualifies": s.qualifies(self.policy)}
+                    {
+                        "name": s.name,
+                        "bit_identical": s.bit_identical,
+                        "excluded": s.excluded,
+                        "slower": s.slower,
+                        "worst": s.worst,
+                        "geomean": s.geomean,
+                        "geomean_interval": list(s.geomean_interval),
+                        "qualifies": s.qualifies(self.policy),
+                    }
                     for s in p.ranked
                 ]
                 for inst, p in self.picks.items()
             },  # fmt: skip
             "bench": self.bench,
         }
-
 
 
 def load_sets(data: dict, key: str) -> dict[str, set[str]]:
@@ -71,4 +77,3 @@ def load_sets(data: dict, key: str) -> dict[str, set[str]]:
 def dump_sets(sets: dict[str, set[str]]) -> dict[str, list[str]]:
     """What :func:`load_sets` reads: names and selectors sorted, empty sets left out."""
     return {k: sorted(v) for k, v in sorted(sets.items()) if v}
-

@@ -18,11 +18,12 @@ def tune_validate_matrix(instantiations: Iterable[tuple[str, int, int]]) -> list
 
     out = []
     for dtype, head, block in sorted(set(instantiations)):
-        one = dict(dtypes=(dtype,), kv_cache_dtypes=("auto",), head_sizes=(head,), block_sizes=(block,), contexts=(17, 1500))
+        one = dict(
+            dtypes=(dtype,), kv_cache_dtypes=("auto",), head_sizes=(head,), block_sizes=(block,), contexts=(17, 1500)
+        )
         out += V.validate_matrix(**one, alibi=(False,))
         out += V.validate_matrix(**one, alibi=(True,), heads=V.ALIBI_HEADS, num_seqs=V.ALIBI_NUM_SEQS)
     return out
-
 
 
 def run_tune(libs: dict, configs: dict[str, PatchConfig], *, quick: bool, reps: int, rounds: int,

@@ -25,7 +25,6 @@ def parse_exclusions(items: Iterable[str]) -> list[tuple[str, str]]:
     return out
 
 
-
 def merge_tune_data(runs: Sequence[dict]) -> dict:
     """Several saved tune JSONs as one: each kernel's measurements and validation results
     come from the last run that measured it (a later run re-tunes its kernels: with other
@@ -71,8 +70,13 @@ def merge_tune_data(runs: Sequence[dict]) -> dict:
              "merged_from": [{"kernels": sorted(k for k, j in owner.items() if j == i),
                               "seconds": d["bench"].get("seconds"), "env": d["bench"].get("env")}
                              for i, d in enumerate(runs)]}  # fmt: skip
-    return {**last, "bench": bench, "machine": machine,
-            "validation_failures": dump_sets(failures), "exclusions": dump_sets(exclusions)}
+    return {
+        **last,
+        "bench": bench,
+        "machine": machine,
+        "validation_failures": dump_sets(failures),
+        "exclusions": dump_sets(exclusions),
+    }
 
 
 def rechoose(data: dict, *, policy: str = "strict", fallback: str = "off", exclude: Iterable[str] = (),
@@ -104,10 +108,16 @@ def rechoose(data: dict, *, policy: str = "strict", fallback: str = "off", exclu
     if unknown:
         raise UsageError(f"the tune JSON measured {', '.join(map(repr, unknown))} but has no configuration for it")
     for cand, sel in parse_exclusions(exclude):
-        hits = {i for i, s in enumerate(scores) if fnmatch.fnmatchcase(s.name, cand) and fnmatch.fnmatchcase(s.selector, sel)}
+        hits = {
+            i
+            for i, s in enumerate(scores)
+            if fnmatch.fnmatchcase(s.name, cand) and fnmatch.fnmatchcase(s.selector, sel)
+        }
         if not hits:
             raise UsageError(f"--exclude {cand}@{sel} matches no candidate and kernel of the tune data")
         for i in hits:
             exclusions.setdefault(scores[i].name, set()).add(scores[i].selector)
     scores = [replace(s, excluded=True) if s.selector in exclusions.get(s.name, ()) else s for s in scores]
-    return report_of(scores, configs, failures, bench, policy=policy, fallback=fallback, machine=machine, exclusions=exclusions)
+    return report_of(
+        scores, configs, failures, bench, policy=policy, fallback=fallback, machine=machine, exclusions=exclusions
+    )

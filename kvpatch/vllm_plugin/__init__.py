@@ -16,7 +16,16 @@ standard library and kvpatch's ``abi``, ``dtypes`` and ``errors`` only: no torch
 no CUDA.
 """
 
-from .bundle import BundleError, KernelSet, Manifest, bundle_dir, missing_configs, read_bundle, remove_bundle, write_bundle
+from .bundle import (
+    BundleError,
+    KernelSet,
+    Manifest,
+    bundle_dir,
+    missing_configs,
+    read_bundle,
+    remove_bundle,
+    write_bundle,
+)
 from .checks import ENV_DISABLE, Decision, Target, kernels_logged
 from .plugin import decide, register, registration, reset, set_default_target, unregister
 from .schema import OPS, schema_mismatch, schemas_from_bindings

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from ..abi import ABI_VERSION, AbiError
 from .bundle import BundleError, bundle_dir, describe_missing, file_digest, missing_configs, read_bundle
-from .schema import OPS, schema_mismatch, scales_by_value
+from .schema import OPS, scales_by_value, schema_mismatch
 
 #: The kill switch: set (to anything but '', '0', 'false', 'no', 'off') to keep vLLM's kernels.
 ENV_DISABLE = "KVPATCH_DISABLE"
@@ -128,7 +128,12 @@ class Decision:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["archs"], d["gpus"], d["notes"], d["unserved"] = list(self.archs), list(self.gpus), list(self.notes), self.unserved
+        d["archs"], d["gpus"], d["notes"], d["unserved"] = (
+            list(self.archs),
+            list(self.gpus),
+            list(self.notes),
+            self.unserved,
+        )
         return d
 
 
@@ -215,7 +220,9 @@ def evaluate(target: Target, *, probe_gpu: bool = False) -> tuple[Decision, Read
     if m.abi_version != ABI_VERSION:
         return refuse(f"the bundle's launcher ABI is {m.abi_version}, this kvpatch's is {ABI_VERSION}", again)
     if target.vllm_version is None and not _vllm_distribution():
-        return refuse("vLLM is not installed in this environment", f"install vLLM {m.vllm_release}, the bundle's release")
+        return refuse(
+            "vLLM is not installed in this environment", f"install vLLM {m.vllm_release}, the bundle's release"
+        )
     try:
         import torch
     except ImportError as e:

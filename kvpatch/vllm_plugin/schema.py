@@ -61,7 +61,7 @@ def schemas_from_bindings(text: str, ops: tuple[str, ...] = OPS) -> dict[str, st
     out: dict[str, str] = {}
     for op, texts in found.items():
         if not texts:
-            raise ValueError(f"no ops.def(\"{op}(...)\") in the bindings")
+            raise ValueError(f'no ops.def("{op}(...)") in the bindings')
         if len(set(texts)) > 1:
             raise ValueError(f"{op} is defined {len(texts)} times in the bindings, differently")
         out[op] = texts[0]

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from cli.cli_helpers import assert_one_line_error, kvpatch, run_cli
 from conftest import HEADER, STOCK, fixture_text, git, make_tree
 
@@ -46,7 +45,9 @@ def test_invalid_config_file(git_tree: Path, work: Path) -> None:
                                           (["frobnicate"], "frobnicate"), (["diff", "-o"], "-o"),
                                           (["plugin", "enable", "--bogus"], "--bogus")],
                          ids=["unknown-option", "not-an-int", "unknown-command", "missing-value", "subcommand"])  # fmt: skip
-def test_usage_errors_from_option_parsing_are_one_line(args: list[str], needle: str, git_tree: Path, work: Path) -> None:
+def test_usage_errors_from_option_parsing_are_one_line(
+    args: list[str], needle: str, git_tree: Path, work: Path
+) -> None:
     proc = run_cli(*[str(git_tree) if a == "TREE" else a for a in args], cwd=work)
     line = assert_one_line_error(proc, 2, needle)
     assert "--help" in line
@@ -66,7 +67,9 @@ def test_diff_without_state_says_apply_first(work: Path) -> None:
 
 @pytest.mark.parametrize("command", ["revert", "sites"])
 def test_other_commands_without_state(command: str, work: Path) -> None:
-    assert_one_line_error(run_cli(command, cwd=work), 2, f"kvpatch {command}: ", "run 'kvpatch apply --vllm X' here first")
+    assert_one_line_error(
+        run_cli(command, cwd=work), 2, f"kvpatch {command}: ", "run 'kvpatch apply --vllm X' here first"
+    )
 
 
 def test_apply_without_a_target(work: Path) -> None:

@@ -7,14 +7,15 @@ import subprocess
 import sys
 
 import pytest
+from cli.cli_helpers import ROOT
 from typer.testing import CliRunner
 
-from cli.cli_helpers import ROOT
 from kvpatch.cli import app
 
 
 def _commands() -> list[str]:
     """Every command, ``plugin enable`` and the other subcommands included."""
+
     def name(c) -> str:
         return c.name or c.callback.__name__.replace("_", "-")
 

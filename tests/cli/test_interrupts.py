@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from cli.cli_helpers import KVPATCH, kvpatch_env, run_cli
 from conftest import HEADER, STOCK, fixture_text, make_tree
 from source.source_helpers import IndexServer, send

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from cli.cli_helpers import KVPATCH, kvpatch, kvpatch_env
 from conftest import fixture_text, make_tree
 
@@ -23,7 +22,9 @@ def test_a_zero_width_terminal_eats_no_output(tmp_path: Path) -> None:
     env = {**os.environ, "COLUMNS": "0", "LINES": "0"}
     bad = subprocess.run([sys.executable, "-m", "kvpatch", "apply", "--tree", str(tmp_path / "nope")], cwd=tmp_path,
                          env=env, capture_output=True, text=True)  # fmt: skip
-    assert bad.returncode == 2 and bad.stderr.startswith("error: kvpatch apply: --tree ") and bad.stderr.count("\n") == 1
+    assert (
+        bad.returncode == 2 and bad.stderr.startswith("error: kvpatch apply: --tree ") and bad.stderr.count("\n") == 1
+    )
     out = subprocess.run([sys.executable, "-m", "kvpatch", "sites", "--tree", str(tree), "--json", "-"], cwd=tmp_path,
                          env=env, capture_output=True, text=True)  # fmt: skip
     assert out.returncode == 0, out.stderr

@@ -49,7 +49,12 @@ def build_setup(tmp_path: Path, vllm_release) -> tuple[Path, dict[str, str], Pat
     shutil.copytree(vllm_release("0.10.2") / "csrc", tree / "csrc")
     work = tmp_path / "work"
     work.mkdir()
-    env = {**os.environ, "CUDA_HOME": str(cuda), "KVPATCH_TEST_MARKS": str(marks), "KVPATCH_CACHE": str(tmp_path / "cache")}
+    env = {
+        **os.environ,
+        "CUDA_HOME": str(cuda),
+        "KVPATCH_TEST_MARKS": str(marks),
+        "KVPATCH_CACHE": str(tmp_path / "cache"),
+    }
     done = subprocess.run([sys.executable, "-m", "kvpatch", "apply", "--tree", str(tree)], cwd=work, env=env,
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -3,16 +3,15 @@ writes, what it prints, what it refuses. No network: every tree here is ``--tree
 
 from __future__ import annotations
 
-import re
-
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
-
 from cli.cli_helpers import assert_one_line_error, run_cli
 from conftest import HEADER, STOCK, fixture_text, git, golden_text, make_tree
+
 from kvpatch.config import config_from_marker, make_config
 
 pytestmark = pytest.mark.slow  # each test parses and patches the header (libclang), most of them twice
@@ -46,8 +45,11 @@ def test_apply_patches_and_says_what_next(git_tree: Path, header: Path, work: Pa
     assert any(ln.startswith("│ value ") and "line 70" in ln and ln.rstrip(" │").endswith("yes") for ln in lines)
     (summary,) = [ln for ln in lines if ln.startswith("config: ")]
     # what the count counts is said where the count is
-    assert re.match(r"config: \d+ of the 162 kernels vLLM builds \(bf16/fp16/fp32 x 9 head sizes x 3 block sizes x "
-                    r"v1/v2, auto cache\) prefetch, by \d+ rules; 'kvpatch config' prints all of it", summary), summary
+    assert re.match(
+        r"config: \d+ of the 162 kernels vLLM builds \(bf16/fp16/fp32 x 9 head sizes x 3 block sizes x "
+        r"v1/v2, auto cache\) prefetch, by \d+ rules; 'kvpatch config' prints all of it",
+        summary,
+    ), summary
     assert any(ln.startswith("tuned on: ") for ln in lines)  # the shipped table's machine
     assert lines[-1] == "next: kvpatch diff  |  kvpatch build --arch 9.0a  |  kvpatch revert"
     assert proc.stderr == ""

@@ -7,6 +7,7 @@ import tomllib
 from pathlib import Path
 
 from cli.cli_helpers import run_cli
+
 from kvpatch.config import load_config_file, make_config
 
 

@@ -7,7 +7,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from cli.cli_helpers import assert_one_line_error, run_cli
 from conftest import HEADER, STOCK, fixture_text, git, make_tree
 
@@ -100,4 +99,3 @@ def test_diff_warns_when_the_header_was_edited_after_apply(applied: Path, work: 
     start = body.index("// kvpatch:begin")
     header.write_text(body[:start] + body[start:].replace("\n", "\n// hand\n", 2))
     assert "regions in" in run_cli("diff", cwd=work).stderr
-

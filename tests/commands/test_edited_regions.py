@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from cli.cli_helpers import assert_one_line_error, run_cli
 from conftest import HEADER, STOCK, fixture_text
 
@@ -23,7 +22,9 @@ def _edit_region(header: Path) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args", [[], ["--caches", "k"], ["--preset", "paper"]], ids=["same-config", "other-config", "paper"])
+@pytest.mark.parametrize(
+    "args", [[], ["--caches", "k"], ["--preset", "paper"]], ids=["same-config", "other-config", "paper"]
+)
 def test_an_edit_inside_a_region_is_refused_by_apply(args: list[str], applied: Path, work: Path) -> None:
     edited = _edit_region(applied / HEADER)
     proc = run_cli("apply", "--tree", str(applied), *args, cwd=work)
@@ -46,7 +47,9 @@ def test_an_edit_inside_a_region_is_refused_by_revert(applied: Path, work: Path)
 @pytest.mark.slow
 def test_an_edited_marker_is_refused(applied: Path, work: Path) -> None:
     header = applied / HEADER
-    header.write_text(header.read_text().replace("// kvpatch:begin key lookahead=1", "// kvpatch:begin key lookahead=2", 1))
+    header.write_text(
+        header.read_text().replace("// kvpatch:begin key lookahead=1", "// kvpatch:begin key lookahead=2", 1)
+    )
     assert_one_line_error(run_cli("apply", "--tree", str(applied), cwd=work), 4, "2 different configurations")
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from cli.cli_helpers import assert_one_line_error, run_cli
 
 
@@ -74,5 +73,7 @@ def test_prebuilt_libraries_without_a_gpu_is_the_one_line_gpu_error(command: str
         pytest.skip("checks the machine without a GPU")
     lib = tmp_path / "s.so"
     lib.write_bytes(b"\x7fELF not really")
-    proc = run_cli(command, "--lib", f"stock={lib}:kvpatch_stock", "--lib", f"patched={lib}:kvpatch_patched", cwd=tmp_path)
+    proc = run_cli(
+        command, "--lib", f"stock={lib}:kvpatch_stock", "--lib", f"patched={lib}:kvpatch_patched", cwd=tmp_path
+    )
     assert_one_line_error(proc, 5, "GPU")

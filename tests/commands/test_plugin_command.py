@@ -14,10 +14,9 @@ import pytest
 from kvpatch.commands import plugin as P
 from kvpatch.commands.tree import tree_release
 from kvpatch.errors import UsageError
+from kvpatch.source.releases import HEADER
 from kvpatch.source.workspace import State, Tree
 from kvpatch.vllm_plugin import KernelSet, read_bundle, write_bundle
-
-from kvpatch.source.releases import HEADER
 
 STOCK_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "attention_kernels.cuh"
 
@@ -67,7 +66,9 @@ def test_the_same_release_with_a_local_label_fits():
 
 
 def test_another_release_is_refused_with_the_apply_that_fits():
-    with pytest.raises(UsageError, match=r"has vLLM 0\.9\.2 and the tree is vLLM 0\.10\.2: run 'kvpatch apply --vllm 0\.9\.2'"):
+    with pytest.raises(
+        UsageError, match=r"has vLLM 0\.9\.2 and the tree is vLLM 0\.10\.2: run 'kvpatch apply --vllm 0\.9\.2'"
+    ):
         P.check_match("0.10.2", "0.9.2")
 
 
@@ -94,8 +95,11 @@ def test_a_mismatch_is_refused_before_anything_is_built(tmp_path, monkeypatch):
 def test_a_stock_tree_is_refused_one_line_exit_2(tmp_path):
     tree = make_tree(tmp_path / "vllm")
     (tree / "csrc" / "torch_bindings.cpp").write_text(
-        'ops.def("paged_attention_v1(Tensor! out) -> ()");\nops.def("paged_attention_v2(Tensor! out) -> ()");\n')
-    r = _kvpatch("plugin", "enable", "--tree", str(tree), "--release", "0.10.2", "--dir", str(tmp_path / "b"), cwd=tmp_path)
+        'ops.def("paged_attention_v1(Tensor! out) -> ()");\nops.def("paged_attention_v2(Tensor! out) -> ()");\n'
+    )
+    r = _kvpatch(
+        "plugin", "enable", "--tree", str(tree), "--release", "0.10.2", "--dir", str(tmp_path / "b"), cwd=tmp_path
+    )
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith("error: kvpatch plugin enable: ") and "is stock: run 'kvpatch apply' first" in r.stderr
     assert r.stderr.count("\n") == 1 and not (tmp_path / "b").exists()
@@ -168,7 +172,8 @@ def test_enable_installs_the_kernel_set_of_a_real_release(vllm_release, tmp_path
     import kvpatch.jit as jit
     import kvpatch.jit.spec as spec
     from kvpatch.abi import load
-    from kvpatch.commands.apply import ApplyOptions, run as apply
+    from kvpatch.commands.apply import ApplyOptions
+    from kvpatch.commands.apply import run as apply
 
     src = vllm_release("0.10.2")
     tree = tmp_path / "vllm"
@@ -201,7 +206,8 @@ def test_enable_without_the_full_build_says_which_build_to_run(vllm_release, tmp
 
     import kvpatch.jit as jit
     import kvpatch.jit.library as library
-    from kvpatch.commands.apply import ApplyOptions, run as apply
+    from kvpatch.commands.apply import ApplyOptions
+    from kvpatch.commands.apply import run as apply
 
     tree = tmp_path / "vllm"
     shutil.copytree(vllm_release("0.10.2"), tree, symlinks=True)
@@ -210,7 +216,10 @@ def test_enable_without_the_full_build_says_which_build_to_run(vllm_release, tmp
     monkeypatch.setattr(P, "installed_vllm", lambda: "0.10.2")
     monkeypatch.setattr(jit, "build", lambda *a, **k: pytest.fail("compiled without --build"))
     opts = P.EnableOptions(tree=tree, cwd=tmp_path, arch="8.0;9.0a", directory=tmp_path / "bundle")
-    with pytest.raises(UsageError, match=r"not built for 8\.0;9\.0a; .*first run \(or pass --build\): kvpatch build --all --arch '8\.0;9\.0a' --tree /"):
+    with pytest.raises(
+        UsageError,
+        match=r"not built for 8\.0;9\.0a; .*first run \(or pass --build\): kvpatch build --all --arch '8\.0;9\.0a' --tree /",
+    ):
         P.enable(opts)
     partial = SimpleNamespace(configs=("bf16/auto/128/16", "fp16/auto/128/16"))
     monkeypatch.setattr(library, "load_cached", lambda p: (partial if len(p.configs) < 10 else None, ""))

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from cli.cli_helpers import assert_one_line_error, run_cli
 from conftest import HEADER
 
@@ -28,7 +27,11 @@ def test_sites_json(git_tree: Path, work: Path) -> None:
         "lane", "cache_t", "head_idx", "num_queries_per_kv",
     )  # fmt: skip
     assert (found["key"]["line"], found["key"]["block_number_line"], found["key"]["cache_param"]) == (48, 50, "k_cache")
-    assert (found["value"]["line"], found["value"]["block_number_line"], found["value"]["cache_param"]) == (70, 72, "v_cache")
+    assert (found["value"]["line"], found["value"]["block_number_line"], found["value"]["cache_param"]) == (
+        70,
+        72,
+        "v_cache",
+    )
     assert found["key"]["head_offset_expr"] == "kv_head_idx * kv_head_stride"
     assert run_cli("sites", "--tree", str(git_tree), "--json", "sites.json", cwd=work).returncode == 0
     assert json.loads((work / "sites.json").read_text()) == found

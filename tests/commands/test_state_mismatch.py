@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from cli.cli_helpers import run_cli
 
 pytestmark = pytest.mark.slow  # each test applies first (libclang)

@@ -11,7 +11,11 @@ from kvpatch.errors import UsageError
 
 
 def test_dump_config_writes_a_complete_table() -> None:
-    cfg = make_config(inherit_rules=False, fp16="scope=kv-head,issue=inline", rules={"bf16/80/32": "off", "fp16/64/16/auto/v2": "lookahead=2"})
+    cfg = make_config(
+        inherit_rules=False,
+        fp16="scope=kv-head,issue=inline",
+        rules={"bf16/80/32": "off", "fp16/64/16/auto/v2": "lookahead=2"},
+    )
     assert dump_config(cfg) == (
         "[kvpatch]\n"
         'preset = "default"\n'
@@ -100,7 +104,10 @@ def test_load_config_file(text: str, tmp_path: Path) -> None:
     tuned = {k: c for k, _, c in make_config().kernel_variants()}
     for kernel, c in ((k, c) for k, _, c in cfg.kernel_variants()):
         assert c.off == tuned[kernel].off and (c.off or (c.lookahead, c.cache_hint, c.size) == (2, "evict_last", 8192))
-    assert make_config().resolve("bf16", 128, 16, "auto", "v1").lookahead == 1 and cfg.resolve("bf16", 128, 16, "auto", "v1").lookahead == 2
+    assert (
+        make_config().resolve("bf16", 128, 16, "auto", "v1").lookahead == 1
+        and cfg.resolve("bf16", 128, 16, "auto", "v1").lookahead == 2
+    )
 
 
 def test_unknown_key_in_a_config_file(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from cli.cli_helpers import assert_one_line_error, run_cli
 from conftest import HEADER, STOCK, fixture_text, make_tree
 
@@ -26,8 +25,17 @@ from conftest import HEADER, STOCK, fixture_text, make_tree
         (["--fp16", "lookahead=\u0663"], "invalid lookahead"),  # Arabic-Indic 3: not read as 3
         (["--fp16", "lookahead=2,lookahead=3"], "lookahead given twice"),
     ],
-    ids=["lookahead", "lookahead-5000-digits", "align", "size", "size-superscript", "rule-superscript",
-         "setting-superscript", "setting-arabic-indic", "setting-twice"],
+    ids=[
+        "lookahead",
+        "lookahead-5000-digits",
+        "align",
+        "size",
+        "size-superscript",
+        "rule-superscript",
+        "setting-superscript",
+        "setting-arabic-indic",
+        "setting-twice",
+    ],
 )
 def test_out_of_range_values_are_refused(args: list[str], needle: str, tmp_path: Path) -> None:
     tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
@@ -50,8 +58,11 @@ def test_a_zero_padded_size_is_the_number(tmp_path: Path) -> None:
         (None, "is a directory"),
         (b"lookahead = 2 # \xff\n", "is not UTF-8 (byte 0xff"),
         (b"lookahead = " + b"9" * 5000 + b"\n", "invalid TOML"),
-        (b'lookahead = 2\n[kvpatch]\nsize = 64\n', "key(s) lookahead outside [kvpatch]"),
-        (b'[kvpatch]\ncache-hint = "none"\ncache_hint = "evict_last"\n', "'cache-hint' and 'cache_hint' are the same setting"),
+        (b"lookahead = 2\n[kvpatch]\nsize = 64\n", "key(s) lookahead outside [kvpatch]"),
+        (
+            b'[kvpatch]\ncache-hint = "none"\ncache_hint = "evict_last"\n',
+            "'cache-hint' and 'cache_hint' are the same setting",
+        ),
         (b'[kvpatch.fp16]\nissue = "call"\n"issue" = "inline"\n', "invalid TOML"),
         (b'"[red]x[/]" = 1\n', "unknown configuration key(s): [red]x[/]"),
     ],
@@ -77,7 +88,9 @@ def test_apply_refuses_what_would_be_ignored(tmp_path: Path) -> None:
 def test_a_marker_with_odd_digits_is_not_a_crash(tmp_path: Path) -> None:
     """A hand-made marker pair whose setting int() cannot read ('2' as a superscript)."""
     anchor = "  // Iterate over the key blocks"
-    text = fixture_text(STOCK).replace(anchor, "  // kvpatch:begin key lookahead=\u00b2\n  // kvpatch:end key\n" + anchor, 1)
+    text = fixture_text(STOCK).replace(
+        anchor, "  // kvpatch:begin key lookahead=\u00b2\n  // kvpatch:end key\n" + anchor, 1
+    )
     tree = make_tree(tmp_path / "vllm", text)
     for command in (["sites"], ["diff"], ["revert"], ["apply"]):
         proc = run_cli(*command, "--tree", str(tree), cwd=tmp_path)
@@ -101,7 +114,7 @@ def test_shadowed_call_settings_do_not_block_the_live_ones(tmp_path: Path) -> No
     proc = run_cli("apply", "--tree", str(tree), *off, "--rule", f"{mine}=align=64", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     text = (tree / HEADER).read_text()
-    helper = text[text.index("kvpatch_prefetch_l2(const void*"):]
+    helper = text[text.index("kvpatch_prefetch_l2(const void*") :]
     assert "& ~0x3fULL" in helper.split("}", 1)[0]  # align 64: the live kernel's
     other = "fp16/64/16/auto/v2" if mine != "fp16/64/16/auto/v2" else "bf16/64/16/auto/v1"
     proc = run_cli("apply", "--tree", str(tree), *off, "--rule", f"{mine}=align=64", "--rule",

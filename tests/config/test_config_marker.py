@@ -32,10 +32,7 @@ def test_marker(options: dict, marker: str) -> None:
         ({}, {"control": True}),
         ({}, {"issue": "inline"}),
         ({}, {"preset": "paper"}),
-        pytest.param(
-            {"preset": "paper"},
-            {"preset": "paper", "caches": "k"}
-        ),
+        pytest.param({"preset": "paper"}, {"preset": "paper", "caches": "k"}),
     ],
 )
 def test_different_configs_have_different_markers(a: dict, b: dict) -> None:

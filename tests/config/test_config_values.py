@@ -73,7 +73,10 @@ def test_caches_select_the_loops(caches: str, k: bool, v: bool) -> None:
         ({"lookahead": True}, "invalid lookahead True: expected an integer"),
         ({"caches": "q"}, "invalid caches 'q': choose one of k, v, kv"),
         ({"caches": "vk"}, "invalid caches 'vk': choose one of k, v, kv"),
-        ({"cache_hint": "evict_sometimes"}, "invalid cache-hint 'evict_sometimes': choose one of none, evict_last, evict_first, evict_normal"),
+        (
+            {"cache_hint": "evict_sometimes"},
+            "invalid cache-hint 'evict_sometimes': choose one of none, evict_last, evict_first, evict_normal",
+        ),
         ({"placement": "middle"}, "invalid placement 'middle': choose one of start, end"),
         ({"scope": "warp"}, "invalid scope 'warp': choose one of cta, kv-head, kv-head-rotate"),
         ({"preset": "fast"}, "invalid preset 'fast': choose one of default, paper"),
@@ -98,11 +101,17 @@ def test_non_integral_numbers_are_refused(options: dict) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"lookahead": 1025}, "invalid lookahead 1025: at most 1024 (block_idx + lookahead * NUM_WARPS must stay within int)"),
+        (
+            {"lookahead": 1025},
+            "invalid lookahead 1025: at most 1024 (block_idx + lookahead * NUM_WARPS must stay within int)",
+        ),
         ({"lookahead": 2**29}, "invalid lookahead 536870912: at most 1024"),
         ({"lookahead": 2**70}, "invalid lookahead 118059162071... (22 digits): at most 1024"),
         ({"lookahead": "9" * 5000}, "at most 1024"),
-        ({"align": 2**64}, "invalid align 184467440737... (20 digits): at most 4096 (the address is rounded down to it)"),
+        (
+            {"align": 2**64},
+            "invalid align 184467440737... (20 digits): at most 4096 (the address is rounded down to it)",
+        ),
         ({"align": 8192}, "invalid align 8192: at most 4096"),
         ({"size": 1_048_576}, "invalid size 1048576: at most 1048560 bytes (cp.async.bulk.prefetch's limit)"),
         ({"size": "9" * 5000}, "at most 1048560 bytes"),

@@ -20,7 +20,10 @@ def test_per_dtype_settings_apply_to_their_dtype_only() -> None:
 def test_none_clears_a_dtypes_settings() -> None:
     cfg = make_config(fp16="none", bf16="none", fp32="none", rules="none", issue="inline")
     assert cfg.overrides == ()
-    assert cfg.marker() == "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=inline quantized=skip"
+    assert (
+        cfg.marker()
+        == "lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=inline quantized=skip"
+    )
 
 
 @pytest.mark.parametrize(

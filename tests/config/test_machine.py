@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from kvpatch.config import DEFAULT_TUNED_ON, Machine, config_and_tuned, differences, dump_config, make_config, read_config_file
+from kvpatch.config import (
+    DEFAULT_TUNED_ON,
+    Machine,
+    config_and_tuned,
+    differences,
+    dump_config,
+    make_config,
+    read_config_file,
+)
 from kvpatch.config.machine import nvcc_version
 from kvpatch.errors import UsageError
 
@@ -81,6 +89,7 @@ def test_local_machine_reads_nvidia_smi_and_kvpatchs_flags(tmp_path: Path, monke
 def test_apply_reports_how_this_machine_differs_from_where_the_rules_were_tuned(tmp_path: Path) -> None:
     """The default was tuned on an H200: on an A100, apply patches and names the differences."""
     from conftest import fixture_text, make_tree
+
     from kvpatch.commands.apply import ApplyOptions, run
 
     tree = make_tree(tmp_path / "vllm", fixture_text(), commit=False)

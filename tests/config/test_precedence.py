@@ -14,6 +14,7 @@ import pytest
 
 from kvpatch.config import OVERRIDABLE, PatchConfig, Selector, config_and_tuned, make_config, parse_override
 
+
 def _settings(cfg: PatchConfig) -> tuple:
     """What a rule decides of a kernel: off, or every setting a rule may set."""
     if cfg.off:
@@ -51,7 +52,9 @@ def _expected(rules: dict[str, str], **base) -> dict[tuple, tuple | None]:
             continue
         mine = own[s]
         start = under if not under.off else plain  # settings turn an 'off' kernel on, over the base
-        out[kernel] = _settings(replace(start, **{k.replace("-", "_"): getattr(mine, k.replace("-", "_")) for k in items}))
+        out[kernel] = _settings(
+            replace(start, **{k.replace("-", "_"): getattr(mine, k.replace("-", "_")) for k in items})
+        )
     return out
 
 
@@ -86,7 +89,9 @@ def test_a_rule_lays_its_settings_on_the_tuned_kernels_it_selects() -> None:
 
 def test_an_off_rule_turns_off_even_the_tuned_kernels() -> None:
     cfg = make_config(rules={"*/*/16": "off"})
-    assert not any(cfg.prefetches(d, h, 16, "auto", k) for d in ("fp16", "bf16") for h in (64, 128, 256) for k in ("v1", "v2"))
+    assert not any(
+        cfg.prefetches(d, h, 16, "auto", k) for d in ("fp16", "bf16") for h in (64, 128, 256) for k in ("v1", "v2")
+    )
     assert cfg.prefetches("fp16", 128, 32, "auto", "v1") and cfg.prefetches("bf16", 256, 16, "auto", "v1") is False
 
 
@@ -168,7 +173,11 @@ def test_a_users_rule_beats_a_users_base_setting() -> None:
     cfg = make_config(lookahead=2, rules={"fp16/128/16/auto/v2": "lookahead=4", "bf16/128": "scope=cta"})
     assert cfg.resolve("fp16", 128, 16, "auto", "v2").lookahead == 4
     c = cfg.resolve("bf16", 128, 16, "auto", "v1")
-    assert (c.scope, c.lookahead, c.issue) == ("cta", 2, "split")  # the rule's scope, the base's lookahead, the table's issue
+    assert (c.scope, c.lookahead, c.issue) == (
+        "cta",
+        2,
+        "split",
+    )  # the rule's scope, the base's lookahead, the table's issue
     assert cfg.resolve("fp16", 64, 16, "auto", "v1").lookahead == 2
     _check({"fp16/128/16/auto/v2": "lookahead=4", "bf16/128": "scope=cta"}, lookahead=2)
 
@@ -196,15 +205,16 @@ _BASE_OPTIONS = [("lookahead", 3), ("scope", "cta"), ("issue", "call"), ("read",
 
 @pytest.mark.parametrize("source", ["command line", "config file"])
 @pytest.mark.parametrize(("name", "value"), _BASE_OPTIONS, ids=[n for n, _ in _BASE_OPTIONS])
-def test_each_base_option_reaches_every_prefetching_kernel_of_the_patched_text(tmp_path: Path, source: str,
-                                                                               name: str, value) -> None:
+def test_each_base_option_reaches_every_prefetching_kernel_of_the_patched_text(
+    tmp_path: Path, source: str, name: str, value
+) -> None:
     """``apply --NAME VALUE`` (or the same in kvpatch.toml) changes the generated header: the
     configuration the patched text carries gives that value at every kernel the shipped table
     leaves prefetching, and the same kernels prefetch as without it."""
     from conftest import FIXTURES, STOCK, fixture_text
+
     from kvpatch.config import config_from_marker
     from kvpatch.patch import inspect, patch
-
 
     if source == "command line":
         cfg = make_config(**{name: value})

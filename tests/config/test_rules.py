@@ -19,7 +19,9 @@ def test_the_most_specific_rule_wins_whatever_the_order() -> None:
     selectors = [sel for sel, _ in cfg.variants()]
     assert selectors.index("fp16/64/16") < selectors.index("fp16/64") < selectors.index("fp16")
     assert selectors[-1] is None  # the base settings come last
-    same = make_config(rules=dict(reversed(list({"fp16/64": "issue=call", "*/64/16": "off", "fp16/64/16": "lookahead=3"}.items()))))
+    same = make_config(
+        rules=dict(reversed(list({"fp16/64": "issue=call", "*/64/16": "off", "fp16/64/16": "lookahead=3"}.items())))
+    )
     assert same == cfg
 
 

@@ -28,18 +28,24 @@ def nvcc_on_a_release(test: Callable) -> Callable:
 
 def test_branch_conditions_use_the_kernels_template_parameters(stock_sites) -> None:
     assert branch_condition("bf16/80/32", stock_sites) == (
-        "kvpatch_is_same<scalar_t, __nv_bfloat16>::value && HEAD_SIZE == 80 && BLOCK_SIZE == 32")
-    assert branch_condition("*/*/16/fp8", stock_sites) == "BLOCK_SIZE == 16 && !kvpatch_is_same<cache_t, scalar_t>::value"
+        "kvpatch_is_same<scalar_t, __nv_bfloat16>::value && HEAD_SIZE == 80 && BLOCK_SIZE == 32"
+    )
+    assert (
+        branch_condition("*/*/16/fp8", stock_sites) == "BLOCK_SIZE == 16 && !kvpatch_is_same<cache_t, scalar_t>::value"
+    )
     assert branch_condition("fp32/*/*/auto", stock_sites) == (
-        "kvpatch_is_same<scalar_t, float>::value && kvpatch_is_same<cache_t, scalar_t>::value")
+        "kvpatch_is_same<scalar_t, float>::value && kvpatch_is_same<cache_t, scalar_t>::value"
+    )
     assert branch_condition("*/*/*/*/v1", stock_sites) == "PARTITION_SIZE == 0"
     assert branch_condition("fp16/256/16/*/v2", stock_sites) == (
-        "kvpatch_is_same<scalar_t, uint16_t>::value && HEAD_SIZE == 256 && BLOCK_SIZE == 16 && PARTITION_SIZE != 0")
+        "kvpatch_is_same<scalar_t, uint16_t>::value && HEAD_SIZE == 256 && BLOCK_SIZE == 16 && PARTITION_SIZE != 0"
+    )
 
 
 @pytest.fixture(scope="module")
 def stock_sites():
     from conftest import fixture_text
+
     from kvpatch.patch.sites import find_sites
 
     return find_sites(fixture_text(), "/tmp/vllm/" + HEADER)
@@ -88,7 +94,10 @@ def test_an_off_instantiation_compiles_to_stocks_exact_ptx(vllm_release: Callabl
     assert "cp.async.bulk.prefetch" not in off_patched
     assert off_patched == off_stock  # bf16/80/32 is off: not one instruction differs
     on_patched = _ptx(tmp_path / "p16", csrc, patched, 80, 16)  # the same dtype and head, block 16: prefetches
-    assert re.search(r"call\.uni[^;]*kvpatch_prefetch_l2", on_patched.replace("\n", " ")) or "cp.async.bulk.prefetch" in on_patched
+    assert (
+        re.search(r"call\.uni[^;]*kvpatch_prefetch_l2", on_patched.replace("\n", " "))
+        or "cp.async.bulk.prefetch" in on_patched
+    )
 
 
 def _entries(ptx: str) -> dict[str, str]:
@@ -124,12 +133,16 @@ def test_split_condition_follows_the_rules_first_match(stock_sites) -> None:
 
     bf16_128 = "kvpatch_is_same<scalar_t, __nv_bfloat16>::value && HEAD_SIZE == 128 && BLOCK_SIZE == 16"
     assert cond(make_config(inherit_rules=False, issue="split", quantized="prefetch")) == "true"
-    assert cond(make_config(inherit_rules=False, issue="split")) == "kvpatch_is_same<cache_t, scalar_t>::value && (true)"
+    assert (
+        cond(make_config(inherit_rules=False, issue="split")) == "kvpatch_is_same<cache_t, scalar_t>::value && (true)"
+    )
     assert cond(make_config(inherit_rules=False, quantized="prefetch", rules={"bf16/128/16": "issue=split"})) == (
-        f"({bf16_128}) ? true : false")
+        f"({bf16_128}) ? true : false"
+    )
     # a more specific rule that turns it off wins over a less specific split
-    assert cond(make_config(inherit_rules=False, quantized="prefetch", rules={"bf16": "issue=split", "bf16/128/16": "off"})) == (
-        f"({bf16_128}) ? false : (kvpatch_is_same<scalar_t, __nv_bfloat16>::value) ? true : false")
+    assert cond(
+        make_config(inherit_rules=False, quantized="prefetch", rules={"bf16": "issue=split", "bf16/128/16": "off"})
+    ) == (f"({bf16_128}) ? false : (kvpatch_is_same<scalar_t, __nv_bfloat16>::value) ? true : false")
     # the shipped table: bf16 block 16, every head size it tuned, v1 and v2, unquantized cache
     shipped = cond(make_config())
     assert shipped.startswith("kvpatch_is_same<cache_t, scalar_t>::value && (") and shipped.endswith("? true : false)")
@@ -141,6 +154,7 @@ def test_split_needs_the_alibi_slope(stock_sites) -> None:
     """A kernel without ALiBi (the fixture with its slope taken out): issue=split, which the
     shipped table uses, refuses it in one line that says what to do; the other forms patch."""
     from conftest import fixture_text
+
     from kvpatch.errors import PatchError
 
     assert stock_sites.alibi_var == "alibi_slope"
@@ -151,7 +165,9 @@ def test_split_needs_the_alibi_slope(stock_sites) -> None:
     no_alibi = text.replace(decl, "").replace(use, "      qk += (head_idx != 0)\n").replace("alibi_slope *", "1.f *")
     assert "alibi_slope " not in no_alibi
     for cfg in (make_config(inherit_rules=False, issue="split"), make_config()):
-        with pytest.raises(PatchError, match="issue=split: no variable initialised from the kernel's alibi_slopes") as e:
+        with pytest.raises(
+            PatchError, match="issue=split: no variable initialised from the kernel's alibi_slopes"
+        ) as e:
             patch(no_alibi, "/tmp/vllm/" + HEADER, cfg)
         assert "\n" not in str(e.value) and "--rule 'bf16/128/16/auto/v1=issue=call'" in str(e.value)
     patch(no_alibi, "/tmp/vllm/" + HEADER, make_config(inherit_rules=False, issue="inline"))
@@ -161,8 +177,8 @@ def test_split_needs_the_alibi_slope(stock_sites) -> None:
 @pytest.mark.network
 def test_a_split_copy_that_is_not_stocks_loop_is_refused(vllm_release: Callable[[str], Path]) -> None:
     from kvpatch.errors import PatchError
-    from kvpatch.patch.parse import parse_header
     from kvpatch.patch.header import verify
+    from kvpatch.patch.parse import parse_header
 
     tree = vllm_release("0.10.2")
     stock = (tree / HEADER).read_text(encoding="utf-8")
@@ -171,7 +187,9 @@ def test_a_split_copy_that_is_not_stocks_loop_is_refused(vllm_release: Callable[
     parsed = parse_header(stock, str(tree / HEADER))
     verify(parsed, good, cfg)
     at = good.index("// ALiBi: stock's loop, no prefetch")
-    at = good.index("static_cast<int64_t>(block_table[block_idx]);", at) + len("static_cast<int64_t>(block_table[block_idx]);")
+    at = good.index("static_cast<int64_t>(block_table[block_idx]);", at) + len(
+        "static_cast<int64_t>(block_table[block_idx]);"
+    )
     tampered = good[:at] + ' asm volatile("");' + good[at:]
     with pytest.raises(PatchError, match="copy of the key loop is not stock's loop"):
         verify(parsed, tampered, cfg)
@@ -224,6 +242,7 @@ def test_split_keeps_stocks_unswitched_loop_and_folds_away_where_off(vllm_releas
     assert all("cp.async.bulk.prefetch" in body for body in _entries(ptx("split", split_cfg)).values())
     base = make_config(bf16="none", inherit_rules=False)
     folded = ptx("folded", make_config(bf16="none", inherit_rules=False, rules={"bf16/80/32": "issue=split"}))
+
     def same(text: str) -> str:  # the TU-content hash in internal symbol names
         return re.sub(r"_INTERNAL_[0-9a-f]{8}_", "_INTERNAL_", text)
 

@@ -30,17 +30,27 @@ def test_read_takes_lane_or_warp_only(value) -> None:
 
 def test_read_is_in_the_marker_only_when_warp_and_round_trips(tmp_path) -> None:
     assert "read=" not in make_config(rules="none").marker()
-    assert " read=" not in make_config().marker()  # the default's base settings read with lane 0; its rules may say warp
+    assert (
+        " read=" not in make_config().marker()
+    )  # the default's base settings read with lane 0; its rules may say warp
     assert any(c.read == "warp" for _, _, c in make_config().kernel_variants() if not c.off)
     lane = make_config(read="lane")  # given, it replaces the table's warp reads (a base setting the user gives)
     assert " read=" not in lane.marker() and all(c.read == "lane" for _, _, c in lane.kernel_variants())
-    cfg = make_config(read="warp", rules={"fp16/128/16/auto/v2": "read=lane,scope=kv-head", "bf16/64": "read=warp,issue=inline"})
+    cfg = make_config(
+        read="warp", rules={"fp16/128/16/auto/v2": "read=lane,scope=kv-head", "bf16/64": "read=warp,issue=inline"}
+    )
     assert " issue=call read=warp quantized=" in cfg.marker()
     # the rule is laid on the table's rule of its selector: the tuned settings, with the rule's over them
     assert "fp16/128/16/auto/v2:lookahead=1,scope=kv-head,min_group=2,issue=call,read=lane" in cfg.marker()
     assert config_from_marker(cfg.marker()) == cfg
-    assert cfg.resolve("fp16", 128, 16, "auto", "v2").read == "lane" and cfg.resolve("fp16", 128, 16, "auto", "v1").read == "warp"
-    assert cfg.resolve("bf16", 64, 16, "auto", "v1").issue == "inline" and cfg.resolve("fp16", 64, 32, "auto", "v1").read == "warp"
+    assert (
+        cfg.resolve("fp16", 128, 16, "auto", "v2").read == "lane"
+        and cfg.resolve("fp16", 128, 16, "auto", "v1").read == "warp"
+    )
+    assert (
+        cfg.resolve("bf16", 64, 16, "auto", "v1").issue == "inline"
+        and cfg.resolve("fp16", 64, 32, "auto", "v1").read == "warp"
+    )
     (tmp_path / "k.toml").write_text(dump_config(cfg))
     assert make_config(**load_config_file(tmp_path / "k.toml")) == cfg
     with pytest.raises(UsageError, match="--preset paper fixes read"):

@@ -59,8 +59,16 @@ def test_only_the_tuned_instantiations_prefetch() -> None:
     on = _on(cfg)
     assert on and {k[:3] for k in on} <= tuned and {k[3] for k in on} == {"auto"}
     assert all(not cfg.prefetches(d, h, b, "fp8", k) for d, h, b in tuned for k in ("v1", "v2"))
-    for dtype, head, block in [("fp32", 128, 16), ("bf16", 80, 32), ("bf16", 32, 32), ("fp16", 96, 16), ("fp16", 128, 8)]:
-        assert not cfg.prefetches(dtype, head, block, "auto", "v1") and not cfg.prefetches(dtype, head, block, "auto", "v2")
+    for dtype, head, block in [
+        ("fp32", 128, 16),
+        ("bf16", 80, 32),
+        ("bf16", 32, 32),
+        ("fp16", 96, 16),
+        ("fp16", 128, 8),
+    ]:
+        assert not cfg.prefetches(dtype, head, block, "auto", "v1") and not cfg.prefetches(
+            dtype, head, block, "auto", "v2"
+        )
 
 
 def test_every_bf16_kernel_of_the_default_takes_the_split_form() -> None:
@@ -91,7 +99,9 @@ def test_the_documented_table_of_the_default_is_the_default() -> None:
             for head in (64, 128, 256):
                 for block in (16, 32):
                     c = cfg.resolve(dtype, head, block, "auto", kernel)
-                    gates = (f" mg{c.min_group}" if c.min_group != 1 else "") + (f" ctas{c.min_ctas}" if c.min_ctas != 1 else "")
+                    gates = (f" mg{c.min_group}" if c.min_group != 1 else "") + (
+                        f" ctas{c.min_ctas}" if c.min_ctas != 1 else ""
+                    )
                     gates += " warp" if c.read == "warp" else ""
                     cells.append("off" if c.off else f"{c.issue} {c.scope} la{c.lookahead}{gates}")
             assert f"| {dtype} {kernel} | " + " | ".join(cells) + " |" in docs, (dtype, kernel, cells)

@@ -14,7 +14,11 @@ def test_a_rule_the_tables_rules_take_up_is_reached() -> None:
     """``bf16/128/16=issue=inline``: the table's two bf16 128/16 rules decide those kernels and
     take the rule's issue, so the rule changes them and nothing is said."""
     cfg = make_config(rules={"bf16/128/16": "issue=inline"})
-    assert cfg.resolve("bf16", 128, 16, "auto", "v1").issue == "inline" != make_config().resolve("bf16", 128, 16, "auto", "v1").issue
+    assert (
+        cfg.resolve("bf16", 128, 16, "auto", "v1").issue
+        == "inline"
+        != make_config().resolve("bf16", 128, 16, "auto", "v1").issue
+    )
     assert _warned(["bf16/128/16=issue=inline"]) == []
     assert _warned(["fp16/64/16=lookahead=3"]) == [] and _warned(["*/*/16=issue=inline"]) == []
     assert _warned(["fp16/64=issue=call,lookahead=2", "*/*/8=off"]) == []
@@ -40,4 +44,6 @@ def test_unreached_without_user_rules_treats_every_rule_as_given() -> None:
     assert unreached(cfg, ["lookahead"]) == [
         "--lookahead changes no kernel: every kernel that prefetches takes lookahead from a rule of its own "
         "(set it there, e.g. --rule 'fp16/64/16/auto/v1=lookahead=...')"]  # fmt: skip
-    assert unreached(make_config(rules="none"), ["scope"]) == ["--scope changes no kernel: no kernel prefetches under these rules"]
+    assert unreached(make_config(rules="none"), ["scope"]) == [
+        "--scope changes no kernel: no kernel prefetches under these rules"
+    ]

@@ -10,9 +10,9 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import torch
+from prefetch.prefetch_helpers import logging_controller as _logging_controller
 
 from kvpatch.decode.models import ModelShape
-from prefetch.prefetch_helpers import logging_controller as _logging_controller
 
 MiB = 1 << 20
 
@@ -223,7 +223,9 @@ def cpu_bench(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: _Stream("main"))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a, **k: (1 << 40, 1 << 40))
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: type("P", (), {"clock_rate": 1_000_000})(), raising=False)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda d: type("P", (), {"clock_rate": 1_000_000})(), raising=False
+    )
     libs = {"stock": Attn("stock"), "patched": Attn("patched"), "tail": Attn("tail"), "tail0": Attn("tail0")}
     return libs, pf, tails
 

@@ -35,7 +35,9 @@ def test_bench_decode_help_lists_its_options(monkeypatch, capsys):
                 "--tail", "--aa", "--zero", "--guard", "--prefetch-lib", "--cold", "--micro", "--json", "--plot", "--text"):  # fmt: skip
         assert opt in out, opt
     code, out, _ = kvpatch(monkeypatch, capsys, "--help")
-    assert code == 0 and "bench-decode" in out and "bench-decode-sweep" not in out  # the sweep is a maintainer's command
+    assert (
+        code == 0 and "bench-decode" in out and "bench-decode-sweep" not in out
+    )  # the sweep is a maintainer's command
     code, out, _ = kvpatch(monkeypatch, capsys, "bench-decode-sweep", "--help")
     assert code == 0 and "--budget" in out and "--stages" in out
 
@@ -59,7 +61,11 @@ def test_bad_options_are_one_line_errors_before_the_gpu(monkeypatch, capsys, arg
 
 def test_knobs_apply_over_a_whole_configuration():
     w = weight_prefetch_of({"wpf": "gateup->down=8@evict_normal;grid=16", "threads": 128, "join": "oproj"})
-    assert [x.text() for x in w.windows] == ["gateup->down=8@evict_normal"] and (w.grid, w.threads, w.join) == (16, 128, "oproj")
+    assert [x.text() for x in w.windows] == ["gateup->down=8@evict_normal"] and (w.grid, w.threads, w.join) == (
+        16,
+        128,
+        "oproj",
+    )
     assert weight_prefetch_of({"wpf": "grid=16", "grid": "auto"}).grid is None  # the knob wins
     assert weight_prefetch_of({}) == WeightPrefetch()  # nothing given: the default windows
     first = weight_prefetch_of({"cap": "1:32,8:16", "fork": "qkv"})

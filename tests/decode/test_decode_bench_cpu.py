@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from decode_helpers import cpu_bench, one_thread  # noqa: E402
+
 from kvpatch.decode import bench as BENCH  # noqa: E402
 from kvpatch.decode.arms import default_arms  # noqa: E402
 from kvpatch.decode.options import MiB, WeightPrefetch  # noqa: E402
@@ -34,12 +35,22 @@ def test_bench_decode_runs_every_control_on_the_cpu(cpu, tmp_path):
                                     layers=3, rounds=2, cycles=1, weight_prefetch=wpf, tail=tail,
                                     json_path=tmp_path / "d.json")  # fmt: skip
     names = [a.name for a in default_arms(libs, wpf, tail=tail)]
-    assert report.variants == names == ["stock", "stock-aa", "patched", "stock+zero", "stock+wpf", "tail", "tail+zero", "patched+wpf"]
+    assert (
+        report.variants
+        == names
+        == ["stock", "stock-aa", "patched", "stock+zero", "stock+wpf", "tail", "tail+zero", "patched+wpf"]
+    )
     assert len(report.points) == 2 and report.summary()["all_identical"]
     p = report.points[0]
-    assert p["guard"]["on"] and p["guard"]["hinted_arms"] == ["patched+wpf", "stock+wpf"] and p["guard"]["demoted_bytes"] > 0
+    assert (
+        p["guard"]["on"]
+        and p["guard"]["hinted_arms"] == ["patched+wpf", "stock+wpf"]
+        and p["guard"]["demoted_bytes"] > 0
+    )
     assert p["aa"] is not None and set(p["variants"]) == set(names)
-    assert p["variants"]["stock+wpf"]["speedup_vs_zero"] is not None and p["variants"]["patched+wpf"]["speedup_vs_library"]
+    assert (
+        p["variants"]["stock+wpf"]["speedup_vs_zero"] is not None and p["variants"]["patched+wpf"]["speedup_vs_library"]
+    )
     # 3 layers: oproj->gateup and gateup->down in each, down->qkv in the first two
     assert p["variants"]["stock+wpf"]["forks"] == p["variants"]["stock+zero"]["forks"] == 8
     assert p["variants"]["stock+zero"]["prefetch_bytes"] == 0 < p["variants"]["stock+wpf"]["prefetch_bytes"]
@@ -47,7 +58,9 @@ def test_bench_decode_runs_every_control_on_the_cpu(cpu, tmp_path):
     assert any(r[0] == "demote" and r[1] > 0 for r in pf.runs)  # the guard
     assert all(rows for rows, hint, _ in tails["tail"].tables if hint) and len(tails["tail"].tables[0][0]) == 3
     for r in p["raw"]:  # every sample is kept, with the order it ran in
-        assert set(r["samples_us"]) == set(r["order"]) and all(len(v) == len(r["order"]) * r["cycles"] for v in r["samples_us"].values())
+        assert set(r["samples_us"]) == set(r["order"]) and all(
+            len(v) == len(r["order"]) * r["cycles"] for v in r["samples_us"].values()
+        )
     assert p["carryover"]["hinted_arms"] == ["patched+wpf", "stock+wpf"] and "stock" in p["carryover"]
     data = json.loads((tmp_path / "d.json").read_text())
     assert data["summary"]["aa"]["of"] == 2 and data["guard"] == "auto"

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 from decode_helpers import prepared_libs  # noqa: E402
+
 from kvpatch.decode.options import WeightPrefetch  # noqa: E402
 
 MiB = 1 << 20
@@ -87,6 +88,15 @@ def test_prefetch_micro_benchmark_runs(prepared):
     from kvpatch.render import micro_prefetch_table
 
     _, pf = prepared
-    m = run_micro_prefetch(pf, configs=[{"bytes": 8 * MiB, "grid": 32}, {"bytes": 8 * MiB, "grid": 132, "threads": 128, "chunk": 16384, "hint": "none"}], trials=3)
-    assert len(m["results"]) == 2 and all(r["kernel_us"] > 0 and r["fill_GBps"] > 0 and r["cold_us"] > 0 for r in m["results"])
+    m = run_micro_prefetch(
+        pf,
+        configs=[
+            {"bytes": 8 * MiB, "grid": 32},
+            {"bytes": 8 * MiB, "grid": 132, "threads": 128, "chunk": 16384, "hint": "none"},
+        ],
+        trials=3,
+    )
+    assert len(m["results"]) == 2 and all(
+        r["kernel_us"] > 0 and r["fill_GBps"] > 0 and r["cold_us"] > 0 for r in m["results"]
+    )
     assert "fill GB/s" in micro_prefetch_table(m)

@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from decode_helpers import TINY, Flush, cpu_bench, one_thread  # noqa: E402
+
 from kvpatch.decode import measure as MEASURE  # noqa: E402
 from kvpatch.decode.arms import Arm, default_arms  # noqa: E402
 from kvpatch.decode.options import WeightPrefetch  # noqa: E402
@@ -27,7 +28,9 @@ def test_rounds_follow_every_launcher_with_every_launcher_and_keep_each_ones_tim
     included) exactly once per cycle; the next round starts the order one slot later; a launcher's
     flush precedes each of its launches; each median is its own launcher's."""
     order: list[str] = []
-    launchers = {name: (lambda name=name, s=s: (order.append(name), time.sleep(s))) for name, s in zip("abc", (0, 0.005, 0.02))}
+    launchers = {
+        name: (lambda name=name, s=s: (order.append(name), time.sleep(s))) for name, s in zip("abc", (0, 0.005, 0.02))
+    }
     flushed: list[str] = []
     medians, raw = MEASURE.time_rounds(launchers, rounds=2, cycles=1, timer=Timer("cpu"),
                                        flush={"c": lambda: flushed.append(order[-1] if order else None)})  # fmt: skip
@@ -80,7 +83,10 @@ def test_every_controller_stays_alive_while_its_graph_replays(monkeypatch) -> No
         monkeypatch.setattr(MEASURE, "capture", lambda fn, device: Graph(fn))
         monkeypatch.setattr(MEASURE, "time_rounds", time_rounds)
         wpf = WeightPrefetch()
-        arms = default_arms(["stock"], wpf) + [Arm("grid7+wpf", "stock", wpf.with_(grid=7)), Arm("none+wpf", "stock", wpf.with_(hint="none"))]
+        arms = default_arms(["stock"], wpf) + [
+            Arm("grid7+wpf", "stock", wpf.with_(grid=7)),
+            Arm("none+wpf", "stock", wpf.with_(hint="none")),
+        ]
         step = DecodeStep(DecodeWeights(TINY, "bf16", 2, "cpu"), 1, 16)
         point = MEASURE.measure_point(step, arms, {"stock": libs["stock"]}, pf, "cpu", rounds=1, cycles=1,
                                       round_seconds=0.1, flush=Flush("cpu", 0), cold=False, timer=Timer("cpu"),

@@ -24,8 +24,8 @@ def prepared(tmp_path_factory):
 
 def test_every_arm_is_bit_identical_and_the_controls_run(prepared, tmp_path):
     from kvpatch.decode.bench import run_bench_decode
-    from kvpatch.decode.picks import TAIL, control_arms
     from kvpatch.decode.options import WeightPrefetch
+    from kvpatch.decode.picks import TAIL, control_arms
 
     libs, pf = prepared
     wpf = WeightPrefetch()  # evict_last: the guard is on

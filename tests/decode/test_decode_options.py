@@ -13,12 +13,30 @@ from kvpatch.errors import UsageError
 
 
 def test_the_first_form_round_trips_with_every_knob_and_refuses_bad_values():
-    w = WeightPrefetch.parse("cap=1:32,4:16,8:0;grid=132;threads=128;chunk=16384;hint=evict_normal;fork=qkv;join=oproj;priority=normal")
-    assert w.caps == {1: 32 * MiB, 4: 16 * MiB, 8: 0} and (w.grid, w.threads, w.chunk, w.hint) == (132, 128, 16384, "evict_normal")
-    assert (w.fork, w.join, w.priority) == ("qkv", "oproj", "normal") and [w.cap(b) for b in (1, 3, 8, 9)] == [32 * MiB, 16 * MiB, 0, 0]
+    w = WeightPrefetch.parse(
+        "cap=1:32,4:16,8:0;grid=132;threads=128;chunk=16384;hint=evict_normal;fork=qkv;join=oproj;priority=normal"
+    )
+    assert w.caps == {1: 32 * MiB, 4: 16 * MiB, 8: 0} and (w.grid, w.threads, w.chunk, w.hint) == (
+        132,
+        128,
+        16384,
+        "evict_normal",
+    )
+    assert (w.fork, w.join, w.priority) == ("qkv", "oproj", "normal") and [w.cap(b) for b in (1, 3, 8, 9)] == [
+        32 * MiB,
+        16 * MiB,
+        0,
+        0,
+    ]
     assert WeightPrefetch.parse(w.label()) == w
     assert WeightPrefetch.parse("grid=auto", w).grid is None and WeightPrefetch.parse("grid=auto", w).threads == 128
-    assert w.controller_options() == {"priority": "normal", "grid": 132, "threads": 128, "chunk": 16384, "hint": "evict_normal"}
+    assert w.controller_options() == {
+        "priority": "normal",
+        "grid": 132,
+        "threads": 128,
+        "chunk": 16384,
+        "hint": "evict_normal",
+    }
     assert WeightPrefetch.parse("priority=-3").priority == -3
     for bad in ("cap=x", "grid=0", "grid=x", "threads=33", "chunk=8", "hint=last", "fork=mlp", "join=never", "size=3", "cap",
                 "cap=1:x", "cap=0:8", "cap=-1", "priority=urgent", "oproj->down=8"):  # fmt: skip
@@ -42,7 +60,10 @@ def test_what_counts_as_off():
     assert WeightPrefetch(windows=(Window("oproj->gateup", {1: 0, 8: 0}),)).off()
     # a zero cap of the first form leaves the default windows in place: not off
     assert not WeightPrefetch(caps=0).off() and not WeightPrefetch(caps={1: 0}).off()
-    assert WeightPrefetch(windows=(), caps={8: 4 * MiB}).cap(16) == 0 and not WeightPrefetch(windows=(), caps={8: 4 * MiB}).off()
+    assert (
+        WeightPrefetch(windows=(), caps={8: 4 * MiB}).cap(16) == 0
+        and not WeightPrefetch(windows=(), caps={8: 4 * MiB}).off()
+    )
 
 
 def test_caps_text_forms_and_batch_buckets():
@@ -57,7 +78,14 @@ def test_caps_text_forms_and_batch_buckets():
         with pytest.raises(ValueError, match="invalid cap"):
             parse_caps(bad)
     caps = {1: 32, 4: 16, 8: 0}
-    assert [cap_for_batch(caps, b) for b in (1, 2, 4, 5, 8, 16)] == [32, 16, 16, 0, 0, 0]  # the smallest bucket >= batch
+    assert [cap_for_batch(caps, b) for b in (1, 2, 4, 5, 8, 16)] == [
+        32,
+        16,
+        16,
+        0,
+        0,
+        0,
+    ]  # the smallest bucket >= batch
     assert cap_for_batch(7, 64) == 7
 
 

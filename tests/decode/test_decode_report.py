@@ -39,17 +39,28 @@ def _report(points, **kw):
 
 
 def test_report_text_and_json():
-    rep = _report([_point(1, 1.2), _point(4, 0.95)],
-                  skipped=[{"model": "llama-3.1-8b", "dtype": "bf16", "batch": 64, "context": 16384, "reason": "too big"}])
+    rep = _report(
+        [_point(1, 1.2), _point(4, 0.95)],
+        skipped=[{"model": "llama-3.1-8b", "dtype": "bf16", "batch": 64, "context": 16384, "reason": "too big"}],
+    )
     text = decode_text(rep)
-    assert text.startswith("kvpatch bench-decode: NVIDIA H200 (cc 9.0, 132 SMs, L2 60 MiB), warm L2, 8 layers, 5 rounds\n")
-    assert "driver 580.159.03" in text and "prefetch library: chunk=4096,line=128,hint=evict_last,threads=32,demote" in text
-    assert "  stock+wpf: library stock, oproj->gateup=8:12;gateup->down=8:8;down->qkv=8:12" in text  # what each arm prefetches
+    assert text.startswith(
+        "kvpatch bench-decode: NVIDIA H200 (cc 9.0, 132 SMs, L2 60 MiB), warm L2, 8 layers, 5 rounds\n"
+    )
+    assert (
+        "driver 580.159.03" in text
+        and "prefetch library: chunk=4096,line=128,hint=evict_last,threads=32,demote" in text
+    )
+    assert (
+        "  stock+wpf: library stock, oproj->gateup=8:12;gateup->down=8:8;down->qkv=8:12" in text
+    )  # what each arm prefetches
     assert "  patched: library patched, plain step" in text
     assert "1.200 [1.190..1.210]" in text and "0.950 [0.940..0.960]" in text
     assert ("patched: geomean 1.0677x, worst median 0.9500x, worst round-min 0.9400x; "
             "faster at 1, slower at 1, within noise at 0 of 2 points") in text  # fmt: skip
-    assert "skipped llama-3.1-8b bf16 B=64 ctx=16384: too big" in text and "bit-identical to stock at every point" in text
+    assert (
+        "skipped llama-3.1-8b bf16 B=64 ctx=16384: too big" in text and "bit-identical to stock at every point" in text
+    )
     assert rep.summary()["best_variant_counts"] == {"patched+wpf": 1, "patched": 1}
     data = json.loads(json.dumps(rep.to_dict()))
     assert data["format"] == "kvpatch.bench-decode/1" and data["summary"]["all_identical"]
@@ -69,17 +80,28 @@ def test_a_mismatch_is_shouted():
 
 
 def test_reports_written_before_the_environment_snapshot_still_render():
-    rep = DecodeReport(variants=NAMES, layers=8, rounds=5, mode="cold", caps_bytes=0,
-                       env={"gpu": "NVIDIA H100", "l2_bytes": 50 << 20, "smi": {"driver_version": "550"}}, points=[_point(1, 1.0)])
+    rep = DecodeReport(
+        variants=NAMES,
+        layers=8,
+        rounds=5,
+        mode="cold",
+        caps_bytes=0,
+        env={"gpu": "NVIDIA H100", "l2_bytes": 50 << 20, "smi": {"driver_version": "550"}},
+        points=[_point(1, 1.0)],
+    )
     text = decode_text(rep.to_dict())
-    assert text.startswith("kvpatch bench-decode: NVIDIA H100 (cc ?, ? SMs, L2 50 MiB), cold L2") and "driver 550" in text
+    assert (
+        text.startswith("kvpatch bench-decode: NVIDIA H100 (cc ?, ? SMs, L2 50 MiB), cold L2") and "driver 550" in text
+    )
 
 
 def test_a_point_is_faster_or_slower_only_when_its_whole_interval_is():
     rep = _report([_point(1, 1.005), _point(4, 0.995), _point(16, 1.02)])
     s = rep.summary()["patched"]
     assert (s["faster"], s["slower"], s["noise"]) == (1, 0, 2)
-    assert "patched: geomean" in decode_text(rep) and "faster at 1, slower at 0, within noise at 2 of 3 points" in decode_text(rep)
+    assert "patched: geomean" in decode_text(
+        rep
+    ) and "faster at 1, slower at 0, within noise at 2 of 3 points" in decode_text(rep)
 
 
 @pytest.mark.slow  # matplotlib

@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from decode_helpers import TINY, ReferenceKernels, logging_controller, one_thread  # noqa: E402
+
 from kvpatch.decode.models import MODELS, model_shape  # noqa: E402
 from kvpatch.decode.options import WeightPrefetch  # noqa: E402
 from kvpatch.decode.step import DecodeStep, DecodeWeights  # noqa: E402
@@ -114,7 +115,10 @@ def test_the_models_are_the_published_checkpoints():
         return m.layers * (m.layer_weight_bytes(1) + bias) + embeddings + m.hidden
 
     m8, m1 = model_shape("llama-3.1-8b"), model_shape("Llama-3.2-1B")
-    assert (params(m8), params(m1)) == (8_030_261_248, 1_235_814_400)  # the models' safetensors, parameter for parameter
+    assert (params(m8), params(m1)) == (
+        8_030_261_248,
+        1_235_814_400,
+    )  # the models' safetensors, parameter for parameter
     m3, qw = model_shape("llama-3.2-3b"), model_shape("qwen2.5-7b")
     assert params(m3) == 3_212_749_824
     assert params(qw) == 7_615_616_512
@@ -122,7 +126,9 @@ def test_the_models_are_the_published_checkpoints():
     assert m8.kv_bytes_per_token(2) == 2 * 8 * 128 * 2  # one layer's K and V of one token, 8 KV heads of 128
     w = DecodeWeights(TINY, "fp16", layers=2, device="cpu")
     assert w.bytes() == 2 * TINY.layer_weight_bytes(2)
-    assert {k: v.numel() for k, v in w.per_layer[0].items() if k in TINY.layer_weight_elems()} == TINY.layer_weight_elems()
+    assert {
+        k: v.numel() for k, v in w.per_layer[0].items() if k in TINY.layer_weight_elems()
+    } == TINY.layer_weight_elems()
     with pytest.raises(ValueError, match="llama-3.1-8b"):
         model_shape("llama-4")
     assert set(MODELS) == {"llama-3.1-8b", "llama-3.2-1b", "llama-3.2-3b", "qwen2.5-7b"}
@@ -131,7 +137,9 @@ def test_the_models_are_the_published_checkpoints():
 def test_the_in_kernel_table_holds_each_layers_o_proj_head_keyed_by_its_key_cache(tiny_step):
     st = tiny_step
     rows = st.tail_rows(4096)
-    assert [(k, a) for k, a, _ in rows] == [(st.key_caches[i].data_ptr(), st.w.per_layer[i]["o_proj"].data_ptr()) for i in range(2)]
+    assert [(k, a) for k, a, _ in rows] == [
+        (st.key_caches[i].data_ptr(), st.w.per_layer[i]["o_proj"].data_ptr()) for i in range(2)
+    ]
     assert {n for *_, n in rows} == {4096}
     whole = st.w.per_layer[0]["o_proj"].numel() * 2
     assert {n for *_, n in st.tail_rows(1 << 30)} == {whole} and st.tail_rows(0) == []
@@ -157,14 +165,20 @@ def _launches_and_ops(step, wpf):
     finally:
         torch.nn.functional.linear = linear
     assert not ctl.pending
-    return [e[1] if e[0] == "gemm" else e[0] for e in api.log if e[0] in ("launch", "attention", "wait_stream", "gemm")], api, ctl
+    return (
+        [e[1] if e[0] == "gemm" else e[0] for e in api.log if e[0] in ("launch", "attention", "wait_stream", "gemm")],
+        api,
+        ctl,
+    )
 
 
 def test_the_first_form_forks_each_layer_before_attention_and_joins_once(tiny_step):
     wpf = WeightPrefetch(caps={1: 1 << 20, 4: 4096, 8: 0})
     seen, api, ctl = _launches_and_ops(tiny_step, wpf)
     assert [len(t) for t in api.tables] == [3, 1, 3, 1]  # per layer: 1 MiB holds all three weights, 4 KiB o_proj's head
-    assert api.tables[0][0][0] == tiny_step.w.per_layer[0]["o_proj"].data_ptr()  # o_proj first: it runs right after attention
+    assert (
+        api.tables[0][0][0] == tiny_step.w.per_layer[0]["o_proj"].data_ptr()
+    )  # o_proj first: it runs right after attention
     layer = ["qkv", "launch", "attention", "o_proj", "gate_up", "down"]
     assert seen == layer * 2 + ["wait_stream"]
     # batch 3 takes the B<=4 bucket (4 KiB), launched with its own grid; at batch 9 nothing would launch
@@ -174,11 +188,15 @@ def test_the_first_form_forks_each_layer_before_attention_and_joins_once(tiny_st
 
 def test_fork_and_join_points(tiny_step):
     base = WeightPrefetch(caps=1 << 20)
-    assert _launches_and_ops(tiny_step, base)[0] == ["qkv", "launch", "attention", "o_proj", "gate_up", "down"] * 2 + ["wait_stream"]
+    assert _launches_and_ops(tiny_step, base)[0] == ["qkv", "launch", "attention", "o_proj", "gate_up", "down"] * 2 + [
+        "wait_stream"
+    ]
     qkv_first = ["launch", "qkv", "attention", "o_proj", "gate_up", "down"]  # forked before the first RMSNorm
     assert _launches_and_ops(tiny_step, base.with_(fork="qkv"))[0] == qkv_first * 2 + ["wait_stream"]
     per_layer = ["qkv", "launch", "attention", "wait_stream", "o_proj", "gate_up", "down"]
-    assert _launches_and_ops(tiny_step, base.with_(join="oproj"))[0] == per_layer * 2  # the final join has nothing pending
+    assert (
+        _launches_and_ops(tiny_step, base.with_(join="oproj"))[0] == per_layer * 2
+    )  # the final join has nothing pending
     with pytest.raises(UsageError, match="fork"):
         base.with_(fork="mlp")
     with pytest.raises(ValueError, match="join"):

@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from decode_helpers import cpu_bench, one_thread  # noqa: E402
+
 from kvpatch.decode.windows import STEP_WINDOWS  # noqa: E402
 
 
@@ -37,9 +38,22 @@ def test_the_sweep_runs_its_stages_in_order_and_picks(cpu, tmp_path, monkeypatch
     result = SW.run_sweep(libs, tmp_path, budget_s=1e6, prefetch_library=pf)
     assert result["errors"] == {}, result["errors"]
     assert [line.split("] ")[1] for line in result["log"] if line.endswith(": start")] == [
-        "lead: start", "micro: start", "kernels: start", "steps: start", "final: start", "guard_off: start"]
-    for name in ("sweep.json", "decode_lead.json", "micro.json", "kernels.json", "decode_steps.json", "decode_final.json",
-                 "decode_guard_off.json"):
+        "lead: start",
+        "micro: start",
+        "kernels: start",
+        "steps: start",
+        "final: start",
+        "guard_off: start",
+    ]
+    for name in (
+        "sweep.json",
+        "decode_lead.json",
+        "micro.json",
+        "kernels.json",
+        "decode_steps.json",
+        "decode_final.json",
+        "decode_guard_off.json",
+    ):
         assert (tmp_path / name).is_file(), name
     assert result["picked"]["config"]["label"] and result["guard_check"]["demoted_bytes"] > 0
     steps = json.loads((tmp_path / "decode_steps.json").read_text())
@@ -48,7 +62,9 @@ def test_the_sweep_runs_its_stages_in_order_and_picks(cpu, tmp_path, monkeypatch
     assert {r["window"] for run in kernels for r in run["results"]} == set(STEP_WINDOWS)
     from kvpatch.render import sweep_text
 
-    reports = {k: json.loads((tmp_path / f"decode_{k}.json").read_text()) for k in ("final", "lead", "steps", "guard_off")}
+    reports = {
+        k: json.loads((tmp_path / f"decode_{k}.json").read_text()) for k in ("final", "lead", "steps", "guard_off")
+    }
     text = sweep_text(result, reports=reports, kernels=kernels)
     assert "picked weight prefetch" in text and "per window, kernel by kernel" in text and "guard off" in text
 

@@ -7,21 +7,32 @@ from __future__ import annotations
 import pytest
 
 from kvpatch.decode.arms import Arm, by_predecessor, carryover_check, check_arms, default_arms, sequence_of, zero_twin
-from kvpatch.gpu.stats import ratio_stats
 from kvpatch.decode.kernels import best_configs, op_path
 from kvpatch.decode.options import MiB, WeightPrefetch
-from kvpatch.decode.report import DecodeReport
 from kvpatch.decode.picks import SMALL, control_arms, pick_launch, pick_windows, step_arms, step_windows
+from kvpatch.decode.report import DecodeReport
 from kvpatch.decode.windows import TailPrefetch, Window
+from kvpatch.gpu.stats import ratio_stats
 from kvpatch.gpu.timing import carryover_order
 
-LAST = WeightPrefetch(windows=(Window("oproj->gateup", {4: 12 * MiB}), Window("gateup->down", {8: 8 * MiB}, "evict_normal")))
+LAST = WeightPrefetch(
+    windows=(Window("oproj->gateup", {4: 12 * MiB}), Window("gateup->down", {8: 8 * MiB}, "evict_normal"))
+)
 TAIL = TailPrefetch({8: 32 * MiB}, "evict_normal")
 
 
 def test_default_arms_hold_every_control_in_order():
     arms = default_arms(["stock", "patched", "tail", "tail0"], LAST, tail=TAIL)
-    assert [a.name for a in arms] == ["stock", "stock-aa", "patched", "stock+zero", "stock+wpf", "tail", "tail+zero", "patched+wpf"]
+    assert [a.name for a in arms] == [
+        "stock",
+        "stock-aa",
+        "patched",
+        "stock+zero",
+        "stock+wpf",
+        "tail",
+        "tail+zero",
+        "patched+wpf",
+    ]
     by = {a.name: a for a in arms}
     assert by["stock-aa"].library == "stock" and by["stock-aa"].wpf is None  # its own capture of stock's step
     assert by["stock+zero"].zero and by["stock+zero"].wpf == by["stock+wpf"].wpf  # the same forks, no bytes
@@ -30,7 +41,11 @@ def test_default_arms_hold_every_control_in_order():
     assert by["patched+wpf"].baseline == "patched"
     assert zero_twin(by["stock+wpf"], arms) == "stock+zero" and zero_twin(by["patched+wpf"], arms) is None
     assert [a.name for a in default_arms(["stock"], LAST, aa=False, zero=False)] == ["stock", "stock+wpf"]
-    assert [a.name for a in default_arms(["stock", "patched"], WeightPrefetch.parse("cap=off"))] == ["stock", "stock-aa", "patched"]
+    assert [a.name for a in default_arms(["stock", "patched"], WeightPrefetch.parse("cap=off"))] == [
+        "stock",
+        "stock-aa",
+        "patched",
+    ]
     with pytest.raises(ValueError, match="stock"):
         default_arms(["patched"], LAST)
 
@@ -92,7 +107,10 @@ def _point(batch, ratios, aa=1.0):
 
 
 def test_report_summary_reads_the_goal_numbers():
-    pts = [_point(1, {"stock+wpf": (1.03, 1.01, 1.05)}, aa=1.001), _point(4, {"stock+wpf": (1.01, 0.995, 1.02)}, aa=0.995)]
+    pts = [
+        _point(1, {"stock+wpf": (1.03, 1.01, 1.05)}, aa=1.001),
+        _point(4, {"stock+wpf": (1.01, 0.995, 1.02)}, aa=0.995),
+    ]
     s = DecodeReport(variants=["stock", "stock-aa", "stock+wpf"], layers=8, rounds=7, mode="warm", caps_bytes=0, env={},
                      points=pts).summary()  # fmt: skip
     assert s["stock+wpf"]["geomean"] == pytest.approx((1.03 * 1.01) ** 0.5)
@@ -109,7 +127,15 @@ def test_sweep_picks_a_window_per_batch_only_where_it_beat_stock():
     assert windows["oproj->gateup"] == Window("oproj->gateup", {1: 12 * MiB, 4: 8 * MiB, 8: 16 * MiB}, "evict_normal")
     assert windows["down->qkv"] == Window("down->qkv", {1: 4 * MiB}, "evict_last")
     arms = step_arms(windows, ["oproj->gateup", "down->qkv"])
-    assert [a.name for a in arms] == ["stock", "stock-aa", "w:oproj->gateup", "w:down->qkv", "all+zero", "all", "all:small"]
+    assert [a.name for a in arms] == [
+        "stock",
+        "stock-aa",
+        "w:oproj->gateup",
+        "w:down->qkv",
+        "all+zero",
+        "all",
+        "all:small",
+    ]
     small = arms[-1].wpf
     assert (small.grid, small.chunk) == (SMALL["grid"], SMALL["chunk"]) and small.windows == arms[-2].wpf.windows
     one = step_arms(windows, ["down->qkv"])
@@ -126,6 +152,7 @@ def test_sweep_picks_a_window_per_batch_only_where_it_beat_stock():
 
 def test_the_small_launch_knobs_are_taken_only_where_they_beat_the_default_ones():
     w = {"windows": [{"text": "oproj->gateup=12"}]}
+
     def pts(small, default, name="all"):
         out = []
         for b in (1, 4):
@@ -134,6 +161,7 @@ def test_the_small_launch_knobs_are_taken_only_where_they_beat_the_default_ones(
             p["variants"][name]["weight_prefetch"] = w
             out.append(p)
         return out
+
     assert pick_launch(pts(1.02, 1.01)) == SMALL
     assert pick_launch(pts(1.011, 1.01)) == {}  # within MIN_GAIN
     assert pick_launch(pts(1.02, 1.01, name="w:oproj->gateup")) == SMALL  # one window: its own arm is the twin
@@ -143,12 +171,27 @@ def test_the_small_launch_knobs_are_taken_only_where_they_beat_the_default_ones(
 def test_control_arms_pair_the_in_kernel_form_with_its_side_stream_twin():
     arms = control_arms(["stock", "patched", "tail", "tail0"], LAST, tail=TAIL)
     names = [a.name for a in arms]
-    assert names == ["stock", "stock-aa", "stock+zero", "stock+wpf", "stock+attn", "tail", "tail+zero", "patched", "patched+wpf"]
+    assert names == [
+        "stock",
+        "stock-aa",
+        "stock+zero",
+        "stock+wpf",
+        "stock+attn",
+        "tail",
+        "tail+zero",
+        "patched",
+        "patched+wpf",
+    ]
     assert arms[names.index("tail")].baseline == "tail+zero"
     assert control_arms(["stock", "tail"], LAST, tail=TAIL)[-1].baseline == "stock"
     twin = arms[names.index("stock+attn")].wpf
     assert twin.windows == (Window("attn->oproj", TAIL.caps, TAIL.hint),)
-    assert [a.name for a in control_arms(["stock"], LAST, tail=None)] == ["stock", "stock-aa", "stock+zero", "stock+wpf"]
+    assert [a.name for a in control_arms(["stock"], LAST, tail=None)] == [
+        "stock",
+        "stock-aa",
+        "stock+zero",
+        "stock+wpf",
+    ]
 
 
 def test_the_kernel_stage_times_the_ops_between_fork_and_gemm():

@@ -8,7 +8,16 @@ import pytest
 
 from kvpatch.decode.options import DEFAULT_WINDOWS, MiB, WeightPrefetch
 from kvpatch.decode.windows import (
-    KINDS, LAYER_OPS, STEP_WINDOWS, TailPrefetch, Window, cap_for, forks_by_op, parse_windows, plan_forks, prefetch_bytes,
+    KINDS,
+    LAYER_OPS,
+    STEP_WINDOWS,
+    TailPrefetch,
+    Window,
+    cap_for,
+    forks_by_op,
+    parse_windows,
+    plan_forks,
+    prefetch_bytes,
     windows_text,
 )  # fmt: skip
 from kvpatch.errors import UsageError
@@ -29,18 +38,27 @@ def test_each_window_forks_before_its_op_and_warms_the_next_gemm():
         assert (k.before, k.weights, k.next_layer, k.target) == (before, weights, nxt, target)
         # the fork comes after the previous GEMM and before the target: only small kernels between
         i, j = LAYER_OPS.index(k.before), LAYER_OPS.index(k.target)
-        between = LAYER_OPS[i:] + LAYER_OPS[: j] if nxt else LAYER_OPS[i:j]
+        between = LAYER_OPS[i:] + LAYER_OPS[:j] if nxt else LAYER_OPS[i:j]
         assert not {"qkv", "oproj", "gateup", "down"} & set(between), (name, between)
     assert KINDS["attn"].weights == KINDS["layer"].weights == ("o_proj", "gate_up", "down")
 
 
 def test_plan_forks_per_layer_in_step_order_without_a_next_layer_after_the_last():
-    windows = [Window("down->qkv", 12 * MiB), Window("oproj->gateup", 12 * MiB, "evict_normal"), Window("gateup->down", 8 * MiB)]
+    windows = [
+        Window("down->qkv", 12 * MiB),
+        Window("oproj->gateup", 12 * MiB, "evict_normal"),
+        Window("gateup->down", 8 * MiB),
+    ]
     forks = plan_forks(windows, layers=3, batch=1)
     assert [(f.layer, f.before, f.window, f.target_layer) for f in forks] == [
-        (0, "add1", "oproj->gateup", 0), (0, "act", "gateup->down", 0), (0, "add2", "down->qkv", 1),
-        (1, "add1", "oproj->gateup", 1), (1, "act", "gateup->down", 1), (1, "add2", "down->qkv", 2),
-        (2, "add1", "oproj->gateup", 2), (2, "act", "gateup->down", 2),  # no down->qkv into a 4th layer
+        (0, "add1", "oproj->gateup", 0),
+        (0, "act", "gateup->down", 0),
+        (0, "add2", "down->qkv", 1),
+        (1, "add1", "oproj->gateup", 1),
+        (1, "act", "gateup->down", 1),
+        (1, "add2", "down->qkv", 2),
+        (2, "add1", "oproj->gateup", 2),
+        (2, "act", "gateup->down", 2),  # no down->qkv into a 4th layer
     ]
     assert [f.cap for f in forks][:3] == [12 * MiB, 8 * MiB, 12 * MiB]
     assert [f.hint for f in forks][:3] == ["evict_normal", None, None]
@@ -82,7 +100,11 @@ def test_window_text_round_trips():
 
 def test_weight_prefetch_windows_and_the_first_form():
     d = WeightPrefetch()
-    assert d.windows == DEFAULT_WINDOWS and [w.name for w in d.windows] == ["oproj->gateup", "gateup->down", "down->qkv"]
+    assert d.windows == DEFAULT_WINDOWS and [w.name for w in d.windows] == [
+        "oproj->gateup",
+        "gateup->down",
+        "down->qkv",
+    ]
     assert d.cap(1) == d.cap(8) == 32 * MiB and d.cap(9) == 0 and d.hints() == {"evict_last"}
     assert WeightPrefetch.parse(d.label()) == d
     w = WeightPrefetch.parse("norm->qkv=1:8,8:4@evict_first;gateup->down=8;grid=16;join=oproj")
@@ -90,7 +112,12 @@ def test_weight_prefetch_windows_and_the_first_form():
     assert WeightPrefetch.parse(w.label()) == w and w.hints() == {"evict_first", "evict_last"}
     first = WeightPrefetch.parse("cap=24;fork=qkv")
     assert first.windows == () and first.effective_windows() == (Window("layer", 24 * MiB),)
-    assert WeightPrefetch.parse("fork=attn").effective_windows()[0].caps == {1: 32 * MiB, 2: 32 * MiB, 4: 32 * MiB, 8: 16 * MiB}
+    assert WeightPrefetch.parse("fork=attn").effective_windows()[0].caps == {
+        1: 32 * MiB,
+        2: 32 * MiB,
+        4: 32 * MiB,
+        8: 16 * MiB,
+    }
     assert WeightPrefetch.parse("cap=off").off() and WeightPrefetch.parse("cap=off").effective_windows() == ()
     assert WeightPrefetch(windows=(Window("attn->oproj", 0),)).off()
     with pytest.raises(ValueError, match="either windows"):
@@ -143,13 +170,22 @@ def test_add_prefetch_registers_the_target_layers_weights_with_caps_and_hints():
     step.add_prefetch(ctl, [Window("down->qkv", {1: 12 * MiB, 8: 4 * MiB}, "evict_last"), Window("oproj->gateup", 8 * MiB),
                             Window("attn", 0)])  # fmt: skip
     assert ctl.added == [
-        ("down->qkv", 0, ["qkv1"], None, {1: 12 * MiB, 8: 4 * MiB}, "evict_last"),  # the next layer's QKV; none after layer 1
+        (
+            "down->qkv",
+            0,
+            ["qkv1"],
+            None,
+            {1: 12 * MiB, 8: 4 * MiB},
+            "evict_last",
+        ),  # the next layer's QKV; none after layer 1
         ("oproj->gateup", 0, ["gate_up0"], 8 * MiB, None, None),
         ("oproj->gateup", 1, ["gate_up1"], 8 * MiB, None, None),
         ("attn", 0, ["o_proj0", "gate_up0", "down0"], None, {1: 0}, None),  # cap 0: registered, no table
         ("attn", 1, ["o_proj1", "gate_up1", "down1"], None, {1: 0}, None),
     ]
-    assert step.w.prefetch_tensors(1, "down->qkv") == [] and [t.name for t in step.w.prefetch_tensors(0, "norm->qkv")] == ["qkv0"]
+    assert step.w.prefetch_tensors(1, "down->qkv") == [] and [
+        t.name for t in step.w.prefetch_tensors(0, "norm->qkv")
+    ] == ["qkv0"]
 
 
 def test_the_step_forks_each_window_right_before_its_op(monkeypatch):

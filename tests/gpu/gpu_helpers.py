@@ -21,7 +21,10 @@ try:
 except ImportError:  # pragma: no cover - the CI venv may have no torch
     torch = None
 
-needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed (the CPU build is enough: pip install torch --index-url https://download.pytorch.org/whl/cpu)")
+needs_torch = pytest.mark.skipif(
+    torch is None,
+    reason="torch is not installed (the CPU build is enough: pip install torch --index-url https://download.pytorch.org/whl/cpu)",
+)
 
 
 class FakeKernels:

@@ -18,9 +18,13 @@ from kvpatch.gpu import validate as V
 def test_validate_cases_from_options():
     cases, name, _ = Vc.validate_cases(Vc.ValidateOptions())
     assert name == "default" and len(cases) == 1440
-    cases, name, sampling = Vc.validate_cases(Vc.ValidateOptions(full=True, dtypes=["bf16"], alibi=[True], block_sizes=[32]))
+    cases, name, sampling = Vc.validate_cases(
+        Vc.ValidateOptions(full=True, dtypes=["bf16"], alibi=[True], block_sizes=[32])
+    )
     assert name == "full" and "filtered" in sampling
-    assert {c.dtype for c in cases} == {"bf16"} and {c.block_size for c in cases} == {32} and all(c.alibi for c in cases)
+    assert (
+        {c.dtype for c in cases} == {"bf16"} and {c.block_size for c in cases} == {32} and all(c.alibi for c in cases)
+    )
     assert {c.head_size for c in cases} == set(V.VLLM_HEAD_SIZES)
     cases, name, _ = Vc.validate_cases(Vc.ValidateOptions(dtypes=["fp16"], head_sizes=[80], contexts=[5]))
     assert name == "custom" and {c.head_size for c in cases} == {80} and len(cases) == 2 * 2 * 2 * 2 * 2
@@ -49,7 +53,10 @@ def test_validate_refuses_contradictory_options_before_anything_runs(tmp_path, o
 
 def test_validate_says_a_cut_run_is_not_a_pass_and_a_failure_is_a_failure():
     def outcome(cut: bool, failed: int) -> Vc.ValidateOutcome:
-        runs = [U.UpstreamRun("stock", "s", 0, passed=5), U.UpstreamRun("patched", "p", 2, passed=3, failed=failed, cut=cut)]
+        runs = [
+            U.UpstreamRun("stock", "s", 0, passed=5),
+            U.UpstreamRun("patched", "p", 2, passed=3, failed=failed, cut=cut),
+        ]
         rep = U.UpstreamReport("0.6.4", "t::test_paged_attention", "stock", runs,
                                identical={"patched": {"compared": 3, "identical": 3}}, differing={"patched": []})  # fmt: skip
         return Vc.ValidateOutcome(upstream=rep)
@@ -82,7 +89,9 @@ def test_validate_with_prebuilt_libs_exit_codes(monkeypatch, tmp_path, capsys):
     out = tmp_path / "v.json"
     rc = run_cli("validate", "--lib", stock, "--lib", good, "--variant-info", str(info), "--json", str(out), *common)
     d = json.loads(out.read_text())
-    assert rc == 0 and d["ok"] and d["matrix"] == "custom" and d["identical"] == {"good": {"checked": 1, "identical": 1}}
+    assert (
+        rc == 0 and d["ok"] and d["matrix"] == "custom" and d["identical"] == {"good": {"checked": 1, "identical": 1}}
+    )
     assert d["env"]["libs"]["good"]["marker"] == "lookahead=1 size=auto"
     assert d["env"]["libs"]["good"]["so"] == str(tmp_path / "good.so")
     capsys.readouterr()
@@ -94,4 +103,6 @@ def test_validate_with_prebuilt_libs_exit_codes(monkeypatch, tmp_path, capsys):
     assert run_cli("validate", "--lib", str(tmp_path / "stock.so"), *common) == 2  # no prefix
     assert run_cli("validate", "--lib", f"s={tmp_path}/missing.so:s", *common) == 2  # no library there
     assert run_cli("validate", "--lib", stock, "--quick", "--full", "--device", "cpu") == 2
-    assert run_cli("validate", "--lib", stock, "--json", str(tmp_path / "stock.so"), *common) == 2  # never over an input
+    assert (
+        run_cli("validate", "--lib", stock, "--json", str(tmp_path / "stock.so"), *common) == 2
+    )  # never over an input

@@ -93,7 +93,9 @@ def test_random_fp8_bytes_never_nan():
 
 
 @needs_torch
-@pytest.mark.parametrize("dtype,kv", [("fp16", "auto"), ("bf16", "auto"), ("fp32", "auto"), ("fp16", "fp8"), ("fp32", "fp8")])
+@pytest.mark.parametrize(
+    "dtype,kv", [("fp16", "auto"), ("bf16", "auto"), ("fp32", "auto"), ("fp16", "fp8"), ("fp32", "fp8")]
+)
 def test_make_inputs_shapes(dtype, kv):
     inp = I.make_inputs(dtype=dtype, kv_cache_dtype=kv, head_size=64, block_size=16, num_heads=8,
                         num_kv_heads=2, seq_lens=[17, 3, 40], alibi=True, seed=1, device="cpu")  # fmt: skip

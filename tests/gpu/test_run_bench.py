@@ -19,7 +19,9 @@ from kvpatch.gpu import timing as Tm  # noqa: E402
 
 
 def _points(**kw):
-    base = dict(dtypes=("fp16",), batches=(1,), contexts=(16,), num_heads=4, num_kv_heads=2, head_size=32, block_size=16)
+    base = dict(
+        dtypes=("fp16",), batches=(1,), contexts=(16,), num_heads=4, num_kv_heads=2, head_size=32, block_size=16
+    )
     return P.make_points(**{**base, **kw})
 
 
@@ -33,7 +35,7 @@ def test_run_bench_on_cpu_with_fakes():
     assert rep.variants == ["stock", "paper", "broken"]
     assert len(rep.results) == 4 * 2 * 2
     for r in rep.results:
-        for n, t in r.variants.items():
+        for t in r.variants.values():
             assert len(t.samples_us) == 2 and all(len(s) == 3 for s in t.samples_us)  # 2 rounds x 3 reps
             assert t.median_us > 0 and t.kv_bytes_per_s > 0
         assert r.variants["paper"].outputs_match is True and r.variants["broken"].outputs_match is False

@@ -124,7 +124,7 @@ def test_time_interleaved_queues_each_chunk_within_its_lead_and_retimes_a_late_o
     timer = _LeadTimer()
     us = Tm.time_interleaved(fns, reps=6, warmup=0, timer=timer)
     seq = cycle * 2
-    assert timer.log == [x for k in range(0, 18, 4) for x in ["lead", *seq[k:k + 4]]]
+    assert timer.log == [x for k in range(0, 18, 4) for x in ["lead", *seq[k : k + 4]]]
     assert [len(u) for u in us] == [6, 6, 6] and timer.chunks == 5
     # the chunk is what the host queues in about CHUNK_LEAD_S: a tiny one, one launch each
     monkeypatch.setattr(Tm, "CHUNK_LEAD_S", 0.0)

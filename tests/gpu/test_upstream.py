@@ -18,7 +18,7 @@ from kvpatch.gpu import upstream as U
 from kvpatch.gpu.launch import LibSpec
 from kvpatch.render import print_upstream
 
-FAKE_UTILS = '''
+FAKE_UTILS = """
 import psutil  # vLLM's utils import much more than the helpers need: never executed by the shim
 import torch
 
@@ -56,9 +56,9 @@ def create_kv_caches_with_random(num_blocks, block_size, num_layers, num_heads, 
 
 def unrelated():
     return psutil.cpu_count()
-'''
+"""
 
-FAKE_TEST = '''
+FAKE_TEST = """
 import random
 
 import pytest
@@ -125,7 +125,7 @@ def test_paged_attention(kv_cache_factory, version, use_alibi, kv_cache_dtype):
 
 def test_not_selected():
     Attention()  # a placeholder: raises if used
-'''
+"""
 
 BACKEND = '''
 import torch
@@ -196,7 +196,7 @@ def make_fake_tree(root: Path, layout: str = "new") -> Path:
         "tests/kernels/__init__.py": "",
         "tests/kernels/allclose_default.py": "import torch\n\ndef get_default_atol(output):\n    return 1e-5\n",
         f"{rel}/conftest.py": "import pytest\n\nfrom vllm.utils import create_kv_caches_with_random\n\n\n"
-                              "@pytest.fixture()\ndef kv_cache_factory():\n    return create_kv_caches_with_random\n",
+        "@pytest.fixture()\ndef kv_cache_factory():\n    return create_kv_caches_with_random\n",
         f"{rel}/test_attention.py": FAKE_TEST,
         "vllm/utils.py" if layout == "new" else "vllm/utils/__init__.py": FAKE_UTILS,
     }
@@ -235,8 +235,12 @@ def test_write_run_dir_copies_the_test_unchanged(tmp_path):
     path = U.write_run_dir(test, tmp_path / "run")
     assert path.read_bytes() == (tree / test.path).read_bytes()
     run = tmp_path / "run"
-    for rel in ("tests/__init__.py", "tests/kernels/__init__.py", "tests/kernels/allclose_default.py",
-                "tests/kernels/attention/conftest.py"):
+    for rel in (
+        "tests/__init__.py",
+        "tests/kernels/__init__.py",
+        "tests/kernels/allclose_default.py",
+        "tests/kernels/attention/conftest.py",
+    ):
         assert (run / rel).read_bytes() == (tree / rel).read_bytes()
     assert not (run / "tests/kernels/utils.py").exists()  # served by the shim
     assert "install" in (run / "conftest.py").read_text()
@@ -246,7 +250,8 @@ def test_write_run_dir_copies_the_test_unchanged(tmp_path):
 
 def test_junit_cases_and_their_counts(tmp_path):
     xml = tmp_path / "j.xml"
-    xml.write_text(textwrap.dedent("""\
+    xml.write_text(
+        textwrap.dedent("""\
         <testsuites><testsuite>
           <testcase classname="t" name="a[1]"/>
           <testcase classname="t" name="a[2]"><failure message="x"/></testcase>
@@ -255,7 +260,8 @@ def test_junit_cases_and_their_counts(tmp_path):
           <testcase classname="t" name="a[5]"><system-out>ok</system-out></testcase>
           <testcase classname="t" name="a[6]"><failure message="torch.OutOfMemoryError: CUDA out of memory."/></testcase>
           <testcase time="0.000" />
-        </testsuite></testsuites>"""))  # the last: a test an interrupt stopped, as pytest writes it
+        </testsuite></testsuites>""")
+    )  # the last: a test an interrupt stopped, as pytest writes it
     c = U.count_cases(U.junit_cases(xml))
     assert (c["passed"], c["failed"], c["skipped"], c["errors"]) == (2, 2, 1, 1)
     assert c["failures"] == ["t::a[2]", "t::a[4]", "t::a[6]"]
@@ -407,15 +413,20 @@ def _with_fake_shared_memory(write_run_dir):
     def wrapped(test, dest):
         out = write_run_dir(test, dest)
         conftest = Path(dest) / "conftest.py"
-        conftest.write_text(conftest.read_text() + "\nkvpatch_upstream_shim.get_max_shared_memory_bytes = lambda gpu=0: 1024\n"
-                            "kvpatch_upstream_shim.KNOWN['get_max_shared_memory_bytes'] = lambda gpu=0: 1024\n")
+        conftest.write_text(
+            conftest.read_text() + "\nkvpatch_upstream_shim.get_max_shared_memory_bytes = lambda gpu=0: 1024\n"
+            "kvpatch_upstream_shim.KNOWN['get_max_shared_memory_bytes'] = lambda gpu=0: 1024\n"
+        )
         return out
 
     return wrapped
 
 
 def test_the_table_names_the_share_and_a_cut_run():
-    runs = [U.UpstreamRun("stock", "s", 0, passed=4, outputs=4), U.UpstreamRun("patched", "p", 2, passed=2, outputs=2, cut=True)]
+    runs = [
+        U.UpstreamRun("stock", "s", 0, passed=4, outputs=4),
+        U.UpstreamRun("patched", "p", 2, passed=2, outputs=2, cut=True),
+    ]
     rep = U.UpstreamReport("0.6.4", "t::test_paged_attention", "stock", runs, identical={"patched": {"compared": 2, "identical": 2}},
                            notes=["patched: stopped at the time limit (12 s) after 2 test(s)"], shard="1/2", selected=4, collected=8)  # fmt: skip
     console = Console(record=True, width=200)

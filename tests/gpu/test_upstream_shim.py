@@ -25,7 +25,11 @@ def _from_imports(tree: Path, test) -> list[tuple[str, str]]:
         pkg = Path(rel).parent.as_posix().split("/")
         for node in ast.walk(ast.parse((tree / rel).read_text())):
             if isinstance(node, ast.ImportFrom):
-                mod = ".".join(pkg[: len(pkg) - node.level + 1] + [node.module or ""]).strip(".") if node.level else node.module
+                mod = (
+                    ".".join(pkg[: len(pkg) - node.level + 1] + [node.module or ""]).strip(".")
+                    if node.level
+                    else node.module
+                )
                 imports += [(mod, a.name) for a in node.names]
     return imports
 
@@ -33,7 +37,8 @@ def _from_imports(tree: Path, test) -> list[tuple[str, str]]:
 def _types_under_shim(run_dir: Path, imports: list[tuple[str, str]], check: str = "") -> dict[str, str]:
     """In a fresh interpreter with the shim installed in ``run_dir``: the type name of each
     imported name (``Missing``: a placeholder), after running ``check`` there."""
-    code = textwrap.dedent(f"""
+    code = (
+        textwrap.dedent(f"""
         import importlib, json, torch
         import kvpatch_upstream_shim as S
         S.install("_vllm_helpers")
@@ -42,7 +47,10 @@ def _types_under_shim(run_dir: Path, imports: list[tuple[str, str]], check: str 
             if mod.split(".")[0] in ("typing",):
                 continue
             got[f"{{mod}}.{{name}}"] = type(getattr(importlib.import_module(mod), name)).__name__
-    """) + textwrap.dedent(check) + "print(json.dumps(got))\n"
+    """)
+        + textwrap.dedent(check)
+        + "print(json.dumps(got))\n"
+    )
     env = dict(os.environ, PYTHONPATH=U.pythonpath_for(run_dir))
     p = subprocess.run([sys.executable, "-c", code], cwd=run_dir, env=env, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
@@ -61,11 +69,15 @@ def test_shim_serves_every_import_of_vllm_0_10_2s_test(vllm_release, tmp_path):
     U.write_run_dir(test, tmp_path / "run")
     imports = _from_imports(tree, test)
     assert ("vllm", "_custom_ops") in imports and ("xformers", "ops") in imports
-    got = _types_under_shim(tmp_path / "run", imports, check="""
+    got = _types_under_shim(
+        tmp_path / "run",
+        imports,
+        check="""
         assert torch.ops._C.paged_attention_v1 is S.paged_attention_v1
         from vllm.utils import create_kv_caches_with_random
         assert create_kv_caches_with_random.__module__ == "_vllm_helpers"
-    """)
+    """,
+    )
     assert got["vllm._custom_ops"] == "module" and got["vllm.platforms.current_platform"] == "_Platform"
     assert got["vllm.utils.get_max_shared_memory_bytes"] == "function"
     assert got["tests.kernels.utils.opcheck"] == "function"
@@ -80,7 +92,9 @@ def test_shim_convert_fp8_works_on_the_flat_blocks_like_vllms_kernel():
     torch = pytest.importorskip("torch")
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("kvpatch_shim_under_test", Path(U.__file__).with_name("upstream_shim.py"))
+    spec = importlib.util.spec_from_file_location(
+        "kvpatch_shim_under_test", Path(U.__file__).with_name("upstream_shim.py")
+    )
     shim = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(shim)
     codes = torch.randint(0, 0x70, (3, 2, 4, 16, 16), dtype=torch.uint8)  # no NaN codes
@@ -101,8 +115,15 @@ def test_shim_convert_fp8_works_on_the_flat_blocks_like_vllms_kernel():
 
 #: Names the shim may leave as placeholders: imported by test_attention.py for its other
 #: tests (multi-query / xformers / layer construction), never called by test_paged_attention.
-UNUSED_BY_PAGED_ATTENTION = {"Attention", "MultiHeadAttention", "MMEncoderAttention", "ops", "BlockDiagonalCausalMask",
-                             "_make_alibi_bias", "make_alibi_bias"}
+UNUSED_BY_PAGED_ATTENTION = {
+    "Attention",
+    "MultiHeadAttention",
+    "MMEncoderAttention",
+    "ops",
+    "BlockDiagonalCausalMask",
+    "_make_alibi_bias",
+    "make_alibi_bias",
+}
 
 
 @pytest.mark.slow

@@ -63,6 +63,15 @@ def test_a_large_build_is_one_row_per_variant_plus_every_failed_kernel():
     lines = [line for line in text.splitlines() if "sm_90a" in line]
     assert len(lines) == 3, text  # two variants and the one failed kernel
     assert lines[0].split()[1:6] == ["stock", "│", "sm_90a", "│", "54"] and "ok" in lines[0]
-    assert [c.strip() for c in lines[1].split("│")[1:-1]] == ["patched", "sm_90a", "54", "54", "53", "84-112", "0", "1 FAIL"]
+    assert [c.strip() for c in lines[1].split("│")[1:-1]] == [
+        "patched",
+        "sm_90a",
+        "54",
+        "54",
+        "53",
+        "84-112",
+        "0",
+        "1 FAIL",
+    ]
     assert "v1 fp16/auto/64/8" in lines[2] and "FAIL" in lines[2]
     assert "every kernel is in --json" in text

@@ -22,7 +22,9 @@ def spec_9a(tree_0102, variants_0102):
 
 @needs_release
 def test_source_closure(tree_0102):
-    files = source_closure(tree_0102 / "csrc", "// the variant\n#include \"attention_dtypes.h\"\n#include \"../cuda_compat.h\"\n")
+    files = source_closure(
+        tree_0102 / "csrc", '// the variant\n#include "attention_dtypes.h"\n#include "../cuda_compat.h"\n'
+    )
     assert files["attention/attention_kernels.cuh"].startswith("// the variant")
     assert {"attention/attention_dtypes.h", "attention/dtype_fp8.cuh", "cuda_compat.h"} <= set(files)
     assert "attention/paged_attention_v1.cu" not in files

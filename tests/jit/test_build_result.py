@@ -37,7 +37,9 @@ def test_split_warnings_compare_floating_point_ops_with_stock():
     same = replace(stock, name="split", kernels=(kernel(dtype="bf16", fp_ops=ops, split=True),))
     other = replace(same, name="other", kernels=(kernel(dtype="bf16", fp_ops=(("FFMA", 244),), split=True),))
     inline = replace(same, name="inline", kernels=(kernel(dtype="bf16", fp_ops=(("FFMA", 61),)),))
-    moved = replace(same, name="moved", kernels=(kernel(dtype="bf16", fp_ops=(("FADD", 5), ("FFMA", 122)), split=True),))
+    moved = replace(
+        same, name="moved", kernels=(kernel(dtype="bf16", fp_ops=(("FADD", 5), ("FFMA", 122)), split=True),)
+    )
     result = BuildResult((stock, same, other, inline, moved), 0.0)
     assert result.split_warnings() == ["other: v1 bf16/auto/128/16 sm_90a: issue=split, but 244 FFMA in its SASS against "
                                        "stock's 122: expect outputs with ALiBi to differ (check with 'kvpatch validate')"]  # fmt: skip

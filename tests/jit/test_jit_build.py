@@ -31,7 +31,16 @@ from jit_helpers import (  # noqa: F401  (fixtures)
 from kvpatch.config import make_config
 from kvpatch.errors import BuildError
 from kvpatch.gpu.launch import Kernels
-from kvpatch.jit import HEADER, BuildResult, Variant, build, make_spec, parse_arch_list, patched_variants, vllm_nvcc_flags
+from kvpatch.jit import (
+    HEADER,
+    BuildResult,
+    Variant,
+    build,
+    make_spec,
+    parse_arch_list,
+    patched_variants,
+    vllm_nvcc_flags,
+)
 from kvpatch.progress import Recorder
 
 pytestmark = NVCC_MARKS
@@ -94,7 +103,9 @@ def test_variants_have_distinct_symbols(built_9a):
     assert all("kvpatch_patched" in k.symbol for k in patched.kernels)
     if shutil.which("nm"):
         exported = {
-            v.name: subprocess.run(["nm", "-D", "--defined-only", str(v.library)], capture_output=True, text=True).stdout
+            v.name: subprocess.run(
+                ["nm", "-D", "--defined-only", str(v.library)], capture_output=True, text=True
+            ).stdout
             for v in (stock, patched)
         }
         assert "kvpatch_stock_paged_attention_v1" in exported["stock"]
@@ -202,7 +213,9 @@ def _build_gated_and_plain(tree: Path, cache, issue: str, **gate):
     path = tree / HEADER
     base = make_config(inherit_rules=False, fp16="none", bf16="none", fp32="none", rules="none", issue=issue,
                        scope="kv-head", min_group=2, read="warp")  # fmt: skip
-    variants = patched_variants(path.read_text(encoding="utf-8"), str(path), {"gated": replace(base, **gate), "plain": base})
+    variants = patched_variants(
+        path.read_text(encoding="utf-8"), str(path), {"gated": replace(base, **gate), "plain": base}
+    )
     spec = make_spec(tree, variants, "9.0a", dtypes=["fp16"], head_sizes=[128], block_sizes=[16])
     return build(spec, cache=cache)
 
@@ -234,10 +247,17 @@ def test_build_warns_where_split_does_not_compile_as_stock(tree_0102, build_cach
     """bf16 head 128: stock's key loop is unswitched on the ALiBi slope at block 16, not at 32.
     With issue=split block 16 keeps stock's floating-point SASS; block 32 does not, and says so."""
     stock = (tree_0102 / HEADER).read_text(encoding="utf-8")
-    variants = patched_variants(stock, str(tree_0102 / HEADER), {"split": make_config(inherit_rules=False, issue="split")})
+    variants = patched_variants(
+        stock, str(tree_0102 / HEADER), {"split": make_config(inherit_rules=False, issue="split")}
+    )
     spec = make_spec(tree_0102, variants, "9.0a", dtypes=["bf16"], head_sizes=[128], block_sizes=[16, 32])
     result = build(spec, cache=build_cache)
     split = result.variant("split")
-    assert {(k.kernel, k.block_size) for k in split.kernels if k.split} == {("v1", 16), ("v2", 16), ("v1", 32), ("v2", 32)}
+    assert {(k.kernel, k.block_size) for k in split.kernels if k.split} == {
+        ("v1", 16),
+        ("v2", 16),
+        ("v1", 32),
+        ("v2", 32),
+    }
     warned = {(w.split(": ")[1]) for w in result.split_warnings()}
     assert warned == {"v1 bf16/auto/128/32 sm_90a", "v2 bf16/auto/128/32 sm_90a"}

@@ -68,7 +68,9 @@ def _loop_sass(gap: int) -> str:
     loop += [f"HFMA2 R10, R{21 + 4 * i}, R8, R10" for i in range(4)]
     start = len(body)
     ins = body + loop + [f"@P0 BRA 0x{start * 16:04x}", "EXIT"]
-    return "\tcode for sm_90a\n\t\tFunction : _Zk\n" + "".join(f"        /*{i * 16:04x}*/  {t} ;\n" for i, t in enumerate(ins))
+    return "\tcode for sm_90a\n\t\tFunction : _Zk\n" + "".join(
+        f"        /*{i * 16:04x}*/  {t} ;\n" for i, t in enumerate(ins)
+    )
 
 
 def test_key_loop_load_use_measures_how_far_ahead_loads_issue():
@@ -82,12 +84,30 @@ def test_key_loop_load_use_measures_how_far_ahead_loads_issue():
 
 def test_describe_kernel():
     sigs = {
-        "v1": KernelSignature("paged_attention_v1_kernel", ("scalar_t", "cache_t", "HEAD_SIZE", "BLOCK_SIZE", "NUM_THREADS", "KV_DTYPE", "IS_BLOCK_SPARSE"), ()),
+        "v1": KernelSignature(
+            "paged_attention_v1_kernel",
+            ("scalar_t", "cache_t", "HEAD_SIZE", "BLOCK_SIZE", "NUM_THREADS", "KV_DTYPE", "IS_BLOCK_SPARSE"),
+            (),
+        ),
         "v2": KernelSignature("paged_attention_v2_kernel", (), ()),
-        "reduce": KernelSignature("paged_attention_v2_reduce_kernel", ("scalar_t", "HEAD_SIZE", "NUM_THREADS", "PARTITION_SIZE"), ()),
+        "reduce": KernelSignature(
+            "paged_attention_v2_reduce_kernel", ("scalar_t", "HEAD_SIZE", "NUM_THREADS", "PARTITION_SIZE"), ()
+        ),
     }
     name = "void kvpatch_x::paged_attention_v1_kernel<__nv_bfloat16, unsigned char, 128, 16, 128, (kvpatch_x::Fp8KVCacheDataType)1, false>(__nv_bfloat16*)"
-    assert describe_kernel(name, sigs) == {"kernel": "v1", "dtype": "bf16", "kv_cache_dtype": "fp8", "head_size": 128, "block_size": 16}
+    assert describe_kernel(name, sigs) == {
+        "kernel": "v1",
+        "dtype": "bf16",
+        "kv_cache_dtype": "fp8",
+        "head_size": 128,
+        "block_size": 16,
+    }
     name = "void kvpatch_x::paged_attention_v2_reduce_kernel<unsigned short, 64, 128, 512>(unsigned short*)"
-    assert describe_kernel(name, sigs) == {"kernel": "reduce", "dtype": "fp16", "kv_cache_dtype": "", "head_size": 64, "block_size": 0}
+    assert describe_kernel(name, sigs) == {
+        "kernel": "reduce",
+        "dtype": "fp16",
+        "kv_cache_dtype": "",
+        "head_size": 64,
+        "block_size": 0,
+    }
     assert describe_kernel("void other_kernel<int>()", sigs) is None

@@ -38,7 +38,11 @@ def test_kernel_parameters_differ_between_releases(tree_064, tree_0102):
 
 
 def test_unknown_kernel_parameter_is_refused():
-    sig = KernelSignature("paged_attention_v1_kernel", ("scalar_t",), (Param("out", "scalar_t *", True), Param("sinks", "const float *", True)))
+    sig = KernelSignature(
+        "paged_attention_v1_kernel",
+        ("scalar_t",),
+        (Param("out", "scalar_t *", True), Param("sinks", "const float *", True)),
+    )
     with pytest.raises(BuildError, match="does not know: const float \\* sinks"):
         call_arguments(sig)
     with pytest.raises(BuildError, match="cannot fill: NEW_PARAM"):
@@ -50,8 +54,12 @@ def test_launcher_calls_the_kernel_as_the_release_wants(tree_0102):
     header = (tree_0102 / HEADER).read_text()
     sigs = kernel_signatures(header, tree_0102 / HEADER)
     (src,) = launcher_sources(Variant("stock", header), sigs, [KernelConfig("fp16", "auto", 128, 16)])
-    assert "auto kernel = vllm::paged_attention_v1_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, kNumThreads, KV_DTYPE, false>;" in src
-    assert """\
+    assert (
+        "auto kernel = vllm::paged_attention_v1_kernel<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, kNumThreads, KV_DTYPE, false>;"
+        in src
+    )
+    assert (
+        """\
   kernel<<<grid, block, shared_mem_size, a.stream>>>(
       reinterpret_cast<T*>(a.out),
       reinterpret_cast<const T*>(a.query),
@@ -73,12 +81,17 @@ def test_launcher_calls_the_kernel_as_the_release_wants(tree_0102):
       /* blocksparse_vert_stride */ 0,
       /* blocksparse_block_size */ 64,
       /* blocksparse_head_sliding_step */ 0);
-""" in src
-    assert """\
+"""
+        in src
+    )
+    assert (
+        """\
   if (dtype == 0 && kv_cache_dtype == 0 && a.head_size == 128 && a.block_size == 16)
     return launch_v2<uint16_t, uint16_t, 128, 16, vllm::Fp8KVCacheDataType::kAuto>(a);
   return kNotBuilt;
-""" in src
+"""
+        in src
+    )
     assert 'KVPATCH_API const char* kvpatch_stock_configs() {\n  return "fp16/auto/128/16";' in src
 
 

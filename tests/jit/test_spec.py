@@ -69,7 +69,10 @@ def test_vllm_kernel_set_reads_the_trees_launcher(tmp_path):
     assert vllm_kernel_set(tree) == ((48, 160), (64, 24))
     full = make_spec(tree, [Variant("stock", "")], all_kernels=True)
     assert (full.head_sizes, full.block_sizes) == ((48, 160), (64, 24))
-    assert make_spec(tree, [Variant("stock", "")], head_sizes=[160], block_sizes=[24]).configs[0].label == "fp16/auto/160/24"
+    assert (
+        make_spec(tree, [Variant("stock", "")], head_sizes=[160], block_sizes=[24]).configs[0].label
+        == "fp16/auto/160/24"
+    )
     with pytest.raises(UsageError, match=r"^invalid head size 128: vLLM's kernels are instantiated for 48, 160$"):
         make_spec(tree, [Variant("stock", "")], head_sizes=[128])
     # no launcher file (or none of its dispatch found): the set vLLM 0.6.4-0.22 instantiate
@@ -81,7 +84,10 @@ def test_vllm_kernel_set_reads_the_trees_launcher(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(head_sizes=[7]), r"^invalid head size 7: vLLM's kernels are instantiated for 32, 64, 80, 96, 112, 120, 128, 192, 256$"),
+        (
+            dict(head_sizes=[7]),
+            r"^invalid head size 7: vLLM's kernels are instantiated for 32, 64, 80, 96, 112, 120, 128, 192, 256$",
+        ),
         (dict(head_sizes=[128, 100]), "invalid head size 100"),
         (dict(block_sizes=[12]), r"^invalid block size 12: vLLM's kernels are instantiated for 8, 16, 32$"),
         (dict(block_sizes=[-16]), "invalid block size -16: expected a positive integer"),

@@ -48,7 +48,9 @@ def test_gencode_flags():
 
 
 def test_validate_archs_names_supported_ones():
-    tc = Toolchain(Path("nvcc"), "Cuda compilation tools, release 13.0, V13.0.88", ("compute_75", "compute_80", "compute_90"))
+    tc = Toolchain(
+        Path("nvcc"), "Cuda compilation tools, release 13.0, V13.0.88", ("compute_75", "compute_80", "compute_90")
+    )
     validate_archs(parse_arch_list("8.0;9.0a"), tc)
     with pytest.raises(BuildError, match=r"nvcc 13.0 cannot compile for 7.0; it supports 7.5 8.0 9.0"):
         validate_archs(parse_arch_list("7.0;9.0a"), tc)

@@ -17,8 +17,8 @@ import re
 from pathlib import Path
 
 import pytest
-
 from conftest import GOLDEN, STOCK, fixture_text, golden_text, make_tree
+
 from kvpatch.commands import apply as apply_command
 from kvpatch.config import make_config
 from kvpatch.errors import PatchError
@@ -43,7 +43,13 @@ CONFIGS: dict[str, dict] = {
     "issue-call-evict-first": {"issue": "call", "cache_hint": "evict_first", **_UNIFORM},
     "min-group-2": {"min_group": 2, **_UNIFORM},
     "min-ctas-1024-inline": {"min_ctas": 1024, "issue": "inline", **_UNIFORM},
-    "read-warp-kv-head-min-group-2": {"read": "warp", "scope": "kv-head", "min_group": 2, "issue": "inline", **_UNIFORM},
+    "read-warp-kv-head-min-group-2": {
+        "read": "warp",
+        "scope": "kv-head",
+        "min_group": 2,
+        "issue": "inline",
+        **_UNIFORM,
+    },
     "min-kv-mib-64-call-kv-head": {"min_kv_mib": 64, "scope": "kv-head", "read": "warp", **_UNIFORM},
     "kv-head-rotate-min-group-2": {"scope": "kv-head-rotate", "min_group": 2, **_UNIFORM},
 }

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from conftest import REFORMAT_RELEASE, CompileError
 
-from conftest import CompileError, REFORMAT_RELEASE
 from kvpatch.config import make_config
 from kvpatch.patch import patch
 from kvpatch.source.releases import HEADER
@@ -26,10 +26,14 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.nvcc,
     pytest.mark.network,
-    pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH: the PTX checks need the CUDA toolkit"),
+    pytest.mark.skipif(
+        shutil.which("nvcc") is None, reason="nvcc is not on PATH: the PTX checks need the CUDA toolkit"
+    ),
 ]
 
-PREFETCH = re.compile(r"^\s*cp\.async\.bulk\.prefetch\.L2\.global(\.L2::cache_hint)? \[%rd\d+\], (\d+)(, %rd\d+)?;$", re.M)
+PREFETCH = re.compile(
+    r"^\s*cp\.async\.bulk\.prefetch\.L2\.global(\.L2::cache_hint)? \[%rd\d+\], (\d+)(, %rd\d+)?;$", re.M
+)
 
 
 _FUNCTION = re.compile(r"^(?:\.visible |\.weak )*\.(entry|func)\s+(?:\([^)]*\)\s*)?([\w$]+)")
@@ -144,8 +148,18 @@ _U = {"inherit_rules": False, "fp16": "scope=kv-head,issue=inline"}
         ({"read": "warp", "scope": "kv-head", "min_kv_mib": 64, **_U, "fp16": "none"}, lambda d: [("", AUTO[d])] * 2),
         ({"scope": "kv-head-rotate", "min_group": 2, **_U}, lambda d: [("", AUTO[d])] * 2),
     ],
-    ids=["default", "paper", "caches-k", "lookahead2-size8192-align128", "evict-last", "end-kv-head", "control",
-         "read-warp-gates", "min-kv-mib", "kv-head-rotate"],
+    ids=[
+        "default",
+        "paper",
+        "caches-k",
+        "lookahead2-size8192-align128",
+        "evict-last",
+        "end-kv-head",
+        "control",
+        "read-warp-gates",
+        "min-kv-mib",
+        "kv-head-rotate",
+    ],
 )
 def test_sm90a_ptx_has_the_prefetch(options: dict, expected, tree: Path, stock: str, nvcc_ptx) -> None:
     ptx = nvcc_ptx(tree / "csrc", patched(tree, stock, **options), "sm_90a")

@@ -25,8 +25,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import fixture_text, make_tree
+
 from kvpatch.config import make_config
 from kvpatch.patch import patch
 from kvpatch.source.releases import HEADER
@@ -178,7 +178,11 @@ def _run(exe: Path, cases: list[tuple]) -> list[tuple[list[int], list, list[int]
 def _expected(lookahead: int, nw: int, warp: int, start: int, end: int, prefetches: bool,
               takes=lambda target: True) -> tuple[list, list]:  # fmt: skip
     reads = list(range(start + warp, end, nw))
-    targets = [b + lookahead * nw for b in reads if b + lookahead * nw < end and takes(b + lookahead * nw)] if prefetches else []
+    targets = (
+        [b + lookahead * nw for b in reads if b + lookahead * nw < end and takes(b + lookahead * nw)]
+        if prefetches
+        else []
+    )
     return reads, targets
 
 
@@ -241,8 +245,14 @@ def test_prefetch_targets_the_block_read_lookahead_iterations_later(tmp_path, ki
         # min-kv-mib (in the call helper): the grid's KV estimate, KV heads x sequences x partitions x
         # one partition of 512 tokens in tiles of BLOCK (2) tokens x HEAD (8) x the cache's element, K and V
         kv_bytes = (ctas // 4 // qpk) * 2 * 2 * (512 // 2) * 2 * (2 * 8 * {"fp32": 4, "fp8": 1}.get(dtype, 2))
-        guarded = (lane == 0 and scope_ok and quantized_ok and not settings.off and qpk >= settings.min_group
-                   and ctas >= settings.min_ctas)  # fmt: skip (the loop's guard; the helper tests min-kv-mib)
+        guarded = (
+            lane == 0
+            and scope_ok
+            and quantized_ok
+            and not settings.off
+            and qpk >= settings.min_group
+            and ctas >= settings.min_ctas
+        )  # fmt: skip (the loop's guard; the helper tests min-kv-mib)
         on = guarded and kv_bytes >= settings.min_kv_mib << 20
         want = _expected(settings.lookahead, nw, warp, start, end, on, takes)
         assert (reads, targets) == want, f"{kind} loop, {case}"

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-
 from conftest import LOOP_NAMES, fixture_text, golden_text
+from patch_helpers import injected_regions
+
 from kvpatch.config import make_config
 from kvpatch.patch import find_sites, inspect, patch, unpatch
 from kvpatch.source import releases
 from kvpatch.source.releases import HEADER
-from patch_helpers import injected_regions
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -40,7 +40,10 @@ def test_every_revision_kvpatch_knows_is_checked_here() -> None:
 
 
 def _names(sites) -> dict:
-    out = {k: getattr(sites, k) for k in ("cache_type", "lane_var", "head_var", "queries_per_kv_var", "head_size_param", "block_size_param")}
+    out = {
+        k: getattr(sites, k)
+        for k in ("cache_type", "lane_var", "head_var", "queries_per_kv_var", "head_size_param", "block_size_param")
+    }
     for site in sites:
         out[site.kind] = {k: getattr(site, k) for k in (*LOOP_NAMES, "cache_param", "inner_var")}
     return out
@@ -112,7 +115,9 @@ def test_split_copies_stocks_key_loop_and_round_trips(release: tuple[str, str, s
     assert sites.key.loop_text.startswith("for (int block_idx") and sites.key.loop_text.endswith("}")
     result = patch(text, path, make_config(inherit_rules=False, issue="split"))
     patched = result.patched
-    assert patched.count("// kvpatch:begin key-split ") == 1 and patched.count(sites.key.loop_text) == 1  # the other holds the prefetch
+    assert (
+        patched.count("// kvpatch:begin key-split ") == 1 and patched.count(sites.key.loop_text) == 1
+    )  # the other holds the prefetch
     begin = patched.index("// kvpatch:begin key-split ")
     assert patched.index("&& alibi_slope != 0) {", begin) < patched.index(sites.key.loop_text, begin)
     assert unpatch(patched, path)[0] == text and inspect(patched, path).intact

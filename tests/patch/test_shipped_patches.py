@@ -40,5 +40,7 @@ def test_committed_patch_applies_to_its_release(release: str, vllm_release, tmp_
     patch_file = COMMITTED / patches.patch_name(release)
     check = subprocess.run(["git", "apply", "--check", str(patch_file)], cwd=clone, capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
-    dry = subprocess.run(["patch", "-p1", "--dry-run", "-i", str(patch_file)], cwd=clone, capture_output=True, text=True)
+    dry = subprocess.run(
+        ["patch", "-p1", "--dry-run", "-i", str(patch_file)], cwd=clone, capture_output=True, text=True
+    )
     assert dry.returncode == 0, dry.stdout + dry.stderr

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
 from conftest import LOOP_NAMES, REFORMATTED, STOCK, fixture_text, golden_text
+from patch_helpers import injected_regions
+
 from kvpatch.config import make_config
 from kvpatch.errors import PatchError
 from kvpatch.patch import Sites, find_sites, patch, unpatch
-from patch_helpers import injected_regions
 
 #: What every fixture header must give, whatever its layout.
 KERNEL_NAMES = {
@@ -80,7 +80,10 @@ def test_lines_and_offsets_point_at_the_code(fixture: tuple[str, Sites]) -> None
     for nth, site in enumerate(sites):
         assert site.line == line_of(text, "for (int block_idx", nth)
         # the whole for statement, and the line break before its own line (issue=split)
-        assert data[site.loop_start :].startswith(b"for (int block_idx") and data[site.loop_end - 1 : site.loop_end] == b"}"
+        assert (
+            data[site.loop_start :].startswith(b"for (int block_idx")
+            and data[site.loop_end - 1 : site.loop_end] == b"}"
+        )
         assert site.loop_text == data[site.loop_start : site.loop_end].decode()
         assert data[site.before_loop : site.loop_start] == b"\n" + site.loop_indent.encode()
         assert site.block_number_line == line_of(text, "const int64_t physical_block_number", nth)
@@ -105,7 +108,9 @@ def test_lines_and_offsets_point_at_the_code(fixture: tuple[str, Sites]) -> None
     [("default", {}), ("paper", {"preset": "paper"}),
      ("placement-end-scope-kv-head", {"placement": "end", "scope": "kv-head", "inherit_rules": False})],
 )  # fmt: skip
-def test_reformatted_fixture_gets_the_golden_injection_and_round_trips(golden: str, options: dict, header_path: str) -> None:
+def test_reformatted_fixture_gets_the_golden_injection_and_round_trips(
+    golden: str, options: dict, header_path: str
+) -> None:
     """Laid out differently, the header gets what the golden file shows, line for line at its
     own indentation (issue=split's copy of the key loop is its own loop); patching again
     changes nothing and stripping gives the header back byte for byte."""
@@ -146,15 +151,19 @@ SHAPES = {
     "no block-number declaration": (
         lambda t: t.replace(
             "    const int64_t physical_block_number =\n        static_cast<int64_t>(block_table[block_idx]);\n",
-            "", 1,
+            "",
+            1,
         ).replace(
             "k_cache + physical_block_number * kv_block_stride",
-            "k_cache + static_cast<int64_t>(block_table[block_idx]) * kv_block_stride", 1,
+            "k_cache + static_cast<int64_t>(block_table[block_idx]) * kv_block_stride",
+            1,
         ),
         r"^no key block loop ",
     ),  # fmt: skip
     "no lane variable": (
-        lambda t: t.replace("const int lane = thread_idx % WARP_SIZE;", "const int lane = thread_idx & (WARP_SIZE - 1);"),
+        lambda t: t.replace(
+            "const int lane = thread_idx % WARP_SIZE;", "const int lane = thread_idx & (WARP_SIZE - 1);"
+        ),
         r"^no lane variable \('\.\.\. % WARP_SIZE'\) in paged_attention_kernel$",
     ),
     "no HEAD_SIZE template parameter": (
@@ -166,10 +175,13 @@ SHAPES = {
         r"^paged_attention_kernel has no parameter k_cache$",
     ),
     "two value loops": (
-        lambda t: t.replace("  out[", "  for (int block_idx = start_block_idx; block_idx < end_block_idx; block_idx += NUM_WARPS) {\n"
-                            "    const int64_t b = block_table[block_idx];\n"
-                            "    acc += static_cast<float>(v_cache[b * kv_block_stride + kv_head_idx * kv_head_stride]);\n"
-                            "  }\n  out["),
+        lambda t: t.replace(
+            "  out[",
+            "  for (int block_idx = start_block_idx; block_idx < end_block_idx; block_idx += NUM_WARPS) {\n"
+            "    const int64_t b = block_table[block_idx];\n"
+            "    acc += static_cast<float>(v_cache[b * kv_block_stride + kv_head_idx * kv_head_stride]);\n"
+            "  }\n  out[",
+        ),
         r"^2 value block loop ",
     ),  # fmt: skip
 }

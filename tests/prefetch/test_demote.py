@@ -8,11 +8,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from prefetch_helpers import FakeTensor, LoggingAPI, logging_controller
 
 from kvpatch.errors import UsageError
 from kvpatch.prefetch import kernel as K
 from kvpatch.prefetch.controller import PrefetchController
-from prefetch_helpers import FakeTensor, LoggingAPI, logging_controller
 
 GOLDEN_KERNEL = Path(__file__).resolve().parents[1] / "fixtures" / "golden" / "prefetch" / "l2_prefetch.cu"
 MiB = 1 << 20
@@ -31,17 +31,21 @@ def test_demote_source_has_the_ptx_the_export_and_no_discard():
     assert f"// {spec.marker}" in src and f'return "{spec.marker}";' in src
     # one applypriority per 128-byte line, the only size the ISA allows, under an sm_80 guard
     assert src.count('asm volatile("applypriority.global.L2::evict_normal [%0], 128;"') == 1
-    guard = src.index("__CUDA_ARCH__ >= 800\n  asm volatile(\"applypriority")
+    guard = src.index('__CUDA_ARCH__ >= 800\n  asm volatile("applypriority')
     assert guard > 0
     assert "discard.global" not in src.replace("(discard.global.L2 is not an", "")
-    run = src[src.index("int kvpatch_l2_prefetch_run("):]
+    run = src[src.index("int kvpatch_l2_prefetch_run(") :]
     assert "mode < 0 || mode > 1" in run
     # mode 0 launches the prefetch kernel whatever the rows (no early return on rows == 0) ...
-    prefetch_branch = run[run.index("} else {"):run.index("return static_cast<int>(cudaGetLastError());")]
+    prefetch_branch = run[run.index("} else {") : run.index("return static_cast<int>(cudaGetLastError());")]
     assert "kvpatch_l2_prefetch_kernel<<<" in prefetch_branch
-    assert run.index("if (mode == 1) {") < run.index("if (rows == 0) return static_cast<int>(cudaSuccess);") < run.index("} else {")
+    assert (
+        run.index("if (mode == 1) {")
+        < run.index("if (rows == 0) return static_cast<int>(cudaSuccess);")
+        < run.index("} else {")
+    )
     # ... while the old exports keep their rows == 0 early return
-    ex = src[src.index("int kvpatch_l2_prefetch_ex("):src.index("int kvpatch_l2_prefetch(")]
+    ex = src[src.index("int kvpatch_l2_prefetch_ex(") : src.index("int kvpatch_l2_prefetch(")]
     assert "if (rows == 0) return static_cast<int>(cudaSuccess);" in ex
     # the rest of the default source is there, unchanged, around the additions
     default = K.PrefetchKernelSpec().source().replace("hint=evict_last,threads=32", "hint=evict_last,threads=32,demote")
@@ -78,7 +82,9 @@ def test_demote_compiles_to_cctl_dml2_on_sm90a_and_sm80(demote_build):
         assert len(demote) == 1 and len(prefetch) == 1
         assert any(re.match(r"CCTL\.E\.DML2 \[R\d+", i.split(" ", 1)[1] if i.startswith("@") else i) for i in demote[0])
         assert not any("DML2" in i for i in prefetch[0])  # the prefetch kernel is as before
-    assert any("UBLKPF.L2" in i for (a, s), ins in funcs.items() if a == "sm_90a" and "l2_prefetch_kernel" in s for i in ins)
+    assert any(
+        "UBLKPF.L2" in i for (a, s), ins in funcs.items() if a == "sm_90a" and "l2_prefetch_kernel" in s for i in ins
+    )
     from kvpatch.arch import parse_arch_list
 
     assert K.check_demote_sass(text.splitlines(), parse_arch_list("9.0a;8.0")) == {"sm_90a": 1, "sm_80": 1}
@@ -136,7 +142,11 @@ def test_zero_byte_forks_launch_the_same_kernel_and_grid_with_no_rows():
     assert run == [("run", "prefetch", 0x7100, 0, 12, 0x2222, (("hint", "evict_normal"),))]  # same table, grid: 0 rows
     # the same events, waits and join around the launch
     strip = lambda log: [e for e in log if e[0] not in ("launch", "run")]  # noqa: E731
-    assert strip(api_r.log) == strip(api_z.log) == [("record", "main"), ("wait_event", "side"), ("wait_stream", "main", "side")]
+    assert (
+        strip(api_r.log)
+        == strip(api_z.log)
+        == [("record", "main"), ("wait_event", "side"), ("wait_stream", "main", "side")]
+    )
     assert zero.launches == real.launches == 1
 
 

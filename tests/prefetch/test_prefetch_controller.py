@@ -9,10 +9,10 @@ import gc
 import weakref
 
 import pytest
+from prefetch_helpers import FakeAPI, FakeLibrary, FakeTensor, MiB, controller
 
 from kvpatch.errors import UsageError
 from kvpatch.prefetch import PrefetchController
-from prefetch_helpers import MiB, FakeAPI, FakeLibrary, FakeTensor, controller
 
 
 def test_fork_records_on_current_then_side_waits_then_launches_on_side():

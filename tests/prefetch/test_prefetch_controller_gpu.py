@@ -36,7 +36,9 @@ MiB = 1 << 20
 
 @pytest.fixture(scope="module")
 def library():
-    path = os.environ.get("KVPATCH_PREFETCH_LIB") or build_prefetch_library(archs_for_capability(*torch.cuda.get_device_capability()))
+    path = os.environ.get("KVPATCH_PREFETCH_LIB") or build_prefetch_library(
+        archs_for_capability(*torch.cuda.get_device_capability())
+    )
     return PrefetchLibrary(path)
 
 

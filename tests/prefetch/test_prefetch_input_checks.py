@@ -5,9 +5,9 @@ before ctypes sees them, and a machine without a GPU is said in one line."""
 from __future__ import annotations
 
 import pytest
+from prefetch_helpers import FakeAPI, FakeLibrary, FakeTensor
 
 from kvpatch.errors import UsageError
-from prefetch_helpers import FakeAPI, FakeLibrary, FakeTensor
 
 
 def _controller():

@@ -22,7 +22,10 @@ def test_source_shows_each_form_literally():
     src = K.PrefetchKernelSpec().source()
     for hint in ("evict_last", "evict_normal", "evict_first"):  # chosen per launch
         assert f'asm volatile("createpolicy.fractional.L2::{hint}.b64 %0, 1.0;" : "=l"(policy));' in src
-    assert 'asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(address), "r"(bytes), "l"(policy) : "memory");' in src
+    assert (
+        'asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(address), "r"(bytes), "l"(policy) : "memory");'
+        in src
+    )
     assert 'asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(address), "r"(bytes) : "memory");' in src
     assert 'asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(address) : "memory");' in src
     assert 'asm volatile("prefetch.global.L2 [%0];" ::"l"(address) : "memory");' in src
@@ -92,7 +95,9 @@ def test_the_sass_check_counts_and_refuses_wrong_forms():
     with pytest.raises(BuildError, match="sm_90a.*expected UBLKPF"):
         check_prefetch_library(SASS_SAMPLE.replace("UBLKPF.L2", "NOP").splitlines(), archs)
     with pytest.raises(BuildError, match="sm_90a.*expected UBLKPF"):  # a per-line prefetch on Hopper is the wrong form
-        check_prefetch_library(SASS_SAMPLE.replace("\tcode for sm_80\n\t\tFunction : kern\n", "").splitlines(), parse_arch_list("9.0a"))
+        check_prefetch_library(
+            SASS_SAMPLE.replace("\tcode for sm_80\n\t\tFunction : kern\n", "").splitlines(), parse_arch_list("9.0a")
+        )
     with pytest.raises(BuildError, match="sm_80.*per-line"):
         check_prefetch_library(SASS_SAMPLE.replace("CCTL.E.PML2", "NOP").splitlines(), archs)
     with pytest.raises(BuildError, match="no SASS for sm_89"):

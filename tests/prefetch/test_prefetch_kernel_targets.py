@@ -65,7 +65,7 @@ def _prefetched(tmp_path: Path, arch: int, rows: list[tuple[int, int]], *, chunk
                 threads: int = 32) -> list[tuple[int, int]]:  # fmt: skip
     """(address, bytes) of every prefetch the generated kernel issues, run on the host."""
     src = PrefetchKernelSpec().source()
-    kernel = src[src.index("namespace {"): src.index("}  // namespace") + len("}  // namespace")]
+    kernel = src[src.index("namespace {") : src.index("}  // namespace") + len("}  // namespace")]
     code = (PREFETCH_HARNESS.replace("@ARCH@", str(arch)).replace("@KERNEL@", kernel)
             .replace("@ROWS@", ", ".join(f"{a}LL, {n}LL" for a, n in rows))
             .replace("@GRID@", str(grid)).replace("@THREADS@", str(threads)).replace("@CHUNK@", str(chunk)))  # fmt: skip

@@ -17,7 +17,6 @@ def base(n: int = 4096, dtype=None):
     return t
 
 
-
 def test_contiguous_tensor_spans_numel_bytes():
     w = base(64 * 32).view(64, 32)
     assert weight_ranges([w]) == [(w.data_ptr(), 64 * 32 * 2)]

@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import GOLDEN, STOCK, fixture_text, golden_text
+
 from kvpatch.config import config_from_marker, make_config
 from kvpatch.errors import UsageError
 from kvpatch.patch.header import inspect, unpatch
@@ -70,11 +70,14 @@ def test_weight_tail_adds_the_table_the_helper_and_one_call_after_the_value_loop
     before = fixture_patched().patched
     after = fixture_patched(weight_tail=True).patched
     # the table is visible to host code (outside the arch guard), the helper to Hopper device code only
-    helper = after[after.index("// kvpatch:begin helper"):after.index("// kvpatch:end helper")]
-    table_at, guard_end = helper.index("static __constant__ kvpatch_weight_tail_table kvpatch_weight_tail_window;"), helper.rindex("#endif")
+    helper = after[after.index("// kvpatch:begin helper") : after.index("// kvpatch:end helper")]
+    table_at, guard_end = (
+        helper.index("static __constant__ kvpatch_weight_tail_table kvpatch_weight_tail_window;"),
+        helper.rindex("#endif"),
+    )
     assert helper.rfind("#if defined(__CUDA_ARCH__)", 0, table_at) < helper.rfind("#endif", 0, table_at)
     assert f"static constexpr int kvpatch_weight_tail_max_rows = {WEIGHT_TAIL_ROWS};" in helper
-    fn = helper[helper.index("static __device__ __noinline__ void kvpatch_weight_tail("):guard_end]
+    fn = helper[helper.index("static __device__ __noinline__ void kvpatch_weight_tail(") : guard_end]
     assert "if (threadIdx.x != 0) return;" in fn and " / " not in fn.replace("// ", "")  # one thread, no division
     assert fn.count("cp.async.bulk.prefetch.L2.global") == 2 and "createpolicy.fractional.L2::evict_normal" in fn
     # the call: right after the value loop, with the key cache (the layer's own)
@@ -83,7 +86,7 @@ def test_weight_tail_adds_the_table_the_helper_and_one_call_after_the_value_loop
                                           "  kvpatch_weight_tail(k_cache);\n#endif")  # fmt: skip
     value_loop_end = after.index("\n  // kvpatch:begin weight-tail")
     assert after[:value_loop_end].endswith("\n  }")  # the value loop's closing brace
-    assert after[region.end():].startswith("\n\n  out[(seq_idx * num_heads")  # the fixture's output write follows
+    assert after[region.end() :].startswith("\n\n  out[(seq_idx * num_heads")  # the fixture's output write follows
     # with the tail's additions taken out, what is left is the default patch, marker word aside
     stripped = re.sub(r"\n  // kvpatch:begin weight-tail .*?// kvpatch:end weight-tail", "", after, flags=re.S)
     stripped = re.sub(r"\n// weight-tail: rows of.*?\n#endif(?=\n// kvpatch:end helper)", "", stripped, flags=re.S)
@@ -141,9 +144,11 @@ def test_the_launcher_exports_the_setter_only_for_a_weight_tail_header(release):
     assert len(plain) == len(tail) == 2
     assert not any("weight" in s for s in plain)
     for i, s in enumerate(tail):
-        assert f"int shard{i}_set_weight_prefetch(const vllm::kvpatch_weight_tail_table& t, cudaStream_t stream) {{" in s
+        assert (
+            f"int shard{i}_set_weight_prefetch(const vllm::kvpatch_weight_tail_table& t, cudaStream_t stream) {{" in s
+        )
         assert "cudaMemcpyToSymbolAsync(vllm::kvpatch_weight_tail_window, &t, sizeof(t), 0," in s
-    api = tail[0][tail[0].index("KVPATCH_API int kvpatch_v_set_weight_prefetch("):]
+    api = tail[0][tail[0].index("KVPATCH_API int kvpatch_v_set_weight_prefetch(") :]
     assert "shard0_set_weight_prefetch(t, " in api and "shard1_set_weight_prefetch(t, " in api
     assert "count > vllm::kvpatch_weight_tail_max_rows" in api and "chunk % 16 != 0" in api
     assert "KVPATCH_API int kvpatch_v_weight_tail_max_rows()" in tail[0] and "KVPATCH_API int" not in tail[1]
@@ -163,7 +168,9 @@ def tail_build(release, tmp_path_factory):
     tree = release
 
     stock, _, tail = decode_variants((tree / HEADER).read_text(), str(tree / HEADER))
-    spec = B.make_spec(tree, [stock, tail], "9.0a;8.0", dtypes=["bf16"], head_sizes=[64], block_sizes=[16], kv_cache_dtypes=["auto"])
+    spec = B.make_spec(
+        tree, [stock, tail], "9.0a;8.0", dtypes=["bf16"], head_sizes=[64], block_sizes=[16], kv_cache_dtypes=["auto"]
+    )
     return B.build(spec, cache=tmp_path_factory.mktemp("tail-cache"))  # check=True: the SASS check passes
 
 
@@ -180,7 +187,7 @@ def test_tail_build_prefetches_in_every_hopper_kernel_and_keeps_stocks_math(tail
         # the call may move ptxas' allocation by a register (the tail+zero arm times what that costs)
         assert abs(k.registers - base[key].registers) <= 2 and k.spill_stores == 0
     sass = tail.read_sass()
-    v2 = sass[sass.index("paged_attention_v2_kernel"):]
+    v2 = sass[sass.index("paged_attention_v2_kernel") :]
     assert "CALL.REL" in v2[: v2.index("Function :") if "Function :" in v2 else len(v2)]
 
 

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from cli.cli_helpers import assert_one_line_error, run_cli
+
 from kvpatch.commands import serving as S
 from kvpatch.decode.models import model_shape
 from kvpatch.render import serving_lines
@@ -52,8 +52,12 @@ def test_a_plugin_that_would_not_run_is_refused_with_its_reason(monkeypatch):
     from kvpatch.vllm_plugin import Decision
 
     monkeypatch.setattr("kvpatch.commands.plugin.installed_vllm", lambda: "0.10.2")
-    monkeypatch.setattr("kvpatch.commands.plugin.status", lambda: Decision("off", "no bundle in /x", "run 'kvpatch plugin enable'"))
-    with pytest.raises(S.UsageError, match=r"would not run kvpatch's kernels here: no bundle in /x; run 'kvpatch plugin enable'"):
+    monkeypatch.setattr(
+        "kvpatch.commands.plugin.status", lambda: Decision("off", "no bundle in /x", "run 'kvpatch plugin enable'")
+    )
+    with pytest.raises(
+        S.UsageError, match=r"would not run kvpatch's kernels here: no bundle in /x; run 'kvpatch plugin enable'"
+    ):
         S.preflight()
 
 

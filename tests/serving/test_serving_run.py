@@ -95,7 +95,9 @@ def test_an_engine_that_stays_on_vllms_kernels_in_the_kvpatch_arm_is_refused(tmp
     worker = _worker(KVPATCH_DISABLE="1")
     options = _options(tmp_path, starts=1)
     assert engine_env(schedule(ARMS, 1)[0], {"KVPATCH_DISABLE": "1"}, Worker()).get("KVPATCH_DISABLE") is None
-    with pytest.raises(GpuCheckError, match=r"r00-kvpatch: the plugin's log says vllm kernels ran, the arm needs kvpatch"):
+    with pytest.raises(
+        GpuCheckError, match=r"r00-kvpatch: the plugin's log says vllm kernels ran, the arm needs kvpatch"
+    ):
         run_bench(options, tmp_path / "raw", worker=worker)
     assert not (tmp_path / "raw" / "r00-kvpatch.json").exists()  # a run that does not count is not kept
     assert (tmp_path / "raw" / "r00-kvpatch.log").exists()
@@ -107,7 +109,9 @@ def test_a_request_that_stops_short_fails_the_run(tmp_path):
 
 
 def test_an_engine_that_fails_to_start_is_one_line_naming_its_log(tmp_path):
-    with pytest.raises(BuildError, match=r"engine process failed \(exit 1\): RuntimeError: stand-in engine failed.*log: "):
+    with pytest.raises(
+        BuildError, match=r"engine process failed \(exit 1\): RuntimeError: stand-in engine failed.*log: "
+    ):
         run_bench(_options(tmp_path, starts=1), tmp_path / "raw", worker=_worker(STANDIN_FAIL="crash"))
 
 

@@ -47,7 +47,9 @@ def test_block_diagonal_causal_prefill_equals_attention_prompt_by_prompt(grouped
     flat = [x.reshape(t, -1, d) for x in (q, k, v)]
     assert out.shape == q.shape
     torch.testing.assert_close(out.reshape(t, -1, d), _reference(*flat, lens, scale, causal=True))
-    plain = xops.memory_efficient_attention_forward(q, k, v, attn_bias=BlockDiagonalMask.from_seqlens(lens), scale=scale)
+    plain = xops.memory_efficient_attention_forward(
+        q, k, v, attn_bias=BlockDiagonalMask.from_seqlens(lens), scale=scale
+    )
     torch.testing.assert_close(plain.reshape(t, -1, d), _reference(*flat, lens, scale, causal=False))
 
 
@@ -60,4 +62,6 @@ def test_what_the_standin_cannot_do_it_refuses():
     with pytest.raises(NotImplementedError, match="ALiBi"):
         LowerTriangularMaskWithTensorBias(None)
     with pytest.raises(NotImplementedError, match="as many queries as keys"):
-        xops.memory_efficient_attention_forward(q[:, :2], q, q, attn_bias=BlockDiagonalCausalMask.from_seqlens([2], [4]))
+        xops.memory_efficient_attention_forward(
+            q[:, :2], q, q, attn_bias=BlockDiagonalCausalMask.from_seqlens([2], [4])
+        )

@@ -12,9 +12,8 @@ import threading
 from pathlib import Path
 from typing import Iterable
 
-from rich.console import Console
-
 from conftest import HEADER
+from rich.console import Console
 
 HEADER_TEXT = "// fake attention kernels for {version}\n"
 
@@ -26,8 +25,14 @@ def quiet() -> Console:
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment without any GIT_* variable, and no global or system git config."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
-               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+    env.update(
+        GIT_CONFIG_GLOBAL=os.devnull,
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@t",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@t",
+    )
     env.update(extra)
     return env
 
@@ -51,8 +56,12 @@ def user_repo(path: Path, files: dict[str, str] | None = None) -> Path:
 
 def repo_state(path: Path) -> tuple[str, str, str, str]:
     """What must not change in a user's repository: HEAD, tags, the index, the status."""
-    return (clean_git(path, "rev-parse", "HEAD"), clean_git(path, "tag", "-l"),
-            clean_git(path, "ls-files", "-s"), clean_git(path, "status", "--porcelain", "--ignored"))
+    return (
+        clean_git(path, "rev-parse", "HEAD"),
+        clean_git(path, "tag", "-l"),
+        clean_git(path, "ls-files", "-s"),
+        clean_git(path, "status", "--porcelain", "--ignored"),
+    )
 
 
 def member(name: str, data: bytes = b"", **attrs) -> tuple[tarfile.TarInfo, bytes]:
@@ -91,9 +100,15 @@ def index_with(root: Path, data: bytes, version: str = "0.10.2", *, fmt: str = "
     else:
         import json
 
-        (project / "index.json").write_text(json.dumps({"meta": {"api-version": "1.0"}, "name": "vllm",
-                                                        "files": [{"filename": name, "url": name,
-                                                                   "hashes": {"sha256": digest}}]}))
+        (project / "index.json").write_text(
+            json.dumps(
+                {
+                    "meta": {"api-version": "1.0"},
+                    "name": "vllm",
+                    "files": [{"filename": name, "url": name, "hashes": {"sha256": digest}}],
+                }
+            )
+        )
     return root
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-
 from conftest import HEADER
 from source_helpers import quiet, sdist_index
 
@@ -84,15 +83,16 @@ def test_a_failed_hardlink_falls_back_to_a_copy(other_device: Path, tmp_path: Pa
 
 @pytest.mark.slow  # a release fetched (from a local index) and applied
 def test_apply_and_diff_with_a_relative_cache_on_another_device(other_device: Path, tmp_path: Path) -> None:
-    from conftest import STOCK, fixture_text
     from cli.cli_helpers import run_cli
-
+    from conftest import STOCK, fixture_text
     from source_helpers import sdist_index as index
 
     work = other_device / "work"  # the working directory on /dev/shm, the cache relative to it
     work.mkdir()
-    env = {"KVPATCH_CACHE": "../rel-cache",
-           "PIP_INDEX_URL": index(tmp_path / "index", extra={HEADER: fixture_text(STOCK)}).as_uri()}
+    env = {
+        "KVPATCH_CACHE": "../rel-cache",
+        "PIP_INDEX_URL": index(tmp_path / "index", extra={HEADER: fixture_text(STOCK)}).as_uri(),
+    }
     proc = run_cli("apply", "--vllm", "0.10.2", "--remote", str(tmp_path / "none.git"), cwd=work, env=env)
     assert proc.returncode == 0, proc.stderr
     assert (other_device / "rel-cache" / "releases" / "v0.10.2.complete").is_file()

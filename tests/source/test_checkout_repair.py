@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from cli.cli_helpers import assert_one_line_error, run_cli
 from conftest import HEADER, STOCK, fixture_text, git, golden_text
 from source_helpers import sdist_index

@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from cli.cli_helpers import KVPATCH, kvpatch_env
 from conftest import HEADER, STOCK, fixture_text, golden_text, make_tree
 from source_helpers import sdist_index
@@ -43,7 +42,9 @@ def test_parallel_applies_with_different_configs_leave_header_and_state_agreeing
     work = tmp_path / "work"
     work.mkdir()
     tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
-    results = _parallel([["apply", "--tree", str(tree), "--lookahead", str(n)] for n in (1, 2, 3, 4)], work, kvpatch_env(work))
+    results = _parallel(
+        [["apply", "--tree", str(tree), "--lookahead", str(n)] for n in (1, 2, 3, 4)], work, kvpatch_env(work)
+    )
     assert [r.returncode for r in results] == [0, 0, 0, 0], [r.stderr for r in results]
     state = json.loads((work / ".kvpatch/state.json").read_text())
     assert f"// kvpatch:begin key {state['marker']}\n" in (tree / HEADER).read_text()

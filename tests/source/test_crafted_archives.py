@@ -13,7 +13,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from conftest import HEADER
 from source_helpers import index_with, member, quiet, sdist_members, tar_bytes
 
@@ -54,17 +53,23 @@ def _hook(ran: Path) -> bytes:
 GIT_PAYLOADS = {
     "post-commit-hook": lambda ran: [member(f"{TOP}/.git/hooks/post-commit", _hook(ran), mode=0o755)],
     "post-checkout-hook": lambda ran: [member(f"{TOP}/.git/hooks/post-checkout", _hook(ran), mode=0o755)],
-    "fsmonitor-config": lambda ran: [member(f"{TOP}/.git/config",
-                                            f"[core]\n\tfsmonitor = touch '{ran}'\n\thooksPath = hooks\n".encode())],
+    "fsmonitor-config": lambda ran: [
+        member(f"{TOP}/.git/config", f"[core]\n\tfsmonitor = touch '{ran}'\n\thooksPath = hooks\n".encode())
+    ],
     "gitfile": lambda ran: [member(f"{TOP}/.git", b"gitdir: /tmp/elsewhere\n")],
     "git-directory-only": lambda ran: [member(f"{TOP}/.git", type=tarfile.DIRTYPE, mode=0o755)],
-    "git-symlink": lambda ran: [member(f"{TOP}/gitstuff/hooks/post-commit", _hook(ran), mode=0o755),
-                                member(f"{TOP}/.git", type=tarfile.SYMTYPE, linkname="gitstuff")],
+    "git-symlink": lambda ran: [
+        member(f"{TOP}/gitstuff/hooks/post-commit", _hook(ran), mode=0o755),
+        member(f"{TOP}/.git", type=tarfile.SYMTYPE, linkname="gitstuff"),
+    ],
     "upper-case": lambda ran: [member(f"{TOP}/.GIT/hooks/post-commit", _hook(ran), mode=0o755)],
-    "nested-repository": lambda ran: [member(f"{TOP}/third_party/lib/.git/config",
-                                             f"[core]\n\tfsmonitor = touch '{ran}'\n".encode())],
-    "link-into-git": lambda ran: [member(f"{TOP}/hook", _hook(ran), mode=0o755),
-                                  member(f"{TOP}/.git/hooks/post-commit", type=tarfile.LNKTYPE, linkname=f"{TOP}/hook")],
+    "nested-repository": lambda ran: [
+        member(f"{TOP}/third_party/lib/.git/config", f"[core]\n\tfsmonitor = touch '{ran}'\n".encode())
+    ],
+    "link-into-git": lambda ran: [
+        member(f"{TOP}/hook", _hook(ran), mode=0o755),
+        member(f"{TOP}/.git/hooks/post-commit", type=tarfile.LNKTYPE, linkname=f"{TOP}/hook"),
+    ],
 }
 
 
@@ -88,7 +93,9 @@ def test_a_non_finite_mtime_is_refused(value: str, tmp_path: Path, monkeypatch: 
 
 
 @pytest.mark.parametrize(("value", "date"), [("1e300", 4_102_444_799), ("-1e300", 0), ("-5", 0)])
-def test_a_huge_or_negative_mtime_is_clamped(value: str, date: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_huge_or_negative_mtime_is_clamped(
+    value: str, date: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from source_helpers import clean_git
 
     info, data = member(f"{TOP}/setup.py", b"print('x')\n")
@@ -104,7 +111,7 @@ def test_a_huge_or_negative_mtime_is_clamped(value: str, date: int, tmp_path: Pa
 
 def _corrupt(data: bytes) -> bytes:
     middle = len(data) // 2
-    return data[:middle] + bytes(b ^ 0x5A for b in data[middle:middle + 64]) + data[middle + 64:]
+    return data[:middle] + bytes(b ^ 0x5A for b in data[middle : middle + 64]) + data[middle + 64 :]
 
 
 def _big_sdist() -> bytes:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-
 from cli.cli_helpers import run_cli
 from conftest import HEADER, STOCK, fixture_text, make_tree
 
@@ -72,5 +71,6 @@ def test_a_tree_that_cannot_be_written_is_one_line(errno_: int, tmp_path: Path, 
     proc = run_cli("apply", "--tree", str(tree), cwd=work)
     assert proc.returncode == 4 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(
-        f"error: kvpatch apply: cannot write {tree / HEADER}: {os.strerror(errno_)} (the header is unchanged)")
+        f"error: kvpatch apply: cannot write {tree / HEADER}: {os.strerror(errno_)} (the header is unchanged)"
+    )
     assert (tree / HEADER).read_text() == fixture_text(STOCK) and not (work / ".kvpatch/state.json").exists()

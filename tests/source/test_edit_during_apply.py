@@ -12,7 +12,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import HEADER, STOCK, fixture_text, golden_text, make_tree
 
 from kvpatch import fsutil

@@ -21,8 +21,8 @@ import git
 import pytest
 from rich.console import Console
 
-from kvpatch.source import fetch
 from kvpatch.errors import FetchError, UsageError
+from kvpatch.source import fetch
 from kvpatch.source.fetch import HEADER, cache_root, fetch_release, normalize_version, release_tag
 
 HEADER_TEXT = "// fake attention kernels for {version}\n"
@@ -66,7 +66,9 @@ def make_remote(tmp_path: Path, version: str = "0.10.2") -> Path:
     return bare
 
 
-def make_sdist(path: Path, version: str = "0.10.2", *, header: bool = True, extra: dict[str, str] | None = None) -> bytes:
+def make_sdist(
+    path: Path, version: str = "0.10.2", *, header: bool = True, extra: dict[str, str] | None = None
+) -> bytes:
     """Write a small vllm-<version>.tar.gz with top dir vllm-<version>/ and return its bytes."""
     top = f"vllm-{version}"
     files = {"PKG-INFO": f"Name: vllm\nVersion: {version}\n", "setup.py": "print('hi')\n", ".gitignore": "*.py\n"}
@@ -160,8 +162,23 @@ def test_normalize_version(text: str, expected: str) -> None:
     assert normalize_version(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "latest", "0", "v", "0.10.2rc1", "0.10.2-dev", "0..2", "0.10.2/../x", "1.2.3 4",
-                                  "0." + "1" * 5000, "0.10." + "2" * 300, "v" * 300])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "latest",
+        "0",
+        "v",
+        "0.10.2rc1",
+        "0.10.2-dev",
+        "0..2",
+        "0.10.2/../x",
+        "1.2.3 4",
+        "0." + "1" * 5000,
+        "0.10." + "2" * 300,
+        "v" * 300,
+    ],
+)
 def test_normalize_version_rejects(text: str) -> None:
     with pytest.raises(UsageError) as info:
         normalize_version(text)
@@ -295,7 +312,9 @@ def test_release_without_header(env: Path, tmp_path: Path, monkeypatch: pytest.M
     """An in-range release found without the header is refused, and remembered: the next
     call is refused without any I/O (no second download)."""
     monkeypatch.setenv("PIP_INDEX_URL", make_index(tmp_path / "index", "0.9.9", header=False).as_uri())
-    with pytest.raises(FetchError, match=r"0\.9\.9 has no csrc/attention/attention_kernels\.cuh.*0\.6\.4 through 0\.22\.1"):
+    with pytest.raises(
+        FetchError, match=r"0\.9\.9 has no csrc/attention/attention_kernels\.cuh.*0\.6\.4 through 0\.22\.1"
+    ):
         fetch_release("0.9.9", remote=_no_remote(tmp_path), console=_console()[0])
     assert _releases_entries(env) == [".lock", "v0.9.9.noheader"]
 
@@ -329,7 +348,9 @@ def test_outside_the_range_rejected_before_io(version: str, env: Path, monkeypat
     monkeypatch.setattr(fetch, "_index_url", boom)
     monkeypatch.setattr(fetch.filelock, "FileLock", boom)
     where = "before" if version == "0.6.3" else "after"  # not "has no header": nothing says the release exists
-    with pytest.raises(FetchError, match=rf"vLLM {version} is {where} the releases that carry .*0\.6\.4 through 0\.22\.1"):
+    with pytest.raises(
+        FetchError, match=rf"vLLM {version} is {where} the releases that carry .*0\.6\.4 through 0\.22\.1"
+    ):
         fetch_release(version, console=_console()[0])
     assert not env.exists()
 
@@ -400,7 +421,9 @@ def test_index_url_pip_config(monkeypatch: pytest.MonkeyPatch) -> None:
 
     class Done:
         returncode = 0
-        stdout = "global.index-url='https://global.example/simple'\ninstall.index-url='https://install.example/simple'\n"
+        stdout = (
+            "global.index-url='https://global.example/simple'\ninstall.index-url='https://install.example/simple'\n"
+        )
 
     monkeypatch.setattr(fetch.subprocess, "run", lambda *a, **k: Done())
     assert fetch._index_url() == "https://install.example/simple"

@@ -11,9 +11,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import HEADER, fixture_text, make_tree
-from source_helpers import (clean_git, quiet, remote_repo, repo_state, sdist_index, user_repo)
+from source_helpers import clean_git, quiet, remote_repo, repo_state, sdist_index, user_repo
 
 from kvpatch.source import git as gitcmd
 from kvpatch.source.fetch import fetch_release
@@ -52,7 +51,9 @@ def hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             hook.chmod(0o755)
     home = tmp_path / "home"
     home.mkdir()
-    config = f"[core]\n\thooksPath = {hookdir}\n\tfsmonitor = {hookdir}/post-commit\n[init]\n\ttemplateDir = {template}\n"
+    config = (
+        f"[core]\n\thooksPath = {hookdir}\n\tfsmonitor = {hookdir}/post-commit\n[init]\n\ttemplateDir = {template}\n"
+    )
     (home / ".gitconfig").write_text(config)
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
@@ -64,7 +65,9 @@ def hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return ran
 
 
-def test_a_leaked_git_dir_does_not_receive_the_sdist(leaked: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_leaked_git_dir_does_not_receive_the_sdist(
+    leaked: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     before = repo_state(leaked)
     monkeypatch.setenv("PIP_INDEX_URL", sdist_index(tmp_path / "index").as_uri())
     tree = fetch_release("0.10.2", remote=str(tmp_path / "no-remote.git"), cache=tmp_path / "cache", console=quiet())
@@ -125,7 +128,11 @@ def test_reading_a_users_tree_keeps_their_configuration(tmp_path: Path, monkeypa
                                 "GIT_CEILING_DIRECTORIES": "/", "GIT_NAMESPACE": "n", "SSH_ASKPASS": "/bin/pop",
                                 "PATH": "/bin"})  # fmt: skip
     assert {k: v for k, v in env.items() if k not in ("LC_ALL", "LANGUAGE")} == {
-        "HOME": "/h", "GIT_CONFIG_GLOBAL": "/h/cfg", "PATH": "/bin", "GIT_TERMINAL_PROMPT": "0"}
+        "HOME": "/h",
+        "GIT_CONFIG_GLOBAL": "/h/cfg",
+        "PATH": "/bin",
+        "GIT_TERMINAL_PROMPT": "0",
+    }
 
 
 def test_own_repositories_get_only_kvpatchs_variables() -> None:
@@ -136,7 +143,11 @@ def test_own_repositories_get_only_kvpatchs_variables() -> None:
                                       "GIT_EXEC_PATH", "GIT_SSL_CAINFO", "git_dir")}  # fmt: skip
     env = gitcmd.own_env(base={**leaked, "PATH": "/bin"}, extra={"GIT_AUTHOR_NAME": "kvpatch"})
     assert {k for k in env if k.upper().startswith("GIT_")} == {
-        "GIT_TERMINAL_PROMPT", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_NOSYSTEM", "GIT_AUTHOR_NAME"}
+        "GIT_TERMINAL_PROMPT",
+        "GIT_CONFIG_GLOBAL",
+        "GIT_CONFIG_NOSYSTEM",
+        "GIT_AUTHOR_NAME",
+    }
     assert env["GIT_CONFIG_GLOBAL"] == os.devnull and env["PATH"] == "/bin"
     network = gitcmd.own_env(network=True, base={**leaked})
     assert network["GIT_SSL_CAINFO"] == "/x" and "GIT_DIR" not in network

@@ -11,13 +11,13 @@ import os
 from pathlib import Path
 
 import pytest
-from rich.console import Console
-
 from cli.cli_helpers import run_cli
 from conftest import HEADER
+from rich.console import Console
+from source_helpers import IndexServer, sdist_members, send, tar_bytes
+
 from kvpatch.errors import FetchError
 from kvpatch.source.fetch import fetch_release
-from source_helpers import IndexServer, sdist_members, send, tar_bytes
 
 AUTH = "Basic " + base64.b64encode(b"user:s3cret").decode()
 
@@ -39,7 +39,9 @@ def _other_host(data: bytes) -> IndexServer:
 
 
 @pytest.mark.parametrize("link", ["relative", "same-host-absolute"])
-def test_credentials_go_to_the_index_host_for_its_links(link: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_credentials_go_to_the_index_host_for_its_links(
+    link: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     data, digest = _sdist_bytes()
 
     def routes(owner: IndexServer, h) -> None:
@@ -94,11 +96,17 @@ def test_links_with_other_schemes_are_refused(href: str, tmp_path: Path, monkeyp
 
 @pytest.mark.parametrize(
     ("body", "content_type"),
-    [(b"{not json", "application/vnd.pypi.simple.v1+json"), (b'{"files": 3}', "application/vnd.pypi.simple.v1+json"),
-     (b"[]", "application/vnd.pypi.simple.v1+json"), (b"<a>", "application/x-unknown")],
+    [
+        (b"{not json", "application/vnd.pypi.simple.v1+json"),
+        (b'{"files": 3}', "application/vnd.pypi.simple.v1+json"),
+        (b"[]", "application/vnd.pypi.simple.v1+json"),
+        (b"<a>", "application/x-unknown"),
+    ],
     ids=["not-json", "files-not-a-list", "list", "unknown-type"],
 )
-def test_a_malformed_index_page_is_one_line(body: bytes, content_type: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_malformed_index_page_is_one_line(
+    body: bytes, content_type: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with IndexServer(lambda owner, h: send(h, 200, body, content_type)) as index:
         with pytest.raises(FetchError) as info:
             _fetch(tmp_path, monkeypatch, index.url + "/simple")

@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-
+from cli.cli_helpers import run_cli
 from conftest import HEADER, STOCK, fixture_text, make_tree
 from source_helpers import clean_git
-from cli.cli_helpers import run_cli
 
 from kvpatch import fsutil
 from kvpatch.source import workspace
@@ -160,6 +159,7 @@ def test_a_lock_file_removed_while_waited_for_is_not_a_second_holder(tmp_path: P
     lock = tmp_path / "lock"
     waiter_has_it = threading.Event()
     with _held_in_thread(lambda: fsutil.hold_lock(lock)) as release_first:
+
         def waiter() -> None:
             with fsutil.hold_lock(lock, timeout=20):
                 waiter_has_it.set()

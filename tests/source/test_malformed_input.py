@@ -12,9 +12,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from source_helpers import IndexServer, quiet, sdist_index, sdist_members, send, tar_bytes
 from cli.cli_helpers import assert_one_line_error, run_cli
+from source_helpers import IndexServer, quiet, sdist_index, sdist_members, send, tar_bytes
 
 from kvpatch.errors import FetchError
 from kvpatch.source.fetch import fetch_release
@@ -58,10 +57,15 @@ def test_a_deep_local_index_json_is_one_line(body: bytes, tmp_path: Path, monkey
     _one_line_fetch_error(tmp_path, monkeypatch, (tmp_path / "index").as_uri(), needle="cannot read")
 
 
-@pytest.mark.parametrize(("body", "content_type"), [(DEEP, "application/vnd.pypi.simple.v1+json"),
-                                                    (DEEP_OBJECT, "application/vnd.pypi.simple.v1+json"),
-                                                    pytest.param(DEEP_HTML, "text/html", marks=pytest.mark.slow)],
-                         ids=["array", "object", "html"])  # html: a page nested 100,000 deep, seconds to parse
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [
+        (DEEP, "application/vnd.pypi.simple.v1+json"),
+        (DEEP_OBJECT, "application/vnd.pypi.simple.v1+json"),
+        pytest.param(DEEP_HTML, "text/html", marks=pytest.mark.slow),
+    ],
+    ids=["array", "object", "html"],
+)  # html: a page nested 100,000 deep, seconds to parse
 def test_a_deep_index_page_is_one_line(body: bytes, content_type: str, tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     with IndexServer(lambda owner, h: send(h, 200, body, content_type)) as index:
@@ -85,7 +89,9 @@ def test_a_malformed_index_url_in_the_cli_is_one_line(url: str, tmp_path: Path) 
 
 
 @pytest.mark.parametrize("remote", BAD_URLS + ["ext::sh -c touch% /tmp/kvpatch-ext-ran"])
-def test_a_malformed_remote_falls_back_to_the_sdist(remote: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_malformed_remote_falls_back_to_the_sdist(
+    remote: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tree = _fetch(tmp_path, monkeypatch, sdist_index(tmp_path / "index").as_uri(), remote)
     assert tree.is_dir() and not Path("/tmp/kvpatch-ext-ran").exists()
 
@@ -98,9 +104,18 @@ def test_a_malformed_remote_in_the_cli_is_one_line(remote: str, tmp_path: Path) 
     assert len([line for line in proc.stderr.splitlines() if line.startswith("error:")]) == 1, proc.stderr
 
 
-@pytest.mark.parametrize("href", ["http://[::1/vllm-0.10.2.tar.gz", "http://127.0.0.1:abc/vllm-0.10.2.tar.gz",
-                                  "http://127.0.0.1:99999/vllm-0.10.2.tar.gz", "//[::1/vllm-0.10.2.tar.gz"])
-def test_a_malformed_link_on_an_index_page_is_one_line(href: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "href",
+    [
+        "http://[::1/vllm-0.10.2.tar.gz",
+        "http://127.0.0.1:abc/vllm-0.10.2.tar.gz",
+        "http://127.0.0.1:99999/vllm-0.10.2.tar.gz",
+        "//[::1/vllm-0.10.2.tar.gz",
+    ],
+)
+def test_a_malformed_link_on_an_index_page_is_one_line(
+    href: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     data = tar_bytes(sdist_members())
     digest = hashlib.sha256(data).hexdigest()
     page = f'<a href="{href}#sha256={digest}">vllm-0.10.2.tar.gz</a>'.encode()
@@ -113,8 +128,9 @@ def test_a_malformed_link_on_an_index_page_is_one_line(href: str, tmp_path: Path
 
 def test_a_malformed_link_in_a_local_index_json_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "index" / "vllm").mkdir(parents=True)
-    (tmp_path / "index" / "vllm" / "index.json").write_text(json.dumps({"files": [
-        {"filename": "vllm-0.10.2.tar.gz", "url": "http://[::1/x.tar.gz", "hashes": {}}]}))
+    (tmp_path / "index" / "vllm" / "index.json").write_text(
+        json.dumps({"files": [{"filename": "vllm-0.10.2.tar.gz", "url": "http://[::1/x.tar.gz", "hashes": {}}]})
+    )
     _one_line_fetch_error(tmp_path, monkeypatch, (tmp_path / "index").as_uri())
 
 

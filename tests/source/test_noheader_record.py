@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import HEADER
 from source_helpers import quiet, remote_repo, sdist_index
 

@@ -14,9 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-from conftest import HEADER, fixture_text, make_tree
 from cli.cli_helpers import KVPATCH, kvpatch_env
+from conftest import HEADER, fixture_text, make_tree
 
 from kvpatch import fsutil
 from kvpatch.errors import KvpatchError, PatchError
@@ -149,7 +148,9 @@ def _in_thread(fn, timeout: float) -> tuple[bool, BaseException | None]:
     return not thread.is_alive(), box[0]
 
 
-def test_an_output_fifo_without_a_reader_fails_instead_of_hanging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_output_fifo_without_a_reader_fails_instead_of_hanging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(fsutil.files, "FIFO_WAIT", 0.5, raising=False)
     fifo = tmp_path / "out.fifo"
     os.mkfifo(fifo)

@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import HEADER, fixture_text, make_tree
 
 from kvpatch.errors import UsageError
@@ -89,8 +88,19 @@ def test_protected_paths_name_the_header_and_the_state(workspace: tuple[Path, Tr
     assert all(isinstance(label, str) and label for label in paths)
 
 
-@pytest.mark.parametrize("target", ["header", "header-via-symlinked-tree", "header-hard-link", "state", "lock",
-                                    "inside-state-dir", "state-dir-via-symlink", "state-via-dotdot"])
+@pytest.mark.parametrize(
+    "target",
+    [
+        "header",
+        "header-via-symlinked-tree",
+        "header-hard-link",
+        "state",
+        "lock",
+        "inside-state-dir",
+        "state-dir-via-symlink",
+        "state-via-dotdot",
+    ],
+)
 def test_an_output_onto_the_workspace_is_refused(target: str, workspace: tuple[Path, Tree], tmp_path: Path) -> None:
     cwd, tree = workspace
     (tmp_path / "tree-link").symlink_to(tree.root)

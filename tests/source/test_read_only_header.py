@@ -12,9 +12,8 @@ import stat
 from pathlib import Path
 
 import pytest
-
-from conftest import STOCK, fixture_text, make_tree
 from cli.cli_helpers import assert_one_line_error, run_cli
+from conftest import STOCK, fixture_text, make_tree
 
 from kvpatch.errors import PatchError
 from kvpatch.source import workspace
@@ -63,8 +62,11 @@ def test_a_header_this_user_may_not_write_is_refused(tmp_path: Path, monkeypatch
     """Another user's 0644 header (simulated: os.access says no) in a writable directory."""
     tree = Tree(make_tree(tmp_path / "vllm", fixture_text(STOCK)))
     real = os.access
-    monkeypatch.setattr(workspace.os, "access",
-                        lambda p, mode, **k: False if Path(p) == tree.header and mode == os.W_OK else real(p, mode, **k))
+    monkeypatch.setattr(
+        workspace.os,
+        "access",
+        lambda p, mode, **k: False if Path(p) == tree.header and mode == os.W_OK else real(p, mode, **k),
+    )
     old = tree.read_header()
     state = State(tree=str(tree.root), version=None, config={})
     with pytest.raises(PatchError, match="not writable"):

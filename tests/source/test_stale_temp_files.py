@@ -14,9 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-from conftest import HEADER, STOCK, fixture_text, golden_text, make_tree
 from cli.cli_helpers import kvpatch_env, run_cli
+from conftest import HEADER, STOCK, fixture_text, golden_text, make_tree
 
 from kvpatch import fsutil
 from kvpatch.source.workspace import STATE_DIR
@@ -72,7 +71,10 @@ def test_only_kvpatchs_own_old_temp_files_are_removed(tmp_path: Path) -> None:
     work = tmp_path / "work"
     (work / STATE_DIR).mkdir(parents=True)
     folder = (tree / HEADER).parent
-    stale = [_touch(folder / ".attention_kernels.cuh.ab12cd_4.tmp"), _touch(work / STATE_DIR / ".state.json.zz9_yy8x.tmp")]
+    stale = [
+        _touch(folder / ".attention_kernels.cuh.ab12cd_4.tmp"),
+        _touch(work / STATE_DIR / ".state.json.zz9_yy8x.tmp"),
+    ]
     kept = [
         _touch(folder / ".attention_kernels.cuh.k3j4h5g6.tmp", old=False),  # young: maybe a writer's, now
         _touch(folder / ".attention_kernels.cuh.tmp"),  # not the pattern
@@ -88,7 +90,11 @@ def test_only_kvpatchs_own_old_temp_files_are_removed(tmp_path: Path) -> None:
     proc = run_cli("apply", "--tree", str(tree), cwd=work)
     assert proc.returncode == 0, proc.stderr
     assert not any(p.exists() for p in stale)
-    assert all(p.exists() for p in kept) and link.is_symlink() and (folder / ".attention_kernels.cuh.dirxxxxx.tmp").is_dir()
+    assert (
+        all(p.exists() for p in kept)
+        and link.is_symlink()
+        and (folder / ".attention_kernels.cuh.dirxxxxx.tmp").is_dir()
+    )
 
 
 def test_remove_stale_temps_is_idempotent_and_exact(tmp_path: Path) -> None:

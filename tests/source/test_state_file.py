@@ -7,14 +7,21 @@ import json
 from pathlib import Path
 
 import pytest
-
 from cli.cli_helpers import assert_one_line_error, run_cli
 from conftest import STOCK, fixture_text, make_tree
 
 
 @pytest.mark.parametrize(
-    "content", [b"[]", b'{"tree": 1, "config": {}}', b'{"tree": "/x", "config": []}', b"\xff", b"{", None,
-                b'{"tree": "a\\u0000b", "version": null, "config": {}}'],
+    "content",
+    [
+        b"[]",
+        b'{"tree": 1, "config": {}}',
+        b'{"tree": "/x", "config": []}',
+        b"\xff",
+        b"{",
+        None,
+        b'{"tree": "a\\u0000b", "version": null, "config": {}}',
+    ],
     ids=["list", "tree-not-str", "config-not-dict", "not-utf8", "not-json", "directory", "tree-with-nul"],
 )
 def test_a_corrupt_state_file_is_one_line(content: bytes | None, tmp_path: Path) -> None:

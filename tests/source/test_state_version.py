@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from cli.cli_helpers import assert_one_line_error, run_cli
 
 from kvpatch.errors import KvpatchError
@@ -29,7 +28,7 @@ def _write_state(work: Path, version) -> Path:
 
 @pytest.mark.parametrize("version", BAD, ids=lambda v: repr(v)[:20])
 def test_a_non_canonical_version_is_the_corrupt_state_error(version, tmp_path: Path) -> None:
-    path = _write_state(tmp_path, version)
+    _write_state(tmp_path, version)
     with pytest.raises(KvpatchError, match="corrupt") as info:
         State.load(tmp_path)
     assert info.value.exit_code == 1 and "delete it and run 'kvpatch apply' again" in str(info.value)
@@ -41,7 +40,9 @@ def test_every_command_says_one_line(version: str, tmp_path: Path) -> None:
     path = _write_state(work, version)
     never = {"PIP_INDEX_URL": "http://127.0.0.1:9/never-asked"}  # no download, whatever happens
     for command in (["apply"], ["diff"], ["revert"], ["sites"], ["build"]):
-        assert_one_line_error(run_cli(*command, cwd=work, env=never), 1, str(path), "delete it and run 'kvpatch apply' again")
+        assert_one_line_error(
+            run_cli(*command, cwd=work, env=never), 1, str(path), "delete it and run 'kvpatch apply' again"
+        )
 
 
 @pytest.mark.parametrize("version", [None, "0.10.2", "0.10.1.1", "0.6.6.post1", "0.20"])

@@ -12,10 +12,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from rich.console import Console
-
 from cli.cli_helpers import ROOT
 from conftest import HEADER
+from rich.console import Console
+
 from kvpatch.errors import FetchError
 from kvpatch.source.fetch import fetch_release
 
@@ -28,6 +28,7 @@ def _chain_sdist_index(tmp_path: Path) -> Path:
     top = "vllm-0.10.2"
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+
         def add(name: str, data: bytes = b"", link: str | None = None) -> None:
             info = tarfile.TarInfo(f"{top}/{name}")
             if link is not None:
@@ -52,7 +53,9 @@ def _chain_sdist_index(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("with_filter", [True, False], ids=["data-filter", "python-without-filter"])
-def test_a_symlink_chain_never_writes_outside(with_filter: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_symlink_chain_never_writes_outside(
+    with_filter: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     index = _chain_sdist_index(tmp_path)
     if not with_filter:
         monkeypatch.delattr(tarfile, "data_filter")

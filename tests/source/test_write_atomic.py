@@ -9,9 +9,9 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from cli.cli_helpers import run_cli
 from conftest import HEADER, STOCK, fixture_text, golden_text, make_tree
+
 from kvpatch.fsutil import write_atomic, write_both
 
 

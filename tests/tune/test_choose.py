@@ -44,7 +44,12 @@ def test_choose_strict_refuses_any_slower_point_and_geomean_does_not() -> None:
     strict = choose(scores)
     assert strict["fp16/128/16/auto/v2"].name == "steady"
     assert strict["bf16/64/32/auto/v1"].name == "off" and strict["bf16/256/16/auto/v2"].name == "off"
-    assert [s.name for s in strict["fp16/128/16/auto/v2"].ranked] == ["steady", "steadier", "faster-dips", "fast-but-wrong"]
+    assert [s.name for s in strict["fp16/128/16/auto/v2"].ranked] == [
+        "steady",
+        "steadier",
+        "faster-dips",
+        "fast-but-wrong",
+    ]
     loose = choose(scores, "geomean")
     assert loose["fp16/128/16/auto/v2"].name == "faster-dips" and loose["bf16/256/16/auto/v2"].name == "dips"
     assert loose["bf16/64/32/auto/v1"].name == "off"  # a geomean below 1 never qualifies
@@ -53,7 +58,10 @@ def test_choose_strict_refuses_any_slower_point_and_geomean_does_not() -> None:
 
 
 def test_a_candidate_that_failed_validation_is_never_picked() -> None:
-    scores = [Score("inline_cta_la1", "bf16/128/32/auto/v1", (1.6, 1.5), False), Score("call_cta_la2", "bf16/128/32/auto/v1", (1.1,), True)]
+    scores = [
+        Score("inline_cta_la1", "bf16/128/32/auto/v1", (1.6, 1.5), False),
+        Score("call_cta_la2", "bf16/128/32/auto/v1", (1.1,), True),
+    ]
     assert choose(scores, "geomean")["bf16/128/32/auto/v1"].name == "call_cta_la2"
     assert choose(scores[:1], "geomean")["bf16/128/32/auto/v1"].name == "off"
 

@@ -20,7 +20,9 @@ def test_rechoose_rules_out_exclusions_and_chooses_again() -> None:
     # what vLLM's test found on one kernel: the call form has a slower point there (0.95), so strict turns it off
     r = rechoose(data, exclude=["inline_*@bf16/256/16/auto/v1"])
     assert r.picked == {"bf16/256/16/auto/v1": "off", "bf16/256/16/auto/v2": "inline_cta_la1"}
-    assert r.config.resolve("bf16", 256, 16, "auto", "v1").off and r.exclusions == {"inline_cta_la1": {"bf16/256/16/auto/v1"}}
+    assert r.config.resolve("bf16", 256, 16, "auto", "v1").off and r.exclusions == {
+        "inline_cta_la1": {"bf16/256/16/auto/v1"}
+    }
     assert "inline_cta_la1" not in r.failures  # excluded, not a validation failure
     assert rechoose(data, policy="geomean", exclude=["inline_*@*/v1"]).picked["bf16/256/16/auto/v1"] == "call_cta_la1"
     # an excluded candidate keeps its measured bit-identity: the table says excluded, not "NO"
@@ -34,7 +36,10 @@ def test_rechoose_rules_out_exclusions_and_chooses_again() -> None:
     # chosen again from the excluded report's own JSON: still excluded, still bit-identical, and a
     # further --exclude adds to the saved one
     saved = r.to_json()
-    assert saved["exclusions"] == {"inline_cta_la1": ["bf16/256/16/auto/v1"]} and saved["validation_failures"] == data["validation_failures"]
+    assert (
+        saved["exclusions"] == {"inline_cta_la1": ["bf16/256/16/auto/v1"]}
+        and saved["validation_failures"] == data["validation_failures"]
+    )
     again = rechoose(saved)
     assert again.picked == r.picked and again.exclusions == r.exclusions
     ranked = {s["name"]: s for s in again.to_json()["ranking"]["bf16/256/16/auto/v1"]}
@@ -88,8 +93,14 @@ def test_merge_takes_each_kernel_from_the_last_run_that_measured_it() -> None:
 
 def test_merge_keeps_one_machine_and_joins_the_notes() -> None:
     h200 = {"gpu": "NVIDIA H200", "driver": "580.159.04", "nvcc": "13.0.88", "arch": "sm_90a", "flags": "-O2"}
-    fp16 = {**saved_run({"inline_cta_la1": {"fp16/128/16/auto/v2": [1.5, 1.4]}}), "machine": {**h200, "note": "tuning set (fp16)"}}
-    bf16 = {**saved_run({"inline_cta_la1": {"bf16/128/16/auto/v1": [1.3, 1.2]}}), "machine": {**h200, "note": "tuning set (bf16)"}}
+    fp16 = {
+        **saved_run({"inline_cta_la1": {"fp16/128/16/auto/v2": [1.5, 1.4]}}),
+        "machine": {**h200, "note": "tuning set (fp16)"},
+    }
+    bf16 = {
+        **saved_run({"inline_cta_la1": {"bf16/128/16/auto/v1": [1.3, 1.2]}}),
+        "machine": {**h200, "note": "tuning set (bf16)"},
+    }
     merged = merge_tune_data([fp16, bf16])
     assert merged["machine"] == {**h200, "note": "tuning set (fp16) + tuning set (bf16)"}
     h100 = {**bf16, "machine": {**h200, "gpu": "NVIDIA H100 80GB HBM3"}}

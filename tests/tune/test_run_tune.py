@@ -56,7 +56,9 @@ def test_run_tune_validates_each_instantiation_benches_the_tuning_set_and_never_
     layouts = {(p.num_heads, p.num_kv_heads) for p in P.point_set("tuning")}
     assert {(p.dtype, p.head_size, p.block_size, p.num_heads, p.num_kv_heads) for p in points} == {
         (*i, *h) for i in tuned_instantiations() for h in layouts}  # fmt: skip
-    assert {P.kernel_selector(p.dtype, p.head_size, p.block_size, "auto", p.dispatched) for p in points} == set(report.picked)
+    assert {P.kernel_selector(p.dtype, p.head_size, p.block_size, "auto", p.dispatched) for p in points} == set(
+        report.picked
+    )
     # validated: both kernels, ALiBi on and off, GQA and MHA
     matrix = measured["matrix"]
     assert {(c.dtype, c.head_size, c.block_size) for c in matrix} == set(tuned_instantiations())
@@ -67,7 +69,9 @@ def test_run_tune_validates_each_instantiation_benches_the_tuning_set_and_never_
         assert name == ("call_cta_la1" if inst.startswith("bf16") else "inline_cta_la1")
     assert report.config.resolve("bf16", 128, 16, "auto", "v2").issue == "call"
     assert report.config.resolve("fp16", 64, 32, "auto", "v1").issue == "inline"
-    assert report.to_json()["validation_failures"]["inline_cta_la1"] == sorted(i for i in report.picked if i.startswith("bf16"))
+    assert report.to_json()["validation_failures"]["inline_cta_la1"] == sorted(
+        i for i in report.picked if i.startswith("bf16")
+    )
 
 
 def test_only_measures_just_the_instantiations_its_selectors_pick(measured) -> None:
@@ -82,7 +86,10 @@ def test_only_measures_just_the_instantiations_its_selectors_pick(measured) -> N
     assert {p.dispatched for p in measured["points"]} == {"v1", "v2"}
     assert len({(p.num_heads, p.num_kv_heads) for p in measured["points"]}) == 3
     assert set(report.picked) == {"fp16/128/16/auto/v1", "fp16/128/16/auto/v2"}
-    assert report.config.resolve("fp16", 128, 32, "auto", "v1").off and not report.config.resolve("fp16", 128, 16, "auto", "v1").off
+    assert (
+        report.config.resolve("fp16", 128, 32, "auto", "v1").off
+        and not report.config.resolve("fp16", 128, 16, "auto", "v1").off
+    )
     # with --dtype the two filters meet
     run_tune({"stock": None}, CONFIGS, quick=False, reps=1, rounds=1, dtypes=["fp16"], only=["*/256"])
     assert {(p.dtype, p.head_size) for p in measured["points"]} == {("fp16", 256)}

@@ -31,13 +31,19 @@ def test_tune_from_a_saved_json_writes_the_choice_with_its_machine(tmp_path: Pat
     # what apply --config reads back: the configuration chosen, and where it was tuned
     cfg, tuned = config_and_tuned(out)
     assert cfg == report.config and tuned == report.machine and tuned.gpu == "NVIDIA H200"
-    assert cfg.resolve("bf16", 256, 16, "auto", "v1").off and cfg.resolve("bf16", 256, 16, "auto", "v2").issue == "inline"
+    assert (
+        cfg.resolve("bf16", 256, 16, "auto", "v1").off and cfg.resolve("bf16", 256, 16, "auto", "v2").issue == "inline"
+    )
     assert not any(not c.off for k, _, c in cfg.kernel_variants() if k[:3] != ("bf16", 256, 16))
 
 
 def test_tune_from_writes_the_json_too(tmp_path: Path) -> None:
     (tmp_path / "t.json").write_text(json.dumps(saved_report()))
-    run(TuneOptions(cwd=tmp_path, from_json=[tmp_path / "t.json"], output=tmp_path / "k.toml", json_out=tmp_path / "again.json"))
+    run(
+        TuneOptions(
+            cwd=tmp_path, from_json=[tmp_path / "t.json"], output=tmp_path / "k.toml", json_out=tmp_path / "again.json"
+        )
+    )
     again = json.loads((tmp_path / "again.json").read_text())
     assert again["picked"] == saved_report()["picked"] and config_and_tuned(tmp_path / "k.toml")[1] is None
 
@@ -91,4 +97,7 @@ def test_the_tune_command_needs_no_gpu_with_from_and_errors_in_one_line(tmp_path
     for args, message in [(["--exclude", "a@b"], "--exclude works with --from"),
                           (["--from", "t.json.gz", "--only", "fp16/128/16"], "--from measures nothing")]:  # fmt: skip
         bad = subprocess.run([*kv, *args], cwd=tmp_path, capture_output=True, text=True)
-        assert bad.returncode == 2 and message in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, (args, bad.stderr)
+        assert bad.returncode == 2 and message in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, (
+            args,
+            bad.stderr,
+        )

@@ -36,7 +36,10 @@ def test_parse_grid_replaces_or_adds_axes_and_names_the_gates() -> None:
     assert len(both) == 12 + 16 and set(candidates()) < set(both)
     # read: a grid axis too, named _warp
     w = candidates(None, [parse_grid("issue=inline;scope=kv-head;lookahead=2;min-group=2;read=lane,warp")])
-    assert set(w) == {"inline_kvhead_la2_mg2", "inline_kvhead_la2_mg2_warp"} and w["inline_kvhead_la2_mg2_warp"].read == "warp"
+    assert (
+        set(w) == {"inline_kvhead_la2_mg2", "inline_kvhead_la2_mg2_warp"}
+        and w["inline_kvhead_la2_mg2_warp"].read == "warp"
+    )
     assert w["inline_kvhead_la2_mg2"].read == "lane"
     for text, message in [("bogus=1", "KEY=V1,V2"), ("issue", "KEY=V1,V2"), ("issue=inline;issue=call", "twice"),
                           ("lookahead=1,1", "twice"), ("min-ctas=0", "min-ctas"), ("issue=fast", "invalid issue"),

@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from cli.cli_helpers import ROOT, assert_one_line_error, run_cli
-from kvpatch.errors import UsageError
 from tune_helpers import saved_report
+
+from kvpatch.errors import UsageError
 
 
 def _damaged(how: str) -> dict:

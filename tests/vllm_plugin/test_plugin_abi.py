@@ -22,6 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import standin as S  # noqa: E402
+
 from kvpatch import abi  # noqa: E402
 from kvpatch.vllm_plugin import plugin, write_bundle  # noqa: E402
 
@@ -144,7 +145,7 @@ def test_c_library_receives_the_arguments(tmp_path, kind):
     params = abi.V1_PARAMS if kind == "v1" else abi.V2_PARAMS
     got = {name: (f[i] if typ == "float" else u[i]) for i, (name, typ) in enumerate(params)}
     outs = args[:1] if kind == "v1" else args[:4]
-    query, key_cache, _value, nkv, scale, block_tables, seq_lens, bs, msl, alibi, _kv, ks, vs = args[len(outs):-5]
+    query, key_cache, _value, nkv, scale, block_tables, seq_lens, bs, msl, alibi, _kv, ks, vs = args[len(outs) : -5]
     want = dict(zip([n for n, _ in params[: len(outs)]], [t.data_ptr() for t in outs]))
     want.update(query=query.data_ptr(), key_cache=key_cache.data_ptr(), value_cache=_value.data_ptr(),
                 num_seqs=2, num_heads=4, head_size=32, num_kv_heads=nkv, scale=scale,

@@ -33,7 +33,9 @@ import standin as S  # noqa: E402
 pytestmark = pytest.mark.gpu
 #: What the libraries hold: the plugin check's cases and every configuration vLLM 0.10.2's own
 #: test_paged_attention runs (bf16, head sizes 32, 80, 128 and 256, blocks 16 and 32, auto and fp8).
-CONFIGS = dict(dtypes=("fp16", "bf16"), head_sizes=(32, 80, 128, 256), block_sizes=(16, 32), kv_cache_dtypes=("auto", "fp8"))
+CONFIGS = dict(
+    dtypes=("fp16", "bf16"), head_sizes=(32, 80, 128, 256), block_sizes=(16, 32), kv_cache_dtypes=("auto", "fp8")
+)
 UNBUILT_HEAD = 64
 SENTINEL = 7.0  # what the stand-in for vLLM's kernel writes for head size 64 (not built)
 
@@ -42,8 +44,8 @@ def build_libs(out: Path) -> None:
     """Build stock and patched (the default configuration) for sm_90a into ``out``."""
     import shutil
 
-    from kvpatch.jit import build, make_spec, patched_variants
     from kvpatch.config import make_config
+    from kvpatch.jit import build, make_spec, patched_variants
     from kvpatch.source.fetch import fetch_release
     from kvpatch.source.releases import HEADER
 
@@ -68,8 +70,8 @@ def gpu(tmp_path_factory):
         pytest.skip("needs a CUDA GPU and KVPATCH_PLUGIN_GPU_LIBS (see the module docstring)")
     from kvpatch import abi
     from kvpatch.gpu.dispatch import dispatched_kernel
-    from kvpatch.vllm_plugin import KernelSet, Target, plugin, write_bundle
     from kvpatch.gpu.plugin_inputs import custom_ops_call, forward_decode_call
+    from kvpatch.vllm_plugin import KernelSet, Target, plugin, write_bundle
     from kvpatch.vllm_plugin.kernel import Override
 
     cuda_before = torch.cuda.is_initialized()  # an earlier test in this process may have started CUDA
@@ -128,7 +130,10 @@ def gpu(tmp_path_factory):
         finally:
             reg.resume()
 
-    calls = {"custom_ops": lambda k: custom_ops_call(ops, k), "forward_decode": lambda k: forward_decode_call(forward_decode)}
+    calls = {
+        "custom_ops": lambda k: custom_ops_call(ops, k),
+        "forward_decode": lambda k: forward_decode_call(forward_decode),
+    }
     yield dict(decision=decision, cuda_before=cuda_before, cuda_after_register=cuda_after_register, ops=ops, calls=calls, switch=switch,
                configs=info["patched"]["configs"])  # fmt: skip
     plugin.reset()
@@ -150,7 +155,9 @@ def test_registers_without_initialising_cuda(gpu):
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu",
                            f"{Path(__file__).resolve()}::test_registers_without_initialising_cuda"],
                           env={**os.environ, FRESH: "1"}, cwd=root, capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert done.returncode == 0 and re.search(r"^1 passed\b", done.stdout, re.M), done.stdout[-3000:] + done.stderr[-2000:]
+    assert done.returncode == 0 and re.search(r"^1 passed\b", done.stdout, re.M), (
+        done.stdout[-3000:] + done.stderr[-2000:]
+    )
 
 
 def test_bit_identical_eager_and_in_cuda_graphs(gpu):

@@ -18,12 +18,19 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import standin as S  # noqa: E402
+
 from kvpatch.gpu.dispatch import dispatched_kernel  # noqa: E402
-from kvpatch.vllm_plugin import plugin  # noqa: E402
 from kvpatch.gpu.plugin_check import (  # noqa: E402
-    Case, CaseResult, CheckReport, Timing, first_difference, matrix, run_cases,
+    Case,
+    CaseResult,
+    CheckReport,
+    Timing,
+    first_difference,
+    matrix,
+    run_cases,
 )  # fmt: skip
 from kvpatch.gpu.plugin_inputs import SHAPES, custom_ops_call, forward_decode_call, make_inputs, perturb  # noqa: E402
+from kvpatch.vllm_plugin import plugin  # noqa: E402
 
 
 def test_matrix_selects_among_the_built_configs():
@@ -32,7 +39,9 @@ def test_matrix_selects_among_the_built_configs():
     assert {(c.dtype, c.kv_cache_dtype, c.head_size, c.block_size) for c in cases} == {
         ("fp16", "auto", 128, 16), ("fp16", "fp8", 128, 16), ("fp32", "auto", 256, 32)}  # fmt: skip
     assert len(cases) == 3 * 2 * 2  # ALiBi on/off, v1/v2
-    assert cases == sorted(cases, key=lambda c: (c.dtype, c.kv_cache_dtype, c.head_size, c.block_size, c.kernel, c.alibi))
+    assert cases == sorted(
+        cases, key=lambda c: (c.dtype, c.kv_cache_dtype, c.head_size, c.block_size, c.kernel, c.alibi)
+    )
     only = matrix(built, dtypes=["fp16"], kv_cache_dtypes=None, head_sizes=None, block_sizes=None, alibi=(True,),
                   kernels=("v2",))  # fmt: skip
     assert [c.label for c in only] == ["fp16/auto/128/8 v2 alibi", "fp16/auto/128/16 v2 alibi",
@@ -66,7 +75,9 @@ def test_report():
         "fp16 128/16 v1 64x1024: vLLM 30.0 us, kvpatch 24.0 us (1.250x)",
     ]
     d = r.to_dict()
-    assert d["ok"] is False and d["results"][1]["label"].endswith("graph replayed") and d["timings"][0]["speedup"] == 1.25
+    assert (
+        d["ok"] is False and d["results"][1]["label"].endswith("graph replayed") and d["timings"][0]["speedup"] == 1.25
+    )
     assert CheckReport().ok is False and math.isnan(Timing("x", 1.0, 0.0).speedup)
 
 
@@ -76,7 +87,11 @@ def test_inputs_are_laid_out_as_vllms(kv):
     inp = make_inputs(case, device="cpu")
     seqs, heads, kv_heads, max_len = SHAPES["v2"]
     x = 16 if kv != "auto" else 8
-    assert inp["key_cache"].shape[1:] == (kv_heads, 64 // x, 16, x) and inp["value_cache"].shape[1:] == (kv_heads, 64, 16)
+    assert inp["key_cache"].shape[1:] == (kv_heads, 64 // x, 16, x) and inp["value_cache"].shape[1:] == (
+        kv_heads,
+        64,
+        16,
+    )
     assert inp["key_cache"].dtype == (torch.uint8 if kv != "auto" else torch.bfloat16)
     assert inp["query"].shape == (seqs, heads, 64) and inp["alibi_slopes"].shape == (heads,)
     assert int(inp["seq_lens"].max()) == max_len and inp["block_tables"].dtype == torch.int32
@@ -123,7 +138,10 @@ def standin_ops(tmp_path):
             inp["block_size"] = value_cache.shape[3]
             return custom_ops_call(ops, kernel)(inp)
 
-        calls = {"custom_ops": lambda k: custom_ops_call(ops, k), "forward_decode": lambda k: forward_decode_call(forward_decode)}
+        calls = {
+            "custom_ops": lambda k: custom_ops_call(ops, k),
+            "forward_decode": lambda k: forward_decode_call(forward_decode),
+        }
         return launcher, calls, switch
 
     yield setup
@@ -144,7 +162,11 @@ def test_run_cases_all_equal(standin_ops):
     cases = matrix(S.SMALL_SET.labels())
     results = run_cases(cases, calls, switch, device="cpu", graphs=False)
     report = CheckReport(results=results)
-    assert report.ok and report.summary()[0] == f"{len(results)}/{len(results)} outputs bit-identical to vLLM's kernel ({len(cases)} cases)"
+    assert (
+        report.ok
+        and report.summary()[0]
+        == f"{len(results)}/{len(results)} outputs bit-identical to vLLM's kernel ({len(cases)} cases)"
+    )
     assert {k for k, _ in launcher.calls} == {"v1", "v2"}
 
 

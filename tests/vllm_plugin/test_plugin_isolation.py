@@ -42,7 +42,7 @@ def _run(code: str, tmp_path: Path, **env: str) -> dict:
                           timeout=120, cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     line = next(x for x in proc.stdout.splitlines() if x.startswith("REPORT "))
-    return json.loads(line[len("REPORT "):])
+    return json.loads(line[len("REPORT ") :])
 
 
 def test_importing_the_package_imports_no_torch(tmp_path):

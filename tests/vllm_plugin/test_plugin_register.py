@@ -20,6 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import standin as S  # noqa: E402
+
 from kvpatch.vllm_plugin import Target, plugin  # noqa: E402
 from kvpatch.vllm_plugin.bundle import MANIFEST  # noqa: E402
 
@@ -98,12 +99,15 @@ def test_arguments_reach_the_launcher(env):
     plugin.register(env.target())
     args = S.make_args("v1", alibi=True)
     S.ops(env.ns).paged_attention_v1(*args)
-    (kind, got), = env.launcher.calls
+    ((kind, got),) = env.launcher.calls
     out, query, key_cache, value_cache = args[:4]
     assert kind == "v1" and got["out"] == out.data_ptr() and got["query"] == query.data_ptr()
     assert (got["num_seqs"], got["num_heads"], got["head_size"], got["num_kv_heads"]) == (2, 4, 32, 2)
     assert (got["q_stride"], got["kv_block_stride"], got["kv_head_stride"]) == (
-        query.stride(0), key_cache.stride(0), key_cache.stride(1))
+        query.stride(0),
+        key_cache.stride(0),
+        key_cache.stride(1),
+    )
     assert got["max_num_blocks_per_seq"] == args[6].shape[1] and got["block_size"] == 16
     assert got["alibi_slopes"] == args[10].data_ptr() and got["scale"] == 0.125
     assert (got["dtype"], got["kv_cache_dtype"]) == (2, 0)

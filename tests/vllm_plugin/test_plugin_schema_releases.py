@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import standin as S  # noqa: E402
+
 from kvpatch.vllm_plugin import plugin, schema_mismatch, schemas_from_bindings  # noqa: E402
 
 pytestmark = pytest.mark.network

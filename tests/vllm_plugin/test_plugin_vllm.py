@@ -24,8 +24,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import kvpatch  # noqa: E402
 import standin as S  # noqa: E402
+
+import kvpatch  # noqa: E402
 from kvpatch.vllm_plugin import schemas_from_bindings  # noqa: E402
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
@@ -53,7 +54,7 @@ def _drive(tree: Path, tmp_path: Path, version: str, **env: str) -> tuple[dict, 
     proc = subprocess.run([sys.executable, str(HERE / "vllm_driver.py"), str(tree), str(_entry_points(tmp_path / "ep"))],
                           env=environ, capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("REPORT "))[len("REPORT "):])
+    report = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("REPORT "))[len("REPORT ") :])
     ours = [line for line in proc.stderr.splitlines() if "[kvpatch]" in line]
     return report, ours
 

@@ -56,7 +56,9 @@ def env(tmp_path_factory):
                  schemas=schemas, scale_by_value=False, directory=work / "bundle")  # fmt: skip
     site = work / "site"
     (site / f"vllm-{version}.dist-info").mkdir(parents=True)  # what importlib.metadata.version("vllm") reads
-    (site / f"vllm-{version}.dist-info" / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+    (site / f"vllm-{version}.dist-info" / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
+    )
     ep = site / "kvpatch_entry_point-0.dist-info"  # kvpatch's pyproject entry point, as an install writes it
     ep.mkdir()
     (ep / "METADATA").write_text("Metadata-Version: 2.1\nName: kvpatch-entry-point\nVersion: 0\n")
@@ -97,7 +99,9 @@ def test_check_is_bit_identical_through_custom_ops_and_forward_decode(env):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert report["ok"] and report["decision"]["registered"]
     seen = {(r["path"], r["mode"]) for r in report["results"]}
-    assert {p for p, _ in seen} == {"custom_ops", "forward_decode"} and {"eager", "graph replayed"} <= {m for _, m in seen}
+    assert {p for p, _ in seen} == {"custom_ops", "forward_decode"} and {"eager", "graph replayed"} <= {
+        m for _, m in seen
+    }
     assert report["timings"] and all(t["stock_us"] > 0 and t["kvpatch_us"] > 0 for t in report["timings"])
 
 

@@ -39,9 +39,9 @@ TREE, ENTRY_POINTS = Path(sys.argv[1]), sys.argv[2]
 sys.path.insert(0, ENTRY_POINTS)
 sys.path.append(str(TREE))
 
+import standin as S  # noqa: E402
 import torch  # noqa: E402
 
-import standin as S  # noqa: E402
 from kvpatch.vllm_plugin import schemas_from_bindings  # noqa: E402
 
 

@@ -114,7 +114,9 @@ def _define_extension(tree: Path) -> None:
     text = (tree / "csrc" / "torch_bindings.cpp").read_text(encoding="utf-8")
     schemas = schemas_from_bindings(text)
     path, _, prefix = os.environ["KVPATCH_TEST_STOCK_LIB"].rpartition(":")
-    stock = Override(abi.load(path, prefix), archs=("sm_90a",), scale_by_value=scales_by_value(schemas["paged_attention_v1"]))
+    stock = Override(
+        abi.load(path, prefix), archs=("sm_90a",), scale_by_value=scales_by_value(schemas["paged_attention_v1"])
+    )
     lib = torch.library.Library("_C", "DEF")
     for op, schema in schemas.items():
         lib.define(schema)

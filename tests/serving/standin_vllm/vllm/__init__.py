@@ -83,14 +83,17 @@ class _Engine:
 class LLM:
     def __init__(self, **kwargs) -> None:
         import standin  # tests/vllm_plugin/standin.py
+
         from kvpatch.vllm_plugin import plugin
 
         if os.environ.get("STANDIN_FAIL") == "crash":
             raise RuntimeError("stand-in engine failed to start")
         if os.environ.get("STANDIN_STARTS"):
             with open(os.environ["STANDIN_STARTS"], "a") as f:
-                f.write(f"{os.environ.get('KVPATCH_DISABLE', '')}|{os.environ.get('VLLM_USE_V1')}|"
-                        f"{os.environ.get('VLLM_ATTENTION_BACKEND')}|{kwargs['cuda_graph_sizes']}|{os.getpid()}\n")
+                f.write(
+                    f"{os.environ.get('KVPATCH_DISABLE', '')}|{os.environ.get('VLLM_USE_V1')}|"
+                    f"{os.environ.get('VLLM_ATTENTION_BACKEND')}|{kwargs['cuda_graph_sizes']}|{os.getpid()}\n"
+                )
         if os.environ.get("STANDIN_FAIL") == "hang":
             time.sleep(3600)
         self.kwargs = kwargs

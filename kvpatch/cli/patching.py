@@ -19,8 +19,19 @@ _RULE_HELP = ("Settings for the instantiations a selector picks: 'bf16/80/32=off
 
 
 # the configuration's options, shared by apply and config
+def _config_path(value: Optional[str]) -> Optional[Path]:
+    """``--config``'s value as a path; an empty one (an unset shell variable) is refused, not
+    taken for the current directory."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise UsageError("--config is empty: give the path of a kvpatch.toml")
+    return Path(value)
+
+
 ConfigOpt = Annotated[
-    Optional[Path], typer.Option("--config", metavar="FILE", help="kvpatch.toml with any of the options below.")
+    Optional[str],
+    typer.Option("--config", metavar="FILE", callback=_config_path, help="kvpatch.toml with any of the options below."),
 ]
 PresetOpt = Annotated[
     Optional[str], typer.Option(metavar="default|paper", help="default, or paper (the paper's exact mechanism).")

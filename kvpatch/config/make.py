@@ -187,6 +187,9 @@ def parse_rules(items: list[str] | tuple[str, ...]) -> dict[str, str]:
                 f"invalid --rule {item!r}: use SELECTOR=SETTINGS, e.g. bf16/80/32=off or fp16/64=issue=call"
             )
         key = str(Selector.parse(selector))
+        if not settings.strip():
+            raise UsageError(f"--rule {item!r} has no settings (an unset shell variable?): give settings, 'off', "
+                             f"or '{key}=none' to drop the table's rule")  # fmt: skip
         if key in out:
             raise UsageError(f"--rule {key} given twice")
         out[key] = settings

@@ -120,3 +120,14 @@ def test_shadowed_call_settings_do_not_block_the_live_ones(tmp_path: Path) -> No
     proc = run_cli("apply", "--tree", str(tree), *off, "--rule", f"{mine}=align=64", "--rule",
                    f"{other}=align=32,issue=call", cwd=tmp_path)  # fmt: skip
     assert_one_line_error(proc, 2, "share one helper")  # two live call-form kernels that disagree: still refused
+
+
+@pytest.mark.parametrize("command", ["config", "apply"])
+def test_an_empty_value_from_an_unset_variable_is_refused_not_read_as_something(command, tmp_path):
+    """``--rule "$SEL="`` would drop a shipped rule and ``--config "$CFG"`` would read the current
+    directory: both are one line, exit 2, with nothing written."""
+    proc = run_cli(command, "--rule", "fp16/128/16=", cwd=tmp_path)
+    assert_one_line_error(proc, 2, "--rule 'fp16/128/16=' has no settings", "'fp16/128/16=none' to drop")
+    proc = run_cli(command, "--config", "", cwd=tmp_path)
+    assert_one_line_error(proc, 2, "--config is empty")
+    assert not (tmp_path / ".kvpatch").exists()  # no workspace, no state: nothing was applied

@@ -46,3 +46,11 @@ class GpuCheckError(KvpatchError):
     """A GPU check failed: outputs differ from stock's, or vLLM's own test failed (exit 6)."""
 
     exit_code = 6
+
+
+def text_argument(value: object, what: str) -> str:
+    """``value`` if it is a ``str``; else a :class:`UsageError` naming ``what`` and the type given
+    (the public functions that parse text say so instead of failing deep inside on ``None`` or bytes)."""
+    if not isinstance(value, str):
+        raise UsageError(f"{what} must be text (str), not {type(value).__name__}")
+    return value

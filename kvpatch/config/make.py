@@ -8,7 +8,7 @@ import reprlib
 from dataclasses import fields, replace
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import UsageError, text_argument
 from .defaults import DEFAULT_OVERRIDES
 from .model import (
     CHOICES,
@@ -159,7 +159,7 @@ def make_config(**options: Any) -> PatchConfig:
 
 def parse_override(text: str) -> dict[str, Any]:
     """``'scope=kv-head,issue=inline'`` (the CLI form) -> a dict; ``'none'`` -> {}; ``'off'`` -> {'off': True}."""
-    if text.strip() in ("", "none"):
+    if text_argument(text, "a rule's settings").strip() in ("", "none"):
         return {}
     out: dict[str, Any] = {}
     for item in text.split(","):
@@ -181,7 +181,7 @@ def parse_rules(items: list[str] | tuple[str, ...]) -> dict[str, str]:
     """``['bf16/80/32=off', 'fp16/64=issue=call']`` (repeated ``--rule``) -> {selector: settings}."""
     out: dict[str, str] = {}
     for item in items:
-        selector, sep, settings = item.partition("=")
+        selector, sep, settings = text_argument(item, "a --rule").partition("=")
         if not sep or not selector.strip():
             raise UsageError(
                 f"invalid --rule {item!r}: use SELECTOR=SETTINGS, e.g. bf16/80/32=off or fp16/64=issue=call"

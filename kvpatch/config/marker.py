@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import UsageError, text_argument
 from .make import make_config, parse_override
 from .model import DTYPES, PatchConfig, Selector
 
@@ -19,6 +19,7 @@ def config_from_marker(text: str) -> PatchConfig:
     The inverse of ``marker()``: ``config_from_marker(cfg.marker()) == cfg``. Raises
     :class:`UsageError` for text ``marker()`` cannot have written.
     """
+    text_argument(text, "a configuration marker")
     options: dict[str, Any] = {}
     dtypes: dict[str, Any] = {d: "none" for d in DTYPES}
     rules: dict[str, Any] = {}  # every rule the marker does not name is absent (inherit_rules=False)

@@ -14,7 +14,7 @@ import functools
 from dataclasses import dataclass
 
 from ..config import PatchConfig, config_from_marker
-from ..errors import PatchError, UsageError
+from ..errors import PatchError, UsageError, text_argument
 from .edits import Edit, apply
 from .interrupts import interruptible
 from .libclang import ci
@@ -71,6 +71,8 @@ class Header:
 @interruptible
 def read_header(text: str, header_path: str) -> Header:
     """Parse ``text`` (as the file at ``header_path``), find kvpatch's regions, strip them."""
+    text_argument(text, "the header")
+    text_argument(header_path, "the header's path")
     parsed = parse_header(text, header_path)
     regions = tuple(injections(parsed))
     if not regions:

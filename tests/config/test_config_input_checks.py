@@ -131,3 +131,21 @@ def test_an_empty_value_from_an_unset_variable_is_refused_not_read_as_something(
     proc = run_cli(command, "--config", "", cwd=tmp_path)
     assert_one_line_error(proc, 2, "--config is empty")
     assert not (tmp_path / ".kvpatch").exists()  # no workspace, no state: nothing was applied
+
+
+def test_the_python_api_refuses_what_is_not_text_with_a_kvpatch_error():
+    """None or bytes where text is expected: a UsageError naming the argument, not an AttributeError."""
+    from kvpatch.config import config_from_marker, parse_override, parse_rules
+    from kvpatch.errors import UsageError
+    from kvpatch.patch.header import patch
+
+    with pytest.raises(UsageError, match="a rule's settings must be text"):
+        parse_override(None)
+    with pytest.raises(UsageError, match="a --rule must be text"):
+        parse_rules([None])
+    with pytest.raises(UsageError, match="a --rule must be text .*not bytes"):
+        parse_rules([b"fp16=off"])
+    with pytest.raises(UsageError, match="a configuration marker must be text"):
+        config_from_marker(None)
+    with pytest.raises(UsageError, match="the header must be text .*not bytes"):
+        patch(b"//", "h.cuh", None)

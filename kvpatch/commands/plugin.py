@@ -58,9 +58,13 @@ def _release(o: EnableOptions, target: Any) -> str:
     from ..source.releases import normalize_version
     from .tree import tree_release
 
-    if o.release is not None:
-        return normalize_version(o.release)
     found = tree_release(target, o.cwd)
+    if o.release is not None:
+        given = normalize_version(o.release)
+        if found is not None and normalize_version(found) != given:
+            raise UsageError(f"--release {given} contradicts the tree, which holds vLLM {found}: the bundle "
+                             "would claim the wrong release; drop --release")  # fmt: skip
+        return given
     if found is None:
         raise UsageError(f"cannot tell which vLLM release {target.root} holds (no record of an apply here, "
                          "no PKG-INFO): pass --release X")  # fmt: skip

@@ -50,6 +50,15 @@ def test_an_sdist_tree_says_its_release_in_pkg_info(tmp_path):
     assert tree_release(Tree(tree), tmp_path) == "0.9.2"
 
 
+def test_a_release_that_contradicts_the_trees_is_refused_before_anything_is_built(tmp_path, monkeypatch):
+    tree = make_tree(tmp_path / "vllm")
+    (tree / "PKG-INFO").write_text("Metadata-Version: 2.4\nName: vllm\nVersion: 0.10.2\n")
+    monkeypatch.setattr(P, "_full_build", lambda *a, **k: pytest.fail("built for a release the tree is not"))
+    with pytest.raises(UsageError, match=r"--release 0\.9\.2 contradicts the tree, which holds vLLM 0\.10\.2"):
+        P.enable(P.EnableOptions(tree=tree, cwd=tmp_path, release="0.9.2", directory=tmp_path / "b"))
+    assert not (tmp_path / "b").exists()
+
+
 def test_a_tree_that_says_nothing_has_no_release_and_enable_asks_for_one(tmp_path):
     tree = make_tree(tmp_path / "vllm")
     (tree / "PKG-INFO").write_text("Name: vllm\nVersion: not-a-number\n")

@@ -56,8 +56,10 @@ def _int(name: str, value: Any) -> int:
     """An int, or a string of one; floats (2.5, and 2.0 too) and bools are refused."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    if isinstance(value, str) and ascii_digits(value.strip().removeprefix("+").removeprefix("-")):
-        if len(value.strip().lstrip("+-").lstrip("0")) > 12:  # no bound here is anywhere near 12 digits
+    text = value.strip() if isinstance(value, str) else ""
+    digits = text[1:] if text[:1] in ("+", "-") else text  # one sign at most: '+-5' is no number
+    if isinstance(value, str) and ascii_digits(digits):
+        if len(digits.lstrip("0")) > 12:  # no bound here is anywhere near 12 digits
             raise UsageError(f"invalid {name} {_short(value)}: at most {LIMITS.get(name, 2**31 - 1)}")
         return int(value)
     raise UsageError(f"invalid {name} {_short(value)}: expected an integer")

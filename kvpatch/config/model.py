@@ -113,7 +113,7 @@ class Selector:
             raise UsageError(f"invalid selector {text!r}: dtype {dtype!r} is not one of {', '.join(DTYPES)}, *")
         sizes = []
         for what, value, known in (("head size", head, VLLM_HEAD_SIZES), ("block size", block, VLLM_BLOCK_SIZES)):
-            if value is not None and not (ascii_digits(value) and 0 < int(value) <= 1024):
+            if value is not None and not (ascii_digits(value) and len(value) <= 4 and 0 < int(value) <= 1024):
                 raise UsageError(f"invalid selector {text!r}: {what} {value!r} is not a number (or *)")
             if value is not None and int(value) not in known:
                 raise UsageError(f"invalid selector {text!r}: vLLM builds no kernel of {what} {int(value)} "

@@ -61,7 +61,11 @@ def cache_root() -> Path:
     relative one is taken relative to the current directory, now). Creates nothing."""
     env = os.environ.get("KVPATCH_CACHE")
     if env:
-        return _absolute(Path(env).expanduser(), f"KVPATCH_CACHE={env}")
+        try:
+            path = Path(env).expanduser()
+        except RuntimeError:  # '~user' naming no user, or no home directory to expand '~' to
+            raise UsageError(f"KVPATCH_CACHE={env}: its '~' names no home directory on this machine") from None
+        return _absolute(path, f"KVPATCH_CACHE={env}")
     return _absolute(Path(platformdirs.user_cache_dir("kvpatch")), "the user cache directory")
 
 

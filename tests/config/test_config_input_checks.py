@@ -24,6 +24,9 @@ from conftest import HEADER, STOCK, fixture_text, make_tree
         (["--fp16", "lookahead=\u00b2"], "invalid lookahead"),
         (["--fp16", "lookahead=\u0663"], "invalid lookahead"),  # Arabic-Indic 3: not read as 3
         (["--fp16", "lookahead=2,lookahead=3"], "lookahead given twice"),
+        (["--fp16", "lookahead=+-5"], "invalid lookahead '+-5': expected an integer"),
+        (["--rule", "fp16/128/16=lookahead=-+5"], "invalid lookahead '-+5'"),
+        (["--rule", "fp16/" + "9" * 5000 + "/16=off"], "head size"),
     ],
     ids=[
         "lookahead",
@@ -35,6 +38,9 @@ from conftest import HEADER, STOCK, fixture_text, make_tree
         "setting-superscript",
         "setting-arabic-indic",
         "setting-twice",
+        "sign-pair",
+        "sign-pair-in-rule",
+        "selector-5000-digits",
     ],
 )
 def test_out_of_range_values_are_refused(args: list[str], needle: str, tmp_path: Path) -> None:

@@ -98,3 +98,12 @@ def test_apply_and_diff_with_a_relative_cache_on_another_device(other_device: Pa
     assert (other_device / "rel-cache" / "releases" / "v0.10.2.complete").is_file()
     proc = run_cli("diff", cwd=work, env=env)
     assert proc.returncode == 0 and proc.stdout.startswith("diff --git"), proc.stderr
+
+
+def test_a_cache_under_a_home_that_does_not_exist_is_one_line(tmp_path, monkeypatch):
+    from kvpatch.errors import UsageError
+    from kvpatch.source.fetch import cache_root
+
+    monkeypatch.setenv("KVPATCH_CACHE", "~no-such-user-kvpatch/cache")
+    with pytest.raises(UsageError, match=r"KVPATCH_CACHE=~no-such-user-kvpatch/cache: its '~' names no home"):
+        cache_root()

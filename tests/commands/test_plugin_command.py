@@ -4,6 +4,7 @@ the enable/disable/status round trip as a user types it."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -235,3 +236,12 @@ def test_enable_without_the_full_build_says_which_build_to_run(vllm_release, tmp
     with pytest.raises(UsageError, match=r"holds 2 of vLLM's configurations \(kvpatch build without --all\)"):
         P.enable(opts)
     assert not (tmp_path / "bundle").exists()
+
+
+def test_a_bundle_directory_that_cannot_be_one_is_refused_before_the_tree_is_read(tmp_path):
+    a_file = tmp_path / "passwd"
+    a_file.write_text("root:x:0:0\n")
+    for where, why in [(a_file, "is not a directory"), (a_file / "sub", "is not a directory")]:
+        with pytest.raises(UsageError, match=rf"--dir {re.escape(str(where))}: .*{why}"):
+            P.enable(P.EnableOptions(tree=tmp_path / "no-tree", cwd=tmp_path, directory=where))
+    assert a_file.read_text() == "root:x:0:0\n"

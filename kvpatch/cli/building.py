@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
+from ..commands.common import check_report_output
 from .base import ArchOpt, JsonOpt, TreeOpt, app, csv, cwd, emit_json, io, progress, warn
 
 
@@ -38,6 +39,7 @@ def build(
     opts = B.BuildOptions(tree=tree, cwd=cwd(), arch=arch, dtypes=csv(dtypes), head_sizes=csv(head_sizes, int),
                           block_sizes=csv(block_sizes, int), kv_cache_dtypes=csv(kv_cache_dtypes),
                           all_kernels=all_kernels, jobs=jobs, full=full)  # fmt: skip
+    check_report_output(json_out, opts.cwd, tree=tree)
     with progress() as p:
         report = B.run(opts, progress=p)
     if report.result is None:

@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 from rich.syntax import Syntax
 
+from ..commands.common import check_report_output
 from ..errors import UsageError
 from .base import JsonOpt, TreeOpt, VllmOpt, app, cwd, emit_json, io, progress, warn
 
@@ -168,6 +169,7 @@ def apply(
     opts = A.ApplyOptions(vllm=vllm, tree=tree, cwd=cwd(), config=config, preset=preset, settings=settings,
                           quantized=quantized, dtypes={"fp16": fp16, "bf16": bf16, "fp32": fp32}, rules=rule or [],
                           untuned=untuned, remote=remote or None, force=force, force_write=force_write)  # fmt: skip
+    check_report_output(json_out, opts.cwd, tree=tree, inputs={"--config": config})
     with progress() as p:
         report = A.run(opts, progress=p)
     for line in report.machine_differences:
@@ -194,6 +196,7 @@ def sites(vllm: VllmOpt = None, tree: TreeOpt = None, json_out: JsonOpt = None) 
     from ..commands import sites as S
     from ..render import sites_table
 
+    check_report_output(json_out, cwd(), tree=tree)
     with progress() as p:
         report = S.run(S.SitesOptions(vllm=vllm, tree=tree, cwd=cwd()), progress=p)
     if emit_json(json_out, report.to_json()):

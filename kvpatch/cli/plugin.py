@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
+from ..commands.common import check_report_output
 from .base import ArchOpt, JsonOpt, TreeOpt, app, cwd, emit_json, io, progress, warn
 
 plugin_app = typer.Typer(
@@ -62,6 +63,10 @@ def enable(
     opts = P.EnableOptions(
         tree=tree, cwd=cwd(), arch=arch, jobs=jobs, release=release, directory=directory, build=build
     )
+    from ..vllm_plugin import bundle_dir
+
+    bundle = directory if directory is not None else bundle_dir()
+    check_report_output(json_out, opts.cwd, tree=tree, protected={"the plugin's bundle": bundle})
     with progress() as p:
         report = P.enable(opts, progress=p)
     if not emit_json(json_out, {"directory": str(report.directory), "manifest": report.manifest.to_dict(),

@@ -194,3 +194,27 @@ __all__ = [
     "QUIET", "Libraries", "LibraryOptions", "Progress", "build_libraries", "built", "load_variant_info",
     "local_machine", "parse_bools", "parse_heads", "parse_libs", "prebuilt", "require_device", "write_if",
 ]  # fmt: skip
+
+
+def check_report_output(
+    json_value: Optional[str],
+    cwd: Path,
+    *,
+    tree: Optional[Path] = None,
+    inputs: Optional[dict[str, Any]] = None,
+    protected: Optional[dict[str, Any]] = None,
+) -> None:
+    """``--json PATH`` checked before the command does any work: writable, and none of the
+    files kvpatch keeps (its state directory, the tree's header and lock: of ``tree`` if
+    given, else of the last apply here), of the command's ``inputs`` or of its own
+    ``protected`` ones (a bundle's directory). ``-`` (stdout) and None pass."""
+    if json_value is None or json_value == "-":
+        return
+    from ..fsutil import check_outputs
+    from ..source.tree import Tree
+    from ..source.workspace import protected_paths
+
+    target = Tree((cwd / tree) if not tree.is_absolute() else tree) if tree is not None else None
+    keep = {**protected_paths(cwd, target), **(protected or {})}
+    check_outputs(json=json_value, inputs={k: v for k, v in (inputs or {}).items() if v is not None}, protected=keep)
+

@@ -39,21 +39,34 @@ class ServingBenchOptions:
     cwd: Path = field(default_factory=Path.cwd)
 
 
-def _model(o: ServingBenchOptions, folder: Path, dtype_torch: str) -> tuple[str, str, bool, dict[str, Any]]:
-    """(the model directory, its label, dummy weights?, provenance)."""
+def _model_source(o: ServingBenchOptions) -> tuple[Path | None, Any]:
+    """(a model directory, None) or (None, a model shape): checked before anything starts."""
     from ..decode.models import MODELS
 
-    path = (o.cwd / o.model).expanduser() if not Path(o.model).is_absolute() else Path(o.model)
+    try:
+        path = Path(o.model).expanduser()
+    except RuntimeError:  # '~user' naming no user
+        path = Path(o.model)
+    path = path if path.is_absolute() else o.cwd / path
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UsageError(f"--model {o.model}: the directory has no config.json")
-        return str(path.resolve()), path.name, o.dummy_weights, {"model_dir": str(path.resolve())}
+        return path.resolve(), None
     shape = MODELS.get(o.model.lower())
     if shape is None:
         raise UsageError(f"--model {o.model!r} is neither a directory nor a model shape kvpatch knows "
                          f"({', '.join(MODELS)})")  # fmt: skip
+    return None, shape
+
+
+def _model(o: ServingBenchOptions, folder: Path, dtype_torch: str) -> tuple[str, str, bool, dict[str, Any]]:
+    """(the model directory, its label, dummy weights?, provenance); a shape is written as its
+    ``config.json`` into ``folder``."""
     from ..fsutil.files import write_if_different
 
+    path, shape = _model_source(o)
+    if path is not None:
+        return str(path), path.name, o.dummy_weights, {"model_dir": str(path)}
     where = folder / f"model-{shape.name}-{dtype_torch}"
     where.mkdir(parents=True, exist_ok=True)
     write_if_different(where / "config.json", json.dumps(shape.hf_config(dtype_torch), indent=1) + "\n")
@@ -101,6 +114,7 @@ def bench(o: ServingBenchOptions, *, progress: Progress = QUIET) -> dict[str, An
     raw = o.raw if o.raw is None or o.raw.is_absolute() else o.cwd / o.raw
     if raw is not None and raw.exists() and not raw.is_dir():
         raise UsageError(f"--raw {raw}: not a directory")
+    _model_source(o)
     json_file = o.json_path if o.json_path not in (None, "-") else None
     check_outputs(json=json_file, protected={"the --raw folder": raw} if raw else None)
     preflight()

@@ -28,6 +28,8 @@ from kvpatch.render import serving_lines
         (["--budget", "0"], "--budget"),
         (["--json", "/proc/kvpatch-no/x.json"], "--json"),
         (["--raw", "FILE"], "not a directory"),
+        (["--model", "llama-9"], "neither a directory nor a model shape"),
+        (["--model", "FILE"], "neither a directory"),
     ],
 )
 def test_bad_options_are_one_line_before_anything_runs(tmp_path, args, needle):

@@ -217,4 +217,3 @@ def check_report_output(
     target = Tree((cwd / tree) if not tree.is_absolute() else tree) if tree is not None else None
     keep = {**protected_paths(cwd, target), **(protected or {})}
     check_outputs(json=json_value, inputs={k: v for k, v in (inputs or {}).items() if v is not None}, protected=keep)
-

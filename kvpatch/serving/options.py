@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .. import dtypes as D
+from ..config.model import ascii_digits
 from ..errors import UsageError
 
 #: Bounds a workload must stay within (a typo, not a wish, is what they catch).
@@ -70,7 +71,7 @@ def make_workloads(input_len: int, output_len: int, batches: list[int], extra: l
 
 def _int(text: str, what: str, top: int) -> int:
     t = text.strip()
-    if not (t.isascii() and t.isdigit()) or len(t) > 9:
+    if not ascii_digits(t) or len(t) > 9:
         raise UsageError(f"{what} {text!r} is not a whole number between 1 and {top}")
     return _bound(int(t), what, top)
 

@@ -24,6 +24,8 @@ import sys
 import time
 from typing import Any, Sequence
 
+from ..gpu.stats import median
+
 #: Lines the parent relays as progress start with this.
 PROGRESS = "kvpatch-serving: "
 
@@ -49,10 +51,7 @@ def step_stats(steps: Sequence[Sequence[float]], batch: int, output_len: int) ->
         "tokens_per_s": tokens / total if total > 0 else 0.0,
     }
     if decode:
-        ordered = sorted(decode)
-        mid = len(ordered) // 2
-        med = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-        out.update(decode_ms=1e3 * med, decode_mean_ms=1e3 * sum(decode) / len(decode))
+        out.update(decode_ms=1e3 * median(decode), decode_mean_ms=1e3 * sum(decode) / len(decode))
     return out
 
 

@@ -20,6 +20,8 @@ from ..source.workspace import protected_paths
 from .common import (
     LibraryOptions,
     build_libraries,
+    check_device,
+    check_kernel_sizes,
     check_sources,
     input_files,
     prebuilt,
@@ -96,6 +98,8 @@ def bench_points(o: BenchOptions) -> tuple[list, str]:
 
 def run(o: BenchOptions, *, progress: Progress = QUIET) -> Any:
     """``kvpatch bench``: returns the :class:`~kvpatch.gpu.bench_report.BenchReport` (JSON/plot written)."""
+    check_device(o.device)
+    check_kernel_sizes(o.head_sizes, o.block_sizes)
     points, name = bench_points(o)
     from ..gpu.bench import check_bench_options, run_bench
 

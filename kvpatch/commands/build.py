@@ -42,8 +42,10 @@ class BuildReport:
 
 def run(o: BuildOptions, *, progress: Progress = QUIET) -> BuildReport:
     from .. import jit
+    from .common import check_arch
 
     jit.check_jobs(o.jobs)
+    check_arch(o.arch)
     if o.full:
         selection = [f"--{n}" for n, v in (("dtypes", o.dtypes), ("head-sizes", o.head_sizes),
                                             ("block-sizes", o.block_sizes), ("kv-cache-dtypes", o.kv_cache_dtypes))

@@ -122,24 +122,106 @@ def input_files(o: Any) -> dict[str, Path]:
 def check_sources(o: LibraryOptions) -> None:
     """What a GPU command runs on, checked before the GPU is: the ``--lib`` specs (files
     that exist), or the tree to build from and the arch to build for."""
-    from ..arch import parse_arch_list
     from .tree import resolve
 
-    specs = parse_libs(o.libs)
-    for s in specs:
-        if not Path(s.path).is_file():
-            raise UsageError(f"--lib {s.name}: no library at {s.path}")
+    specs = check_lib_files(parse_libs(o.libs))
     if not specs:
-        parse_arch_list(o.arch)
+        check_arch(o.arch)
         resolve(o.tree, o.cwd)
     if o.variant_info is not None:
         load_variant_info(o.variant_info)
 
 
+def check_lib_files(specs: Sequence[L.LibSpec]) -> Sequence[L.LibSpec]:
+    """``--lib`` specs whose files are regular files (a missing one, a directory or a FIFO is
+    one line, exit 2, before the GPU or torch is looked at); the specs."""
+    for s in specs:
+        check_input_file(s.path, f"--lib {s.name}")
+    return specs
+
+
+def check_input_file(path: Optional[str | Path], option: str) -> None:
+    """An input file named by ``option`` (``--prefetch-lib``): a regular file, else one line, exit 2.
+    None passes."""
+    if path is None:
+        return
+    import os
+    import stat
+
+    from ..fsutil import file_kind
+
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError) as e:
+        why = "no such file" if isinstance(e, FileNotFoundError) else getattr(e, "strerror", None) or str(e)
+        raise UsageError(f"{option} {os.fspath(path)!r}: {why}") from None
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"{option} {os.fspath(path)!r} is {file_kind(mode)}, not a library file")
+
+
+#: The oldest GPU generation vLLM builds its attention kernels for (compute capability 7.0).
+MIN_ARCH_MAJOR = 7
+
+
+def check_arch(text: str) -> list:
+    """``--arch`` parsed (:func:`kvpatch.arch.parse_arch_list`) and each entry one vLLM's kernels
+    are built for (compute capability 7.0 or newer): a one-line UsageError otherwise, before
+    nvcc is asked."""
+    from ..arch import parse_arch_list
+
+    archs = parse_arch_list(text)
+    old = [str(a) for a in archs if a.major < MIN_ARCH_MAJOR]
+    if old:
+        raise UsageError(f"invalid arch {old[0]!r}: vLLM's attention kernels are built for compute capability "
+                         f"{MIN_ARCH_MAJOR}.0 and newer")  # fmt: skip
+    return archs
+
+
+def check_kernel_sizes(head_sizes: Optional[Sequence[int]], block_sizes: Optional[Sequence[int]]) -> None:
+    """Head and block sizes that vLLM instantiates its kernels for (a point at another size
+    could run on no library): one line, exit 2, before anything is built or timed."""
+    from ..dtypes import VLLM_BLOCK_SIZES, VLLM_HEAD_SIZES
+
+    for option, given, known in (("--head-sizes", head_sizes, VLLM_HEAD_SIZES),
+                                 ("--block-sizes", block_sizes, VLLM_BLOCK_SIZES)):  # fmt: skip
+        bad = [v for v in given or () if v not in known]
+        if bad:
+            raise UsageError(f"invalid {option} value {bad[0]}: vLLM's kernels are instantiated for "
+                             f"{', '.join(map(str, known))}")  # fmt: skip
+
+
+def check_device(device: str) -> str:
+    """The hidden ``--device``: ``cuda``, ``cuda:N`` or ``cpu`` (the tests'); anything else is one
+    line, exit 2, before torch is imported."""
+    import re
+
+    if not isinstance(device, str) or not re.fullmatch(r"cpu|cuda(:[0-9]{1,3})?", device):
+        raise UsageError(f"invalid --device {device!r}: cuda, cuda:N or cpu")
+    return device
+
+
+def check_directory(option: str, directory: Path) -> None:
+    """A directory a command writes into (``--dir``, ``--out``): one, or creatable under one
+    this user may write to; checked before anything is built or run."""
+    import os
+
+    try:
+        probe = Path(directory)
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        is_dir = probe.is_dir()
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{option} {directory}: {getattr(e, 'strerror', None) or e}") from None
+    if not is_dir:
+        raise UsageError(f"{option} {directory}: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {directory}: {probe} is not writable")
+
+
 def require_device(device: str) -> None:
     """A CUDA GPU when the command runs on ``cuda`` (the tests run on ``cpu``): checked
     after every option and before anything is built or loaded."""
-    if str(device).startswith("cuda"):
+    if check_device(device).startswith("cuda"):
         from ..gpu.env import require_cuda
 
         require_cuda()
@@ -191,7 +273,8 @@ def local_machine(*, arch: str | None = None) -> Machine:
 
 
 __all__ = [
-    "QUIET", "Libraries", "LibraryOptions", "Progress", "build_libraries", "built", "load_variant_info",
+    "QUIET", "Libraries", "LibraryOptions", "Progress", "build_libraries", "built", "check_arch", "check_device",
+    "check_directory", "check_input_file", "check_kernel_sizes", "check_lib_files", "load_variant_info",
     "local_machine", "parse_bools", "parse_heads", "parse_libs", "prebuilt", "require_device", "write_if",
 ]  # fmt: skip
 

@@ -21,7 +21,17 @@ from ..fsutil import check_outputs
 from ..gpu.defaults import DECODE_LAYERS, DECODE_ROUNDS
 from ..progress import QUIET, Progress
 from ..source.workspace import protected_paths
-from .common import LibraryOptions, build_libraries, input_files, parse_libs, require_device
+from .common import (
+    LibraryOptions,
+    build_libraries,
+    check_arch,
+    check_directory,
+    check_input_file,
+    check_lib_files,
+    input_files,
+    parse_libs,
+    require_device,
+)
 
 #: Rounds with weight prefetch on (a 1-2% effect must clear the round-to-round spread).
 WPF_ROUNDS = 7
@@ -125,6 +135,8 @@ def check(o: DecodeOptions) -> tuple[list[str], list[str], list[int], list[int],
             "--tail needs a weight-tail library named 'tail' (--lib tail=...: scripts/gpu_decode.sh --prepare builds one)"
         )
     check_outputs(json=o.json_out, plot=o.plot, text=o.text, inputs=input_files(o), protected=protected_paths(o.cwd))
+    check_lib_files(specs)
+    check_input_file(o.prefetch_lib, "--prefetch-lib")
     return models, dtypes, batches, contexts, wpf, specs, tail
 
 
@@ -159,7 +171,6 @@ def with_tail_copy(libs: dict[str, Any], folder: Optional[Path] = None) -> dict[
 
 def run(o: DecodeOptions, *, progress: Progress = QUIET) -> Any:
     """``kvpatch bench-decode``: the :class:`~kvpatch.decode.report.DecodeReport` (JSON and plot written)."""
-    from ..arch import parse_arch_list
     from ..decode.models import model_shape
 
     models, dtypes, batches, contexts, wpf, specs, tail = check(o)
@@ -167,7 +178,7 @@ def run(o: DecodeOptions, *, progress: Progress = QUIET) -> Any:
     if not specs:  # the tree to build from, and the arch, checked before the GPU is
         from .tree import resolve  # (not on prebuilt libraries: a GPU machine may lack what fetching needs)
 
-        parse_arch_list(o.arch)
+        check_arch(o.arch)
         target = resolve(o.tree, o.cwd)
     require_device("cuda")
     from ..decode.bench import run_bench_decode
@@ -227,6 +238,9 @@ def run_sweep(o: SweepOptions, *, progress: Progress = QUIET) -> dict[str, Any]:
     bad = sorted(set(stages) - set(SHARES))
     if bad:
         raise UsageError(f"unknown sweep stage(s) {', '.join(bad)}: {', '.join(SHARES)}")
+    check_lib_files(specs)
+    check_input_file(o.prefetch_lib, "--prefetch-lib")
+    check_directory("--out", o.out)
     require_device("cuda")
     from ..decode.sweep import run_sweep as sweep
     from ..gpu.launch import load_libs

@@ -12,7 +12,6 @@ checks everything again in the serving process and logs one line either way.
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,11 +98,12 @@ def enable(o: EnableOptions, *, progress: Progress = QUIET) -> EnableReport:
     from ..patch import read_header
     from ..source.releases import HEADER, header_digest
     from ..vllm_plugin import KernelSet, bundle_dir, schemas_from_bindings, write_bundle
+    from .common import check_arch, check_directory
     from .tree import resolve, variants_for
 
     jit.check_jobs(o.jobs)
-    jit.parse_arch_list(o.arch)
-    _check_directory(o.directory if o.directory is not None else bundle_dir())
+    check_arch(o.arch)
+    check_directory("--dir", o.directory if o.directory is not None else bundle_dir())
     target = resolve(o.tree, o.cwd)
     release = _release(o, target)
     installed = installed_vllm()
@@ -130,17 +130,6 @@ def enable(o: EnableOptions, *, progress: Progress = QUIET) -> EnableReport:
             directory=directory,
         )  # fmt: skip
     return EnableReport(manifest, directory, built.library, cached, installed, tuple(warnings))
-
-
-def _check_directory(directory: Path) -> None:
-    """The bundle's directory must be one (or creatable): checked before anything is built."""
-    probe = directory
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
-        raise UsageError(f"--dir {directory}: {probe} is not a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise UsageError(f"--dir {directory}: {probe} is not writable")
 
 
 def _full_build(root: Path, patched: Any, o: EnableOptions, progress: Progress) -> tuple[Any, bool]:

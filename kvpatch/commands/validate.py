@@ -22,6 +22,9 @@ from .common import (
     Libraries,
     LibraryOptions,
     build_libraries,
+    check_device,
+    check_directory,
+    check_kernel_sizes,
     check_sources,
     input_files,
     prebuilt,
@@ -121,6 +124,10 @@ def validate_cases(o: ValidateOptions) -> tuple[list, str, str]:
 def run(o: ValidateOptions, *, progress: Progress = QUIET) -> ValidateOutcome:
     """``kvpatch validate``: bit-identity over a matrix, and/or vLLM's own test (``upstream``)."""
     outcome = ValidateOutcome()
+    check_device(o.device)
+    check_kernel_sizes(o.head_sizes, o.block_sizes)
+    if o.upstream_dir is not None:
+        check_directory("--upstream-dir", o.upstream_dir)
     if not o.matrix and not o.upstream:
         raise UsageError("--no-matrix leaves nothing to do without --upstream")
     if o.workers is not None and o.workers < 1:

@@ -18,10 +18,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import BuildError, GpuCheckError, UsageError
+from ..fsutil import read_input
 from ..progress import QUIET, Progress
 
 #: The releases whose V0 engine calls these ops on CUDA (0.11 removed the V0 engine).
 LAST_V0 = (0, 10)
+#: The most of ``csrc/torch_bindings.cpp`` read (vLLM's is about 30 kB).
+BINDINGS_LIMIT = 16 << 20
 
 
 @dataclass
@@ -109,10 +112,10 @@ def enable(o: EnableOptions, *, progress: Progress = QUIET) -> EnableReport:
     installed = installed_vllm()
     warnings = check_match(release, installed)
     bindings = target.root / "csrc" / "torch_bindings.cpp"
-    try:
-        schemas = schemas_from_bindings(bindings.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read {bindings}: {getattr(e, 'strerror', None) or e}") from None
+    try:  # a regular file of bounded size only: a FIFO or a device there must not hang the command
+        schemas = schemas_from_bindings(read_input(bindings, "the tree's file", limit=BINDINGS_LIMIT).decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise UsageError(f"cannot read {bindings}: not UTF-8 ({e.reason} at byte {e.start})") from None
     except ValueError as e:
         raise UsageError(f"{bindings}: {e}") from None
     header = read_header(target.read_header(), str(target.header))

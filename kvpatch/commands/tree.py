@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..config import PatchConfig, make_config
 from ..errors import FetchError, PatchError, UsageError
+from ..fsutil import read_regular
 from ..patch import Header, Injected, read_header
 from ..progress import Progress
 from ..source.releases import normalize_version
@@ -131,8 +132,8 @@ def tree_release(target: Tree, cwd: Path) -> str | None:
         return state.version
     info = target.root / "PKG-INFO"
     try:
-        if info.is_file() and info.stat().st_size < (1 << 20):
-            for line in info.read_text(encoding="utf-8", errors="replace").splitlines():
+        if info.is_file():
+            for line in read_regular(info, limit=1 << 20).decode("utf-8", "replace").splitlines():
                 if line.startswith("Version:"):
                     return normalize_version(line.split(":", 1)[1].strip())
                 if not line.strip():

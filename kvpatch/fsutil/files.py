@@ -331,14 +331,24 @@ def read_input(path: str | os.PathLike[str], what: str, *, limit: int | None = N
 
 
 def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:
-    """``(size in bytes, sha256 hex)`` of a file, read in chunks: how kvpatch names a library's
-    contents (the build cache, the plugin's bundle)."""
+    """``(size in bytes, sha256 hex)`` of a regular file, read in chunks: how kvpatch names a
+    library's contents (the build cache, the plugin's bundle). Anything else (a FIFO, a
+    device: a read that blocks or never ends) is :class:`NotRegularFileError`, found on the
+    descriptor of a non-blocking open before anything is read."""
     import hashlib
 
     h = hashlib.sha256()
     size = 0
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", os.fspath(path))
+        if not stat.S_ISREG(mode):
+            raise NotRegularFileError(path, file_kind(mode))
+        while chunk := os.read(fd, 1 << 20):
             h.update(chunk)
             size += len(chunk)
+    finally:
+        os.close(fd)
     return size, h.hexdigest()

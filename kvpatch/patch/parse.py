@@ -10,17 +10,23 @@ CUDA or torch headers to offer, so the parse runs in CUDA *device* mode for sm_9
 * a prelude (``-include``) declaring the CUDA attributes, builtin variables, vector
   types and intrinsics the kernels use.
 
-Nothing is written to disk. What remains are a few dozen diagnostics from headers that
+The tree's own files the header includes are read by kvpatch, not by libclang: each is
+checked to be a regular file of bounded size and handed over as an unsaved file too
+(:func:`kvpatch.source.includes.included_files`), so a FIFO or a device in the tree is a
+one-line refusal, never a parse that blocks. Nothing is written to disk. What remains are a few dozen diagnostics from headers that
 use types kvpatch does not model; the function template and its loops parse cleanly,
 and callers compare diagnostics before and after an edit rather than demand zero.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from ..dtypes import QUERY_DTYPES
+from ..errors import UsageError
+from ..source.includes import included_files
 from .libclang import ci
 
 #: Virtual directory the stand-in headers live under (never created on disk).
@@ -129,18 +135,20 @@ def _virtual_files() -> list[tuple[str, str]]:
     return files
 
 
-def clang_args(header_path: str) -> list[str]:
-    """The command line libclang parses ``header_path`` with.
-
-    ``header_path`` is ``<tree>/csrc/attention/attention_kernels.cuh``; its
-    ``csrc`` and ``csrc/attention`` directories are the include roots vLLM uses.
-    """
+def include_dirs(header_path: str) -> list[str]:
+    """The tree's include roots vLLM uses for ``header_path``
+    (``<tree>/csrc/attention/attention_kernels.cuh``): ``csrc``, then ``csrc/attention``."""
     attention_dir = PurePosixPath(header_path).parent
-    csrc = attention_dir.parent
+    return [str(attention_dir.parent), str(attention_dir)]
+
+
+def clang_args(header_path: str) -> list[str]:
+    """The command line libclang parses ``header_path`` with (the tree's include roots:
+    :func:`include_dirs`)."""
     return [
         "-x", "cuda", "--cuda-device-only", "--cuda-gpu-arch=sm_90",
         "-nocudainc", "-nocudalib", "-std=c++17", "-ferror-limit=0",
-        f"-I{csrc}", f"-I{attention_dir}",
+        *(f"-I{d}" for d in include_dirs(header_path)),
         f"-I{VIRTUAL_ROOT}/stubs", "-isystem", f"{VIRTUAL_ROOT}/res",
         "-include", _PRELUDE_PATH,
     ]  # fmt: skip
@@ -167,11 +175,19 @@ class Parsed:
 def parse_header(text: str, header_path: str) -> Parsed:
     """Parse ``text`` as if it were the file at ``header_path``.
 
-    The file's own siblings (``attention_dtypes.h``...) are read from the tree by
-    libclang; ``text`` itself never needs to be on disk.
+    The file's own siblings (``attention_dtypes.h``...) are read from the tree, checked, by
+    :func:`~kvpatch.source.includes.included_files` and handed to libclang with ``text``,
+    which itself never needs to be on disk. A path that is not UTF-8 is refused (libclang
+    takes UTF-8 paths only).
     """
+    try:
+        header_path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"the header's path {header_path!r} is not UTF-8: libclang reads UTF-8 paths only; "
+                         "move the tree (or run kvpatch) under a UTF-8 path") from None  # fmt: skip
     data = text.encode("utf-8")
-    unsaved = [(header_path, text), *_virtual_files()]
+    tree = [(os.fsencode(name), body) for name, body in included_files(header_path, data, include_dirs(header_path))]
+    unsaved = [(header_path, text), *tree, *_virtual_files()]
     index = ci.Index.create()
     tu = index.parse(header_path, args=clang_args(header_path), unsaved_files=unsaved, options=_KEEP_GOING)
     return Parsed(tu=tu, path=header_path, data=data)

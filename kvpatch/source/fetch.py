@@ -203,15 +203,15 @@ def _tag_ref(tree: Path, tag: str) -> str | None:
     """What ``refs/tags/<tag>`` of the repository at ``tree`` points to (read without git)."""
     gitdir = tree / ".git"
     try:
-        return (gitdir / "refs" / "tags" / tag).read_text(encoding="utf-8").strip()
-    except OSError:
+        return read_regular(gitdir / "refs" / "tags" / tag, limit=4096).decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
         pass
     try:
-        for line in (gitdir / "packed-refs").read_text(encoding="utf-8").splitlines():
+        for line in read_regular(gitdir / "packed-refs").decode("utf-8").splitlines():
             sha, _, ref = line.partition(" ")
             if ref.strip() == f"refs/tags/{tag}":
                 return sha
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         pass
     return None
 
@@ -226,7 +226,7 @@ def _cached(final: Path, marker: Path, tag: str, console: Console | None = None)
     if not (marker.is_file() and final.is_dir()):
         return False
     try:
-        recorded = next((line[4:].strip() for line in marker.read_text(encoding="utf-8").splitlines()
+        recorded = next((line[4:].strip() for line in read_regular(marker, limit=1 << 16).decode("utf-8").splitlines()
                          if line.startswith("tag ")), None)  # fmt: skip
     except (OSError, UnicodeDecodeError):
         recorded = None

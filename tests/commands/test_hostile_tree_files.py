@@ -1,0 +1,52 @@
+"""A FIFO among the tree's files a command reads (a file the header includes, the tree's
+``csrc/torch_bindings.cpp``) is a one-line refusal, never a command that hangs with its locks
+held; each command runs in its own process, killed (and the test failed) if it hangs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from cli.cli_helpers import KVPATCH, kvpatch_env
+from conftest import HEADER
+from patch.test_hostile_includes import included_tree
+
+
+def _cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run([KVPATCH, *args], cwd=cwd, env=kvpatch_env(cwd), capture_output=True, text=True,
+                              timeout=timeout)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"kvpatch {' '.join(args)} hung (> {timeout} s)")
+
+
+def _one_line(proc: subprocess.CompletedProcess, code: int, *needles: str) -> None:
+    assert proc.returncode == code, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.slow  # a new process per command
+@pytest.mark.parametrize("command", ["sites", "apply"])
+def test_a_fifo_the_header_includes_is_refused_before_libclang(command: str, tmp_path: Path) -> None:
+    tree = included_tree(tmp_path / "vllm")
+    utils = tree / "csrc" / "attention" / "attention_utils.cuh"
+    utils.unlink()
+    os.mkfifo(utils)
+    before = (tree / HEADER).read_bytes()
+    _one_line(_cli(command, "--tree", str(tree), cwd=tmp_path), 4, "attention_utils.cuh", "is a FIFO")
+    assert (tree / HEADER).read_bytes() == before
+
+
+@pytest.mark.slow
+def test_a_fifo_as_the_trees_torch_bindings_is_refused_by_plugin_enable(tmp_path: Path) -> None:
+    tree = included_tree(tmp_path / "vllm")
+    os.mkfifo(tree / "csrc" / "torch_bindings.cpp")
+    proc = _cli("plugin", "enable", "--tree", str(tree), "--release", "0.10.2", "--dir", str(tmp_path / "b"),
+                cwd=tmp_path)  # fmt: skip
+    _one_line(proc, 2, "torch_bindings.cpp", "is a FIFO, not a regular file")
+    assert not (tmp_path / "b").exists()

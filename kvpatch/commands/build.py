@@ -16,6 +16,7 @@ from typing import Optional
 
 from ..errors import UsageError
 from ..progress import QUIET, Progress
+from ..source.includes import check_tree_files
 from .tree import resolve, variants_for
 
 
@@ -58,6 +59,7 @@ def run(o: BuildOptions, *, progress: Progress = QUIET) -> BuildReport:
         target = resolve(o.tree, o.cwd)
         return BuildReport(full_seconds=jit.run_full_build(target.root, archs, o.jobs, progress=progress))
     target = resolve(o.tree, o.cwd)
+    check_tree_files(target.root)  # before make_spec reads the launcher
     spec = jit.make_spec(target.root, [], o.arch, dtypes=o.dtypes, head_sizes=o.head_sizes,
                          block_sizes=o.block_sizes, kv_cache_dtypes=o.kv_cache_dtypes, all_kernels=o.all_kernels,
                          check_variants=False)  # fmt: skip

@@ -16,6 +16,7 @@ from ..errors import FetchError, PatchError, UsageError
 from ..fsutil import read_regular
 from ..patch import Header, Injected, read_header
 from ..progress import Progress
+from ..source.includes import check_tree_files
 from ..source.releases import normalize_version
 from ..source.workspace import STATE_DIR, State, Tree, checkout, resolve_tree
 
@@ -110,6 +111,7 @@ def variants_for(target: Tree, cwd: Path, progress: Progress, *, paper: bool = F
     """
     from ..jit import Variant, patched_variants
 
+    check_tree_files(target.root)
     header = read_header(target.read_header(), str(target.header))
     if not header.regions:
         raise UsageError(f"{target.header} is stock: run 'kvpatch apply' first")

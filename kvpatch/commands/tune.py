@@ -18,6 +18,7 @@ from ..errors import UsageError
 from ..fsutil import check_outputs, write_atomic, write_both
 from ..gpu.defaults import DEFAULT_ROUNDS, TUNE_REPS
 from ..progress import QUIET, Progress
+from ..source.includes import check_tree_files
 from ..source.workspace import protected_paths
 from .common import Libraries, LibraryOptions, built, check_sources, input_files, local_machine, prebuilt
 
@@ -125,6 +126,7 @@ def run(o: TuneOptions, *, progress: Progress = QUIET) -> Any:
         from .tree import resolve, tree_config
 
         target = resolve(o.tree, o.cwd)
+        check_tree_files(target.root)
         header = read_header(target.read_header(), str(target.header))
         configs = T.candidates(tree_config(target, o.cwd, progress, header), grids)
         variants = B.patched_variants(header.stock, str(target.header), configs)

@@ -21,7 +21,7 @@ import stat
 from typing import Sequence
 
 from ..errors import PatchError
-from ..fsutil import FileTooLargeError, NotRegularFileError, read_regular
+from ..fsutil import FileTooLargeError, NotRegularFileError, file_kind, read_regular
 
 #: ``#include "x"``, ``#include <x>``, ``#include_next``, ``#import``: (kind, name).
 _DIRECTIVE = re.compile(rb'^[ \t]*#[ \t]*(?:include_next|include|import)[ \t]*([<"])([^>"\r\n]*)[>"]', re.MULTILINE)
@@ -103,3 +103,23 @@ def _read(spelling: str, includer: str, limit: int) -> bytes:
                          "not vLLM's header") from None  # fmt: skip
     except OSError as e:
         raise PatchError(f"cannot read {shown} (included by {includer}): {e.strerror or e}") from None
+
+
+#: The tree's files a build reads besides the header and its includes: vLLM's launcher, whose
+#: instantiations are the full kernel set (``kvpatch build --all``, ``plugin enable``).
+BUILD_INPUTS = ("csrc/attention/paged_attention_v1.cu",)
+
+
+def check_tree_files(root: str | os.PathLike[str], names: Sequence[str] = BUILD_INPUTS) -> None:
+    """Each of ``names`` under ``root`` that exists is a regular file of at most
+    :data:`MAX_BYTES` (:class:`PatchError` otherwise): checked before a build reads them."""
+    for name in names:
+        path = os.path.join(root, name)
+        try:
+            st = os.stat(path)
+        except (OSError, ValueError):
+            continue  # missing: the build says what that means
+        if not stat.S_ISREG(st.st_mode):
+            raise PatchError(f"{path} is {file_kind(st.st_mode)}, not a regular file: kvpatch reads only regular files")
+        if st.st_size > MAX_BYTES:
+            raise PatchError(f"{path} is {st.st_size} bytes: not vLLM's (kvpatch reads at most {MAX_BYTES})")

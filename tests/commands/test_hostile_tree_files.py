@@ -50,3 +50,10 @@ def test_a_fifo_as_the_trees_torch_bindings_is_refused_by_plugin_enable(tmp_path
                 cwd=tmp_path)  # fmt: skip
     _one_line(proc, 2, "torch_bindings.cpp", "is a FIFO, not a regular file")
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.slow
+def test_a_fifo_as_the_trees_launcher_is_refused_before_the_build_reads_it(tmp_path: Path) -> None:
+    tree = included_tree(tmp_path / "vllm")
+    os.mkfifo(tree / "csrc" / "attention" / "paged_attention_v1.cu")
+    _one_line(_cli("build", "--tree", str(tree), "--all", cwd=tmp_path), 4, "paged_attention_v1.cu", "is a FIFO")

@@ -22,6 +22,7 @@ from rich.markup import escape
 
 from .. import __version__
 from ..errors import KvpatchError
+from ..fsutil.problems import machine_problem
 from . import building, decode, measuring, patching, plugin  # noqa: F401,I001  (each registers its commands, in this order)
 from .base import DEBUG, app, io
 
@@ -141,6 +142,9 @@ def run() -> None:
     except OSError as e:  # the file system said no (permissions, read-only, disk full)
         if DEBUG["on"]:
             raise
+        problem = machine_problem(e)  # a full disk (exit 1) or a path too long (exit 2), said so
+        if problem is not None:
+            _one_line(str(problem), problem.exit_code)
         _one_line(_os_error(e), 1)
     except Exception as e:
         # Usage errors come from the click that typer vendors: each has format_message() and

@@ -2,7 +2,8 @@
 and only regular files as inputs (:mod:`.files` says how).
 
 The modules: :mod:`.files` (writing and reading), :mod:`.outputs` (outputs checked before any
-work), :mod:`.locks` (locks between kvpatch processes).
+work), :mod:`.locks` (locks between kvpatch processes), :mod:`.problems` (a full disk or a path
+too long, said as what it is).
 """
 
 from .files import (  # noqa: F401
@@ -28,3 +29,4 @@ from .files import (  # noqa: F401
 )
 from .locks import LOCK_NOTE, hold_lock  # noqa: F401
 from .outputs import check_outputs, output_problem, same_file  # noqa: F401
+from .problems import DiskFullError, PathTooLongError, machine_problem, problem_in_text, shown_path  # noqa: F401

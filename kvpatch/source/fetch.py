@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..errors import FetchError, UsageError
-from ..fsutil import read_regular, write_atomic
+from ..fsutil import machine_problem, problem_in_text, read_regular, write_atomic
 from . import git as gitcmd
 from .releases import HEADER, LAST, SUPPORTED, carries_header, normalize_version, release_tag, release_tuple
 from .repo import _clone, _git_reason, _make_repo, git_executable, require_git  # noqa: F401
@@ -274,6 +274,9 @@ def _obtain(version: str, tree: Path, tmp: Path, *, remote: str, console: Consol
     except (gitcmd.GitFailed, OSError, ValueError) as exc:
         git_reason = _git_reason(exc, git_timeout)
         shutil.rmtree(tree, ignore_errors=True)
+        full = _machine(exc, tree, f"cloning {tag}")
+        if full is not None:  # a full disk, a path too long: the sdist would fail the same way
+            raise full from None
     index = _index_url()
     console.print(
         f"git clone of {tag} from {escape(_redact(remote))} failed ({escape(git_reason)}); "
@@ -288,9 +291,19 @@ def _obtain(version: str, tree: Path, tmp: Path, *, remote: str, console: Consol
     try:
         _make_repo(tree, version, date=mtime)
     except (gitcmd.GitFailed, OSError) as exc:
+        full = _machine(exc, tree, f"committing {sdist.filename} into the cache")
+        if full is not None:
+            raise full from None
         why = exc.reason() if isinstance(exc, gitcmd.GitFailed) else (getattr(exc, "strerror", None) or str(exc))
         raise FetchError(f"cannot commit the unpacked {sdist.filename} into the cache: git said {why}") from None
     return _Origin(f"sdist {_redact(sdist.url)} sha256={sdist.sha256}", "index", index)
+
+
+def _machine(exc: BaseException, path: Path, doing: str) -> Exception | None:
+    """A full disk or a path too long behind a failed git command or file operation, else None."""
+    if isinstance(exc, gitcmd.GitFailed):
+        return problem_in_text(exc.stderr, path, doing=doing)
+    return machine_problem(exc, doing=doing)
 
 
 # --------------------------------------------------------------------------- package index

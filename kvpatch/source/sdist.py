@@ -1,12 +1,11 @@
 """A release's source distribution from a package index: find it, download it, unpack it.
 
-The index client is pypi-simple over requests (PEP 503 HTML and PEP 691 JSON pages, yanked
-files, the published sha256 checked while streaming); credentials in the index URL go to
-the index's own host only, as pip sends them. A ``file://`` index (the tests' local ones)
-may link ``file://`` files; an http(s) index only http(s) ones. Unpacking refuses members
-that leave the archive's top directory, any ``.git`` (a fetched tree never hands git a
-repository, hooks or config), special files and odd names, and uses tarfile's ``data``
-filter.
+The index client is pypi-simple over requests (PEP 503 HTML and PEP 691 JSON pages, yanked files,
+the published sha256 checked while streaming); credentials in the index URL go to the index's own
+host only, as pip sends them. A ``file://`` index (the tests' local ones) may link ``file://``
+files; an http(s) index only http(s) ones. Unpacking refuses members that leave the archive's top
+directory, any ``.git`` (a fetched tree never hands git a repository, hooks or config), special
+files and odd names, and uses tarfile's ``data`` filter. A full disk is said as one (exit 1).
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from ..errors import FetchError
+from ..fsutil.problems import machine_problem
 
 _HTTP_TIMEOUT = 60.0
 _CHUNK = 1 << 16
@@ -47,9 +47,8 @@ class _Sdist:
 def _find_sdist(index: str, version: str, *, git_reason: str = "") -> _Sdist:
     """Look up ``vllm-<version>.tar.gz`` on the index's vllm project page.
 
-    An http(s) index is read with pypi-simple (PEP 503 HTML and PEP 691 JSON, over
-    requests); a ``file://`` index (a local directory, as pip also accepts) is read
-    from disk and parsed by the same library. Every failure is a :class:`FetchError`.
+    An http(s) index is read with pypi-simple (PEP 503 HTML, PEP 691 JSON); a ``file://`` index (a local
+    directory, as pip accepts) is read from disk and parsed by the same library. Every failure is a FetchError.
     """
     scheme = _index_scheme(index)
     wanted = f"vllm-{version}.tar.gz"
@@ -280,7 +279,8 @@ def _fetch_remote(sdist: _Sdist, dest: Path, tracker) -> None:
     except requests.RequestException as exc:
         raise FetchError(f"download of {_redact(sdist.url)} failed: {_short_reason(exc)}") from None
     except OSError as exc:
-        raise FetchError(f"download of {_redact(sdist.url)} failed: {exc.strerror or exc}") from None
+        raise machine_problem(exc, dest, doing="downloading the release") or \
+            FetchError(f"download of {_redact(sdist.url)} failed: {exc.strerror or exc}") from None  # fmt: skip
 
 
 def _copy_local(sdist: _Sdist, dest: Path, tracker) -> None:
@@ -300,17 +300,16 @@ def _copy_local(sdist: _Sdist, dest: Path, tracker) -> None:
         raise FetchError(f"sha256 mismatch for {sdist.filename}: index says {sdist.sha256}, downloaded {got}")
 
 
-#: Bounds on what an sdist may unpack to (vLLM's hold ~5,000 files, ~50 MB): a
-#: decompression bomb stops here, not at a full disk.
+#: Bounds on what an sdist may unpack to (vLLM's hold ~5,000 files, ~50 MB): a decompression bomb stops here.
 _MAX_MEMBERS = 200_000
 _MAX_BYTES = 4 << 30
 #: git's commit dates run from 1970 to 2099: member mtimes are clamped into that range.
 _MTIME_RANGE = (0, 4_102_444_799)
 _NAME_MAX, _PATH_MAX = 255, 4096
 
-#: What extraction can raise besides FetchError: tarfile's errors (tarfile.FilterError
-#: included), the file system's, and the decompressors' (zlib.error and lzma.LZMAError
-#: are not OSErrors), and ValueError/OverflowError for values os calls cannot take.
+#: What extraction can raise besides FetchError: tarfile's errors (tarfile.FilterError included), the file
+#: system's, and the decompressors' (zlib.error and lzma.LZMAError are not OSErrors), and ValueError/OverflowError
+#: for values os calls cannot take.
 _UNPACK_ERRORS: tuple[type[BaseException], ...] = (tarfile.TarError, OSError, EOFError, ValueError, OverflowError,
                                                    zlib.error, lzma.LZMAError, UnicodeError)  # fmt: skip
 
@@ -349,7 +348,8 @@ def _unpack(archive: Path, top: str, dest: Path) -> int:
     except FetchError:
         raise
     except _UNPACK_ERRORS as exc:
-        raise FetchError(f"cannot unpack {archive.name}: {_short_reason(exc) or type(exc).__name__}") from None
+        raise machine_problem(exc, staging, doing=f"unpacking {archive.name}") or \
+            FetchError(f"cannot unpack {archive.name}: {_short_reason(exc) or type(exc).__name__}") from None  # fmt: skip
     if not (staging / top).is_dir() or (staging / top).is_symlink():
         raise FetchError(f"{archive.name} has no top directory {top}/")
     os.replace(staging / top, dest)

@@ -207,7 +207,7 @@ def _write_header_and_state(tree: Tree, old: str, new: str | None, state: State 
             try:
                 header.commit()
             except OSError as e:
-                raise PatchError(f"cannot write {tree.header}: {e.strerror or e} (the header is unchanged)") from None
+                raise _write_failed(tree, e) from None
         if staged is not None:
             try:
                 staged.commit()
@@ -234,7 +234,16 @@ def _stage_header(tree: Tree, text: str) -> Staged:
     try:
         return fsutil.stage(tree.header, text)
     except OSError as e:
-        raise PatchError(f"cannot write {tree.header}: {e.strerror or e} (the header is unchanged)") from None
+        raise _write_failed(tree, e) from None
+
+
+def _write_failed(tree: Tree, e: OSError) -> KvpatchError:
+    """Why the header could not be written: a full disk or a path too long as what it is
+    (:func:`kvpatch.fsutil.machine_problem`), anything else a PatchError (exit 4)."""
+    problem = fsutil.machine_problem(e, tree.header, doing="writing the header (it is unchanged)")
+    if problem is not None:
+        return problem
+    return PatchError(f"cannot write {tree.header}: {e.strerror or e} (the header is unchanged)")
 
 
 def _check_unchanged(tree: Tree, old: str, seen: HeaderSnapshot | None) -> None:
@@ -290,6 +299,9 @@ def checkout(release_tree: Path, dest: Path, tag: str) -> None:
             except gitcmd.GitFailed as e:
                 if mode != modes[-1]:
                     continue  # hardlinking failed (or something else did: a copy says which)
+                problem = fsutil.problem_in_text(e.stderr, dest, doing=f"checking out {tag}")
+                if problem is not None:  # a full disk, a path too long: not a damaged cache
+                    raise problem from None
                 raise KvpatchError(
                     f"could not check out {tag} from the cached release {release_tree} ({e.reason()}); "
                     f"if the cache is damaged, delete {release_tree} and run again"

@@ -54,7 +54,7 @@ def test_disk_full_writing_the_state_leaves_the_header_as_it_was(step: str, tmp_
     assert sorted(p.name for p in (tree / HEADER).parent.iterdir()) == ["attention_kernels.cuh"]
 
 
-@pytest.mark.parametrize("errno_", [errno.ENOSPC, errno.EROFS, errno.EACCES], ids=["ENOSPC", "EROFS", "EACCES"])
+@pytest.mark.parametrize("errno_", [errno.EROFS, errno.EACCES], ids=["EROFS", "EACCES"])  # ENOSPC: test_hostile_disk
 def test_a_tree_that_cannot_be_written_is_one_line(errno_: int, tmp_path: Path, work: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))

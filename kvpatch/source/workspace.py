@@ -82,20 +82,29 @@ def workspace_lock(cwd: Path, *, timeout: float | None = None,
 
 
 def _git_dir(root: Path) -> Path | None:
-    """The git directory of the checkout at ``root``: ``root/.git``, or where a ``.git``
-    file (a worktree, a submodule) points. Read from the files, never from ``GIT_DIR``."""
+    """The git directory of the checkout at ``root`` where the tree's lock may go, read from the
+    files (never from ``GIT_DIR``): ``root/.git`` when it is a directory inside the tree, or the
+    directory a ``.git`` file names when that is git's own record of this very worktree (its
+    ``gitdir`` file points back at ``root/.git``, as ``git worktree add`` writes it). Anything
+    else (a ``.git`` link, a submodule, a crafted ``gitdir: /elsewhere``) is None: the lock
+    goes beside the header, and kvpatch creates nothing in a directory the tree merely names."""
     dotgit = root / ".git"
-    if dotgit.is_dir():
-        return dotgit
     try:
+        if dotgit.is_symlink():
+            return None
+        if dotgit.is_dir():
+            inside = os.path.realpath(dotgit).startswith(os.path.join(os.path.realpath(root), ""))
+            return dotgit if inside else None
         first = fsutil.read_regular(dotgit, limit=4096).decode("utf-8").splitlines()[0]
-    except (OSError, UnicodeDecodeError, IndexError):
+        if not first.startswith("gitdir:"):
+            return None
+        target = Path(first[len("gitdir:") :].strip())
+        target = target if target.is_absolute() else root / target
+        back = fsutil.read_regular(target / "gitdir", limit=4096).decode("utf-8").strip()
+        linked = os.path.realpath(back) == os.path.realpath(dotgit)
+    except (OSError, ValueError, IndexError):  # (UnicodeDecodeError is a ValueError)
         return None
-    if not first.startswith("gitdir:"):
-        return None
-    target = Path(first[len("gitdir:") :].strip())
-    target = target if target.is_absolute() else root / target
-    return target if target.is_dir() else None
+    return target if linked and target.is_dir() else None
 
 
 def _tree_lock_candidates(tree: Tree) -> list[Path]:

@@ -18,6 +18,7 @@ from ..patch import Header, Injected, read_header
 from ..progress import Progress
 from ..source.includes import check_tree_files
 from ..source.releases import normalize_version
+from ..source.state import check_utf8
 from ..source.workspace import STATE_DIR, State, Tree, checkout, resolve_tree
 
 
@@ -45,6 +46,7 @@ def fetch_tree(version: str, cwd: Path, remote: str | None, progress: Progress) 
     """The release's private checkout under ``cwd/.kvpatch/`` (call under the workspace lock)."""
     from ..source.fetch import fetch_release, release_tag
 
+    check_utf8(cwd, "the working directory")  # where the checkout goes: before anything is fetched
     kwargs = {"remote": remote} if remote else {}
     release = fetch_release(version, console=progress.console, **kwargs)
     dest = cwd / STATE_DIR / f"vllm-{version}"

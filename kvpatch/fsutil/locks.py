@@ -60,7 +60,7 @@ def hold_lock(path: str | os.PathLike[str], *, timeout: float | None = None,
     try:
         if os.fstat(fd).st_size == 0:
             with contextlib.suppress(OSError):
-                os.pwrite(fd, LOCK_NOTE.format(what=what).encode("utf-8"), 0)
+                os.pwrite(fd, LOCK_NOTE.format(what=what).encode("utf-8", "surrogateescape"), 0)  # a path's own bytes
         yield
     finally:
         del held[key]

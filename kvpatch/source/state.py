@@ -92,9 +92,24 @@ def _canonical(version: str) -> bool:
         return False
 
 
+def check_utf8(path: Path, what: str) -> Path:
+    """``path`` unless it is not UTF-8 (a name with byte 0xff): libclang, which parses the tree's
+    header, takes UTF-8 paths only, so such a tree is one line, exit 2, before any work."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = ascii(str(path))
+        raise UsageError(f"{what} {shown if len(shown) <= 120 else shown[:117] + '...'} is not a UTF-8 path: "
+                         "libclang, which parses the header, reads UTF-8 paths only; use a directory with a "
+                         "UTF-8 name") from None  # fmt: skip
+    return path
+
+
 def resolve_tree(tree: Path | None, cwd: Path) -> Tree:
-    """``--tree`` if given, else the tree the last ``apply`` in ``cwd`` used."""
+    """``--tree`` if given, else the tree the last ``apply`` in ``cwd`` used; refused (one line,
+    exit 2) when it does not exist, is not a directory or its path is not UTF-8."""
     if tree is not None:
+        check_utf8(tree if tree.is_absolute() else cwd / tree, "--tree")
         try:
             path = (cwd / tree).resolve() if not tree.is_absolute() else tree.resolve()
             path.stat()
@@ -116,4 +131,4 @@ def resolve_tree(tree: Path | None, cwd: Path) -> Tree:
         again = f"kvpatch apply --vllm {state.version}" if state.version else "kvpatch apply --tree PATH"
         raise UsageError(f"the tree the last apply here used, {state.tree}, is gone (recorded in "
                          f"{State.path(cwd)}): pass --tree PATH, or run '{again}'")  # fmt: skip
-    return Tree(Path(state.tree))
+    return Tree(check_utf8(Path(state.tree), "the tree the last apply here used,"))

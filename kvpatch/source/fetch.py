@@ -21,6 +21,7 @@ Nothing here does I/O at import time.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import subprocess
@@ -34,7 +35,7 @@ import platformdirs
 from rich.console import Console
 from rich.markup import escape
 
-from ..errors import FetchError, UsageError
+from ..errors import FetchError, KvpatchError, UsageError
 from ..fsutil import machine_problem, problem_in_text, read_regular, write_atomic
 from . import git as gitcmd
 from .releases import HEADER, LAST, SUPPORTED, carries_header, normalize_version, release_tag, release_tuple
@@ -123,7 +124,10 @@ def fetch_release(
     if _cached(final, marker, tag):
         return final
 
-    releases.mkdir(parents=True, exist_ok=True)
+    try:
+        releases.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _unwritable(releases, tag, e) from None
     # One lock for the whole release cache: fetches of different releases wait for
     # each other, and no lock file is left per release (or per mistyped version).
     with _locked(releases / ".lock", tag, console):
@@ -247,6 +251,8 @@ def _locked(path: Path, tag: str, console: Console) -> Iterator[None]:
     lock = filelock.FileLock(str(path))
     try:
         lock.acquire(timeout=0)
+    except OSError as e:  # (filelock.Timeout is no OSError)
+        raise _unwritable(path.parent, tag, e) from None
     except filelock.Timeout:
         console.print(f"waiting for another kvpatch process fetching a release into the cache (for {tag}) ...")
         lock.acquire()
@@ -254,6 +260,21 @@ def _locked(path: Path, tag: str, console: Console) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+def _unwritable(releases: Path, tag: str, e: OSError) -> Exception:
+    """The error for a release cache this user cannot write (a shared, read-only or another
+    user's one) that does not hold ``tag`` complete: what is wrong and what to do."""
+    full = machine_problem(e, doing=f"fetching {tag} into the cache")
+    if full is not None or e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return full or e
+    try:
+        owner = f", owned by uid {os.stat(releases).st_uid}" if os.stat(releases).st_uid != os.geteuid() else ""
+    except OSError:
+        owner = ""
+    return KvpatchError(f"the release cache {releases} does not hold {tag} and this user cannot write to it "
+                        f"({e.strerror or e}{owner}): fetch {tag} once as the cache's owner, or set KVPATCH_CACHE "
+                        "to a cache of your own")  # fmt: skip
 
 
 def _remove_leftovers(releases: Path, tag: str) -> None:

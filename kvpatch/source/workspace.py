@@ -20,6 +20,7 @@ import errno
 import os
 import shutil
 import stat
+import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -274,6 +275,30 @@ def _same_device(a: Path, b: Path) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def _reading(repo: Path, folder: Path) -> Iterator[dict[str, str]]:
+    """The environment of a git command that reads ``repo``, kvpatch's cached release. A cache
+    another user owns (a shared one) is refused by git ("dubious ownership") unless a protected
+    configuration names it safe, and git before 2.45 takes no ``-c safe.directory`` from the
+    command line: then the command gets a global configuration of kvpatch's own (a file in
+    ``folder``, removed after it), which names this repository, and nothing else, as safe."""
+    try:
+        foreign = os.stat(repo / ".git").st_uid != os.geteuid()
+    except OSError:
+        foreign = False
+    names = {str(repo / ".git"), str(repo), os.path.realpath(repo / ".git"), os.path.realpath(repo)}
+    if not foreign or any(c in name for name in names for c in '\n"\\'):  # (not quotable: git says why)
+        yield gitcmd.own_env()
+        return
+    fd, config = tempfile.mkstemp(prefix=".kvpatch-git-config.", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
+            f.write("[safe]\n" + "".join(f'\tdirectory = "{name}"\n' for name in sorted(names)))
+        yield gitcmd.own_env(extra={"GIT_CONFIG_GLOBAL": config})
+    finally:
+        os.unlink(config)
+
+
 def checkout(release_tree: Path, dest: Path, tag: str) -> None:
     """A private clone of the cached pristine release at ``dest``.
 
@@ -302,8 +327,9 @@ def checkout(release_tree: Path, dest: Path, tag: str) -> None:
         for mode in modes:
             shutil.rmtree(tmp, ignore_errors=True)
             try:
-                gitcmd.run(gitcmd.own(git, "clone", "--quiet", "--template=", mode, "--branch", tag, "--",
-                                      release_tree, tmp), env=gitcmd.own_env())  # fmt: skip
+                with _reading(release_tree, dest.parent) as env:
+                    gitcmd.run(gitcmd.own(git, "clone", "--quiet", "--template=", mode, "--branch", tag, "--",
+                                          release_tree, tmp), env=env)  # fmt: skip
                 break
             except gitcmd.GitFailed as e:
                 if mode != modes[-1]:
@@ -311,6 +337,9 @@ def checkout(release_tree: Path, dest: Path, tag: str) -> None:
                 problem = fsutil.problem_in_text(e.stderr, dest, doing=f"checking out {tag}")
                 if problem is not None:  # a full disk, a path too long: not a damaged cache
                     raise problem from None
+                if "dubious ownership" in e.stderr:
+                    raise KvpatchError(f"git refuses to read the cached release {release_tree}: it belongs to another "
+                                       f"user ({e.reason()}); set KVPATCH_CACHE to a cache of your own") from None  # fmt: skip
                 raise KvpatchError(
                     f"could not check out {tag} from the cached release {release_tree} ({e.reason()}); "
                     f"if the cache is damaged, delete {release_tree} and run again"

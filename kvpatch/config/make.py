@@ -4,153 +4,45 @@ the rules live in one place."""
 
 from __future__ import annotations
 
-import reprlib
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any
 
 from ..errors import UsageError, text_argument
 from .defaults import DEFAULT_OVERRIDES
-from .model import (
-    CHOICES,
-    DTYPES,
-    LIMITS,
-    MAX_ALIGN,
-    MAX_LOOKAHEAD,
-    MAX_MIN_CTAS,
-    MAX_MIN_GROUP,
-    MAX_MIN_KV_MIB,
-    MAX_SIZE,
-    OVERRIDABLE,
-    PAPER,
-    PRESETS,
-    PatchConfig,
-    Selector,
-    ascii_digits,
-)  # fmt: skip
-
-
-def _parse_size(value: Any) -> int | None:
-    if value is None or value == "auto":
-        return None
-    if isinstance(value, bool):
-        raise UsageError(f"invalid size {value!r}: use 'auto' or a number of bytes")
-    if not (isinstance(value, int) or (isinstance(value, str) and ascii_digits(value.strip()))):
-        raise UsageError(f"invalid size {_short(value)}: use 'auto' or a number of bytes")
-    if isinstance(value, str) and len(value.strip().lstrip("0")) > 12:
-        raise UsageError(f"invalid size {_short(value)}: at most {MAX_SIZE} bytes (cp.async.bulk.prefetch's limit)")
-    size = int(value)
-    if size <= 0 or size % 16:
-        raise UsageError(f"invalid size {size}: must be a positive multiple of 16 bytes")
-    if size > MAX_SIZE:
-        raise UsageError(f"invalid size {size}: at most {MAX_SIZE} bytes (cp.async.bulk.prefetch's limit)")
-    return size
-
-
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise UsageError(f"invalid {name} {value!r}: choose one of {', '.join(allowed)}")
-    return value
-
-
-def _int(name: str, value: Any) -> int:
-    """An int, or a string of one; floats (2.5, and 2.0 too) and bools are refused."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    text = value.strip() if isinstance(value, str) else ""
-    digits = text[1:] if text[:1] in ("+", "-") else text  # one sign at most: '+-5' is no number
-    if isinstance(value, str) and ascii_digits(digits):
-        if len(digits.lstrip("0")) > 12:  # no bound here is anywhere near 12 digits
-            raise UsageError(f"invalid {name} {_short(value)}: at most {LIMITS.get(name, 2**31 - 1)}")
-        return int(value)
-    raise UsageError(f"invalid {name} {_short(value)}: expected an integer")
-
-
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 40, 40
-
-
-def _short(value: Any) -> str:
-    """``repr(value)``, cut to fit one line (a value may be thousands of characters, or
-    nested thousands deep)."""
-    text = (
-        _REPR.repr(value)
-        if not isinstance(value, int) or value.bit_length() < 64
-        else f"{str(value)[:12]}... ({len(str(value))} digits)"
-    )
-    return text if len(text) <= 40 else text[:37] + "..."
+from .model import DTYPES, OVERRIDABLE, PAPER, PRESETS, SETTINGS, PatchConfig, Selector
+from .settings import check, short
 
 
 def make_config(**options: Any) -> PatchConfig:
     """Validate options (``None`` = not given) into a :class:`PatchConfig`.
 
-    ``preset='paper'`` fixes lookahead, size, placement and scope to the paper's
-    values; giving any of those explicitly alongside it is an error rather than a
-    silent override.
+    Each setting is checked by its entry in the table (:func:`~.settings.check`); then what
+    settings require of each other. ``preset='paper'`` fixes the settings the paper's
+    mechanism has (:data:`~.model.PAPER`); giving any of those explicitly alongside it, at
+    another value, is an error rather than a silent override.
     """
-    known = ({f.name for f in fields(PatchConfig)} - {"overrides", "off"}) | set(DTYPES) | {"rules", "inherit_rules"}
+    known = {"preset", *(s.name for s in SETTINGS), *DTYPES, "rules", "inherit_rules"}
     unknown = sorted(set(options) - known)
     if unknown:
         raise UsageError(f"unknown configuration key(s): {', '.join(unknown)}")
     given = {k: v for k, v in options.items() if v is not None}
-    preset = _choice("preset", given.get("preset", "default"), PRESETS)
-    cfg = PatchConfig()
-    if "lookahead" in given:
-        la = _int("lookahead", given["lookahead"])
-        if la < 1:
-            raise UsageError(f"invalid lookahead {_short(la)}: must be >= 1")
-        if la > MAX_LOOKAHEAD:
-            raise UsageError(f"invalid lookahead {_short(la)}: at most {MAX_LOOKAHEAD} "
-                             "(block_idx + lookahead * NUM_WARPS must stay within int)")  # fmt: skip
-        cfg = replace(cfg, lookahead=la)
-    if "min_group" in given:
-        mg = _int("min_group", given["min_group"])
-        if not 1 <= mg <= MAX_MIN_GROUP:
-            raise UsageError(f"invalid min-group {_short(mg)}: must be 1..{MAX_MIN_GROUP}")
-        cfg = replace(cfg, min_group=mg)
-    if "min_ctas" in given:
-        mc = _int("min_ctas", given["min_ctas"])
-        if not 1 <= mc <= MAX_MIN_CTAS:
-            raise UsageError(f"invalid min-ctas {_short(mc)}: must be 1..{MAX_MIN_CTAS}")
-        cfg = replace(cfg, min_ctas=mc)
-    if "min_kv_mib" in given:
-        mk = _int("min_kv_mib", given["min_kv_mib"])
-        if not 0 <= mk <= MAX_MIN_KV_MIB:
-            raise UsageError(f"invalid min-kv-mib {_short(mk)}: must be 0..{MAX_MIN_KV_MIB}")
-        cfg = replace(cfg, min_kv_mib=mk)
-    if "size" in given:
-        cfg = replace(cfg, size=_parse_size(given["size"]))
-    if "align" in given:
-        al = _int("align", given["align"])
-        if al < 16 or al & (al - 1):
-            raise UsageError(f"invalid align {_short(al)}: must be a power of two >= 16")
-        if al > MAX_ALIGN:
-            raise UsageError(f"invalid align {_short(al)}: at most {MAX_ALIGN} (the address is rounded down to it)")
-        cfg = replace(cfg, align=al)
+    preset = given.get("preset", "default")
+    if preset not in PRESETS:
+        raise UsageError(f"invalid preset {short(preset)}: choose one of {', '.join(PRESETS)}")
+    cfg = replace(PatchConfig(), **{s.name: check(s, given[s.name]) for s in SETTINGS if s.name in given})
     if cfg.size is not None and cfg.align > cfg.size:
         raise UsageError(
             f"invalid align {cfg.align}: larger than size {cfg.size}, the rounded-down window could miss the tile"
         )
-    for key, allowed in CHOICES.items():
-        if key in given:
-            cfg = replace(cfg, **{key: _choice(key.replace("_", "-"), given[key], allowed)})
-    if "control" in given:
-        if not isinstance(given["control"], bool):
-            raise UsageError(f"invalid control {given['control']!r}: expected true or false")
-        cfg = replace(cfg, control=given["control"])
-    if "weight_tail" in given:
-        if not isinstance(given["weight_tail"], bool):
-            raise UsageError(f"invalid weight-tail {given['weight_tail']!r}: expected true or false")
-        if given["weight_tail"] and preset == "paper":
-            raise UsageError("--preset paper takes no weight-tail")
-        cfg = replace(cfg, weight_tail=given["weight_tail"])
     if cfg.min_kv_mib and cfg.issue != "call" and preset != "paper":
         raise UsageError(
             f"min-kv-mib {cfg.min_kv_mib} needs issue=call (its test is in the call helper), not issue={cfg.issue}"
         )
     if preset == "paper":
-        clash = sorted(k for k, fixed in {**PAPER, "min_group": 1, "min_ctas": 1, "min_kv_mib": 0,
-                                                    "read": "lane"}.items()
-                       if k in given and getattr(cfg, k) != fixed)  # fmt: skip
+        own = [s.label for s in SETTINGS if s.hidden and s.name in given and getattr(cfg, s.name) != s.paper_value]
+        if own:  # kvpatch's own opt-in additions: the paper's mechanism has none
+            raise UsageError(f"--preset paper takes no {', '.join(own)}")
+        clash = sorted(k for k, fixed in PAPER.items() if k in given and getattr(cfg, k) != fixed)
         if clash:
             raise UsageError(f"--preset paper fixes {', '.join(clash)}; drop those options")
         if any(d in given for d in (*DTYPES, "rules", "inherit_rules")):

@@ -7,10 +7,12 @@ from typing import Any
 
 from ..errors import UsageError, text_argument
 from .make import make_config, parse_override
-from .model import DTYPES, PatchConfig, Selector
+from .model import DTYPES, SETTINGS, PatchConfig, Selector
 
-#: marker word -> configuration key, where they differ.
-_MARKER_KEYS = {"hint": "cache_hint", "min-group": "min_group", "min-ctas": "min_ctas", "min-kv-mib": "min_kv_mib"}
+#: A switch's marker word -> its setting (the word alone means on).
+_SWITCHES = {s.word: s.name for s in SETTINGS if s.kind == "bool"}
+#: A marker word -> its setting, for ``word=value``.
+_KEYS = {s.word: s.name for s in SETTINGS if s.kind != "bool"}
 
 
 def config_from_marker(text: str) -> PatchConfig:
@@ -24,11 +26,8 @@ def config_from_marker(text: str) -> PatchConfig:
     dtypes: dict[str, Any] = {d: "none" for d in DTYPES}
     rules: dict[str, Any] = {}  # every rule the marker does not name is absent (inherit_rules=False)
     for word in text.split():
-        if word == "control":
-            options["control"] = True
-            continue
-        if word == "weight-tail":
-            options["weight_tail"] = True
+        if word in _SWITCHES:
+            options[_SWITCHES[word]] = True
             continue
         selector, colon, items = word.partition(":")
         if colon and (selector in DTYPES or "/" in selector):
@@ -39,9 +38,10 @@ def config_from_marker(text: str) -> PatchConfig:
                 rules[str(Selector.parse(selector))] = settings
             continue
         key, eq, value = word.partition("=")
-        if not eq or key in options:
+        name = _KEYS.get(key, key)
+        if not eq or name in options:
             raise UsageError(f"not a kvpatch marker: {text[:80]!r}")
-        options[_MARKER_KEYS.get(key, key)] = value
+        options[name] = value
     if options.get("preset") == "paper":
         cfg = make_config(**options)
     else:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 from rich.markup import escape
 from rich.syntax import Syntax
 
 from ..commands.common import check_report_output
+from ..config.model import SETTINGS
+from ..config.settings import Setting
 from ..errors import UsageError
 from .base import JsonOpt, TreeOpt, VllmOpt, app, cwd, emit_json, io, progress, warn
 
@@ -37,76 +41,6 @@ ConfigOpt = Annotated[
 PresetOpt = Annotated[
     Optional[str], typer.Option(metavar="default|paper", help="default, or paper (the paper's exact mechanism).")
 ]
-LookaheadOpt = Annotated[Optional[int], typer.Option(metavar="N", help="Prefetch block_idx + N*NUM_WARPS (default 1).")]
-SizeOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        metavar="BYTES", help="auto (one K/V tile: BLOCK_SIZE*HEAD_SIZE*sizeof(cache_t)) or bytes, a multiple of 16."
-    ),
-]
-AlignOpt = Annotated[
-    Optional[int], typer.Option(metavar="BYTES", help="Round the address down to this power of two >= 16 (default 16).")
-]
-CachesOpt = Annotated[Optional[str], typer.Option(metavar="k|v|kv", help="Which loops prefetch (default kv).")]
-CacheHintOpt = Annotated[
-    Optional[str], typer.Option(metavar="HINT", help="none, evict_last, evict_first or evict_normal.")
-]
-PlacementOpt = Annotated[
-    Optional[str], typer.Option(metavar="start|end", help="After the block number is read, or after the block's work.")
-]
-ScopeOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        metavar="SCOPE",
-        help="cta (every CTA prefetches), kv-head (one CTA per KV head under GQA) or kv-head-rotate (the KV head's CTAs take turns, block by block).",
-    ),
-]
-MinGroupOpt = Annotated[
-    Optional[int],
-    typer.Option(
-        "--min-group",
-        metavar="N",
-        help="Prefetch only where >= N query heads share a KV head (a runtime test; 1 = always; MHA has 1).",
-    ),
-]
-MinCtasOpt = Annotated[
-    Optional[int],
-    typer.Option(
-        "--min-ctas",
-        metavar="N",
-        help="Prefetch only in launches of >= N CTAs (query heads x sequences x partitions; a runtime test; 1 = always).",
-    ),
-]
-MinKvMibOpt = Annotated[
-    Optional[int],
-    typer.Option(
-        "--min-kv-mib",
-        metavar="MIB",
-        help="issue=call only: the call helper skips the prefetch unless the launch's KV cache, estimated from the grid, is >= MIB (0 = always).",
-    ),
-]
-ControlOpt = Annotated[
-    Optional[bool],
-    typer.Option("--control/--no-control", help="Compile the prefetch but never run it (for measurements)."),
-]
-IssueOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        metavar="call|inline|split",
-        help="call (an out-of-line helper; keeps stock's code generation), inline (asm in the loop), split (inline, and the key loop runs as stock's copy when the ALiBi slope is not 0).",
-    ),
-]
-ReadOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        metavar="lane|warp",
-        help="lane (lane 0 reads the next block number inside the guard) or warp (every lane reads it before the guard).",
-    ),
-]
-QuantizedOpt = Annotated[
-    Optional[str],
-    typer.Option(metavar="skip|prefetch", help="skip (fp8-cache kernels stay stock, the default) or prefetch."),
-]
 Fp16Opt = Annotated[
     Optional[str],
     typer.Option(
@@ -127,26 +61,54 @@ UntunedOpt = Annotated[
 ]
 
 
+#: Where ``apply`` and ``config`` take the settings: :func:`setting_options` puts one option per
+#: setting of the table there, and gives the command their values as one dict.
+SettingsOpt = Optional[dict[str, Any]]
+
+
+def _setting_option(s: Setting) -> inspect.Parameter:
+    """One setting's option: ``--min-group N``, or a switch ``--control/--no-control``; None when not given."""
+    if s.kind == "bool":
+        kind, option = Optional[bool], typer.Option(f"--{s.label}/--no-{s.label}", help=s.help)
+    else:
+        kind = Optional[int] if s.kind == "int" and not s.auto else Optional[str]
+        option = typer.Option(f"--{s.label}", metavar=s.shown_metavar, help=s.help)
+    return inspect.Parameter(s.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                             annotation=Annotated[kind, option])  # fmt: skip
+
+
+def setting_options(command: Callable[..., None]) -> Callable[..., None]:
+    """``command`` with its parameter ``settings`` replaced by one option per setting of the table
+    (kvpatch.config.model.SETTINGS, in its order; hidden settings have none); the command is
+    called with their values as ``settings={name: value or None}``."""
+    shown = [s for s in SETTINGS if not s.hidden]
+    names = [s.name for s in shown]
+    signature = inspect.signature(command, eval_str=True)
+    params = list(signature.parameters.values())
+    taken = set(names) & {p.name for p in params}
+    if taken:
+        raise TypeError(f"{command.__name__}: a parameter has a setting's name: {', '.join(sorted(taken))}")
+    at = [p.name for p in params].index("settings")
+    params[at : at + 1] = [_setting_option(s) for s in shown]
+
+    @functools.wraps(command)
+    def with_settings(**kwargs: Any) -> None:
+        settings = {n: kwargs.pop(n, None) for n in names}
+        return command(**kwargs, settings=settings)
+
+    with_settings.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    with_settings.__annotations__ = {p.name: p.annotation for p in params}
+    return with_settings
+
+
 @app.command()
+@setting_options
 def apply(
     vllm: VllmOpt = None,
     tree: TreeOpt = None,
     config: ConfigOpt = None,
     preset: PresetOpt = None,
-    lookahead: LookaheadOpt = None,
-    size: SizeOpt = None,
-    align: AlignOpt = None,
-    caches: CachesOpt = None,
-    cache_hint: CacheHintOpt = None,
-    placement: PlacementOpt = None,
-    scope: ScopeOpt = None,
-    min_group: MinGroupOpt = None,
-    min_ctas: MinCtasOpt = None,
-    min_kv_mib: MinKvMibOpt = None,
-    control: ControlOpt = None,
-    issue: IssueOpt = None,
-    read: ReadOpt = None,
-    quantized: QuantizedOpt = None,
+    settings: SettingsOpt = None,
     fp16: Fp16Opt = None,
     bf16: Bf16Opt = None,
     fp32: Fp32Opt = None,
@@ -163,12 +125,9 @@ def apply(
     from ..commands import apply as A
     from ..render import config_summary, sites_table
 
-    settings = dict(lookahead=lookahead, size=size, align=align, caches=caches, cache_hint=cache_hint,
-                    placement=placement, scope=scope, min_group=min_group, min_ctas=min_ctas, min_kv_mib=min_kv_mib,
-                    control=control, issue=issue, read=read)  # fmt: skip
-    opts = A.ApplyOptions(vllm=vllm, tree=tree, cwd=cwd(), config=config, preset=preset, settings=settings,
-                          quantized=quantized, dtypes={"fp16": fp16, "bf16": bf16, "fp32": fp32}, rules=rule or [],
-                          untuned=untuned, remote=remote or None, force=force, force_write=force_write)  # fmt: skip
+    opts = A.ApplyOptions(vllm=vllm, tree=tree, cwd=cwd(), config=config, preset=preset, settings=settings or {},
+                          dtypes={"fp16": fp16, "bf16": bf16, "fp32": fp32}, rules=rule or [], untuned=untuned,
+                          remote=remote or None, force=force, force_write=force_write)  # fmt: skip
     check_report_output(json_out, opts.cwd, tree=tree, inputs={"--config": config})
     with progress() as p:
         report = A.run(opts, progress=p)
@@ -272,23 +231,11 @@ def revert(
 
 
 @app.command("config")
+@setting_options
 def show_config(
     config: ConfigOpt = None,
     preset: PresetOpt = None,
-    lookahead: LookaheadOpt = None,
-    size: SizeOpt = None,
-    align: AlignOpt = None,
-    caches: CachesOpt = None,
-    cache_hint: CacheHintOpt = None,
-    placement: PlacementOpt = None,
-    scope: ScopeOpt = None,
-    min_group: MinGroupOpt = None,
-    min_ctas: MinCtasOpt = None,
-    min_kv_mib: MinKvMibOpt = None,
-    control: ControlOpt = None,
-    issue: IssueOpt = None,
-    read: ReadOpt = None,
-    quantized: QuantizedOpt = None,
+    settings: SettingsOpt = None,
     fp16: Fp16Opt = None,
     bf16: Bf16Opt = None,
     fp32: Fp32Opt = None,
@@ -298,10 +245,7 @@ def show_config(
     """Print the effective configuration as a complete kvpatch.toml, each setting with where it came from (the command line, the config file, the shipped table or the default) and where its rules were tuned."""
     from ..commands import configuration as C
 
-    settings = dict(lookahead=lookahead, size=size, align=align, caches=caches, cache_hint=cache_hint,
-                    placement=placement, scope=scope, min_group=min_group, min_ctas=min_ctas, min_kv_mib=min_kv_mib,
-                    control=control, issue=issue, read=read)  # fmt: skip
-    opts = C.ConfigOptions(config=config, preset=preset, settings=settings, quantized=quantized,
+    opts = C.ConfigOptions(config=config, preset=preset, settings=settings or {},
                            dtypes={"fp16": fp16, "bf16": bf16, "fp32": fp32}, rules=rule or [], untuned=untuned)  # fmt: skip
     with progress() as p:
         report = C.run(opts, progress=p)

@@ -10,19 +10,17 @@ from typing import Any, Optional
 
 from ..config import dump_config, unreached
 from ..config.layers import Resolved, resolve
+from ..config.model import SETTINGS
+from ..errors import UsageError
 from ..progress import QUIET, Progress
-
-#: The base settings the configuration options hold (each None when not given).
-SETTINGS = ("lookahead", "size", "align", "caches", "cache_hint", "placement", "scope", "min_group", "min_ctas",
-            "min_kv_mib", "control", "issue", "read")  # fmt: skip
 
 
 @dataclass
 class ConfigOptions:
     config: Optional[Path] = None  # a kvpatch.toml
     preset: Optional[str] = None
-    settings: dict[str, Any] = field(default_factory=dict)  # SETTINGS given on the command line
-    quantized: Optional[str] = None
+    #: settings of the table (kvpatch.config.model.SETTINGS) given on the command line, by name
+    settings: dict[str, Any] = field(default_factory=dict)
     dtypes: dict[str, Optional[str]] = field(default_factory=dict)  # --fp16/--bf16/--fp32 text
     rules: list[str] = field(default_factory=list)  # --rule SELECTOR=SETTINGS
     untuned: bool = False  # start from the base settings everywhere: no shipped table
@@ -35,13 +33,15 @@ def configure(o: ConfigOptions) -> tuple[Resolved, list[str], list[str]]:
     from ..config import parse_rules
 
     rules = parse_rules(o.rules) if o.rules else None
-    settings = {k: o.settings.get(k) for k in SETTINGS}
-    r = resolve(o.config, preset=o.preset, quantized=o.quantized, rules=rules,
-                inherit_rules=False if o.untuned else None,
+    unknown = sorted(set(o.settings) - {s.name for s in SETTINGS})
+    if unknown:
+        raise UsageError(f"unknown setting(s): {', '.join(unknown)}")
+    settings = {s.name: o.settings.get(s.name) for s in SETTINGS}
+    r = resolve(o.config, preset=o.preset, rules=rules, inherit_rules=False if o.untuned else None,
                 **{d: o.dtypes.get(d) for d in ("fp16", "bf16", "fp32")}, **settings)  # fmt: skip
     lines: list[str] = []
     if r.config.preset == "default":
-        given = [k for k, v in (*settings.items(), ("quantized", o.quantized)) if v is not None]
+        given = [k for k, v in settings.items() if v is not None]
         selectors = [*(rules or {}), *(d for d, v in o.dtypes.items() if v is not None)]
         user_rules = [str(s) for s in (rules or {})]
         lines = unreached(r.config, given, selectors, user_rules=user_rules)

@@ -10,7 +10,11 @@ from rich.markup import escape
 
 from ..errors import GpuCheckError
 from ..gpu.defaults import DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP, TUNE_REPS
+from ..tune.grid import GRID_KEYS
 from .base import ArchOpt, DeviceOpt, JsonOpt, LibOpt, TreeOpt, VariantInfoOpt, app, csv, cwd, io, json_target, progress
+
+#: The settings ``tune --grid`` may vary, as its help names them.
+_GRID_KEYS = ", ".join(k.replace("_", "-") for k in GRID_KEYS)
 
 
 @app.command()
@@ -260,7 +264,8 @@ def tune(
         typer.Option(
             "--grid",
             metavar="KEY=V1,V2;...",
-            help="The candidates to build: the default grid with settings replaced or added, e.g. 'issue=inline,call;min-group=2;min-ctas=1,1024' (keys issue, scope, lookahead, min-group, min-ctas, min-kv-mib, read; repeatable: the union).",
+            help="The candidates to build: the default grid with settings replaced or added, e.g. "
+            f"'issue=inline,call;min-group=2;min-ctas=1,1024' (keys {_GRID_KEYS}; repeatable: the union).",
         ),
     ] = [],  # noqa: B006
     dtype: Annotated[

@@ -7,32 +7,32 @@ from dataclasses import replace
 from typing import Any, Iterable, Sequence
 
 from ..config import PatchConfig, Selector, config_from_marker, make_config
+from ..config.model import SETTINGS
+from ..config.settings import as_text
 from ..errors import UsageError
 from ..gpu import points as P
 
-#: The grid: (setting, values). 12 candidates.
-GRID: tuple[tuple[str, tuple[Any, ...]], ...] = (
-    ("issue", ("inline", "call", "split")),
-    ("scope", ("cta", "kv-head")),
-    ("lookahead", (1, 2)),
-)
-#: Settings a grid may vary (``--grid``): the three above, the runtime gates, which the
+#: The settings tune may vary, from the table (each setting's ``tune``), in their order.
+TUNED = tuple(sorted((s for s in SETTINGS if s.tune is not None), key=lambda s: s.tune.rank))
+#: The default grid: (setting, values), of the tuned settings that name default values: issue x
+#: scope x lookahead, 12 candidates.
+GRID: tuple[tuple[str, tuple[Any, ...]], ...] = tuple((s.name, s.tune.values) for s in TUNED if s.tune.values)
+#: Settings a grid may vary (``--grid``): the default grid's, the runtime gates, which the
 #: default grid leaves at 1 (always prefetch), and ``read`` (default grid: lane).
-GRID_KEYS = ("issue", "scope", "lookahead", "min_group", "min_ctas", "min_kv_mib", "read")
+GRID_KEYS = tuple(s.name for s in TUNED)
 POLICIES = ("strict", "geomean")
 #: What an instantiation tune did not measure gets.
 FALLBACKS = ("off", "base")
 
 
 def candidate_name(cfg: PatchConfig) -> str:
-    """``inline_kvhead_la1``: the grid settings of a configuration (``_mg2``, ``_ctas1024``,
-    ``_kv64``: a runtime gate that is set; ``_warp``: read=warp)."""
-    gates = (f"_mg{cfg.min_group}" if cfg.min_group != 1 else "") + (
-        f"_ctas{cfg.min_ctas}" if cfg.min_ctas != 1 else ""
+    """``inline_kvhead_la1``: the tuned settings of a configuration, each by its tag (``_mg2``,
+    ``_ctas1024``, ``_kv64``: a runtime gate that is set; ``_warp``: read=warp), those not
+    always named only where they differ from the default."""
+    values = [(s, getattr(cfg, s.name)) for s in TUNED]
+    return "_".join(
+        s.tune.tag.format(as_text(v).replace("-", "")) for s, v in values if s.tune.always or v != s.default
     )
-    gates += f"_kv{cfg.min_kv_mib}" if cfg.min_kv_mib else ""
-    gates += "_warp" if cfg.read != "lane" else ""
-    return f"{cfg.issue}_{cfg.scope.replace('-', '')}_la{cfg.lookahead}{gates}"
 
 
 def parse_grid(text: str) -> tuple[tuple[str, tuple[Any, ...]], ...]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Iterator
+
 from ..errors import PatchError
 from .libclang import CursorKind, ci
 from .parse import Parsed
@@ -90,8 +92,21 @@ def ref_name(node: ci.Cursor) -> str | None:
     return None
 
 
+def walk(node: ci.Cursor) -> Iterator[ci.Cursor]:
+    """``node`` and every cursor under it, in preorder (libclang's ``walk_preorder`` order),
+    without recursion: ``walk_preorder`` nests a generator and a ctypes callback per level, and
+    a deep AST (a dispatch of a thousand rules nests ``else if`` a thousand deep) ran out of
+    Python's stack inside libclang's callback, which only prints the RecursionError and stops
+    visiting: the walk ended early, silently."""
+    stack = [node]
+    while stack:
+        here = stack.pop()
+        yield here
+        stack.extend(reversed(list(here.get_children())))
+
+
 def refs(node: ci.Cursor) -> list[ci.Cursor]:
-    return [c for c in node.walk_preorder() if c.kind == K.DECL_REF_EXPR]
+    return [c for c in walk(node) if c.kind == K.DECL_REF_EXPR]
 
 
 def indent_at(p: Parsed, offset: int) -> str:

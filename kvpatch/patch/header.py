@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..config import PatchConfig, config_from_marker
 from ..errors import PatchError, UsageError, text_argument
+from .cursors import walk
 from .edits import Edit, apply
 from .interrupts import interruptible
 from .libclang import ci
@@ -154,7 +155,7 @@ def verify(stock: Parsed, patched_text: str, cfg: PatchConfig) -> None:
     if copies:
         want = sites_of(stock).key.loop_text.replace("\r\n", "\n")
     for start, end in copies:
-        copy = [n for n in patched.tu.cursor.walk_preorder() if n.kind == ci.CursorKind.FOR_STMT
+        copy = [n for n in walk(patched.tu.cursor) if n.kind == ci.CursorKind.FOR_STMT
                 and _in_file(patched, n) and start <= n.extent.start.offset < end]  # fmt: skip
         text = patched.data[copy[0].extent.start.offset : copy[0].extent.end.offset].decode() if copy else ""
         if text.replace("\r\n", "\n") != want:
@@ -164,7 +165,7 @@ def verify(stock: Parsed, patched_text: str, cfg: PatchConfig) -> None:
         wanted = cfg.k if site.kind == "key" else cfg.v
         loop = _loop_node(patched, site)
         # inline asm, or a call of the helper (in a template an unresolved reference)
-        has_asm = any(n.kind == ci.CursorKind.ASM_STMT or n.spelling in HELPERS for n in loop.walk_preorder())
+        has_asm = any(n.kind == ci.CursorKind.ASM_STMT or n.spelling in HELPERS for n in walk(loop))
         if has_asm != wanted:
             state = "lacks" if wanted else "unexpectedly has"
             raise PatchError(f"after patching, the {site.kind} loop {state} the prefetch")
@@ -175,7 +176,7 @@ def _in_file(p: Parsed, n: ci.Cursor) -> bool:
 
 
 def _loop_node(p: Parsed, site: Site) -> ci.Cursor:
-    for n in p.tu.cursor.walk_preorder():
+    for n in walk(p.tu.cursor):
         if n.kind == ci.CursorKind.FOR_STMT and n.extent.start.offset == site.loop_start and _in_file(p, n):
             return n
     raise PatchError(f"the {site.kind} loop vanished after patching")

@@ -38,6 +38,7 @@ from .cursors import (
     refs,
     strip_wrappers,
     text_of,
+    walk,
 )  # fmt: skip
 from .interrupts import interruptible
 from .libclang import CursorKind, ci
@@ -111,7 +112,7 @@ class Sites:
 
 
 def _function(p: Parsed) -> ci.Cursor:
-    for node in p.tu.cursor.walk_preorder():
+    for node in walk(p.tu.cursor):
         if (node.kind == K.FUNCTION_TEMPLATE and node.spelling == FUNCTION
                 and node.is_definition() and in_main_file(p, node)):  # fmt: skip
             return node
@@ -157,7 +158,7 @@ def _block_loop(p: Parsed, node: ci.Cursor) -> _Loop | None:
         for decl in stmt.get_children():
             if decl.kind != K.VAR_DECL:
                 continue
-            for sub in decl.walk_preorder():
+            for sub in walk(decl):
                 if sub.kind != K.ARRAY_SUBSCRIPT_EXPR:
                     continue
                 base, index = sub.get_children()
@@ -170,8 +171,8 @@ def _block_loop(p: Parsed, node: ci.Cursor) -> _Loop | None:
 
 def _tile_address(p: Parsed, loop: _Loop, cache: str) -> tuple[str, str, frozenset[str]]:
     """(block stride, head offset) from ``cache + number * stride + head terms ...``."""
-    declared_inside = {c.spelling for c in loop.body.walk_preorder() if c.kind == K.VAR_DECL}
-    for node in loop.body.walk_preorder():
+    declared_inside = {c.spelling for c in walk(loop.body) if c.kind == K.VAR_DECL}
+    for node in walk(loop.body):
         if node.kind != K.BINARY_OPERATOR or operator(p, node) != "+":
             continue
         terms = flatten_sum(p, node)
@@ -200,7 +201,7 @@ def _inner_loop(p: Parsed, loop: _Loop, cache: str) -> ci.Cursor:
     """The innermost ``for`` that holds the cache read, else the first one after it."""
     ref = next(r for r in refs(loop.body) if r.spelling == cache)
     at = ref.extent.start.offset
-    fors = [n for n in loop.body.walk_preorder() if n.kind == K.FOR_STMT]
+    fors = [n for n in walk(loop.body) if n.kind == K.FOR_STMT]
     holding = [f for f in fors if f.extent.start.offset <= at < f.extent.end.offset]
     if holding:
         return holding[-1]
@@ -298,7 +299,7 @@ def sites_of(p: Parsed, exclude: tuple[tuple[int, int], ...] = ()) -> Sites:
         if cache not in params:
             raise PatchError(f"{FUNCTION} has no parameter {cache}")
     loops: dict[str, list[_Loop]] = {"key": [], "value": []}
-    for node in fn.walk_preorder():
+    for node in walk(fn):
         if node.kind != K.FOR_STMT:
             continue
         if any(a <= node.extent.start.offset < b for a, b in exclude):

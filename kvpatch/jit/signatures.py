@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..errors import BuildError
+from ..patch.cursors import walk
 from ..patch.interrupts import interruptible
 from ..patch.libclang import ci
 from ..patch.parse import parse_header
@@ -55,7 +56,7 @@ def kernel_signatures(text: str, header_path: str | Path) -> dict[str, KernelSig
     parsed = parse_header(text, str(header_path))
     found: dict[str, KernelSignature] = {}
     wanted = {name: kind for kind, name in KERNELS.items()}
-    for node in parsed.tu.cursor.walk_preorder():
+    for node in walk(parsed.tu.cursor):  # iterative: a header a thousand rules deep is walked to its end
         if node.kind != ci.CursorKind.FUNCTION_TEMPLATE or node.spelling not in wanted:
             continue
         if node.location.file is None or node.location.file.name != parsed.path:

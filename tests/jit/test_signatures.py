@@ -3,6 +3,7 @@ header with libclang, and launchers that call the kernels as that release wants.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 import pytest
@@ -107,3 +108,24 @@ def test_launcher_shards():
     assert "KVPATCH_API int kvpatch_x_paged_attention_v1(" in sources[0]
     assert all("KVPATCH_API" not in s.split("#define KVPATCH_API")[1] for s in sources[1:])
     assert sum(s.count("return launch_v1<") for s in sources) == 19
+
+
+def _kernels_after_a_deep_chain(depth: int) -> str:
+    """The three kernels, after a function template whose ``if constexpr`` chain nests ``depth``
+    deep in the AST (the dispatch a thousand rules render)."""
+    chain = "\n  else ".join(f"if constexpr (N == {i}) {{ return {i}; }}" for i in range(depth))
+    kernels = "".join(
+        f"template <typename scalar_t, int HEAD_SIZE>\n__global__ void {name}(scalar_t* out, const float* k_scale) {{}}\n"
+        for name in ("paged_attention_v1_kernel", "paged_attention_v2_kernel", "paged_attention_v2_reduce_kernel")
+    )
+    return f"template <int N> __device__ int kvpatch_deep() {{\n  {chain}\n  return -1;\n}}\n{kernels}"
+
+
+def test_kernels_after_a_thousand_rules_deep_dispatch_are_found(header_path, monkeypatch):
+    printed: list = []
+    monkeypatch.setattr(sys, "unraisablehook", printed.append)
+    sigs = kernel_signatures(_kernels_after_a_deep_chain(1500), header_path)
+    assert sorted(sigs) == ["reduce", "v1", "v2"]
+    assert sigs["v1"].template_params == ("scalar_t", "HEAD_SIZE")
+    assert sigs["reduce"].param("k_scale") == Param("k_scale", "const float *", True)
+    assert printed == [], printed[0].exc_value if printed else None

@@ -51,20 +51,47 @@ def source_closure(csrc: Path, header_text: str, header_rel: str = "attention/at
 
     Includes resolve as nvcc resolves them with ``-I csrc``: beside the including file
     first, then under ``csrc``. Names found in neither (ROCm's headers) are skipped,
-    whatever ``#if`` they sit under: copying an unused file costs nothing.
+    whatever ``#if`` they sit under: copying an unused file costs nothing. Each file is read
+    only as a regular file, all of them together at most
+    :data:`~kvpatch.source.includes.MAX_BYTES`, and must be UTF-8: else a :class:`PatchError`
+    naming it, never a read that blocks or never ends.
     """
+    from ..errors import PatchError
+    from ..fsutil import FileTooLargeError, NotRegularFileError, machine_problem, read_regular
+    from ..source.includes import MAX_BYTES
+
     files: dict[str, str] = {header_rel: header_text}
     todo = [header_rel]
     root = csrc.resolve()
+    left = MAX_BYTES
     while todo:
         rel = todo.pop()
         for name in _INCLUDE_RE.findall(files[rel]):
             for base in (root / Path(rel).parent, root):
                 target = Path(os.path.normpath(base / name))
-                if target.is_relative_to(root) and target.is_file():
+                try:
+                    found = target.is_relative_to(root) and not target.is_dir() and target.exists()
+                except (OSError, ValueError):
+                    found = False
+                if found:
                     key = target.relative_to(root).as_posix()
                     if key not in files:
-                        files[key] = target.read_text(encoding="utf-8")
+                        why = f"{target} (included by {rel})"
+                        try:
+                            data = read_regular(target, limit=left)
+                            files[key] = data.decode("utf-8")
+                        except NotRegularFileError as e:
+                            raise PatchError(f"{why} is {e.kind}, not a regular file: kvpatch reads only regular "
+                                             "files") from None  # fmt: skip
+                        except FileTooLargeError:
+                            raise PatchError(f"{why} takes the header's includes over {MAX_BYTES} bytes: not "
+                                             "vLLM's header") from None  # fmt: skip
+                        except UnicodeDecodeError:
+                            raise PatchError(f"{why} is not UTF-8: not vLLM's header") from None
+                        except OSError as e:
+                            raise machine_problem(e, target) or PatchError(f"cannot read {why}: "
+                                                                           f"{e.strerror or e}") from None  # fmt: skip
+                        left -= len(data)
                         todo.append(key)
                     break
     return dict(sorted(files.items()))

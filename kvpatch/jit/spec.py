@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from ..arch import Arch, parse_arch_list
 from ..dtypes import KV_CACHE_ALIASES, KV_CACHE_DTYPES, QUERY_DTYPES, VLLM_BLOCK_SIZES, VLLM_HEAD_SIZES
-from ..errors import UsageError
+from ..errors import PatchError, UsageError
+from ..fsutil import FileTooLargeError, NotRegularFileError, machine_problem, read_regular
+from ..source.includes import MAX_BYTES
 from ..source.releases import HEADER
 
 if TYPE_CHECKING:
@@ -244,12 +246,22 @@ def vllm_kernel_set(tree: Path) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The head sizes and block sizes the tree's own ``paged_attention_v1.cu`` instantiates.
 
     Falls back to :data:`VLLM_HEAD_SIZES` / :data:`VLLM_BLOCK_SIZES` for a tree
-    without that file (or one in which neither dispatch is found).
+    without that file (or one in which neither dispatch is found). The file is read only as a
+    regular file of bounded size: a FIFO, a device, a directory or a file larger than
+    :data:`~kvpatch.source.includes.MAX_BYTES` there is a :class:`PatchError`, never a read
+    that blocks or never ends.
     """
+    path = Path(tree) / VLLM_LAUNCHER
     try:
-        text = (Path(tree) / VLLM_LAUNCHER).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        text = read_regular(path, limit=MAX_BYTES).decode("utf-8")
+    except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError):
         return VLLM_HEAD_SIZES, VLLM_BLOCK_SIZES
+    except NotRegularFileError as e:
+        raise PatchError(f"{path} is {e.kind}, not a regular file: kvpatch reads only regular files") from None
+    except FileTooLargeError as e:
+        raise PatchError(f"{path} is {e.size} bytes: not vLLM's (kvpatch reads at most {MAX_BYTES})") from None
+    except OSError as e:
+        raise machine_problem(e, path) or PatchError(f"cannot read {path}: {e.strerror or e}") from None
     heads = tuple(int(h) for h in dict.fromkeys(re.findall(r"LAUNCH_PAGED_ATTENTION_V1\(\s*(\d+)\s*\)", text)))
     blocks = tuple(
         int(b) for b in dict.fromkeys(re.findall(r"CALL_V1_LAUNCHER_SPARSITY\(\s*T\s*,\s*CACHE_T\s*,\s*(\d+)", text))

@@ -14,7 +14,8 @@ run wrote (``files``) and what they are for; each kind below reads exactly those
 * ``weight-prefetch``: ``kvpatch bench-decode-sweep``'s JSONs, bench-decode JSONs on held-out
   shapes and models, and a junit file of the GPU tests;
 * ``plugin``: ``kvpatch plugin status`` / ``check`` JSONs and the pytest logs of the GPU tests;
-* ``serving``: ``kvpatch plugin bench`` JSON reports.
+* ``serving``: ``kvpatch plugin bench`` JSON reports, one per dtype, each re-derived from its raw engine
+  runs; a report short of its planned engine starts is marked INCOMPLETE with its per-arm counts.
 """
 
 from __future__ import annotations
@@ -488,6 +489,14 @@ def _ratio(d: dict) -> str:
     return f"{d['median']:.3f} ({span([d['lo'], d['hi']], '.3f')})" if d.get("n") else "-"
 
 
+def _starts(n: int) -> str:
+    return f"{n} start" if n == 1 else f"{n} starts"
+
+
+def _rounds(n: int) -> str:
+    return f"{n} round" if n == 1 else f"{n} rounds"
+
+
 def _engine_runs(path: Path) -> list[dict]:
     """The counted engine starts in a ``kvpatch plugin bench --raw`` folder, packed as tar.xz."""
     import tarfile
@@ -532,13 +541,25 @@ def serving(folder: Path, cfg: dict) -> list[str]:
         if again["workloads"] != d["workloads"] or again["engine_starts"] != d["engine_starts"]:
             raise SystemExit(f"{f} does not follow from the engine runs in {raw}")
         env, arms = d["environment"], d["arms"]
-        logged = "; ".join(f"{a}: {'/'.join(v['kernels_logged'])} in {v['starts']} starts" for a, v in arms.items())
+        logged = "; ".join(f"{a}: {'/'.join(v['kernels_logged'])} in {_starts(v['starts'])}" for a, v in arms.items())
         ups = [r["result"]["engine_start_s"] for r in runs]
-        rounds = len({r["round"] for r in runs})
-        lines += [f"## {d['model']}, {d['dtype']} ({f}, re-derived from {raw})", "",
+        by_round: dict[int, set[str]] = {}
+        for r in runs:
+            by_round.setdefault(r["round"], set()).add(r["arm"]["name"])
+        full = sum(1 for names in by_round.values() if names >= set(arms))
+        if d["complete"]:
+            heading, done = "", (f"{d['engine_starts']} of {d['planned']} planned engine starts ran ({full} rounds of "
+                                 f"{len(arms)} arms, the order rotated each round)")  # fmt: skip
+        else:
+            per_arm = ", ".join(f"{a} {v['starts']}" for a, v in arms.items())
+            n_sp, n_aa = (min(w[k]["decode_ms"].get("n", 0) for w in d["workloads"]) for k in ("speedup", "aa"))
+            heading = f": INCOMPLETE, {d['engine_starts']} of {d['planned']} engine starts"
+            done = (f"INCOMPLETE: {d['engine_starts']} of {d['planned']} planned engine starts ran (per arm: {per_arm}; "
+                    f"{full} of {d['starts_per_arm']} rounds of {len(arms)} arms complete, the order rotated each "
+                    f"round): the speedup below rests on {_rounds(n_sp)}, the A/A pair on {_rounds(n_aa)}")  # fmt: skip
+        lines += [f"## {d['model']}, {d['dtype']} ({f}, re-derived from {raw}){heading}", "",
                   f"vLLM {env.get('vllm')} V0 engine (XFORMERS backend), CUDA graphs, dummy weights; {env.get('gpu')}, "
-                  f"torch {env.get('torch')}. {d['engine_starts']} of {d['planned']} engine starts planned "
-                  f"({rounds} rounds of {len(arms)} arms, the order rotated each round); engine up in "
+                  f"torch {env.get('torch')}. {done}; engine up in "
                   f"{span(ups, '.0f')} s. What the plugin's log line said each arm ran: {logged}.", "",
                   "Decode step, ms: median over engine starts (min-max); speedup = vLLM's kernels / kvpatch's, median "
                   "of the arms (range of the per-round ratios); A/A = vLLM's kernels / vLLM's kernels in another "

@@ -17,6 +17,7 @@ children, and the interrupt goes on up.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import signal
@@ -24,12 +25,12 @@ import subprocess
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 import filelock
 
 from ..errors import BuildError
-from ..fsutil import write_atomic, write_if_different
+from ..fsutil import machine_problem, problem_in_text, write_atomic, write_if_different
 from ..fsutil.files import file_digest
 from ..progress import QUIET, Progress
 from .toolchain import Inspector, Toolchain, first_error
@@ -244,18 +245,48 @@ def _shard_done(p: LibraryPlan, i: int) -> bool:
 
 
 def _compile_shard(p: LibraryPlan, i: int, tc: Toolchain, threads: int, procs: Processes) -> None:
+    doing = f"compiling {p.shard_source(i)}"
     rc, log = procs.run(p.compile_argv(tc.nvcc, i, threads), p.dir)
     error_log = p.dir / f"{Path(p.shard_source(i)).stem}.error.log"
-    if rc != 0:
-        write_atomic(error_log, log)
-        raise BuildError(f"nvcc failed for {p.name!r}: {first_error(log)} (log: {error_log})")
-    (p.dir / (p.shard_object(i) + ".tmp")).replace(p.dir / p.shard_object(i))
-    write_if_different(p.dir / p.shard_log(i), log)
-    error_log.unlink(missing_ok=True)
+    with _machine_problems(doing):
+        if rc != 0:
+            _raise_machine_problem(p, log, doing)
+            write_atomic(error_log, log)
+            raise BuildError(f"nvcc failed for {p.name!r}: {first_error(log)} (log: {error_log})")
+        (p.dir / (p.shard_object(i) + ".tmp")).replace(p.dir / p.shard_object(i))
+        write_if_different(p.dir / p.shard_log(i), log)
+        error_log.unlink(missing_ok=True)
 
 
 def _link(p: LibraryPlan, tc: Toolchain, procs: Processes) -> None:
+    doing = f"linking {p.library.name}"
     rc, log = procs.run(p.link_argv(tc.nvcc), p.dir)
-    if rc != 0:
-        raise BuildError(f"linking {p.library.name} failed: {first_error(log)}")
-    (p.dir / (p.library.name + ".tmp")).replace(p.library)
+    with _machine_problems(doing):
+        if rc != 0:
+            _raise_machine_problem(p, log, doing)
+            raise BuildError(f"linking {p.library.name} failed: {first_error(log)}")
+        (p.dir / (p.library.name + ".tmp")).replace(p.library)
+
+
+def _raise_machine_problem(p: LibraryPlan, log: str, doing: str) -> None:
+    """A tool that failed for the machine (its output says ``No space left on device``, ``Disk
+    quota exceeded`` or ``File name too long``, as the assembler and the linker nvcc runs do): said
+    as that (:func:`kvpatch.fsutil.problem_in_text`), with the build directory, never as a failed
+    build. nvcc also writes under ``$TMPDIR``: the tool's own line names where it failed."""
+    line = next((ln.strip() for ln in log.splitlines() if problem_in_text(ln, None) is not None), None)
+    if line is not None:
+        said = line if len(line) <= 160 else f"{line[:60]}...{line[-90:]}"
+        raise problem_in_text(line, p.dir, doing=f"{doing} (nvcc: {said})")  # type: ignore[misc]
+
+
+@contextlib.contextmanager
+def _machine_problems(doing: str) -> Iterator[None]:
+    """A full disk, a full quota or a path too long while a step writes (the object, the library,
+    the logs) is said as that (:func:`kvpatch.fsutil.machine_problem`); other errors pass."""
+    try:
+        yield
+    except OSError as e:
+        problem = machine_problem(e, doing=doing)
+        if problem is None:
+            raise
+        raise problem from None

@@ -1,10 +1,13 @@
-"""The tree files a build reads itself (vLLM's launcher ``paged_attention_v1.cu``, every file the
+"""What a build reads and writes on the machine. The tree files a build reads itself (vLLM's launcher ``paged_attention_v1.cu``, every file the
 header reaches by ``#include``) are read only as regular files of bounded size: a FIFO, a device
 or a huge file there is one PatchError naming it (exit 4), never a read that blocks or never
-ends. Each read runs in a thread the test gives up on (and unblocks) if it hangs."""
+ends. Each read runs in a thread the test gives up on (and unblocks) if it hangs. A full disk, a
+full quota or a path too long while nvcc compiles or links (its tools say so, or writing the
+object or the logs fails so) is said as that, exit 1 or 2, never as a failed build (exit 5)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from pathlib import Path
@@ -12,8 +15,12 @@ from typing import Callable
 
 import pytest
 
-from kvpatch.errors import PatchError
-from kvpatch.jit import source_closure, vllm_kernel_set
+from kvpatch.arch import Arch
+from kvpatch.errors import BuildError, PatchError
+from kvpatch.fsutil import DiskFullError, PathTooLongError
+from kvpatch.jit import Toolchain, library, source_closure, vllm_kernel_set
+from kvpatch.jit.library import Processes, build_libraries
+from kvpatch.jit.prefetch_plan import PrefetchPlan
 from kvpatch.source.includes import MAX_BYTES
 
 HEADER_REL = "attention/attention_kernels.cuh"
@@ -105,3 +112,76 @@ def test_a_launcher_past_the_bound_is_refused_when_its_kernel_set_is_read(tmp_pa
     _huge(_launcher(tmp_path), MAX_BYTES + 1)
     with pytest.raises(PatchError, match=rf"paged_attention_v1\.cu is {MAX_BYTES + 1} bytes"):
         _within(30, lambda: vllm_kernel_set(tmp_path / "vllm"))
+
+
+# --------------------------------------------------------------------------- a full disk while building
+
+
+def _plan(tmp_path: Path) -> PrefetchPlan:
+    return PrefetchPlan("// kernel\n", "marker", (Arch(9, 0, "a"),), "release 13.0", tmp_path / "cache")
+
+
+def _nvcc(fail_at: str, log: str) -> Callable[..., tuple[int, str]]:
+    """A stand-in for nvcc's runs: the compile writes its object, and the step ``fail_at``
+    ("compile" or "link") exits 1 printing ``log``."""
+
+    def run(self: Processes, argv: list[str], cwd: Path) -> tuple[int, str]:
+        step = "compile" if "-c" in argv else "link"
+        if step == fail_at:
+            return 1, log
+        (cwd / argv[argv.index("-o") + 1]).write_bytes(b"\0")
+        return 0, ""
+
+    return run
+
+
+def _build(plan: PrefetchPlan) -> None:
+    build_libraries([plan], tc=Toolchain(Path("nvcc"), "release 13.0", ()), tools=None, jobs=1)  # type: ignore[arg-type]
+
+
+#: What the tools nvcc runs print when the disk, the quota or a name runs out (as GNU as and ld do).
+LOGS = {
+    "link": "/usr/bin/ld: final link failed: {words}\ncollect2: error: ld returned 1 exit status\n",
+    "compile": "/tmp/tmpxft_0001.s: Assembler messages:\n/tmp/tmpxft_0001.s: Fatal error: l2_prefetch.o.tmp: {words}\n",
+}
+
+
+@pytest.mark.parametrize("step", ["compile", "link"])
+@pytest.mark.parametrize("words, kind, code", [("No space left on device", DiskFullError, 1),
+                                               ("Disk quota exceeded", DiskFullError, 1),
+                                               ("File name too long", PathTooLongError, 2)])  # fmt: skip
+def test_a_full_disk_while_nvcc_builds_is_said_so_not_a_failed_build(step: str, words: str, kind: type, code: int,
+                                                                    tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    plan = _plan(tmp_path)
+    monkeypatch.setattr(Processes, "run", _nvcc(step, LOGS[step].format(words=words)))
+    with pytest.raises(kind) as caught:
+        _build(plan)
+    message = str(caught.value)
+    assert caught.value.exit_code == code and not isinstance(caught.value, BuildError)
+    assert message.startswith(words) and str(plan.dir) in message, message
+    assert ("linking libkvpatch_l2_prefetch.so" if step == "link" else "compiling l2_prefetch.cu") in message
+    assert "\n" not in message
+
+
+def test_a_build_that_fails_for_its_code_is_still_a_failed_build(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setattr(Processes, "run", _nvcc("link", "/usr/bin/ld: undefined reference to `kvpatch_x'\n"))
+    with pytest.raises(BuildError, match="linking libkvpatch_l2_prefetch.so failed: .*undefined reference"):
+        _build(_plan(tmp_path))
+
+
+@pytest.mark.parametrize("code, kind", [(errno.ENOSPC, DiskFullError), (errno.ENAMETOOLONG, PathTooLongError)])
+def test_a_full_disk_writing_a_compiled_shard_is_said_so(code: int, kind: type, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    real = library.write_if_different
+
+    def write(path: Path, text: str) -> object:
+        if Path(path).name == "ptxas.log":
+            raise OSError(code, os.strerror(code), str(path))
+        return real(path, text)
+
+    monkeypatch.setattr(Processes, "run", _nvcc("none", ""))
+    monkeypatch.setattr(library, "write_if_different", write)
+    with pytest.raises(kind, match=rf"^{os.strerror(code)} compiling l2_prefetch\.cu: .*ptxas\.log"):
+        _build(_plan(tmp_path))

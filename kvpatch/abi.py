@@ -27,6 +27,8 @@ import ctypes
 from pathlib import Path
 from typing import Any
 
+from .errors import BuildError
+
 ABI_VERSION = 1
 
 #: What the launchers return for a configuration the library was not built with.
@@ -67,8 +69,9 @@ def argtypes(params: tuple[tuple[str, str], ...]) -> list[Any]:
     return [ctype(t) for _, t in params]
 
 
-class AbiError(RuntimeError):
-    """A library that cannot be used: not loadable, wrong prefix, or another ABI version."""
+class AbiError(BuildError, RuntimeError):
+    """A library that cannot be used: not loadable, wrong prefix, or another ABI version (exit 5, as a
+    build that failed; still a RuntimeError for the callers that catch one)."""
 
 
 def config_label(dtype: str, kv_cache_dtype: str, head_size: int, block_size: int) -> str:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from ..errors import GpuCheckError
 from ..fsutil import write_atomic
 
 #: Where vLLM keeps the test, newest layout first.
@@ -35,8 +36,9 @@ OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory")
 HELPERS_MODULE = "_vllm_helpers"
 
 
-class UpstreamError(RuntimeError):
-    """The tree has no usable kernel test (or a helper it needs)."""
+class UpstreamError(GpuCheckError, RuntimeError):
+    """The tree has no usable kernel test (or a helper it needs), or vLLM's test could not be run
+    (exit 6, as a GPU check that failed; still a RuntimeError for the callers that catch one)."""
 
 
 @dataclass(frozen=True)

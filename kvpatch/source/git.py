@@ -34,6 +34,8 @@ import subprocess
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from ..errors import BuildError
+
 #: ``-c`` options of every command on kvpatch's own repositories.
 OWN_CONFIG: tuple[str, ...] = (
     f"core.hooksPath={os.devnull}",
@@ -129,8 +131,9 @@ def check_remote(remote: str) -> None:
         raise ValueError("the remote holds a NUL character")
 
 
-class GitFailed(Exception):
-    """A git command that exited non-zero (``status``) or ran out of time (``timed_out``)."""
+class GitFailed(BuildError):
+    """A git command that exited non-zero (``status``) or ran out of time (``timed_out``): a tool
+    that failed (exit 5) where no caller says more; its message is git's own reason."""
 
     def __init__(self, argv: Sequence[str], status: int | None, stderr: str, *, timed_out: bool = False) -> None:
         self.argv, self.status, self.stderr, self.timed_out = list(argv), status, stderr, timed_out

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..errors import UsageError
 from ..gpu.stats import median
 from .options import WeightPrefetch
 from .windows import TailPrefetch
@@ -85,7 +86,7 @@ def default_arms(libs: Iterable[str], wpf: WeightPrefetch | None, *, aa: bool = 
     library, a second load of the same build, is given)."""
     names = list(libs)
     if "stock" not in names:
-        raise ValueError(f"the libraries must include 'stock' (the baseline); got {', '.join(names) or 'none'}")
+        raise UsageError(f"the libraries must include 'stock' (the baseline); got {', '.join(names) or 'none'}")
     plain = [n for n in names if n != "stock" and n not in tail_libs]
     arms = [Arm("stock", "stock")]
     if aa:
@@ -108,17 +109,18 @@ def default_arms(libs: Iterable[str], wpf: WeightPrefetch | None, *, aa: bool = 
 
 
 def check_arms(arms: Sequence[Arm]) -> None:
-    """ValueError unless the first arm is plain stock and names are unique."""
+    """:class:`UsageError` unless the first arm is plain stock, names are unique and every baseline
+    is measured (a ``--lib`` named like one of the arms kvpatch adds, ``stock-aa``, is refused here)."""
     if not arms or arms[0].name != "stock" or arms[0].library != "stock" or arms[0].wpf or arms[0].tail:
-        raise ValueError("the first arm must be plain stock: Arm('stock', 'stock')")
+        raise UsageError("the first arm must be plain stock: Arm('stock', 'stock')")
     names = [a.name for a in arms]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise ValueError(f"arm name(s) given twice: {', '.join(twice)}")
+        raise UsageError(f"arm name(s) given twice: {', '.join(twice)}")
     known = set(names)
     missing = sorted({a.baseline for a in arms} - known)
     if missing:
-        raise ValueError(f"arms compared with arms not measured: {', '.join(missing)}")
+        raise UsageError(f"arms compared with arms not measured: {', '.join(missing)}")
 
 
 def zero_twin(arm: Arm, arms: Sequence[Arm]) -> str | None:

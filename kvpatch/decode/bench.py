@@ -26,7 +26,7 @@ import os
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from ..errors import BuildError
+from ..errors import BuildError, UsageError
 from .arms import Arm, default_arms
 from .measure import close_rounds, measure_point
 from .models import model_shape
@@ -151,15 +151,15 @@ def run_bench_decode(
         model_shape(m)
     bad = [d for d in dtypes if d not in DTYPES]
     if bad:
-        raise ValueError(f"bench-decode dtypes are fp16 and bf16, not {', '.join(bad)}")
+        raise UsageError(f"bench-decode dtypes are fp16 and bf16, not {', '.join(bad)}")
     missing = sorted({a.library for a in arms} - set(libs))
     if missing:
-        raise ValueError(f"arms use libraries not given: {', '.join(missing)}")
+        raise UsageError(f"arms use libraries not given: {', '.join(missing)}")
     pf_lib = prefetch_library_for(prefetch_library, dev)
     tails = weight_tails({a.library: libs[a.library] for a in arms if a.tail is not None})
     lacking = sorted({a.library for a in arms if a.tail is not None} - set(tails))
     if lacking:
-        raise ValueError(f"in-kernel arms need weight-tail builds: {', '.join(lacking)} is not one")
+        raise UsageError(f"in-kernel arms need weight-tail builds: {', '.join(lacking)} is not one")
     env = decode_env(dev, pf_lib, libs)
     flush = flush if flush is not None else L2Flush(dev, env["l2_bytes"])
     timer = Timer(dev)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+from ..errors import UsageError
 from ..gpu.stats import median, ratio_stats
 from ..gpu.timing import Timer, time_interleaved
 from .arms import AA, AA_TOLERANCE, Arm, carryover_check, check_arms, zero_twin
@@ -72,7 +73,7 @@ class Guard:
         self.table = range_table(self.ranges, device) if self.ranges else None
         self.device, self.grid, self.threads = device, grid, threads
         if self.ranges and "demote" not in getattr(pf_lib, "modes", ()):
-            raise ValueError(
+            raise UsageError(
                 "the evict_last guard needs the prefetch library's demote mode (PrefetchKernelSpec(demote=True))"
             )
 

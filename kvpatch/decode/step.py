@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..dtypes import QUERY_DTYPES
+from ..errors import UsageError
 from ..gpu.dispatch import PARTITION_SIZE, V1_MAX_SEQ_LEN, V1_MIN_PARALLELISM, dispatched_kernel  # noqa: F401  (vLLM's rule, one place)
 from .models import ModelShape
 from .options import BLOCK_SIZE, JOIN_POINTS
@@ -225,7 +226,7 @@ class DecodeStep:
 
     def lib_check(self, lib: Any) -> Any:
         if getattr(lib, "scale_by_value", False):
-            raise ValueError(
+            raise UsageError(
                 f"{lib} takes k/v scales by value (vLLM 0.6.4): it syncs per launch and cannot be captured"
             )
         return lib

@@ -18,6 +18,7 @@ from kvpatch.decode import bench as BENCH  # noqa: E402
 from kvpatch.decode.arms import default_arms  # noqa: E402
 from kvpatch.decode.options import MiB, WeightPrefetch  # noqa: E402
 from kvpatch.decode.windows import TailPrefetch, Window  # noqa: E402
+from kvpatch.errors import UsageError  # noqa: E402
 
 
 @pytest.fixture
@@ -81,3 +82,37 @@ def test_without_evict_last_there_is_no_guard_and_guard_off_is_honoured(cpu):
     report = BENCH.run_bench_decode(libs, models=["llama-3.2-1b"], dtypes=["bf16"], batches=[4], contexts=[32], layers=2,
                                     rounds=2, cycles=1, weight_prefetch=last, guard="off", attention=False)  # fmt: skip
     assert not report.points[0]["guard"]["on"] and report.points[0]["carryover"] is not None
+
+
+def _run(libs, **kw):
+    return BENCH.run_bench_decode(libs, models=["llama-3.2-1b"], dtypes=["bf16"], batches=[4], contexts=[32], layers=2,
+                                  rounds=1, cycles=1, **kw)  # fmt: skip
+
+
+def test_what_bench_decode_cannot_time_is_a_usage_error_before_any_step(cpu, monkeypatch):
+    """Libraries without ``stock``, a library named like an arm kvpatch adds, in-kernel arms over
+    libraries that are no weight-tail builds: each a UsageError (one line, exit 2), not a traceback."""
+    libs, _, _ = cpu
+    with pytest.raises(UsageError, match="the libraries must include 'stock'"):
+        _run({"patched": libs["patched"]})
+    with pytest.raises(UsageError, match=r"arm name\(s\) given twice: stock-aa"):
+        _run({"stock": libs["stock"], "stock-aa": libs["patched"]})
+    with monkeypatch.context() as m:
+        m.setattr(BENCH, "weight_tails", lambda libs: {})  # a 'tail' library that is no weight-tail build
+        with pytest.raises(UsageError, match="in-kernel arms need weight-tail builds: tail is not one"):
+            _run({"stock": libs["stock"], "tail": libs["tail"]}, tail=TailPrefetch({8: 32 * MiB}, "evict_normal"))
+    with pytest.raises(UsageError, match="bench-decode dtypes are fp16 and bf16, not fp32"):
+        BENCH.run_bench_decode(libs, models=["llama-3.2-1b"], dtypes=["fp32"], batches=[4], contexts=[32], layers=2,
+                               rounds=1, cycles=1)  # fmt: skip
+
+
+def test_a_library_taking_scales_by_value_or_a_guard_without_demote_is_a_usage_error(cpu):
+    from types import SimpleNamespace
+
+    from kvpatch.decode.measure import Guard
+    from kvpatch.decode.step import DecodeStep
+
+    with pytest.raises(UsageError, match="takes k/v scales by value"):
+        DecodeStep.lib_check(None, SimpleNamespace(scale_by_value=True))  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="needs the prefetch library's demote mode"):
+        Guard(SimpleNamespace(modes=("prefetch",)), [(4096, 4096)], torch.device("cpu"))

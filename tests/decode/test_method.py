@@ -12,6 +12,7 @@ from kvpatch.decode.options import MiB, WeightPrefetch
 from kvpatch.decode.picks import SMALL, control_arms, pick_launch, pick_windows, step_arms, step_windows
 from kvpatch.decode.report import DecodeReport
 from kvpatch.decode.windows import TailPrefetch, Window
+from kvpatch.errors import UsageError
 from kvpatch.gpu.stats import ratio_stats
 from kvpatch.gpu.timing import carryover_order
 
@@ -46,7 +47,7 @@ def test_default_arms_hold_every_control_in_order():
         "stock-aa",
         "patched",
     ]
-    with pytest.raises(ValueError, match="stock"):
+    with pytest.raises(UsageError, match="stock"):
         default_arms(["patched"], LAST)
 
 
@@ -63,11 +64,11 @@ def test_what_an_arm_prefetches_and_with_which_hint_per_batch():
 
 
 def test_check_arms():
-    with pytest.raises(ValueError, match="first arm"):
+    with pytest.raises(UsageError, match="first arm"):
         check_arms([Arm("stock-aa", "stock")])
-    with pytest.raises(ValueError, match="twice"):
+    with pytest.raises(UsageError, match="twice"):
         check_arms([Arm("stock", "stock"), Arm("a", "stock"), Arm("a", "patched")])
-    with pytest.raises(ValueError, match="not measured"):
+    with pytest.raises(UsageError, match="not measured"):
         check_arms([Arm("stock", "stock"), Arm("p+wpf", "patched", LAST, baseline="patched")])
 
 

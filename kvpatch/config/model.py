@@ -136,6 +136,21 @@ class PatchConfig:
     #: block-table load; only the prefetch itself depends on lane 0.
     read: str = setting("lane", "lane (lane 0 reads the next block number inside the guard) or warp (every lane reads "
                         "it before the guard).", choices=READS, rule=True, tune=Tune(6))  # fmt: skip
+    #: kvpatch's own launchers only (the plugin, the benchmarks; vLLM's launchers never use it):
+    #: one CTA computes this many query heads that share a KV head, reading each K and V tile once
+    #: for all of them (``templates/inject/grouped.cuh.j2``); each head's arithmetic is the stock
+    #: kernel's, so the output is bit for bit the same. 1: one CTA per query head, as vLLM. Used
+    #: where the launch's group (query heads per KV head) is a multiple of it, without ALiBi, on
+    #: non-fp8 caches and where :attr:`group_min_ctas` allows; elsewhere the stock form runs.
+    group: int = setting(1, "Query heads per CTA in kvpatch's own launchers: 1 (one per head, as vLLM) or 2, 4, 8 "
+                         "(each K/V tile read once for that many heads of a KV group, each head's arithmetic stock's).",
+                         low=1, high=8, power_of_two=True, rule=True, tune=Tune(7, "g{}"))  # fmt: skip
+    #: group > 1 only: the grouped form runs only in launches of at least this many CTAs of its own
+    #: grid (query heads / group x sequences x partitions); a smaller launch keeps one CTA per head,
+    #: which spreads a small batch over more of the GPU.
+    group_min_ctas: int = setting(1, "group > 1 only: group only launches of >= N CTAs of the grouped grid (query "
+                                  "heads / group x sequences x partitions; 1 = always).", low=1, high=MAX_MIN_CTAS,
+                                  rule=True, tune=Tune(8, "gc{}"))  # fmt: skip
     #: Compile the prefetch in but never execute it (its guard reads a block number
     #: < 0): separates the prefetch's own effect from the code-generation change.
     control: bool = setting(False, "Compile the prefetch but never run it (for measurements).", rule=True, paper=FREE)
@@ -222,6 +237,11 @@ class PatchConfig:
     @property
     def uses_call(self) -> bool:
         return any(c.issue == "call" and not c.off for _, c in self.variants())
+
+    @property
+    def uses_group(self) -> bool:
+        """Whether some kernel's settings ask for the grouped form (its code goes into the header)."""
+        return any(c.group > 1 and not c.off for _, c in self.variants())
 
     @property
     def branches_on_types(self) -> bool:

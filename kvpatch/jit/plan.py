@@ -39,6 +39,8 @@ BUILD_FORMAT = 4
 CONFIGS_PER_SHARD = 8
 #: The table a weight-tail header declares (templates/inject/weight_tail_helper.cuh.j2).
 WEIGHT_TAIL_SYMBOL = "kvpatch_weight_tail_window"
+#: The grouped form a header with group > 1 holds (templates/inject/grouped.cuh.j2).
+GROUPED_SYMBOL = "kvpatch_grouped_attention"
 #: The torch headers vLLM's attention headers include; a build gets stand-ins (under stubs/).
 TORCH_STUBS = ("torch/all.h", "ATen/cuda/CUDAContext.h", "c10/cuda/CUDAGuard.h")
 
@@ -230,6 +232,8 @@ def launcher_sources(
         reduce_args=call_arguments(sigs["reduce"]),
         # the header's opt-in weight-tail table: the library exports its setter
         weight_tail=WEIGHT_TAIL_SYMBOL in variant.header,
+        # group > 1 in some kernel's settings: the header's grouped form, launched where it applies
+        grouped=GROUPED_SYMBOL in variant.header,
     )
     return [
         render("build/launcher.cu.j2", shard=i, configs=[c.template_context() for c in configs[i::shards]], **common)

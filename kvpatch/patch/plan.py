@@ -3,6 +3,8 @@ insertions at the sites' byte offsets (pure; :mod:`.header` applies and re-check
 
 from __future__ import annotations
 
+from typing import Callable
+
 from ..config import PatchConfig, Selector
 from ..dtypes import QUERY_DTYPES
 from ..errors import PatchError
@@ -47,21 +49,36 @@ def branch_condition(selector: str, sites: Sites) -> str:
     return " && ".join(terms)
 
 
+def rule_value(branches: list[tuple[str | None, PatchConfig]], value: Callable[[PatchConfig], str]) -> str:
+    """The constant expression, in the kernel's template parameters, whose value for each
+    instantiation is ``value`` of the settings it takes (rules by first match, as the prefetch's
+    own ``if constexpr`` chain): ``(cond) ? a : (cond2) ? b : base``."""
+    expr = value(branches[-1][1])
+    for cond, c in reversed(branches[:-1]):
+        if value(c) != expr:  # a rule that gives what the rest gives anyway adds nothing
+            expr = f"({cond}) ? {value(c)} : {expr}"
+    return expr
+
+
 def split_condition(branches: list[tuple[str | None, PatchConfig]], cfg: PatchConfig, sites: Sites) -> str:
     """The constant expression, in the kernel's template parameters, that is true for the
-    instantiations whose settings say ``issue=split`` (rules by first match, as the
-    prefetch's own ``if constexpr`` chain; ``quantized=skip``: never for a quantized cache)."""
-
-    def split(c: PatchConfig) -> str:
-        return "true" if c.issue == "split" and not c.off else "false"
-
-    expr = split(branches[-1][1])
-    for cond, c in reversed(branches[:-1]):
-        if split(c) != expr:  # a rule that gives what the rest gives anyway adds nothing
-            expr = f"({cond}) ? {split(c)} : {expr}"
+    instantiations whose settings say ``issue=split`` (``quantized=skip``: never for a
+    quantized cache)."""
+    expr = rule_value(branches, lambda c: "true" if c.issue == "split" and not c.off else "false")
     if cfg.quantized == "skip":
         expr = f"kvpatch_is_same<{sites.cache_type}, {sites.scalar_type}>::value && ({expr})"
     return expr
+
+
+def group_values(branches: list[tuple[str | None, PatchConfig]], cfg: PatchConfig) -> dict[str, str]:
+    """The grouped form's per-instantiation constants (templates/inject/grouped.cuh.j2), as
+    :func:`rule_value` expressions: query heads per CTA, the least CTAs of a grouped launch, and
+    its prefetch's lookahead (0: none)."""
+    return {
+        "heads": rule_value(branches, lambda c: str(c.group)),
+        "min_ctas": rule_value(branches, lambda c: str(c.group_min_ctas)),
+        "lookahead": rule_value(branches, lambda c: "0" if c.off else str(c.lookahead)),
+    }
 
 
 def _insertion(offset: int, body: str, what: str, newline: str = "\n") -> Edit:
@@ -76,16 +93,17 @@ def plan(sites: Sites, cfg: PatchConfig) -> list[Edit]:
     edits: list[Edit] = []
     chosen: list[Site] = [s for s in sites if (s.kind == "key" and cfg.k) or
                           (s.kind == "value" and cfg.v)]  # fmt: skip
-    if (cfg.uses_call or cfg.branches_on_types or cfg.weight_tail) and chosen:
+    branches = [(None if sel is None else branch_condition(sel, sites), c) for sel, c in cfg.variants()]
+    if (cfg.uses_call or cfg.branches_on_types or cfg.weight_tail or cfg.uses_group) and chosen:
         # the helper's align and hint: a call-form variant some kernel takes (make_config checked
         # they all agree), else any (its code is then never instantiated)
         callers = [c for _, c in (*cfg.live_variants(), *cfg.variants()) if c.issue == "call" and not c.off]
         caller = callers[0] if callers else None
         gated = any(c.issue == "call" and c.min_kv_mib and not c.off for _, c in cfg.variants())
-        helper = render("inject/prefetch_helper.cuh.j2", cfg=cfg, c=caller, gated=gated, max_rows=WEIGHT_TAIL_ROWS)
+        helper = render("inject/prefetch_helper.cuh.j2", cfg=cfg, c=caller, gated=gated, max_rows=WEIGHT_TAIL_ROWS,
+                        sites=sites, group=group_values(branches, cfg))  # fmt: skip
         edits.append(_insertion(sites.before_function, helper, "helpers", sites.newline))
     for site in chosen:
-        branches = [(None if sel is None else branch_condition(sel, sites), c) for sel, c in cfg.variants()]
         ctx = dict(site=site, sites=sites, cfg=cfg, auto_size=_auto_size(sites), branches=branches)
         if cfg.preset == "paper":
             nxt = render("inject/paper_next_block.cuh.j2", i=site.body_indent, **ctx)

@@ -31,6 +31,8 @@ def test_dump_config_writes_a_complete_table() -> None:
         "min-kv-mib = 0\n"
         'issue = "call"\n'
         'read = "lane"\n'
+        "group = 1\n"
+        "group-min-ctas = 1\n"
         "control = false\n"
         'quantized = "skip"\n'
         "inherit-rules = false\n"

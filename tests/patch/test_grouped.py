@@ -1,0 +1,179 @@
+"""``group`` > 1: the grouped form of the kernel (templates/inject/grouped.cuh.j2), for kvpatch's own
+launchers: what goes into the header, what each instantiation is told, what the launcher does with
+it, that vLLM's own kernels compile exactly as before, and (with nvcc) that it compiles for every
+arch a vLLM build targets."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from conftest import fixture_text
+
+from kvpatch.config import make_config
+from kvpatch.patch import patch, unpatch
+from kvpatch.patch.plan import branch_condition, group_values
+from kvpatch.source.releases import HEADER
+
+HEADER_PATH = "/tmp/vllm/" + HEADER
+BF16_128 = "kvpatch_is_same<scalar_t, __nv_bfloat16>::value && HEAD_SIZE == 128"
+
+
+@pytest.fixture(scope="module")
+def sites():
+    from kvpatch.patch.sites import find_sites
+
+    return find_sites(fixture_text(), HEADER_PATH)
+
+
+def _values(cfg, sites) -> dict[str, str]:
+    branches = [(None if sel is None else branch_condition(sel, sites), c) for sel, c in cfg.variants()]
+    return group_values(branches, cfg)
+
+
+def test_each_instantiation_is_told_its_group_by_the_rules_first_match(sites) -> None:
+    base = dict(inherit_rules=False, quantized="prefetch")
+    assert _values(make_config(**base), sites) == {"heads": "1", "min_ctas": "1", "lookahead": "1"}
+    assert _values(make_config(**base, group=4, group_min_ctas=264), sites) == {
+        "heads": "4",
+        "min_ctas": "264",
+        "lookahead": "1",
+    }
+    # a rule: bf16 head 128 groups by 2, every other kernel keeps one CTA per head
+    got = _values(make_config(**base, rules={"bf16/128": "group=2"}), sites)
+    assert got["heads"] == f"({BF16_128}) ? 2 : 1"
+    # the more specific rule wins; a rule that gives what the rest gives adds nothing
+    got = _values(make_config(**base, group=4, rules={"bf16": "group=2", "bf16/128": "group=4"}), sites)
+    assert got["heads"] == f"({BF16_128}) ? 4 : (kvpatch_is_same<scalar_t, __nv_bfloat16>::value) ? 2 : 4"
+    # off turns the prefetch off, not the grouping: the grouped form then does not prefetch
+    got = _values(make_config(**base, group=2, rules={"bf16/128": "off"}), sites)
+    assert got == {"heads": "2", "min_ctas": "1", "lookahead": f"({BF16_128}) ? 0 : 1"}
+
+
+@pytest.mark.network
+def test_the_grouped_form_goes_into_the_header_only_when_a_kernel_groups(release) -> None:
+    """(A real release: the grouped form names vLLM's helpers, which the fixture's includes lack.)"""
+    path = str(release / HEADER)
+    stock = (release / HEADER).read_text(encoding="utf-8")
+    plain = patch(stock, path, make_config()).patched
+    assert "kvpatch_grouped_attention" not in plain and "kvpatch_group" not in plain
+    grouped = patch(stock, path, make_config(group=4)).patched
+    assert grouped.count("__device__ void kvpatch_grouped_attention(") == 1
+    assert grouped.count("__global__ void kvpatch_grouped_v1_kernel(") == 1
+    assert grouped.count("__global__ void kvpatch_grouped_v2_kernel(") == 1
+    assert "static constexpr int heads() { return plain ? (4) : 1; }" in grouped
+    # only a rule's kernels group: the form is there, and the other kernels are told 1
+    ruled = patch(stock, path, make_config(rules={"fp16/64/16": "group=2"})).patched
+    assert "kvpatch_grouped_attention" in ruled and ": 1) : 1; }" in ruled
+    # it is all inside kvpatch's regions: removing them gives the stock header back
+    assert unpatch(grouped, path)[0] == stock
+    assert "group=4" in grouped and "group=4" not in plain
+
+
+@pytest.mark.network
+def test_the_launcher_launches_the_grouped_form_only_for_a_grouped_header(release) -> None:
+    from kvpatch.jit.plan import GROUPED_SYMBOL, launcher_sources
+    from kvpatch.jit.signatures import kernel_signatures
+    from kvpatch.jit.spec import KernelConfig, Variant
+
+    stock = (release / HEADER).read_text(encoding="utf-8")
+    configs = [KernelConfig("bf16", "auto", 128, 16)]
+    for cfg, grouped in ((make_config(), False), (make_config(group=4), True)):
+        header = patch(stock, str(release / HEADER), cfg).patched
+        assert (GROUPED_SYMBOL in header) is grouped
+        (src,) = launcher_sources(Variant("v", header), kernel_signatures(header, str(release / HEADER)), configs)
+        assert ("launch_grouped<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, 0>(a, 1)" in src) is grouped
+        assert ("launch_grouped<T, CACHE_T, HEAD_SIZE, BLOCK_SIZE, kPartitionSize>" in src) is grouped
+        # what falls back to the stock form: ALiBi, a group that is not a multiple, too few CTAs
+        assert ("a.alibi_slopes != nullptr" in src) is grouped
+        assert ("ctas < Group::min_ctas()" in src) is grouped
+
+
+@pytest.fixture
+def release(vllm_release: Callable[[str], Path]) -> Path:
+    """vLLM 0.10.2's tree (fetched into the release cache once): the fixture header has no
+    kernels to launch, and lacks the includes that define the helpers the grouped form calls."""
+    return vllm_release("0.10.2")
+
+
+# --------------------------------------------------------------------------- nvcc
+
+
+def nvcc_on_a_release(test: Callable) -> Callable:
+    for mark in (pytest.mark.slow, pytest.mark.nvcc, pytest.mark.network,
+                 pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")):  # fmt: skip
+        test = mark(test)
+    return test
+
+
+STOCK_TU = """\
+#include <cstdint>
+#include "attention_kernels.cuh"
+void* kvpatch_test_kernels[] = {
+  (void*)&vllm::paged_attention_v1_kernel<uint16_t, uint16_t, 128, 16, 128, vllm::Fp8KVCacheDataType::kAuto, false>,
+  (void*)&vllm::paged_attention_v2_kernel<__nv_bfloat16, __nv_bfloat16, 64, 32, 128,
+                                          vllm::Fp8KVCacheDataType::kAuto, false, 512>,
+};
+"""
+
+GROUPED_TU = """\
+#include <cstdint>
+#include "attention_kernels.cuh"
+void* kvpatch_test_kernels[] = {
+  (void*)&vllm::kvpatch_grouped_v1_kernel<__nv_bfloat16, __nv_bfloat16, 128, 16, 128, 4, 1>,
+  (void*)&vllm::kvpatch_grouped_v2_kernel<uint16_t, uint16_t, 256, 32, 128, 2, 1, 512>,
+  (void*)&vllm::kvpatch_grouped_v1_kernel<float, float, 64, 8, 128, 8, 0>,
+};
+static_assert(vllm::kvpatch_group<__nv_bfloat16, __nv_bfloat16, 128, 16, 0>::heads() == 4, "");
+static_assert(vllm::kvpatch_group<__nv_bfloat16, uint8_t, 128, 16, 0>::heads() == 1, "fp8 caches never group");
+"""
+
+
+def _compile(tmp: Path, csrc: Path, header: str, tu: str, targets: list[str], what: str = "-ptx") -> str:
+    from kvpatch.jit import stub_headers, vllm_nvcc_flags
+
+    tmp.mkdir(parents=True)
+    for name, text in stub_headers().items():
+        (tmp / "stubs" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / "stubs" / name).write_text(text)
+    (tmp / "attention_kernels.cuh").write_text(header, encoding="utf-8")
+    (tmp / "tu.cu").write_text(tu)
+    out = tmp / ("tu.ptx" if what == "-ptx" else "tu.o")
+    cmd = [shutil.which("nvcc"), *vllm_nvcc_flags(), what, *targets, f"-I{tmp}", f"-I{csrc / 'attention'}",
+           f"-I{csrc}", f"-I{tmp / 'stubs'}", str(tmp / "tu.cu"), "-o", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out.read_text() if what == "-ptx" else ""
+
+
+@nvcc_on_a_release
+def test_grouping_leaves_vllms_kernels_exactly_as_they_compile_without_it(
+    vllm_release: Callable[[str], Path], tmp_path: Path
+) -> None:
+    tree = vllm_release("0.10.2")
+    stock = (tree / HEADER).read_text(encoding="utf-8")
+    csrc, sm90 = tree / "csrc", ["-gencode=arch=compute_90a,code=sm_90a"]
+    without = patch(stock, str(tree / HEADER), make_config()).patched
+    with_group = patch(stock, str(tree / HEADER), make_config(group=4)).patched
+    assert without != with_group
+    assert _compile(tmp_path / "a", csrc, with_group, STOCK_TU, sm90) == _compile(
+        tmp_path / "b", csrc, without, STOCK_TU, sm90
+    )
+
+
+@nvcc_on_a_release
+def test_the_grouped_form_compiles_for_every_arch_vllm_builds(
+    vllm_release: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """Every arch nvcc 13 still compiles of those vLLM's CUDA builds target (7.5 up), as PTX, and
+    sm_90a through ptxas; fp8 caches are told not to group (a static_assert)."""
+    tree = vllm_release("0.10.2")
+    stock = (tree / HEADER).read_text(encoding="utf-8")
+    header = patch(stock, str(tree / HEADER), make_config(group=4)).patched
+    archs = ("75", "80", "86", "89", "90", "100", "120")
+    targets = [f"-gencode=arch=compute_{a},code=compute_{a}" for a in archs]
+    targets.append("-gencode=arch=compute_90a,code=sm_90a")
+    _compile(tmp_path / "g", tree / "csrc", header, GROUPED_TU, targets, what="-c")

@@ -1,0 +1,2 @@
+#define LAUNCH_PREFIX kvp
+#include "launch.inc"

@@ -1,0 +1,3 @@
+#define LAUNCH_PREFIX kvs
+#define WITH_GROUPED
+#include "launch.inc"

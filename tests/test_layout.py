@@ -120,6 +120,14 @@ def test_render_is_imported_by_the_cli_alone(graph: dict[str, set[str]]) -> None
     assert [u for u in users if room(u) not in ("cli", "render")] == []
 
 
+def test_above_jit_only_commands_reach_releases_and_trees(graph: dict[str, set[str]]) -> None:
+    """Fetching a release, reading a tree or the workspace (``source``) is composed in commands/
+    alone: the measuring and decode rooms take texts, variants and libraries, never a release."""
+    reach = sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                   if room(b) == "source" and FLOORS["jit"] < FLOORS[room(a)] < FLOORS["commands"])  # fmt: skip
+    assert reach == []
+
+
 def test_no_module_is_too_long() -> None:
     long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}  # fmt: skip

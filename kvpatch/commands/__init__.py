@@ -8,5 +8,6 @@ dataclass, calls ``run`` and renders the report (:mod:`kvpatch.render`). Tests c
   the tree they work on: :mod:`.tree`;
 * building: :mod:`.build`;
 * measuring (GPU): :mod:`.validate`, :mod:`.bench`, :mod:`.tune`, :mod:`.decode`; what they
-  share: :mod:`.common`.
+  share: :mod:`.common`;
+* what a decode-step GPU run carries, built into one folder: :mod:`.decode_libs`.
 """

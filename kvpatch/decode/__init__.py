@@ -6,5 +6,6 @@
   windows, and the arms a measurement compares.
 * :mod:`.measure`, :mod:`.micro`, :mod:`.kernels`, :mod:`.bench`, :mod:`.stages`,
   :mod:`.sweep`, :mod:`.picks`, :mod:`.report`: measuring, the staged sweep, reporting.
-* :mod:`.prepare`: building the libraries a GPU run carries.
+* :mod:`.prepare`: the variants a GPU run carries and unpacking its prepared folder (the
+  build itself: :mod:`kvpatch.commands.decode_libs`).
 """

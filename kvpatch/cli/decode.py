@@ -9,10 +9,8 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from ..decode.models import MODELS
-from ..decode.options import DEFAULT_MODELS
+from ..commands.choices import DECODE_LAYERS, DECODE_ROUNDS, DEFAULT_MODELS, MODELS
 from ..errors import GpuCheckError
-from ..gpu.defaults import DECODE_LAYERS, DECODE_ROUNDS
 from .base import ArchOpt, JsonOpt, TreeOpt, app, csv, cwd, io, json_target, progress
 
 LibsFileOpt = Annotated[
@@ -183,7 +181,6 @@ def bench_decode_sweep(
     import json as _json
 
     from ..commands import decode as D
-    from ..decode.picks import all_identical
     from ..fsutil import write_atomic
     from ..render.decode import sweep_summary, sweep_text
 
@@ -205,5 +202,5 @@ def bench_decode_sweep(
     write_atomic(out / "sweep.txt", text + "\n")
     write_atomic(out / "summary.txt", summary + "\n")
     io.out.print(escape(text + "\n\n" + summary), highlight=False, soft_wrap=True)
-    if not all_identical(result):
+    if not D.sweep_identical(result):
         raise GpuCheckError("outputs differ from stock")

@@ -8,9 +8,8 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
+from ..commands.choices import DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP, GRID_KEYS, TUNE_REPS
 from ..errors import GpuCheckError
-from ..gpu.defaults import DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP, TUNE_REPS
-from ..tune.grid import GRID_KEYS
 from .base import ArchOpt, DeviceOpt, JsonOpt, LibOpt, TreeOpt, VariantInfoOpt, app, csv, cwd, io, json_target, progress
 
 #: The settings ``tune --grid`` may vary, as its help names them.
@@ -167,8 +166,8 @@ def bench(
 ) -> None:
     """GPU: time stock, the paper preset and the patched kernels side by side (warm and cold)."""
     from ..commands import bench as B
+    from ..commands.choices import variant_configs
     from ..commands.common import parse_heads
-    from ..config import variant_configs
     from ..render import print_bench
 
     path, to_stdout = json_target(json_out)

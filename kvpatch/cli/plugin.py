@@ -63,9 +63,7 @@ def enable(
     opts = P.EnableOptions(
         tree=tree, cwd=cwd(), arch=arch, jobs=jobs, release=release, directory=directory, build=build
     )
-    from ..vllm_plugin import bundle_dir
-
-    bundle = directory if directory is not None else bundle_dir()
+    bundle = directory if directory is not None else P.bundle_dir()
     check_report_output(json_out, opts.cwd, tree=tree, protected={"the plugin's bundle": bundle})
     with progress() as p:
         report = P.enable(opts, progress=p)

@@ -9,5 +9,6 @@ dataclass, calls ``run`` and renders the report (:mod:`kvpatch.render`). Tests c
 * building: :mod:`.build`;
 * measuring (GPU): :mod:`.validate`, :mod:`.bench`, :mod:`.tune`, :mod:`.decode`; what they
   share: :mod:`.common`;
-* what a decode-step GPU run carries, built into one folder: :mod:`.decode_libs`.
+* what a decode-step GPU run carries, built into one folder: :mod:`.decode_libs`;
+* the defaults and choices the CLI's options name: :mod:`.choices`.
 """

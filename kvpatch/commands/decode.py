@@ -225,6 +225,13 @@ class SweepOptions:
     tail: bool = True  # the in-kernel arms, where a 'tail' library is given
 
 
+def sweep_identical(result: Mapping[str, Any]) -> bool:
+    """Whether every output of a sweep's result was bit-identical to stock's."""
+    from ..decode.picks import all_identical
+
+    return all_identical(result)
+
+
 def run_sweep(o: SweepOptions, *, progress: Progress = QUIET) -> dict[str, Any]:
     """The weight-prefetch sweep (:mod:`kvpatch.decode.sweep`): ``sweep.json`` in ``out``."""
     from ..decode.picks import SHARES, TAIL

@@ -74,6 +74,13 @@ def _release(o: EnableOptions, target: Any) -> str:
     return found
 
 
+def bundle_dir() -> Path:
+    """Where this Python environment's plugin bundle lives (nothing is created)."""
+    from ..vllm_plugin import bundle_dir as where
+
+    return where()
+
+
 def check_match(release: str, installed: str | None) -> list[str]:
     """The warnings for a bundle of ``release`` in an environment with vLLM ``installed``;
     UsageError when they are different releases (the plugin would refuse to load)."""

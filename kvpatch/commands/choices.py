@@ -1,0 +1,17 @@
+"""What the CLI shows before a command runs: the defaults and choices its options name, and the
+option values it turns into objects, taken from the rooms below so that the CLI imports the
+commands (and the rendering) alone.
+"""
+
+from __future__ import annotations
+
+from ..config import variant_configs
+from ..decode.models import MODELS
+from ..decode.options import DEFAULT_MODELS
+from ..gpu.defaults import DECODE_LAYERS, DECODE_ROUNDS, DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP, TUNE_REPS
+from ..tune.grid import GRID_KEYS
+
+__all__ = [
+    "DECODE_LAYERS", "DECODE_ROUNDS", "DEFAULT_MODELS", "DEFAULT_REPS", "DEFAULT_ROUNDS", "DEFAULT_WARMUP",
+    "GRID_KEYS", "MODELS", "TUNE_REPS", "variant_configs",
+]  # fmt: skip

@@ -205,6 +205,8 @@ def _compile_all(plans: list[LibraryPlan], tc: Toolchain, tools: Inspector, jobs
 
         _wait([pool.submit(compile_shard, p, i) for p, i in tasks], procs)
         _wait([pool.submit(step, p, "link", lambda p=p: _link(p, tc, procs)) for p in plans], procs)
+        for p in plans:
+            progress.say(_reading_sass(p))
         inspected = {p.name: pool.submit(p.inspect, tools, lambda name, fn, p=p: step(p, name, fn)) for p in plans}
         _wait(list(inspected.values()), procs)
     except BaseException:
@@ -224,6 +226,20 @@ def _compile_all(plans: list[LibraryPlan], tc: Toolchain, tools: Inspector, jobs
         save_result(p, result)
         results[p.name] = result
     return results
+
+
+def _reading_sass(p: LibraryPlan) -> str:
+    """What a plan's inspection is about to do, in a line (cuobjdump's dump of vLLM's full
+    set takes minutes, during which nothing else is said)."""
+    configs, archs = getattr(p, "configs", ()), [f"sm_{a.sm}" for a in getattr(p, "archs", ())]
+    where = ", ".join(archs) or "its archs"
+    if not configs:
+        return f"{p.name}: reading its SASS ({where})"
+    from .sass import kernel_count
+
+    slow = "; minutes for vLLM's full set" if len(configs) >= 100 else ""
+    return (f"{p.name}: reading the SASS of {kernel_count(configs, len(archs))} kernels (v1 and v2 of "
+            f"{len(configs)} configurations and their reduce kernels, {where}) to check the prefetch{slow}")  # fmt: skip
 
 
 def _wait(futures: Iterable[concurrent.futures.Future], procs: Processes) -> None:

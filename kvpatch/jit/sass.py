@@ -12,7 +12,7 @@ import statistics
 import subprocess
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from ..arch import Arch
 from ..dtypes import KV_CACHE_DTYPES, by_demangled
@@ -242,6 +242,13 @@ def reread_sass(result: VariantResult) -> VariantResult:
         return k if got is None else replace(k, fp_ops=tuple(sorted(got.fp_ops.items())), load_use=got.load_use)
 
     return replace(result, kernels=tuple(again(k) for k in result.kernels))
+
+
+def kernel_count(configs: Sequence[Any], archs: int = 1) -> int:
+    """How many of the kernels this module reads a variant's SASS holds: per arch, v1 and v2 for
+    each configuration, and v2's reduce kernel once per dtype and head size (it reads no KV cache,
+    so the block size and the cache dtype do not instantiate it again)."""
+    return max(1, archs) * (2 * len(configs) + len({(c.dtype, c.head_size) for c in configs}))
 
 
 def dump_sass(tools: Inspector, library: Path, out: Path) -> dict[tuple[str, str], SassKernel]:

@@ -11,6 +11,10 @@ if TYPE_CHECKING:
     from ..jit.result import BuildResult
 
 
+#: What the per-variant table's counts count.
+COUNTS = ("kernels: per arch, v1 and v2 of each configuration and v2's reduce kernel per dtype and head size; "
+          "configurations: dtype x KV-cache dtype x head size x block size; prefetching: kernels whose SASS "
+          "holds UBLKPF")  # fmt: skip
 #: Above this many kernels a build is shown per variant (plus every kernel that failed its
 #: check); ``--json`` always holds every kernel.
 MAX_KERNEL_ROWS = 60
@@ -62,6 +66,7 @@ def _variant_table(result: BuildResult) -> Table:
     for name, k in failed:
         table.add_row(escape(name), k.arch, f"{k.kernel} {k.config}", "", "yes" if k.has_prefetch else "-",
                       str(k.registers), f"{k.spill_stores}/{k.spill_loads}", "[red]FAIL[/]")  # fmt: skip
-    if result.vllm_flags:
-        table.caption = escape("vLLM's nvcc flags: " + " ".join(result.vllm_flags))
+    table.caption = escape(
+        COUNTS + ("\nvLLM's nvcc flags: " + " ".join(result.vllm_flags) if result.vllm_flags else "")
+    )
     return table

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+#: What a bundle's configurations are (vLLM's full set: 243 of them in 0.10.2).
+CONFIGURATIONS = "configurations (dtype x KV-cache dtype x head size x block size, each its v1 and v2 kernels)"
+
 
 def enable_lines(report: Any) -> list[str]:
     m = report.manifest
@@ -11,7 +14,7 @@ def enable_lines(report: Any) -> list[str]:
     lines = [
         f"installed kvpatch's patched kernels for vLLM {m.vllm_release} in {report.directory}",
         f"  configuration: {m.marker}",
-        f"  library: {m.library} ({m.library_bytes / 2**20:.1f} MiB, {len(m.configs)} configurations, "
+        f"  library: {m.library} ({m.library_bytes / 2**20:.1f} MiB, {len(m.configs)} {CONFIGURATIONS}, "
         f"{', '.join(m.archs)}; {built}: {report.library})",
     ]
     if report.installed_vllm is not None:
@@ -28,7 +31,7 @@ def status_lines(decision: Any) -> list[str]:
     if d.action == "off" and d.fix:
         lines.append(f"  to enable: {d.fix}")
     if d.release:
-        lines.append(f"  built for vLLM {d.release} (stock header {d.header_revision}), {d.configs} configurations, "
+        lines.append(f"  built for vLLM {d.release} (stock header {d.header_revision}), {d.configs} {CONFIGURATIONS}, "
                      f"{', '.join(d.archs)}")  # fmt: skip
     if d.vllm_version:
         lines.append(f"  installed: vLLM {d.vllm_version}, torch {d.torch_version}")

@@ -5,11 +5,12 @@
 # What is not vLLM's own code, and why it is off the measured path:
 # scripts/serving_standins/README.md.
 #
-#   here (nvcc, no GPU):  bash scripts/gpu_serving.sh --prepare
+#   here (nvcc, no GPU):  bash scripts/gpu_serving.sh --prepare [--config kvpatch.toml]
 #       fetches the release, builds vLLM's ops for torch 2.11 (scripts/vllm_ops.py; ~20 min on
 #       two cores the first time), downloads the Python packages vLLM needs that the GPU
 #       machine lacks, builds kvpatch's wheel and the plugin's bundle (kvpatch build --all;
-#       cached), and packs all of it into .gpu/serving/carry (carry that folder).
+#       cached; with --config, of that configuration, e.g. one with group = 4), and packs
+#       all of it into .gpu/serving/carry (carry that folder).
 #   GPU machine:          OUT=/some/dir bash scripts/gpu_serving.sh [--dtype bf16] [--budget S]
 #                             [--resume RAW.tar.xz] [--smoke] [-- more 'kvpatch plugin bench' options]
 #       installs the carry (once per machine), runs vLLM's own kernel tests on the rebuilt
@@ -23,7 +24,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
 VERSION=0.10.2
-CARRY=.gpu/serving/carry
+CARRY=${CARRY:-.gpu/serving/carry}  # another CARRY keeps a second bundle (e.g. --config's) beside the default
 WORK=.gpu/serving/work
 # The Python packages vLLM 0.10.2 imports that the GPU machine's image lacks (cp312 wheels).
 WHEELS=(pydantic==2.11.7 pydantic_core==2.33.2 annotated-types typing-inspection msgspec pyzmq cachetools cbor2
@@ -32,6 +33,11 @@ WHEELS=(pydantic==2.11.7 pydantic_core==2.33.2 annotated-types typing-inspection
 
 if [[ ${1:-} == --prepare ]]; then
   set -e
+  CONFIG=()  # --config FILE: the plugin's bundle built with this kvpatch.toml (default: kvpatch's default)
+  if [[ ${2:-} == --config ]]; then
+    [[ -f ${3:-} ]] || { echo "--config needs a kvpatch.toml" >&2; exit 2; }
+    CONFIG=(--config "$(cd "$(dirname "$3")" && pwd)/$(basename "$3")")
+  fi
   mkdir -p "$CARRY/wheels" "$WORK/dl"
   TREE=$("$PY" -c "from kvpatch.source.fetch import fetch_release; print(fetch_release('$VERSION'))")
   pipdl() { "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -59,7 +65,7 @@ if [[ ${1:-} == --prepare ]]; then
     csrc/torch_bindings.cpp PKG-INFO
   # The plugin's bundle: the patched kernels of vLLM's full set (kvpatch build --all, cached).
   mkdir -p "$WORK/ws"
-  (cd "$WORK/ws" && { [[ -f .kvpatch/state.json ]] || kvpatch apply --vllm "v$VERSION" >/dev/null; } \
+  (cd "$WORK/ws" && kvpatch apply --vllm "v$VERSION" "${CONFIG[@]}" >/dev/null \
     && kvpatch build --all --arch 9.0a >/dev/null && rm -rf bundle && kvpatch plugin enable --dir bundle >/dev/null)
   rm -rf "$CARRY/bundle" && mkdir -p "$CARRY/bundle"
   cp "$WORK/ws/bundle/bundle.json" "$CARRY/bundle/"
@@ -139,6 +145,14 @@ if [[ -n $RESUME && ! -d $RAW ]]; then  # engine runs of an earlier machine
   [[ $RESUME == /* ]] || RESUME=$ROOT/$RESUME
   mkdir -p "$RAW" && tar -C "$RAW" -xJf "$RESUME" || exit 2
 fi
+# one bundle per --raw folder: its starts resumed with other kernels would mix two configurations
+BUNDLE_ID=$(sha256sum "$CARRY/bundle/bundle.json" | cut -c1-16)
+mkdir -p "$RAW"
+if [[ -f $RAW/bundle.sha256 && $(cat "$RAW/bundle.sha256") != "$BUNDLE_ID" ]]; then
+  say "$RAW holds engine runs of another plugin bundle ($(cat "$RAW/bundle.sha256"), this carry's: $BUNDLE_ID): use another --raw"
+  exit 2
+fi
+echo "$BUNDLE_ID" > "$RAW/bundle.sha256"
 ARGS=(--dtype "$DTYPE" --raw "$RAW" --budget "$BUDGET" --json "$OUT/serving-$DTYPE.json")
 if [[ $SMOKE == 1 ]]; then
   RAW=$BASE/smoke-$DTYPE

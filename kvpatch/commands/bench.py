@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..errors import UsageError
 from ..fsutil import check_outputs
@@ -28,6 +28,9 @@ from .common import (
     require_device,
     write_if,
 )
+
+if TYPE_CHECKING:
+    from ..gpu.bench_report import BenchReport
 
 
 @dataclass
@@ -96,7 +99,7 @@ def bench_points(o: BenchOptions) -> tuple[list, str]:
     return pts, name
 
 
-def run(o: BenchOptions, *, progress: Progress = QUIET) -> Any:
+def run(o: BenchOptions, *, progress: Progress = QUIET) -> BenchReport:
     """``kvpatch bench``: returns the :class:`~kvpatch.gpu.bench_report.BenchReport` (JSON/plot written)."""
     check_device(o.device)
     check_kernel_sizes(o.head_sizes, o.block_sizes)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from ..errors import UsageError
 from ..fsutil import check_outputs
@@ -32,6 +32,9 @@ from .common import (
     parse_libs,
     require_device,
 )
+
+if TYPE_CHECKING:
+    from ..decode.report import DecodeReport
 
 #: Rounds with weight prefetch on (a 1-2% effect must clear the round-to-round spread).
 WPF_ROUNDS = 7
@@ -169,7 +172,7 @@ def with_tail_copy(libs: dict[str, Any], folder: Optional[Path] = None) -> dict[
     return {**libs, "tail0": Kernels(second_copy(tail.path, where), tail.prefix)}
 
 
-def run(o: DecodeOptions, *, progress: Progress = QUIET) -> Any:
+def run(o: DecodeOptions, *, progress: Progress = QUIET) -> DecodeReport:
     """``kvpatch bench-decode``: the :class:`~kvpatch.decode.report.DecodeReport` (JSON and plot written)."""
     from ..decode.models import model_shape
 

@@ -15,11 +15,15 @@ import importlib.metadata
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..errors import BuildError, GpuCheckError, UsageError
 from ..fsutil import read_input
 from ..progress import QUIET, Progress
+
+if TYPE_CHECKING:
+    from ..gpu.plugin_check import CheckReport
+    from ..vllm_plugin import Decision, Manifest
 
 #: The releases whose V0 engine calls these ops on CUDA (0.11 removed the V0 engine).
 LAST_V0 = (0, 10)
@@ -40,7 +44,7 @@ class EnableOptions:
 
 @dataclass(frozen=True)
 class EnableReport:
-    manifest: Any  # kvpatch.vllm_plugin.Manifest
+    manifest: Manifest
     directory: Path
     library: Path  # the built library in kvpatch's cache
     cached: bool
@@ -186,7 +190,7 @@ def disable(directory: Optional[Path] = None) -> tuple[Path, bool]:
     return where, remove_bundle(where)
 
 
-def status(directory: Optional[Path] = None, *, gpus: bool = False) -> Any:
+def status(directory: Optional[Path] = None, *, gpus: bool = False) -> Decision:
     """What vLLM's plugin loader would do in this environment, as a
     :class:`~kvpatch.vllm_plugin.Decision` (every check; nothing registered). With ``gpus``
     each visible GPU is probed (this initialises CUDA)."""
@@ -195,7 +199,7 @@ def status(directory: Optional[Path] = None, *, gpus: bool = False) -> Any:
     return decide(Target(bundle=directory), probe_gpu=gpus)
 
 
-def check(*, reps: int = 30, graphs: bool = True) -> Any:
+def check(*, reps: int = 30, graphs: bool = True) -> CheckReport:
     """Register the plugin in this process and compare vLLM's kernel with kvpatch's on the
     GPU (:func:`kvpatch.gpu.plugin_check.check`): the report, whatever it found (the
     caller raises :func:`failure` after writing it)."""

@@ -12,7 +12,7 @@ import datetime
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ..errors import UsageError
 from ..fsutil import check_outputs, write_atomic, write_both
@@ -21,6 +21,9 @@ from ..progress import QUIET, Progress
 from ..source.includes import check_tree_files
 from ..source.workspace import protected_paths
 from .common import Libraries, LibraryOptions, built, check_sources, input_files, local_machine, prebuilt
+
+if TYPE_CHECKING:
+    from ..tune.report import TuneReport
 
 
 @dataclass
@@ -81,7 +84,7 @@ def _prebuilt_candidates(o: TuneOptions) -> tuple[Libraries, dict[str, Any]]:
     return libs, configs
 
 
-def run(o: TuneOptions, *, progress: Progress = QUIET) -> Any:
+def run(o: TuneOptions, *, progress: Progress = QUIET) -> TuneReport:
     """``kvpatch tune``: build (or load) the candidates, validate, bench on the tuning set, write the best."""
     from .. import tune as T
     from ..arch import parse_arch_list
@@ -201,7 +204,7 @@ def read_tune_json(path: Path) -> dict:
     return data
 
 
-def _write_tune(o: TuneOptions, report: Any) -> Any:
+def _write_tune(o: TuneOptions, report: TuneReport) -> TuneReport:
     """What every tune writes: the configuration with its machine, and the JSON if asked."""
     from ..config import dump_config
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..errors import GpuCheckError, UsageError
 from ..fsutil import check_outputs
@@ -31,6 +31,10 @@ from .common import (
     require_device,
     write_if,
 )
+
+if TYPE_CHECKING:
+    from ..gpu.report import ValidateReport
+    from ..gpu.upstream import UpstreamReport
 
 
 @dataclass
@@ -59,8 +63,8 @@ class ValidateOptions(LibraryOptions):
 
 @dataclass
 class ValidateOutcome:
-    report: Any = None  # ValidateReport, or None with --upstream only
-    upstream: Any = None  # UpstreamReport
+    report: Optional[ValidateReport] = None  # None with --upstream only
+    upstream: Optional[UpstreamReport] = None
 
     @property
     def ok(self) -> bool:

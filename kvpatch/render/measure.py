@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from ..gpu.bench_report import BenchReport
+    from ..gpu.report import ValidateReport
+    from ..gpu.upstream import UpstreamReport
+    from ..tune.report import TuneReport
 
 
 def fmt_speedup(x: float, match: bool | None = None, verdict: str | None = None) -> str:
@@ -24,7 +30,7 @@ def fmt_speedup(x: float, match: bool | None = None, verdict: str | None = None)
     return s
 
 
-def bench_tables(report: Any) -> list[Table]:
+def bench_tables(report: BenchReport) -> list[Table]:
     """Per point/kernel (stock us and per-variant speedups with their interval, warm and
     cold) and the summary over the dispatched kernels, with the noise counts."""
     modes = list(dict.fromkeys(r.mode for r in report.results))
@@ -71,7 +77,7 @@ def bench_tables(report: Any) -> list[Table]:
     return [t, bench_summary_table(report)]
 
 
-def bench_summary_table(report: Any) -> Table:
+def bench_summary_table(report: BenchReport) -> Table:
     s = Table(title=f"{escape(report.point_set)} set, the dispatched kernel: speedup min / median / geomean; points "
               "faster / within noise / slower (interval vs 1.00; '(k stock code)': k of them run a kernel the "
               "variant compiles exactly as stock, i.e. the bench's noise floor)", title_justify="left")  # fmt: skip
@@ -93,7 +99,7 @@ def _slower_cell(row: dict) -> str:
     return f"[red]{row['slower']}[/red]" + (f" ({k} stock code)" if k else "")
 
 
-def print_bench(report: Any, console: Console) -> None:
+def print_bench(report: BenchReport, console: Console) -> None:
     for tab in bench_tables(report):
         console.print(tab)
     for m in report.mismatches:
@@ -108,7 +114,7 @@ def print_bench(report: Any, console: Console) -> None:
     console.print(f"bench took {report.seconds:.0f} s")
 
 
-def validate_summary(report: Any) -> str:
+def validate_summary(report: ValidateReport) -> str:
     worst = ", ".join(f"{k} {v:.1e}" for k, v in sorted(report.max_ref_error().items()))
     ident = "; ".join(
         f"{n}: {c['identical']}/{c['checked']} bit-identical" for n, c in report.identical_counts().items()
@@ -118,7 +124,7 @@ def validate_summary(report: Any) -> str:
             + (f"; {ident}" if ident else "") + (f"; stock vs float64 reference (rel-L2): {worst}" if worst else ""))  # fmt: skip
 
 
-def print_validate(report: Any, console: Console, err: Console, *, limit: int = 20) -> None:
+def print_validate(report: ValidateReport, console: Console, err: Console, *, limit: int = 20) -> None:
     console.print(escape(validate_summary(report)), highlight=False, soft_wrap=True)
     groups = report.mismatch_groups()
     if groups:
@@ -137,7 +143,7 @@ def print_validate(report: Any, console: Console, err: Console, *, limit: int = 
         console.print("[green]bit-identical to stock everywhere checked[/]")
 
 
-def upstream_table(report: Any) -> Table:
+def upstream_table(report: UpstreamReport) -> Table:
     share = f", shard {report.shard}: {report.selected} of its {report.collected} cases" if report.shard else ""
     t = Table(title=f"vLLM {escape(report.release)}'s own test {escape(report.test_id)} (unchanged{share}) per library",
               title_justify="left")  # fmt: skip
@@ -162,7 +168,7 @@ def upstream_table(report: Any) -> Table:
     return t
 
 
-def print_upstream(report: Any, console: Console, *, limit: int = 20) -> None:
+def print_upstream(report: UpstreamReport, console: Console, *, limit: int = 20) -> None:
     console.print(upstream_table(report))
     for name, ids in report.differing.items():
         for i in ids[:limit]:
@@ -171,7 +177,7 @@ def print_upstream(report: Any, console: Console, *, limit: int = 20) -> None:
         console.print(f"note: {escape(line)}", highlight=False)
 
 
-def tune_table(report: Any, top: int = 3) -> Table:
+def tune_table(report: TuneReport, top: int = 3) -> Table:
     """Per tuned instantiation: what was picked, and the best candidates (dispatched kernel, warm + cold)."""
     table = Table(title=f"kvpatch tune (policy {report.policy}): per instantiation, the pick and the best candidates")
     for col in ("instantiation", "picked", "candidate", "bit-identical", "slower", "worst", "geomean [interval]"):

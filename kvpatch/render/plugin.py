@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..commands.plugin import EnableReport
+    from ..gpu.plugin_check import CheckReport
+    from ..vllm_plugin import Decision
 
 #: What a bundle's configurations are (vLLM's full set: 243 of them in 0.10.2).
 CONFIGURATIONS = "configurations (dtype x KV-cache dtype x head size x block size, each its v1 and v2 kernels)"
 
 
-def enable_lines(report: Any) -> list[str]:
+def enable_lines(report: EnableReport) -> list[str]:
     m = report.manifest
     built = "from kvpatch's build cache" if report.cached else "built"
     lines = [
@@ -25,7 +30,7 @@ def enable_lines(report: Any) -> list[str]:
     return lines
 
 
-def status_lines(decision: Any) -> list[str]:
+def status_lines(decision: Decision) -> list[str]:
     d = decision
     lines = [d.line(), f"  bundle: {d.bundle}"]
     if d.action == "off" and d.fix:
@@ -42,7 +47,7 @@ def status_lines(decision: Any) -> list[str]:
     return lines
 
 
-def check_lines(report: Any) -> list[str]:
+def check_lines(report: CheckReport) -> list[str]:
     lines = list(report.summary())
     if report.timings:
         lines.append("(kernel times, CUDA-graph replays, median: not a serving measurement)")

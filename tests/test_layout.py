@@ -123,7 +123,8 @@ def test_render_is_imported_by_the_cli_alone(graph: dict[str, set[str]]) -> None
 #: What the CLI may import besides itself: the commands, the rendering and the ground floors
 #: (the package's root, errors, the small helpers). Everything else it reaches through commands/.
 CLI_MAY_IMPORT = {"commands", "render"} | {r for r, floor in FLOORS.items() if floor <= 2}
-#: Imports of cli modules kept for now, each with the one thing it needs (to be taken through commands/).
+#: Imports of cli modules kept for now; commands/ already offers each (``commands.choices.SETTINGS``
+#: and ``Setting``, ``commands.diff.check_output``), so the module can import those instead.
 CLI_PENDING = {
     "kvpatch.cli.patching": {"kvpatch.config.model", "kvpatch.config.settings", "kvpatch.source.workspace"},
 }

@@ -6,6 +6,8 @@ commands (and the rendering) alone.
 from __future__ import annotations
 
 from ..config import variant_configs
+from ..config.model import SETTINGS
+from ..config.settings import Setting
 from ..decode.models import MODELS
 from ..decode.options import DEFAULT_MODELS
 from ..gpu.defaults import DECODE_LAYERS, DECODE_ROUNDS, DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP, TUNE_REPS
@@ -13,5 +15,5 @@ from ..tune.grid import GRID_KEYS
 
 __all__ = [
     "DECODE_LAYERS", "DECODE_ROUNDS", "DEFAULT_MODELS", "DEFAULT_REPS", "DEFAULT_ROUNDS", "DEFAULT_WARMUP",
-    "GRID_KEYS", "MODELS", "TUNE_REPS", "variant_configs",
+    "GRID_KEYS", "MODELS", "SETTINGS", "Setting", "TUNE_REPS", "variant_configs",
 ]  # fmt: skip

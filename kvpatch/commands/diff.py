@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..errors import PatchError
+from ..errors import PatchError, UsageError
 from ..patch import read_header
 from ..progress import QUIET, Progress
-from ..source.workspace import check_no_local_edits, unified_diff
+from ..source.workspace import check_no_local_edits, protected_paths, unified_diff
 from .tree import resolve, state_mismatch, state_or_none
 
 
@@ -24,6 +24,19 @@ class DiffReport:
     header: Path
     text: str  # the unified diff ('' when the header is stock)
     warnings: tuple[str, ...] = ()  # why the diff may not be what apply made, one line each
+
+
+def check_output(output: Path, tree: Optional[Path], cwd: Path) -> None:
+    """``diff -o FILE`` checked before the diff is made: writable, and none of the files kvpatch
+    keeps (its state, the tree's header and lock; a tree that cannot be resolved is the diff's
+    own error, said when it runs)."""
+    from ..fsutil import check_outputs
+
+    try:
+        target = resolve(tree, cwd)
+    except UsageError:
+        target = None
+    check_outputs(output=output, protected=protected_paths(cwd, target))
 
 
 def run(o: DiffOptions, *, progress: Progress = QUIET) -> DiffReport:

@@ -99,3 +99,16 @@ def test_diff_warns_when_the_header_was_edited_after_apply(applied: Path, work: 
     start = body.index("// kvpatch:begin")
     header.write_text(body[:start] + body[start:].replace("\n", "\n// hand\n", 2))
     assert "regions in" in run_cli("diff", cwd=work).stderr
+
+
+def test_diff_output_is_checked_by_the_command_before_the_diff(applied: Path, work: Path) -> None:
+    """What ``diff -o`` may not overwrite is the command's check: the header, the state."""
+    from kvpatch.commands.diff import check_output
+    from kvpatch.errors import UsageError
+
+    with pytest.raises(UsageError, match="header"):
+        check_output(applied / HEADER, None, work)
+    with pytest.raises(UsageError):
+        check_output(work / ".kvpatch" / "state.json", None, work)
+    check_output(work / "ok.patch", None, work)  # an ordinary file passes
+    check_output(work / "ok.patch", work / "no-tree", work)  # an unresolvable tree: the diff's own error, later

@@ -38,7 +38,7 @@ if [[ ${1:-} == --prepare ]]; then
     rm -rf "$DIR" && mkdir -p "$DIR" || exit 2
     "$PY" - "$DIR" <<'PYEOF' || exit 5
 import sys
-from kvpatch.decode.prepare import prepare
+from kvpatch.commands.decode_libs import prepare
 prepare(sys.argv[1], progress=print)
 PYEOF
     du -sh "$DIR" && cat "$DIR/libs.txt"

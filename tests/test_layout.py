@@ -125,9 +125,7 @@ def test_render_is_imported_by_the_cli_alone(graph: dict[str, set[str]]) -> None
 CLI_MAY_IMPORT = {"commands", "render"} | {r for r, floor in FLOORS.items() if floor <= 2}
 #: Imports of cli modules kept for now; commands/ already offers each (``commands.choices.SETTINGS``
 #: and ``Setting``, ``commands.diff.check_output``), so the module can import those instead.
-CLI_PENDING = {
-    "kvpatch.cli.patching": {"kvpatch.config.model", "kvpatch.config.settings", "kvpatch.source.workspace"},
-}
+CLI_PENDING: dict[str, set[str]] = {}
 
 
 def cli_reaching_past_commands(graph: dict[str, set[str]]) -> list[str]:

@@ -12,9 +12,8 @@ import typer
 from rich.markup import escape
 from rich.syntax import Syntax
 
+from ..commands.choices import SETTINGS, Setting
 from ..commands.common import check_report_output
-from ..config.model import SETTINGS
-from ..config.settings import Setting
 from ..errors import UsageError
 from .base import JsonOpt, TreeOpt, VllmOpt, app, cwd, emit_json, io, progress, warn
 
@@ -79,7 +78,7 @@ def _setting_option(s: Setting) -> inspect.Parameter:
 
 def setting_options(command: Callable[..., None]) -> Callable[..., None]:
     """``command`` with its parameter ``settings`` replaced by one option per setting of the table
-    (kvpatch.config.model.SETTINGS, in its order; hidden settings have none); the command is
+    (kvpatch.config.model.SETTINGS, through kvpatch.commands.choices, in its order; hidden settings have none); the command is
     called with their values as ``settings={name: value or None}``."""
     shown = [s for s in SETTINGS if not s.hidden]
     names = [s.name for s in shown]
@@ -176,17 +175,10 @@ def diff(
 ) -> None:
     """Print what apply changed as a unified diff (a patch git apply / patch -p1 accept)."""
     from ..commands import diff as D
-    from ..fsutil import check_outputs, write_atomic
+    from ..fsutil import write_atomic
 
     if output is not None and str(output) != "-":
-        from ..commands.tree import resolve
-        from ..source.workspace import protected_paths
-
-        try:
-            target = resolve(tree, cwd())
-        except UsageError:
-            target = None  # the diff itself says why, below
-        check_outputs(output=output, protected=protected_paths(cwd(), target))
+        D.check_output(output, tree, cwd())  # before the diff: not a file kvpatch keeps, writable
     with progress() as p:
         report = D.run(D.DiffOptions(tree=tree, cwd=cwd()), progress=p)
     for line in report.warnings:

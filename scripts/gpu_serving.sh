@@ -15,9 +15,10 @@
 #                             [--resume RAW.tar.xz] [--smoke] [-- more 'kvpatch plugin bench' options]
 #       installs the carry (once per machine), runs vLLM's own kernel tests on the rebuilt
 #       ops, 'kvpatch plugin status --gpus', then the bench; its engine runs are kept in
-#       /tmp/kvpatch-serving/raw-DTYPE, so a second call on the same machine resumes where a
-#       budget stopped the first. $OUT/raw-DTYPE.tar.xz holds them too: --resume with that file
-#       goes on from it on a new machine. --smoke: one engine start per arm, batch 1 and 64, 64
+#       /tmp/kvpatch-serving/raw-DTYPE-BUNDLE (BUNDLE: the carry's bundle digest), so a second
+#       call with the same carry on the same machine resumes where a budget stopped the first.
+#       $OUT/raw-DTYPE.tar.xz holds them too: --resume with that file goes on from it on a new
+#       machine (with the carry whose bundle made them; another is refused). --smoke: one engine start per arm, batch 1 and 64, 64
 #       output tokens.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -112,9 +113,13 @@ if [[ ! -f $BASE/installed ]]; then
   cp scripts/serving_standins/rotary.py "$SRC/vllm/vllm_flash_attn/layers/rotary.py"
   mkdir -p "$SITE/vllm-$VERSION.dist-info"
   printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\n' "$VERSION" > "$SITE/vllm-$VERSION.dist-info/METADATA"
+  touch "$BASE/installed"
+fi
+if ! cmp -s "$CARRY/bundle/bundle.json" "$BASE/bundle/bundle.json"; then  # this carry's bundle (CARRY may change)
+  say "installing the plugin's bundle of $CARRY"
+  rm -rf "$BASE/bundle" && mkdir -p "$BASE/bundle"
   cp "$CARRY/bundle/bundle.json" "$BASE/bundle/"
   for f in "$CARRY"/bundle/*.xz; do xz -dc "$f" > "$BASE/bundle/$(basename "$f" .xz)"; done
-  touch "$BASE/installed"
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv > "$OUT/smi.csv" 2>&1
 cd "$BASE"
@@ -140,16 +145,17 @@ fi
 say "kvpatch plugin status --gpus"
 "$PY" -m kvpatch plugin status --gpus 2>&1 | tee "$OUT/status.txt" | tail -4
 
-RAW=$BASE/raw-$DTYPE
+# one folder per dtype and bundle: a rerun with the same carry resumes, another carry starts its own
+BUNDLE_ID=$(sha256sum "$CARRY/bundle/bundle.json" | cut -c1-16)
+RAW=$BASE/raw-$DTYPE-$BUNDLE_ID
 if [[ -n $RESUME && ! -d $RAW ]]; then  # engine runs of an earlier machine
   [[ $RESUME == /* ]] || RESUME=$ROOT/$RESUME
   mkdir -p "$RAW" && tar -C "$RAW" -xJf "$RESUME" || exit 2
 fi
 # one bundle per --raw folder: its starts resumed with other kernels would mix two configurations
-BUNDLE_ID=$(sha256sum "$CARRY/bundle/bundle.json" | cut -c1-16)
 mkdir -p "$RAW"
 if [[ -f $RAW/bundle.sha256 && $(cat "$RAW/bundle.sha256") != "$BUNDLE_ID" ]]; then
-  say "$RAW holds engine runs of another plugin bundle ($(cat "$RAW/bundle.sha256"), this carry's: $BUNDLE_ID): use another --raw"
+  say "--resume $RESUME holds engine runs of another plugin bundle ($(cat "$RAW/bundle.sha256"); this carry's: $BUNDLE_ID): resume them with the carry that made them"
   exit 2
 fi
 echo "$BUNDLE_ID" > "$RAW/bundle.sha256"

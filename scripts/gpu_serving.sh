@@ -18,8 +18,8 @@
 #       /tmp/kvpatch-serving/raw-DTYPE-BUNDLE (BUNDLE: the carry's bundle digest), so a second
 #       call with the same carry on the same machine resumes where a budget stopped the first.
 #       $OUT/raw-DTYPE.tar.xz holds them too: --resume with that file goes on from it on a new
-#       machine (with the carry whose bundle made them; another is refused). --smoke: one engine start per arm, batch 1 and 64, 64
-#       output tokens.
+#       machine (with the carry whose bundle made them; another is refused). --smoke: one
+#       engine start per arm, batch 1 and 64, 64 output tokens.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

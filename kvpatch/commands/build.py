@@ -67,4 +67,4 @@ def run(o: BuildOptions, *, progress: Progress = QUIET) -> BuildReport:
     from dataclasses import replace
 
     result = jit.build(replace(spec, variants=tuple(variants)), jobs=o.jobs, progress=progress)
-    return BuildReport(result, tuple(result.split_warnings() + result.schedule_warnings()))
+    return BuildReport(result, tuple(result.split_warnings() + result.schedule_warnings() + result.grouped_warnings()))

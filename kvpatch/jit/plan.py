@@ -13,6 +13,7 @@ every variant's kernels carry their own symbols; they export ``extern "C"`` laun
 from __future__ import annotations
 
 import functools
+import gzip
 import hashlib
 import json
 import os
@@ -27,8 +28,17 @@ from ..dtypes import KV_CACHE_DTYPES, QUERY_DTYPES
 from ..templating import render
 from .flags import vllm_nvcc_flags
 from .layout import CacheLayout
-from .result import KernelInfo, VariantResult
-from .sass import SassKernel, demangle, describe_kernel, dump_sass, extract_cubins, parse_ptxas_log
+from .result import GroupedKernel, KernelInfo, VariantResult
+from .sass import (
+    SassKernel,
+    demangle,
+    describe_grouped,
+    describe_kernel,
+    dump_sass,
+    extract_cubins,
+    parse_ptxas_log,
+    scan_sass_kernels,
+)
 from .signatures import KERNELS, KernelSignature, call_arguments, kernel_signatures, scale_by_value, template_arguments
 from .spec import BuildSpec, KernelConfig, Variant
 from .toolchain import Toolchain, toolchain
@@ -161,6 +171,20 @@ class VariantPlan(CacheLayout):
             return self.dir / path if not path.is_absolute() else path
 
         r = replace(r, dir=self.dir, library=fix(r.library), sass=fix(r.sass), cubins=tuple(fix(c) for c in r.cubins))
+        if "grouped" not in data and GROUPED_SYMBOL in self.variant.header and r.sass.is_file():
+            # built by a kvpatch that did not record the grouped form's kernels: read them, once
+            try:
+                with gzip.open(r.sass, "rt", encoding="utf-8") as f:
+                    found = scan_sass_kernels(f)
+                usage: dict[tuple[str, str], dict[str, int]] = {}
+                for i in range(self.shards):
+                    usage.update(parse_ptxas_log((self.dir / self.shard_log(i)).read_text(encoding="utf-8")))
+            except (OSError, EOFError, ValueError):
+                return r
+            r = replace(r, grouped=grouped_kernels(found, usage, demangle(sorted({sym for _, sym in found}))))
+            from .library import save_result
+
+            save_result(self, r)
         if any("load_use" not in k for k in data["kernels"]) and r.sass.is_file():
             # built by a kvpatch that did not read the load-use distance: read it from the kept SASS, once
             try:
@@ -336,7 +360,22 @@ def inspect_variant(p: VariantPlan, tools: Any, step: Callable[[str, Callable[[]
         expect_prefetch=p.variant.has_prefetch,
         compile_flags=p.compile_flags,
         nvcc=_release_line(p.nvcc_version),
+        grouped=grouped_kernels(sass, usage, names),
     )
+
+
+def grouped_kernels(sass: Mapping[tuple[str, str], SassKernel], usage: Mapping[tuple[str, str], Mapping[str, int]],
+                    names: Mapping[str, str]) -> tuple[GroupedKernel, ...]:  # fmt: skip
+    """The grouped form's kernels among a library's SASS functions, with what ptxas allocated."""
+    out = []
+    for (arch, sym), found in sass.items():
+        form = describe_grouped(names.get(sym, sym))
+        if form is not None:
+            res = usage.get((arch, sym), {})
+            out.append(GroupedKernel(arch=arch, **form, registers=res.get("registers", 0),
+                                     spill_stores=res.get("spill_stores", 0), spill_loads=res.get("spill_loads", 0),
+                                     has_prefetch=found.has_prefetch, symbol=sym))  # fmt: skip
+    return tuple(sorted(out, key=lambda g: (g.arch, g.kernel, g.dtype, g.head_size, g.block_size)))
 
 
 def _release_line(version: str) -> str:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from ..arch import code_major
 from ..errors import BuildError
 
 #: The prefetch instruction in SASS.
@@ -61,6 +62,33 @@ class KernelInfo:
 
 
 @dataclass(frozen=True)
+class GroupedKernel:
+    """One kernel of the grouped form (``group`` > 1: templates/inject/grouped.cuh.j2) for one arch:
+    what ptxas allocated, and whether its SASS prefetches where its lookahead says it should."""
+
+    arch: str
+    kernel: str  # 'v1' | 'v2': the form of that kernel
+    dtype: str
+    head_size: int
+    block_size: int
+    heads: int  # query heads per CTA
+    lookahead: int  # 0: no prefetch
+    registers: int
+    spill_stores: int  # bytes
+    spill_loads: int
+    has_prefetch: bool
+    symbol: str
+
+    @property
+    def expect_prefetch(self) -> bool:
+        return self.lookahead > 0 and code_major(self.arch) >= 9
+
+    @property
+    def label(self) -> str:
+        return f"grouped {self.kernel} {self.dtype}/{self.head_size}/{self.block_size} x{self.heads} {self.arch}"
+
+
+@dataclass(frozen=True)
 class StepTime:
     name: str
     seconds: float
@@ -90,6 +118,8 @@ class VariantResult:
     library_bytes: int = 0
     library_sha256: str = ""
     cached: bool = False
+    #: The grouped form's kernels (none unless some kernel's settings say group > 1).
+    grouped: tuple[GroupedKernel, ...] = ()
 
     def read_sass(self) -> str:
         """The whole ``cuobjdump --dump-sass`` text of the library (kept gzip-compressed)."""
@@ -109,6 +139,10 @@ class VariantResult:
         found = len(self.kernels)
         if found != expected:
             out.append(f"{self.name}: found {found} kernels in the SASS, expected {expected}")
+        for g in self.grouped:
+            if g.has_prefetch != g.expect_prefetch:
+                what = "lacks" if g.expect_prefetch else "unexpectedly has"
+                out.append(f"{self.name}: {g.label} {what} {PREFETCH_SASS} in its SASS")
         return out
 
     def to_dict(self) -> dict:
@@ -140,6 +174,7 @@ class VariantResult:
             library_bytes=d["library_bytes"],
             library_sha256=d["library_sha256"],
             cached=cached,
+            grouped=tuple(GroupedKernel(**g) for g in d.get("grouped", ())),
         )
 
 
@@ -187,6 +222,13 @@ class BuildResult:
                 out.append(f"{v.name}: {k.label}: issue=split, but {ffma(k)} FFMA in its SASS against stock's {ref}: "
                            f"expect outputs with ALiBi to differ (check with 'kvpatch validate')")  # fmt: skip
         return out
+
+    def grouped_warnings(self) -> list[str]:
+        """Kernels of the grouped form that spill: ptxas ran out of registers for that many heads'
+        accumulators (a smaller ``group`` holds fewer)."""
+        return [f"{v.name}: {g.label}: {g.spill_stores} bytes spilled ({g.registers} registers): a smaller "
+                f"group may be faster there"
+                for v in self.variants for g in v.grouped if g.spill_stores or g.spill_loads]  # fmt: skip
 
     def schedule_warnings(self, ratio: float = LOAD_USE_RATIO) -> list[str]:
         """Prefetching kernels whose key loop issues its loads less than ``ratio`` times as far

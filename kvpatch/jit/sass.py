@@ -212,6 +212,26 @@ def describe_kernel(demangled: str, sigs: Mapping[str, KernelSignature]) -> dict
     return None
 
 
+#: The grouped form's kernels (templates/inject/grouped.cuh.j2) and their template parameters.
+GROUPED_KERNELS = {"v1": "kvpatch_grouped_v1_kernel", "v2": "kvpatch_grouped_v2_kernel"}
+_GROUPED_PARAMS = ("scalar_t", "cache_t", "HEAD_SIZE", "BLOCK_SIZE", "NUM_THREADS", "HEADS", "LOOKAHEAD")
+
+
+def describe_grouped(demangled: str) -> dict[str, object] | None:
+    """``{kernel, dtype, head_size, block_size, heads, lookahead}`` of a grouped-form kernel's
+    demangled name, None for any other."""
+    for kind, name in GROUPED_KERNELS.items():
+        start = demangled.find(f"::{name}<")
+        if start < 0:
+            continue
+        args = dict(zip(_GROUPED_PARAMS, _template_args(demangled, start + len(name) + 3)))
+        dtype = by_demangled(args.get("scalar_t", "?"))
+        return {"kernel": kind, "dtype": dtype.name if dtype else args.get("scalar_t", "?"),
+                "head_size": int(args["HEAD_SIZE"]), "block_size": int(args["BLOCK_SIZE"]),
+                "heads": int(args["HEADS"]), "lookahead": int(args["LOOKAHEAD"])}  # fmt: skip
+    return None
+
+
 def _template_args(text: str, start: int) -> list[str]:
     args, depth, current = [], 0, ""
     for ch in text[start:]:

@@ -61,3 +61,49 @@ def test_schedule_warnings_compare_load_use_with_stock():
     assert BuildResult((close, near), 0.0).schedule_warnings() == []  # no stock to compare with
     again = VariantResult.from_dict(json.loads(json.dumps(near.to_dict())))
     assert again.kernels == near.kernels and again.kernels[0].load_use == 12.0
+
+
+# --------------------------------------------------------------------------- the grouped form
+
+
+def grouped(**kw):
+    from kvpatch.jit.result import GroupedKernel
+
+    base = dict(arch="sm_90a", kernel="v1", dtype="bf16", head_size=128, block_size=16, heads=4, lookahead=1,
+                registers=130, spill_stores=0, spill_loads=0, has_prefetch=True, symbol="_Zgrouped")  # fmt: skip
+    return GroupedKernel(**{**base, **kw})
+
+
+def test_the_grouped_forms_kernels_are_checked_for_the_prefetch_and_warned_of_spills():
+    kernels = (kernel(), kernel(kernel="v2"),
+               kernel(kernel="reduce", block_size=0, kv_cache_dtype="", has_prefetch=False, expect_prefetch=False))  # fmt: skip
+    result = replace(variant_result("patched", kernels), grouped=(grouped(), grouped(kernel="v2", lookahead=0,
+                                                                                          has_prefetch=False)))  # fmt: skip
+    assert result.problems() == [] and BuildResult((result,), 0.0).grouped_warnings() == []
+    missing = replace(result, grouped=(grouped(has_prefetch=False),))
+    assert missing.problems() == ["patched: grouped v1 bf16/128/16 x4 sm_90a lacks UBLKPF in its SASS"]
+    stray = replace(result, grouped=(grouped(lookahead=0),))
+    assert stray.problems() == ["patched: grouped v1 bf16/128/16 x4 sm_90a unexpectedly has UBLKPF in its SASS"]
+    assert replace(result, grouped=(grouped(arch="sm_80", has_prefetch=False),)).problems() == []  # no UBLKPF below 9.0
+    spills = replace(result, grouped=(grouped(head_size=256, registers=255, spill_stores=16),))
+    assert BuildResult((spills,), 0.0).grouped_warnings() == [
+        "patched: grouped v1 bf16/256/16 x4 sm_90a: 16 bytes spilled (255 registers): a smaller group may be faster there"
+    ]
+    # result.json keeps them; a result.json of a kvpatch before the grouped form reads as none
+    again = VariantResult.from_dict(json.loads(json.dumps(spills.to_dict())))
+    assert again.grouped == spills.grouped
+    old = spills.to_dict()
+    del old["grouped"]
+    assert VariantResult.from_dict(old).grouped == ()
+
+
+def test_a_grouped_kernels_name_says_its_form():
+    from kvpatch.jit.sass import describe_grouped
+
+    name = ("void kvpatch_patched::kvpatch_grouped_v2_kernel<__nv_bfloat16, __nv_bfloat16, 256, 32, 128, 8, 1, 512>"
+            "(float*, float*, __nv_bfloat16*)")  # fmt: skip
+    assert describe_grouped(name) == {"kernel": "v2", "dtype": "bf16", "head_size": 256, "block_size": 32,
+                                      "heads": 8, "lookahead": 1}  # fmt: skip
+    assert describe_grouped("void kvpatch_patched::kvpatch_grouped_v1_kernel<unsigned short, unsigned short, 64, "
+                            "8, 128, 2, 0>(unsigned short*)")["dtype"] == "fp16"  # fmt: skip
+    assert describe_grouped("void kvpatch_patched::paged_attention_v1_kernel<float, float, 64>(float*)") is None

@@ -634,6 +634,12 @@ def grouped_probe(folder: Path, cfg: dict) -> list[str]:
                          f"{ratio(b)} | {over:.2f} | {float(p[13]):.2f}, {float(b[13]):.2f} | "
                          f"{float(aa[11]):.3f}-{float(aa[12]):.3f} |")  # fmt: skip
         lines.append("")
+        alibi = [r.split() for r in text if r.startswith("alibi ")]
+        if alibi:
+            same_alibi = [r for r in alibi if r[-1] == "1"]
+            lines += [f"With ALiBi slopes (random, standard normal): {len(same_alibi)} of {len(alibi)} outputs identical "
+                      f"to stock's; differing: {', '.join(sorted({' '.join(r[1:8]) for r in alibi if r[-1] != '1'})) or 'none'}",
+                      ""]  # fmt: skip
         for label, pick in (("batch >= 16, context >= 4096", lambda k: int(k[3]) >= 16 and int(k[4]) >= 4096),
                             ("batch 1", lambda k: k[3] == "1")):  # fmt: skip
             got = [o for k, o in wins if pick(k)]

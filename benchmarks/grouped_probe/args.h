@@ -7,4 +7,5 @@ struct Args {
   const int* block_tables; const int* seq_lens; int max_blocks, max_seq_len;
   int q_stride, kv_block_stride, kv_head_stride;
   const float *k_scale, *v_scale; cudaStream_t stream;
+  const float* alibi = nullptr;  // ALiBi slopes [num_heads], or none
 };

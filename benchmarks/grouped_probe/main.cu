@@ -112,6 +112,26 @@ int main(int argc, char** argv) {
              arms[i].name.c_str(), med, s.front(), s.back(), rr[rr.size() / 2], rr.front(), rr.back(),
              kvb / (med * 1e-6) / 1e12 / copy_bw, ok[i]);
     }
+    // ALiBi: the grouped form against stock with random slopes (the launcher in kvpatch never
+    // groups an ALiBi launch; this says whether it could)
+    if (hs == 128 && b == 8 && ctx != 16384) {
+      std::vector<float> slopes(nh);
+      std::mt19937 sg(ctx + dt);
+      for (auto& x : slopes) x = std::normal_distribution<float>(0.f, 1.f)(sg);
+      float* ds; CK(cudaMalloc(&ds, nh * 4)); CK(cudaMemcpy(ds, slopes.data(), nh * 4, cudaMemcpyHostToDevice));
+      a.alibi = ds;
+      for (size_t i = 0; i < arms.size(); i++) {
+        if (ok[i] < 0 || arms[i].name == "stock_AA") continue;
+        CK(cudaMemset(out, 0xff, ob));
+        if (run_arm(arms[i], a, dt, v1) != 0) continue;
+        CK(cudaStreamSynchronize(st));
+        CK(cudaMemcpy(i == 0 ? ref.data() : got.data(), out, ob, cudaMemcpyDeviceToHost));
+        if (i > 0) printf("alibi %s %d %d %d %d %s %s identical %d\n", dt ? "bf16" : "fp16", hs, gq, b, ctx, v1 ? "v1" : "v2",
+                          arms[i].name.c_str(), memcmp(ref.data(), got.data(), ob) == 0);
+      }
+      a.alibi = nullptr;
+      cudaFree(ds);
+    }
     fflush(stdout);
     cudaFree(dbt); cudaFree(dsl); cudaFree(q); cudaFree(out); cudaFree(tmp); cudaFree(es); cudaFree(ml);
   }

@@ -45,10 +45,7 @@ class Libraries:
 
 def parse_libs(lib_specs: Sequence[str]) -> list[L.LibSpec]:
     """``--lib`` values parsed (UsageError, one line): checked before the GPU is."""
-    try:
-        return L.parse_lib_specs(lib_specs)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    return L.parse_lib_specs(lib_specs)
 
 
 def load_variant_info(path: Optional[Path]) -> dict[str, Any]:

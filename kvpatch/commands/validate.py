@@ -111,10 +111,7 @@ def validate_cases(o: ValidateOptions) -> tuple[list, str, str]:
                                     ("head_sizes", o.head_sizes), ("block_sizes", o.block_sizes),
                                     ("kernels", o.kernels), ("heads", o.heads), ("alibi", o.alibi),
                                     ("contexts", o.contexts)) if v is not None}  # fmt: skip
-            try:
-                cases = V.validate_matrix(**kw)
-            except ValueError as e:
-                raise UsageError(str(e)) from None
+            cases = V.validate_matrix(**kw)
             name, sampling = "custom", "the cross product of the given axes"
         else:  # quick / full: options filter it
             cases = [c for c in cases if all(v is None or getattr(c, k) in v for k, v in keep.items())
@@ -195,10 +192,7 @@ def upstream_shard(o: ValidateOptions) -> Optional[tuple[int, int]]:
         raise UsageError("--upstream-shard needs --upstream")
     from ..gpu.upstream import parse_shard
 
-    try:
-        return parse_shard(o.upstream_shard)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    return parse_shard(o.upstream_shard)
 
 
 def _upstream(o: ValidateOptions, libs: Libraries, progress: Progress) -> Any:

@@ -37,6 +37,7 @@ import os
 import time
 from typing import Any, Callable, Sequence
 
+from ..errors import UsageError
 from . import launch as L
 from .bench_report import BenchReport, finish_results
 from .defaults import DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP
@@ -65,16 +66,16 @@ def _kernels_of(point: BenchPoint, kernels: Sequence[str]) -> list[str]:
 
 def check_bench_options(*, reps: int, warmup: int, rounds: int, warm: bool, cold: bool,
                         kernels: Sequence[str]) -> None:  # fmt: skip
-    """The timing options, checked before anything is built (ValueError, one line)."""
+    """The timing options, checked before anything is built (UsageError, one line)."""
     if not (warm or cold):
-        raise ValueError("neither warm nor cold timing selected")
+        raise UsageError("neither warm nor cold timing selected")
     if reps < 1 or rounds < 1 or warmup < 0:
-        raise ValueError("reps and rounds must be >= 1, warmup >= 0")
+        raise UsageError("reps and rounds must be >= 1, warmup >= 0")
     if not kernels:
-        raise ValueError("no kernels selected: v1, v2 or dispatched")
+        raise UsageError("no kernels selected: v1, v2 or dispatched")
     for k in kernels:
         if k not in (*KERNELS, "dispatched"):
-            raise ValueError(f"unknown kernel {k!r}: v1, v2 or dispatched")
+            raise UsageError(f"unknown kernel {k!r}: v1, v2 or dispatched")
 
 
 def run_bench(
@@ -111,19 +112,19 @@ def run_bench(
     info = dict(variant_info or {})
     if aa:
         if AA in libs:
-            raise ValueError(f"a library is named {AA!r}, the A/A control's name: rename it")
+            raise UsageError(f"a library is named {AA!r}, the A/A control's name: rename it")
         libs = {**libs, AA: libs[names[0]]}
         info[AA] = {**info.get(names[0], {}), "marker": STOCK_MARKER, "aa_of": names[0]}
         names.append(AA)
     points = list(points) if points is not None else default_points()
     if not points:
-        raise ValueError("no bench points")
+        raise UsageError("no bench points")
     check_bench_options(reps=reps, warmup=warmup, rounds=rounds, warm=warm, cold=cold, kernels=kernels)
     modes = [m for m, on in (("warm", warm), ("cold", cold)) if on]
     missing = sorted({f"{p.config} not built in {n}" for p in points for n in names
                       if L.is_built(libs[n], p.config) is False})  # fmt: skip
     if missing:
-        raise ValueError("cannot bench: " + "; ".join(missing))
+        raise UsageError("cannot bench: " + "; ".join(missing))
     warnings: list[str] = []  # scale-by-value kernels (vLLM 0.6.4) get host numbers: no sync per launch
     dev = torch.device(device)
     say = progress or (lambda msg: None)

@@ -11,6 +11,8 @@ From ``vllm/attention/ops/paged_attn.py`` (``PagedAttention.forward_decode``, vL
 
 from __future__ import annotations
 
+from ..errors import UsageError
+
 #: The kernels, in the order reports list them.
 KERNELS = ("v1", "v2")
 #: vLLM's v2 partition size (paged_attention_v2_launcher's PARTITION_SIZE default).
@@ -43,5 +45,5 @@ def dispatched_kernel(num_seqs: int, num_heads: int, max_seq_len: int) -> str:
 
 def check_kernel(kernel: str) -> str:
     if kernel not in KERNELS:
-        raise ValueError(f"unknown kernel {kernel!r}: v1 or v2")
+        raise UsageError(f"unknown kernel {kernel!r}: v1 or v2")
     return kernel

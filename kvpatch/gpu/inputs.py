@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from .. import dtypes as D
+from ..errors import UsageError
 from .dispatch import cdiv, num_partitions
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,7 +43,7 @@ def torch_dtype(name: str) -> "torch.dtype":
 
 def check_kv_cache_dtype(kv_cache_dtype: str) -> str:
     if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise ValueError(f"unknown kv cache dtype {kv_cache_dtype!r}: choose {' or '.join(KV_CACHE_DTYPES)}")
+        raise UsageError(f"unknown kv cache dtype {kv_cache_dtype!r}: choose {' or '.join(KV_CACHE_DTYPES)}")
     return kv_cache_dtype
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from .. import abi
 from .. import dtypes as D
+from ..errors import UsageError
 from .dispatch import check_kernel
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -162,7 +163,7 @@ def parse_lib_spec(spec: str) -> LibSpec:
     name, eq, rest = spec.partition("=")
     path, colon, prefix = rest.rpartition(":")
     if not eq or not name.strip() or not colon or not path or not prefix.strip():
-        raise ValueError(f"invalid library spec {spec!r}: expected NAME=path.so:prefix")
+        raise UsageError(f"invalid library spec {spec!r}: expected NAME=path.so:prefix")
     check_lib_name(name.strip())
     return LibSpec(name.strip(), path, prefix.strip())
 
@@ -170,9 +171,9 @@ def parse_lib_spec(spec: str) -> LibSpec:
 def check_lib_name(name: str) -> str:
     """A library's name is a table column, a JSON key and part of derived names
     (``stock-aa``, ``NAME+wpf``): letters, digits, ``_``, ``.`` and ``-``, first a letter
-    or digit (ValueError otherwise)."""
+    or digit (:class:`~kvpatch.errors.UsageError` otherwise)."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-        raise ValueError(f"invalid library name {name!r}: use letters, digits, '_', '.' and '-'")
+        raise UsageError(f"invalid library name {name!r}: use letters, digits, '_', '.' and '-'")
     return name
 
 
@@ -182,7 +183,7 @@ def parse_lib_specs(specs: Iterable[str]) -> list[LibSpec]:
     names = [s.name for s in out]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
-        raise ValueError(f"library name(s) given twice: {', '.join(dup)}")
+        raise UsageError(f"library name(s) given twice: {', '.join(dup)}")
     return out
 
 
@@ -220,7 +221,7 @@ def order_variants(names: Iterable[str], baseline: str = "stock") -> list[str]:
     """The baseline first (``stock``, else the first name), then the rest in given order."""
     names = list(names)
     if not names:
-        raise ValueError("no libraries given")
+        raise UsageError("no libraries given")
     base = baseline if baseline in names else names[0]
     return [base] + [n for n in names if n != base]
 

@@ -28,6 +28,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
+from ..errors import UsageError
 from .dispatch import cdiv, dispatched_kernel
 from .inputs import DTYPES, cache_elem_size, check_kv_cache_dtype
 
@@ -135,17 +136,17 @@ def make_points(
 ) -> list[BenchPoint]:
     """dtype x batch x context, in that nesting order."""
     if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
-        raise ValueError(
+        raise UsageError(
             f"heads {num_heads}/{num_kv_heads}: need >= 1 KV head and a positive multiple of it as query heads"
         )
     for d in dtypes:
         if d not in DTYPES:
-            raise ValueError(f"unknown dtype {d!r}: choose from {', '.join(DTYPES)}")
+            raise UsageError(f"unknown dtype {d!r}: choose from {', '.join(DTYPES)}")
     check_kv_cache_dtype(kv_cache_dtype)
     if any(b < 1 for b in batches) or any(c < 1 for c in contexts):
-        raise ValueError("batches and contexts must be >= 1")
+        raise UsageError("batches and contexts must be >= 1")
     if head_size < 1 or block_size < 1:
-        raise ValueError("head and block sizes must be >= 1")
+        raise UsageError("head and block sizes must be >= 1")
     return [
         BenchPoint(d, b, c, num_heads, num_kv_heads, head_size, block_size, kv_cache_dtype, seed)
         for d, b, c in itertools.product(dtypes, batches, contexts)
@@ -176,7 +177,7 @@ def point_set(name: str, *, dtypes: Sequence[str] = ("fp16", "bf16")) -> list[Be
         for i, (_, kw) in enumerate(HELDOUT_SHAPES):
             pts += make_points(dtypes=dtypes, seed=101 + i, **kw)
         return pts
-    raise ValueError(f"unknown point set {name!r}: choose {', '.join(POINT_SETS)}")
+    raise UsageError(f"unknown point set {name!r}: choose {', '.join(POINT_SETS)}")
 
 
 def tuning_points(*, dtypes: Sequence[str] = TUNING_DTYPES, head_sizes: Sequence[int] = TUNING_HEAD_SIZES,

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..errors import UsageError
 from .launch import LibSpec
 from .upstream_test import (  # noqa: F401  (the test's files: re-exported for callers of this module)
     HELPERS_MODULE,
@@ -182,14 +183,14 @@ def pythonpath_for(run_dir: Path) -> str:
 
 
 def parse_shard(text: str) -> tuple[int, int]:
-    """``'2/3'`` -> (2, 3): the second of three shares of the test's cases (ValueError otherwise)."""
+    """``'2/3'`` -> (2, 3): the second of three shares of the test's cases (UsageError otherwise)."""
     k, sep, n = text.strip().partition("/")
     try:
         kk, nn = int(k), int(n)
     except ValueError:
         kk = nn = 0
     if not sep or not (1 <= kk <= nn):
-        raise ValueError(f"invalid shard {text!r}: give K/N with 1 <= K <= N, e.g. 1/2")
+        raise UsageError(f"invalid shard {text!r}: give K/N with 1 <= K <= N, e.g. 1/2")
     return kk, nn
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from ..dtypes import VLLM_BLOCK_SIZES, VLLM_HEAD_SIZES
+from ..errors import UsageError
 from . import launch as L
 from .cases import ValidateCase
 from .dispatch import KERNELS, check_kernel
@@ -55,17 +56,17 @@ def _check(dtypes: Sequence[str], kv_cache_dtypes: Sequence[str], kernels: Seque
            heads: Sequence[tuple[int, int]], contexts: Sequence[int]) -> None:  # fmt: skip
     for d in dtypes:
         if d not in DTYPES:
-            raise ValueError(f"unknown dtype {d!r}: choose from {', '.join(DTYPES)}")
+            raise UsageError(f"unknown dtype {d!r}: choose from {', '.join(DTYPES)}")
     for kv in kv_cache_dtypes:
         if kv not in KV_CACHE_DTYPES:
-            raise ValueError(f"unknown kv cache dtype {kv!r}: choose from {', '.join(KV_CACHE_DTYPES)}")
+            raise UsageError(f"unknown kv cache dtype {kv!r}: choose from {', '.join(KV_CACHE_DTYPES)}")
     for k in kernels:
         check_kernel(k)
     for qh, kvh in heads:
         if qh < 1 or kvh < 1 or qh % kvh:
-            raise ValueError(f"heads {qh}/{kvh}: need >= 1 KV head and a positive multiple of it as query heads")
+            raise UsageError(f"heads {qh}/{kvh}: need >= 1 KV head and a positive multiple of it as query heads")
     if any(c < 1 for c in contexts):
-        raise ValueError("context lengths must be >= 1")
+        raise UsageError("context lengths must be >= 1")
 
 
 def validate_matrix(

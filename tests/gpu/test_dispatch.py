@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvpatch.errors import UsageError
 from kvpatch.gpu import dispatch as Dp
 
 
@@ -33,5 +34,5 @@ def test_partitions_are_512_tokens():
 
 def test_unknown_kernel_is_refused():
     assert Dp.check_kernel("v2") == "v2"
-    with pytest.raises(ValueError):
+    with pytest.raises(UsageError):
         Dp.check_kernel("v3")

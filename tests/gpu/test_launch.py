@@ -8,6 +8,7 @@ import inspect
 import pytest
 from gpu_helpers import needs_torch, torch
 
+from kvpatch.errors import UsageError
 from kvpatch.gpu import inputs as I
 from kvpatch.gpu import launch as Ln
 
@@ -18,9 +19,9 @@ def test_parse_lib_specs():
     assert [tuple(vars(s).values()) for s in Ln.parse_lib_specs(["a=x.so:p,b=y.so:q", "c=z.so:r"])] == [
         ("a", "x.so", "p"), ("b", "y.so", "q"), ("c", "z.so", "r")]  # fmt: skip
     for bad in ("x.so:p", "a=x.so", "a=:p", "=x.so:p", "a b=x.so:p", "-a=x.so:p"):
-        with pytest.raises(ValueError):
+        with pytest.raises(UsageError):
             Ln.parse_lib_spec(bad)
-    with pytest.raises(ValueError, match="given twice: a"):
+    with pytest.raises(UsageError, match="given twice: a"):
         Ln.parse_lib_specs(["a=x.so:p", "a=y.so:q"])
     assert Ln.order_variants(["paper", "stock", "patched"]) == ["stock", "paper", "patched"]
     assert Ln.order_variants(["x", "y"]) == ["x", "y"]
@@ -62,7 +63,7 @@ def test_buffers_poisoned_and_written_check():
     assert all(Ln.count_unwritten(t) == t.numel() for t in b2.tensors())
     m = Ln.written_partitions_mask([1100, 5], 4, 3, "cpu")
     assert m.shape == (2, 4, 3) and m[0].all() and m[1, :, 0].all() and not m[1, :, 1:].any()
-    with pytest.raises(ValueError):
+    with pytest.raises(UsageError):
         Ln.make_buffers(inp, "v3")
 
 

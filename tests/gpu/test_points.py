@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvpatch.errors import UsageError
 from kvpatch.gpu import bench as B
 from kvpatch.gpu import points as P
 
@@ -38,9 +39,9 @@ def test_pool_blocks_sizing():
 
 def test_make_points_and_quick():
     assert len(P.quick_points()) == 8
-    with pytest.raises(ValueError):
+    with pytest.raises(UsageError):
         P.make_points(dtypes=("fp8",))
-    with pytest.raises(ValueError):
+    with pytest.raises(UsageError):
         P.make_points(num_heads=30, num_kv_heads=8)
 
 
@@ -67,5 +68,5 @@ def test_point_sets():
                       (32, 32, 128, 16, "auto"), (32, 8, 128, 16, "fp8")}  # fmt: skip
     # tune never sees a held-out (shape, seed) pair
     assert not {(p.shape, p.seed) for p in heldout} & {(p.shape, p.seed) for p in tuning}
-    with pytest.raises(ValueError):
+    with pytest.raises(UsageError):
         P.point_set("everything")

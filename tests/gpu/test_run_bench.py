@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 from gpu_helpers import FakeKernels  # noqa: E402
 
+from kvpatch.errors import UsageError  # noqa: E402
 from kvpatch.gpu import bench as B  # noqa: E402
 from kvpatch.gpu import bench_report as Br  # noqa: E402
 from kvpatch.gpu import points as P  # noqa: E402
@@ -86,14 +87,14 @@ def test_run_bench_aa_control_times_the_baseline_again():
     assert all(Br.stock_code_of(rep.variant_info, "stock")(B.AA, r) is True for r in rep.results)
     row = next(r for r in rep.summary if r["variant"] == B.AA and r["scope"] == "dispatched")
     assert row["slower_stock_code"] == row["slower"]
-    with pytest.raises(ValueError, match="A/A"):
+    with pytest.raises(UsageError, match="A/A"):
         B.run_bench({"stock": stock, B.AA: other}, _points(), reps=1, rounds=1, device="cpu", l2_bytes=1 << 16,
                     copy_bytes=1 << 16, aa=True)  # fmt: skip
 
 
 def test_run_bench_refuses_unbuilt_points():
     libs = {"stock": FakeKernels(), "v": FakeKernels(configs=("fp16/auto/32/16",))}
-    with pytest.raises(ValueError, match="bf16/auto/32/16 not built in v"):
+    with pytest.raises(UsageError, match="bf16/auto/32/16 not built in v"):
         B.run_bench(libs, _points(dtypes=("fp16", "bf16")), reps=1, rounds=1, device="cpu", l2_bytes=1 << 16,
                     copy_bytes=1 << 16)  # fmt: skip
 

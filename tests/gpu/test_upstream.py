@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from kvpatch.errors import UsageError
 from kvpatch.gpu import upstream as U
 from kvpatch.gpu.launch import LibSpec
 from kvpatch.render import print_upstream
@@ -362,7 +363,7 @@ def test_shards_are_disjoint_cover_every_case_and_parse_strictly():
     assert U.shard_of(names, 2, 3) == names[1::3]
     assert U.parse_shard(" 2/3 ") == (2, 3) and U.parse_shard("1/1") == (1, 1)
     for bad in ("0/2", "3/2", "2", "a/b", "1/0", "-1/2", ""):
-        with pytest.raises(ValueError, match="invalid shard"):
+        with pytest.raises(UsageError, match="invalid shard"):
             U.parse_shard(bad)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvpatch.errors import UsageError
 from kvpatch.gpu import dispatch as Dp
 from kvpatch.gpu import validate as V
 
@@ -26,7 +27,7 @@ def test_validate_matrix_trims_and_rejects():
                           kernels=("v2",), heads=((8, 2),), alibi=(False,), contexts=(1, 17))  # fmt: skip
     assert [c.context for c in m] == [1, 17]
     for bad in ({"dtypes": ("fp64",)}, {"kernels": ("v3",)}, {"heads": ((8, 3),)}, {"contexts": (0,)}):
-        with pytest.raises(ValueError):
+        with pytest.raises(UsageError):
             V.validate_matrix(**bad)
 
 

@@ -80,11 +80,8 @@ def weight_prefetch_of(prefetch: Mapping[str, Any]) -> Any:
     for k, v in given:
         if str(v).strip() == "" or any(c in str(v) for c in ";="):
             raise UsageError(f"invalid --{k} {str(v)!r}: one value (a whole configuration goes in --wpf)")
-    try:
-        base = WeightPrefetch.parse(prefetch["wpf"]) if prefetch.get("wpf") else None
-        return WeightPrefetch.parse(";".join(f"{k}={v}" for k, v in given), base)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    base = WeightPrefetch.parse(prefetch["wpf"]) if prefetch.get("wpf") else None
+    return WeightPrefetch.parse(";".join(f"{k}={v}" for k, v in given), base)
 
 
 def library_specs(libs: list[str], libs_file: Optional[Path]) -> list:
@@ -112,11 +109,8 @@ def check(o: DecodeOptions) -> tuple[list[str], list[str], list[int], list[int],
     from ..decode.step import DTYPES
 
     models = list(o.models or DEFAULT_MODELS)
-    try:
-        for m in models:
-            model_shape(m)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    for m in models:
+        model_shape(m)
     dtypes = list(o.dtypes or DEFAULT_DTYPES)
     bad = [d for d in dtypes if d not in DTYPES]
     if bad:
@@ -153,7 +147,7 @@ def tail_of(text: Optional[str]) -> Any:
     caps, at, hint = text.partition("@")
     try:
         return TailPrefetch(parse_caps(caps), hint.strip() if at else "evict_normal")
-    except (ValueError, UsageError) as e:  # the hint's check raises UsageError naming a window
+    except UsageError as e:  # said for --tail: the window's own check names attn->oproj
         raise UsageError(f"invalid --tail {text!r}: {e}") from None
 
 

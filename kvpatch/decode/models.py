@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ..errors import UsageError
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -181,4 +183,4 @@ def model_shape(name: str) -> ModelShape:
     try:
         return MODELS[name.lower()]
     except KeyError:
-        raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}") from None
+        raise UsageError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}") from None

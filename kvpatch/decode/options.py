@@ -65,9 +65,9 @@ def parse_ints(text: str, what: str = "list") -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"invalid {what} {text!r}: comma-separated integers") from None
+        raise UsageError(f"invalid {what} {text!r}: comma-separated integers") from None
     if not values or any(v < 1 for v in values):
-        raise ValueError(f"invalid {what} {text!r}: comma-separated integers >= 1")
+        raise UsageError(f"invalid {what} {text!r}: comma-separated integers >= 1")
     return values
 
 
@@ -177,14 +177,14 @@ class WeightPrefetch:
     def parse(cls, text: str, base: WeightPrefetch | None = None) -> WeightPrefetch:
         """``'oproj->gateup=1:12,8:8@evict_normal;gateup->down=8;grid=132;threads=128;chunk=16384;hint=evict_normal;
         join=step;priority=normal'``, or the first form ``'cap=1:32,4:16;fork=qkv'`` (any subset; the rest from
-        ``base`` or the defaults; windows given replace the base's). Raises ValueError/UsageError."""
+        ``base`` or the defaults; windows given replace the base's). Raises UsageError, one line."""
         changes: dict[str, Any] = {}
         windows: list[Window] = []
         for item in filter(None, (p.strip() for p in text.split(";"))):
             key, sep, value = item.partition("=")
             key, value = key.strip().lower(), value.strip()
             if not sep or not value:
-                raise ValueError(f"invalid weight-prefetch option {item!r}: use KEY=VALUE")
+                raise UsageError(f"invalid weight-prefetch option {item!r}: use KEY=VALUE")
             if "->" in key or key in LEGACY.values():
                 windows += parse_windows(item)
             elif key == "cap":
@@ -198,10 +198,10 @@ class WeightPrefetch:
             elif key == "priority":
                 changes[key] = value if value in ("high", "normal") else _int(key, value)
             else:
-                raise ValueError(f"unknown weight-prefetch option {key!r}: a window (NAME=CAPS[@HINT]), cap, grid, threads, "
+                raise UsageError(f"unknown weight-prefetch option {key!r}: a window (NAME=CAPS[@HINT]), cap, grid, threads, "
                                  "chunk, hint, fork, join, priority")  # fmt: skip
         if windows and ("caps" in changes or "fork" in changes):
-            raise ValueError("give either windows or the first form's cap/fork, not both")
+            raise UsageError("give either windows or the first form's cap/fork, not both")
         if windows:
             changes["windows"], changes["caps"] = tuple(windows), 0
         elif "caps" in changes or "fork" in changes:  # the first form: its caps, the base's or the first default
@@ -216,4 +216,4 @@ def _int(key: str, value: str) -> int:
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"invalid {key} {value!r}: an integer") from None
+        raise UsageError(f"invalid {key} {value!r}: an integer") from None

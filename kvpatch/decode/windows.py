@@ -89,12 +89,16 @@ def parse_caps(text: str) -> int | dict[int, int]:
         return _mib(text)
     caps: dict[int, int] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
-        batch, sep, cap = item.partition(":")
-        if not sep or not (batch.strip().isascii() and batch.strip().isdigit()) or int(batch) < 1:
-            raise ValueError(f"invalid cap {item!r}: use BATCH:MIB, e.g. 1:32,4:32,8:16")
-        caps[int(batch)] = _mib(cap)
+        text_batch, sep, cap = item.partition(":")
+        try:
+            batch = int(text_batch) if sep and text_batch.strip().isascii() and text_batch.strip().isdigit() else 0
+        except ValueError:  # thousands of digits: int() refuses them
+            batch = 0
+        if batch < 1:
+            raise UsageError(f"invalid cap {item!r}: use BATCH:MIB, e.g. 1:32,4:32,8:16")
+        caps[batch] = _mib(cap)
     if not caps:
-        raise ValueError(f"invalid cap {text!r}: use BATCH:MIB, e.g. 1:32,4:32,8:16")
+        raise UsageError(f"invalid cap {text!r}: use BATCH:MIB, e.g. 1:32,4:32,8:16")
     return caps
 
 
@@ -102,9 +106,9 @@ def _mib(text: str) -> int:
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"invalid cap {text!r}: a number of MiB") from None
+        raise UsageError(f"invalid cap {text!r}: a number of MiB") from None
     if not value >= 0 or value == float("inf"):
-        raise ValueError(f"invalid cap {text!r}: must be a finite number >= 0")
+        raise UsageError(f"invalid cap {text!r}: must be a finite number >= 0")
     return int(value * MiB) // 16 * 16
 
 
@@ -175,7 +179,7 @@ class Window:
 
     @classmethod
     def parse(cls, name: str, value: str) -> Window:
-        """``('oproj->gateup', '1:12,8:8@evict_normal')`` -> a Window (ValueError/UsageError)."""
+        """``('oproj->gateup', '1:12,8:8@evict_normal')`` -> a Window (UsageError, one line)."""
         caps_part, at, hint = value.partition("@")
         return cls(name.strip(), parse_caps(caps_part), hint.strip() if at else None)
 
@@ -237,12 +241,12 @@ def prefetch_bytes(forks: Sequence[Fork], weight_bytes: Mapping[str, int]) -> in
 
 
 def parse_windows(text: str) -> tuple[Window, ...]:
-    """``'oproj->gateup=12@evict_normal;gateup->down=1:8,8:4'`` -> windows (ValueError/UsageError)."""
+    """``'oproj->gateup=12@evict_normal;gateup->down=1:8,8:4'`` -> windows (UsageError, one line)."""
     out = []
     for item in filter(None, (p.strip() for p in text.split(";"))):
         name, sep, value = item.partition("=")
         if not sep or not value.strip():
-            raise ValueError(
+            raise UsageError(
                 f"invalid prefetch window {item!r}: use NAME=CAPS[@HINT], e.g. oproj->gateup=12@evict_normal"
             )
         out.append(Window.parse(name, value))

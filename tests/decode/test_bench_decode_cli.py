@@ -44,6 +44,7 @@ def test_bench_decode_help_lists_its_options(monkeypatch, capsys):
 
 @pytest.mark.parametrize(("args", "says"), [
     (("--cap", "1:x"), "invalid cap"),
+    (("--cap", "9" * 5000 + ":8"), "invalid cap"),  # more digits than int() takes
     (("--hint", "sticky"), "hint"),
     (("--wpf", "oproj->down=8"), "unknown prefetch window"),
     (("--wpf", "cap=8;oproj->gateup=8"), "either windows"),

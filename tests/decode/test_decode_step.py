@@ -129,7 +129,7 @@ def test_the_models_are_the_published_checkpoints():
     assert {
         k: v.numel() for k, v in w.per_layer[0].items() if k in TINY.layer_weight_elems()
     } == TINY.layer_weight_elems()
-    with pytest.raises(ValueError, match="llama-3.1-8b"):
+    with pytest.raises(UsageError, match="llama-3.1-8b"):
         model_shape("llama-4")
     assert set(MODELS) == {"llama-3.1-8b", "llama-3.2-1b", "llama-3.2-3b", "qwen2.5-7b"}
 

@@ -94,7 +94,7 @@ def test_window_text_round_trips():
     text = windows_text(ws)
     assert text == "oproj->gateup=1:12,8:8@evict_normal;gateup->down=8"
     assert parse_windows(text) == ws
-    with pytest.raises(ValueError, match="NAME=CAPS"):
+    with pytest.raises(UsageError, match="NAME=CAPS"):
         parse_windows("oproj->gateup")
 
 
@@ -120,7 +120,7 @@ def test_weight_prefetch_windows_and_the_first_form():
     }
     assert WeightPrefetch.parse("cap=off").off() and WeightPrefetch.parse("cap=off").effective_windows() == ()
     assert WeightPrefetch(windows=(Window("attn->oproj", 0),)).off()
-    with pytest.raises(ValueError, match="either windows"):
+    with pytest.raises(UsageError, match="either windows"):
         WeightPrefetch.parse("cap=8;oproj->gateup=8")
     assert WeightPrefetch(caps=8 * MiB).effective_windows() == (Window("attn", 8 * MiB),)  # the first form, as before
     with pytest.raises(UsageError, match="either windows"):

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 from ..errors import UsageError
 from .dispatch import cdiv, dispatched_kernel
-from .inputs import DTYPES, cache_elem_size, check_kv_cache_dtype
+from .inputs import DTYPES, cache_elem_size, cache_x, check_kv_cache_dtype
 
 #: The headline shape: Llama-3.1-8B's attention (GQA 32 query / 8 KV heads, head 128) in
 #: vLLM's default block size 16, unquantized cache. Every default below that names a shape.
@@ -147,6 +147,10 @@ def make_points(
         raise UsageError("batches and contexts must be >= 1")
     if head_size < 1 or block_size < 1:
         raise UsageError("head and block sizes must be >= 1")
+    for d in dtypes:
+        if head_size % cache_x(d, kv_cache_dtype):
+            raise UsageError(f"head size {head_size} with a {kv_cache_dtype} cache of {d}: the key cache's layout needs a "
+                             f"multiple of {cache_x(d, kv_cache_dtype)} (16 bytes of elements)")  # fmt: skip
     return [
         BenchPoint(d, b, c, num_heads, num_kv_heads, head_size, block_size, kv_cache_dtype, seed)
         for d, b, c in itertools.product(dtypes, batches, contexts)

@@ -84,12 +84,17 @@ def validate_matrix(
     """The cross product, in a stable order. vLLM instantiates fp8 (e4m3) caches for
     all three query dtypes (DISPATCH_BY_KV_CACHE_DTYPE), so fp32 + fp8 is included."""
     _check(dtypes, kv_cache_dtypes, kernels, heads, contexts)
-    return [
+    cases = [
         ValidateCase(d, kv, hs, bs, k, qh, kvh, al, ctx, num_seqs)
         for d, kv, hs, bs, k, (qh, kvh), al, ctx in itertools.product(
             dtypes, kv_cache_dtypes, head_sizes, block_sizes, kernels, heads, alibi, contexts
         )
+        if hs % cache_x(d, kv) == 0  # as vLLM: an fp8 key cache needs head sizes in 16s (not 80, 120)
     ]
+    if not cases and head_sizes and dtypes and kv_cache_dtypes and kernels and heads and alibi and contexts:
+        raise UsageError(f"no instantiation to validate: head sizes {', '.join(map(str, head_sizes))} with "
+                         f"{', '.join(kv_cache_dtypes)} caches (an fp8 key cache needs a multiple of 16)")  # fmt: skip
+    return cases
 
 
 def quick_matrix() -> list[ValidateCase]:

@@ -71,3 +71,20 @@ def test_bad_input_is_a_one_line_usage_error(call: Callable[[], Any], says: str)
     e = caught.value
     assert type(e) is UsageError and not isinstance(e, ValueError) and e.exit_code == 2
     assert says in str(e) and str(e).strip() and "\n" not in str(e)
+
+
+def test_an_fp8_cache_with_a_head_size_its_layout_cannot_hold_is_refused_or_left_out() -> None:
+    """vLLM's fp8 key cache holds 16 elements per innermost row: head 120 cannot be laid out
+    (vLLM builds the kernel but no cache for it). A bench point is refused in one line; a
+    validate matrix leaves those cases out, and is refused when nothing else is left."""
+    from kvpatch.gpu.points import make_points
+    from kvpatch.gpu.validate import validate_matrix
+
+    with pytest.raises(UsageError, match=r"^head size 120 with a fp8 cache of fp16: .* multiple of 16") as e:
+        make_points(dtypes=("fp16",), head_size=120, kv_cache_dtype="fp8")
+    assert "\n" not in str(e.value)
+    assert make_points(dtypes=("fp16",), head_size=120, kv_cache_dtype="auto")
+    cases = validate_matrix(head_sizes=(120, 128), kv_cache_dtypes=("auto", "fp8"))
+    assert {(c.head_size, c.kv_cache_dtype) for c in cases} == {(120, "auto"), (128, "auto"), (128, "fp8")}
+    with pytest.raises(UsageError, match="no instantiation to validate"):
+        validate_matrix(head_sizes=(120,), kv_cache_dtypes=("fp8",))

@@ -646,7 +646,7 @@ def grouped_probe(folder: Path, cfg: dict) -> list[str]:
             if got:
                 lines.append(f"* the best grouped arm (picked per shape, after the fact) over the shipped patched "
                              f"kernel, {label}: geomean {geomean(got):.2f}, range {span(got)} ({len(got)} shapes)")  # fmt: skip
-            for arm in ("grouped_H2_pf", "grouped_H4_pf"):  # one arm everywhere: no choice after the fact
+            for arm in ("grouped_H2_pf", "grouped_H4_pf", "grouped_H1x2_pf", "grouped_H2x2_pf"):  # one arm everywhere
                 one = [float(a["patched"][7]) / float(a[arm][7]) for k, a in shapes.items() if pick(k) and arm in a]
                 if one:
                     lines.append(f"* {arm[8:]} everywhere over the shipped patched kernel, {label}: geomean "

@@ -10,8 +10,35 @@ __device__ __forceinline__ void kvp_bulk_prefetch(const cache_t* p) {
 #endif
 }
 
+// HALVES = 2: a CTA of 2 x NUM_THREADS threads, each half the stock kernel's 4 warps for its own
+// HEADS heads (its own barrier, its own shared memory), both halves reading the same tiles (the
+// second from L1 when they run together): more warps per CTA, each head's arithmetic unchanged.
+template <int HALVES, int THREADS>
+__device__ __forceinline__ void kvp_sync(int half) {
+  if constexpr (HALVES == 1) {
+    __syncthreads();
+  } else {
+    asm volatile("bar.sync %0, %1;" ::"r"(half + 1), "n"(THREADS) : "memory");
+  }
+}
+
+// block_sum of the stock kernel, over the warps of one half
+template <int NUM_WARPS, int HALVES>
+__device__ __forceinline__ float kvp_block_sum(float* red_smem, float sum, int half) {
+  const int warp = (threadIdx.x % (NUM_WARPS * WARP_SIZE)) / WARP_SIZE;
+  const int lane = threadIdx.x % WARP_SIZE;
+#pragma unroll
+  for (int mask = WARP_SIZE / 2; mask >= 1; mask /= 2) sum += VLLM_SHFL_XOR_SYNC(sum, mask);
+  if (lane == 0) red_smem[warp] = sum;
+  kvp_sync<HALVES, NUM_WARPS * WARP_SIZE>(half);
+  if (lane < NUM_WARPS) sum = red_smem[lane];
+#pragma unroll
+  for (int mask = NUM_WARPS / 2; mask >= 1; mask /= 2) sum += VLLM_SHFL_XOR_SYNC(sum, mask);
+  return VLLM_SHFL_SYNC(sum, 0);
+}
+
 template <typename scalar_t, typename cache_t, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
-          vllm::Fp8KVCacheDataType KV_DTYPE, int HEADS, bool PREFETCH, int PARTITION_SIZE = 0>
+          vllm::Fp8KVCacheDataType KV_DTYPE, int HEADS, bool PREFETCH, int PARTITION_SIZE = 0, int HALVES = 1>
 __device__ void kvp_grouped_attention(
     float* __restrict__ exp_sums, float* __restrict__ max_logits, scalar_t* __restrict__ out,
     const scalar_t* __restrict__ q, const cache_t* __restrict__ k_cache,
@@ -40,11 +67,12 @@ __device__ void kvp_grouped_attention(
   constexpr int NUM_THREAD_GROUPS = NUM_THREADS / THREAD_GROUP_SIZE;
   constexpr int NUM_TOKENS_PER_THREAD_GROUP = DIVIDE_ROUND_UP(BLOCK_SIZE, WARP_SIZE);
   constexpr int NUM_WARPS = NUM_THREADS / WARP_SIZE;
-  const int thread_idx = threadIdx.x;
+  const int half = HALVES > 1 ? threadIdx.x / NUM_THREADS : 0;
+  const int thread_idx = threadIdx.x % NUM_THREADS;
   const int warp_idx = thread_idx / WARP_SIZE;
   const int lane = thread_idx % WARP_SIZE;
 
-  const int first_head = blockIdx.x * HEADS;
+  const int first_head = (blockIdx.x * HALVES + half) * HEADS;
   const int kv_head_idx = first_head / (num_heads / num_kv_heads);
   float alibi[HEADS];
 #pragma unroll
@@ -59,7 +87,8 @@ __device__ void kvp_grouped_attention(
   const int thread_group_idx = thread_idx / THREAD_GROUP_SIZE;
   const int thread_group_offset = thread_idx % THREAD_GROUP_SIZE;
 
-  __shared__ Q_vec q_vecs[HEADS][THREAD_GROUP_SIZE][NUM_VECS_PER_THREAD];
+  __shared__ Q_vec q_vecs_all[HALVES][HEADS][THREAD_GROUP_SIZE][NUM_VECS_PER_THREAD];
+  auto& q_vecs = q_vecs_all[half];
 #pragma unroll
   for (int h = 0; h < HEADS; h++) {
     const scalar_t* q_ptr = q + seq_idx * q_stride + (first_head + h) * HEAD_SIZE;
@@ -69,13 +98,14 @@ __device__ void kvp_grouped_attention(
       q_vecs[h][thread_group_offset][i] = *reinterpret_cast<const Q_vec*>(q_ptr + vec_idx * VEC_SIZE);
     }
   }
-  __syncthreads();
+  kvp_sync<HALVES, NUM_THREADS>(half);
 
   extern __shared__ char shared_mem[];
   // Each head's logits (and later its cross-warp output buffer) at logits + h * stride.
   const int stride = MAX(num_blocks * BLOCK_SIZE, (NUM_WARPS / 2) * HEAD_SIZE);
-  float* logits = reinterpret_cast<float*>(shared_mem);
-  __shared__ float red_smem[HEADS][2 * NUM_WARPS];
+  float* logits = reinterpret_cast<float*>(shared_mem) + half * HEADS * stride;
+  __shared__ float red_all[HALVES][HEADS][2 * NUM_WARPS];
+  auto& red_smem = red_all[half];
 
   constexpr int x = 16 / sizeof(cache_t);
   float qk_max[HEADS];
@@ -131,7 +161,7 @@ __device__ void kvp_grouped_attention(
       qk_max[h] = fmaxf(qk_max[h], VLLM_SHFL_XOR_SYNC(qk_max[h], mask));
     if (lane == 0) red_smem[h][warp_idx] = qk_max[h];
   }
-  __syncthreads();
+  kvp_sync<HALVES, NUM_THREADS>(half);
 
 #pragma unroll
   for (int h = 0; h < HEADS; h++) {
@@ -146,7 +176,7 @@ __device__ void kvp_grouped_attention(
       lg[i] = val;
       exp_sum += val;
     }
-    exp_sum = block_sum<NUM_WARPS>(&red_smem[h][NUM_WARPS], exp_sum);
+    exp_sum = kvp_block_sum<NUM_WARPS, HALVES>(&red_smem[h][NUM_WARPS], exp_sum, half);
     const float inv_sum = __fdividef(1.f, exp_sum + 1e-6f);
     for (int i = thread_idx; i < num_tokens; i += NUM_THREADS) lg[i] *= inv_sum;
     if (USE_PARTITIONING && thread_idx == 0) {
@@ -155,7 +185,7 @@ __device__ void kvp_grouped_attention(
       exp_sums[seq_idx * num_heads * max_num_partitions + head_idx * max_num_partitions + partition_idx] = exp_sum;
     }
   }
-  __syncthreads();
+  kvp_sync<HALVES, NUM_THREADS>(half);
 
   constexpr int V_VEC_SIZE = MIN(16 / sizeof(scalar_t), BLOCK_SIZE);
   using V_vec = typename Vec<scalar_t, V_VEC_SIZE>::Type;
@@ -222,7 +252,7 @@ __device__ void kvp_grouped_attention(
       for (int mask = NUM_V_VECS_PER_ROW / 2; mask >= 1; mask /= 2) acc += VLLM_SHFL_XOR_SYNC(acc, mask);
       accs[h][i] = acc;
     }
-  __syncthreads();
+  kvp_sync<HALVES, NUM_THREADS>(half);
 
 #pragma unroll
   for (int w = NUM_WARPS; w > 1; w /= 2) {
@@ -238,7 +268,7 @@ __device__ void kvp_grouped_attention(
         }
       }
     }
-    __syncthreads();
+    kvp_sync<HALVES, NUM_THREADS>(half);
     if (warp_idx < mid) {
 #pragma unroll
       for (int h = 0; h < HEADS; h++) {
@@ -250,7 +280,7 @@ __device__ void kvp_grouped_attention(
         }
       }
     }
-    __syncthreads();
+    kvp_sync<HALVES, NUM_THREADS>(half);
   }
 
   if (warp_idx == 0) {
@@ -268,7 +298,7 @@ __device__ void kvp_grouped_attention(
 }
 
 template <typename scalar_t, typename cache_t, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
-          vllm::Fp8KVCacheDataType KV_DTYPE, int HEADS, bool PREFETCH>
+          vllm::Fp8KVCacheDataType KV_DTYPE, int HEADS, bool PREFETCH, int HALVES = 1>
 __global__ void kvp_grouped_v1_kernel(scalar_t* __restrict__ out, const scalar_t* __restrict__ q,
                                       const cache_t* __restrict__ k_cache, const cache_t* __restrict__ v_cache,
                                       const int num_kv_heads, const int num_heads, const float scale,
@@ -276,13 +306,13 @@ __global__ void kvp_grouped_v1_kernel(scalar_t* __restrict__ out, const scalar_t
                                       const int max_num_blocks_per_seq, const float* __restrict__ alibi_slopes,
                                       const int q_stride, const int kv_block_stride, const int kv_head_stride,
                                       const float* k_scale, const float* v_scale) {
-  kvp_grouped_attention<scalar_t, cache_t, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, HEADS, PREFETCH>(
+  kvp_grouped_attention<scalar_t, cache_t, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, HEADS, PREFETCH, 0, HALVES>(
       nullptr, nullptr, out, q, k_cache, v_cache, num_kv_heads, num_heads, scale, block_tables, seq_lens,
       max_num_blocks_per_seq, alibi_slopes, q_stride, kv_block_stride, kv_head_stride, k_scale, v_scale);
 }
 
 template <typename scalar_t, typename cache_t, int HEAD_SIZE, int BLOCK_SIZE, int NUM_THREADS,
-          vllm::Fp8KVCacheDataType KV_DTYPE, int HEADS, bool PREFETCH, int PARTITION_SIZE>
+          vllm::Fp8KVCacheDataType KV_DTYPE, int HEADS, bool PREFETCH, int PARTITION_SIZE, int HALVES = 1>
 __global__ void kvp_grouped_v2_kernel(float* __restrict__ exp_sums, float* __restrict__ max_logits,
                                       scalar_t* __restrict__ tmp_out, const scalar_t* __restrict__ q,
                                       const cache_t* __restrict__ k_cache, const cache_t* __restrict__ v_cache,
@@ -292,7 +322,7 @@ __global__ void kvp_grouped_v2_kernel(float* __restrict__ exp_sums, float* __res
                                       const int q_stride, const int kv_block_stride, const int kv_head_stride,
                                       const float* k_scale, const float* v_scale) {
   kvp_grouped_attention<scalar_t, cache_t, HEAD_SIZE, BLOCK_SIZE, NUM_THREADS, KV_DTYPE, HEADS, PREFETCH,
-                        PARTITION_SIZE>(exp_sums, max_logits, tmp_out, q, k_cache, v_cache, num_kv_heads, num_heads,
+                        PARTITION_SIZE, HALVES>(exp_sums, max_logits, tmp_out, q, k_cache, v_cache, num_kv_heads, num_heads,
                                         scale, block_tables, seq_lens, max_num_blocks_per_seq, alibi_slopes, q_stride,
                                         kv_block_stride, kv_head_stride, k_scale, v_scale);
 }

@@ -10,14 +10,16 @@
 #include "args.h"
 int kvs_stock(const Args&, int, bool);
 int kvs_grouped(const Args&, int, bool, int, bool);
+int kvs_grouped_halves(const Args&, int, bool, int);
 int kvp_stock(const Args&, int, bool);
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e), __LINE__); exit(1);} } while (0)
 
-struct Arm { std::string name; int kind; int H; bool pf; };  // kind 0 stock, 1 patched, 2 grouped
+struct Arm { std::string name; int kind; int H; bool pf; };  // kind 0 stock, 1 patched, 2 grouped, 3 two halves
 
 static int run_arm(const Arm& arm, const Args& a, int dt, bool v1) {
   if (arm.kind == 0) return kvs_stock(a, dt, v1);
   if (arm.kind == 1) return kvp_stock(a, dt, v1);
+  if (arm.kind == 3) return kvs_grouped_halves(a, dt, v1, arm.H);
   return kvs_grouped(a, dt, v1, arm.H, arm.pf);
 }
 
@@ -81,6 +83,8 @@ int main(int argc, char** argv) {
       bool dup = false; for (auto& x : arms) if (x.kind == 2 && x.H == H && x.pf == pf) dup = true;
       if (!dup) arms.push_back({"grouped_H" + std::to_string(H) + (pf ? "_pf" : ""), 2, H, pf});
     }
+    // two halves of 4 warps per CTA (2H heads per CTA), H heads each, with the prefetch
+    for (int H : {1, 2, 4}) if (2 * H <= gq && gq % (2 * H) == 0) arms.push_back({"grouped_H" + std::to_string(H) + "x2_pf", 3, H, true});
     // reference + identity
     const size_t ob = size_t(b) * nh * hs * 2;
     std::vector<char> ref(ob), got(ob);

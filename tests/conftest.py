@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -38,6 +39,23 @@ LOOP_NAMES = {
 }
 
 REFORMATTED = "attention_kernels_reformatted.cuh"
+
+
+def in_thread(fn: Callable[[], object], timeout: float) -> tuple[bool, BaseException | None]:
+    """Run ``fn`` in a daemon thread: (finished within ``timeout``, what it raised). A call that
+    blocks (a FIFO read) leaves the thread behind instead of the test run."""
+    box: list = [None]
+
+    def body() -> None:
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            box[0] = e
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return not thread.is_alive(), box[0]
 
 
 def fixture_text(name: str = STOCK) -> str:

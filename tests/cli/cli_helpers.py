@@ -65,6 +65,18 @@ def _as_a_process(argv: list[str], cwd: Path, env: dict[str, str]) -> Iterator[t
         cli.DEBUG["on"] = False
 
 
+def kvpatch_process(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``kvpatch ARGS`` as a user runs it (the console script, in its own process), killed and the
+    test failed if it runs longer than ``timeout`` (a command that hangs)."""
+    import pytest
+
+    try:
+        return subprocess.run([KVPATCH, *args], cwd=cwd, env=kvpatch_env(cwd), capture_output=True, text=True,
+                              timeout=timeout)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"kvpatch {' '.join(args)} hung (> {timeout} s)")
+
+
 def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``kvpatch ARGS`` run by :func:`kvpatch.cli.run` in this process, in ``cwd``, with the
     environment :func:`kvpatch_env` gives a subprocess; its exit code and both streams."""

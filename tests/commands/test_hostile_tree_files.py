@@ -5,29 +5,12 @@ held; each command runs in its own process, killed (and the test failed) if it h
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
-from cli.cli_helpers import KVPATCH, kvpatch_env
+from cli.cli_helpers import assert_one_line_error, kvpatch_process
 from conftest import HEADER
 from patch.test_hostile_includes import included_tree
-
-
-def _cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run([KVPATCH, *args], cwd=cwd, env=kvpatch_env(cwd), capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"kvpatch {' '.join(args)} hung (> {timeout} s)")
-
-
-def _one_line(proc: subprocess.CompletedProcess, code: int, *needles: str) -> None:
-    assert proc.returncode == code, proc.stderr
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 @pytest.mark.slow  # a new process per command
@@ -38,7 +21,9 @@ def test_a_fifo_the_header_includes_is_refused_before_libclang(command: str, tmp
     utils.unlink()
     os.mkfifo(utils)
     before = (tree / HEADER).read_bytes()
-    _one_line(_cli(command, "--tree", str(tree), cwd=tmp_path), 4, "attention_utils.cuh", "is a FIFO")
+    assert_one_line_error(
+        kvpatch_process(command, "--tree", str(tree), cwd=tmp_path), 4, "attention_utils.cuh", "is a FIFO"
+    )
     assert (tree / HEADER).read_bytes() == before
 
 
@@ -46,9 +31,9 @@ def test_a_fifo_the_header_includes_is_refused_before_libclang(command: str, tmp
 def test_a_fifo_as_the_trees_torch_bindings_is_refused_by_plugin_enable(tmp_path: Path) -> None:
     tree = included_tree(tmp_path / "vllm")
     os.mkfifo(tree / "csrc" / "torch_bindings.cpp")
-    proc = _cli("plugin", "enable", "--tree", str(tree), "--release", "0.10.2", "--dir", str(tmp_path / "b"),
+    proc = kvpatch_process("plugin", "enable", "--tree", str(tree), "--release", "0.10.2", "--dir", str(tmp_path / "b"),
                 cwd=tmp_path)  # fmt: skip
-    _one_line(proc, 2, "torch_bindings.cpp", "is a FIFO, not a regular file")
+    assert_one_line_error(proc, 2, "torch_bindings.cpp", "is a FIFO, not a regular file")
     assert not (tmp_path / "b").exists()
 
 
@@ -56,4 +41,6 @@ def test_a_fifo_as_the_trees_torch_bindings_is_refused_by_plugin_enable(tmp_path
 def test_a_fifo_as_the_trees_launcher_is_refused_before_the_build_reads_it(tmp_path: Path) -> None:
     tree = included_tree(tmp_path / "vllm")
     os.mkfifo(tree / "csrc" / "attention" / "paged_attention_v1.cu")
-    _one_line(_cli("build", "--tree", str(tree), "--all", cwd=tmp_path), 4, "paged_attention_v1.cu", "is a FIFO")
+    assert_one_line_error(
+        kvpatch_process("build", "--tree", str(tree), "--all", cwd=tmp_path), 4, "paged_attention_v1.cu", "is a FIFO"
+    )

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 from pathlib import Path
 
 import pytest
-from conftest import HEADER, fixture_text, make_tree
+from conftest import HEADER, fixture_text, in_thread, make_tree
 
 from kvpatch.errors import PatchError, UsageError
 from kvpatch.patch import read_header
@@ -47,21 +46,6 @@ def special(path: Path, kind: str, keep: list) -> None:
         keep.append(sock)
     else:  # /dev/null, not /dev/zero: without the check libclang would read /dev/zero until memory ran out
         path.symlink_to("/dev/null")
-
-
-def in_thread(fn, timeout: float) -> tuple[bool, BaseException | None]:
-    box: list = [None]
-
-    def body() -> None:
-        try:
-            fn()
-        except BaseException as e:  # noqa: BLE001
-            box[0] = e
-
-    thread = threading.Thread(target=body, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return not thread.is_alive(), box[0]
 
 
 def unblock(fifo: Path) -> None:

@@ -8,35 +8,17 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from cli.cli_helpers import KVPATCH, kvpatch_env
-from conftest import HEADER, fixture_text, make_tree
+from cli.cli_helpers import assert_one_line_error, kvpatch_process
+from conftest import HEADER, fixture_text, in_thread, make_tree
 
 from kvpatch import fsutil
 from kvpatch.errors import KvpatchError, PatchError
 from kvpatch.source.workspace import STATE_DIR, State, Tree
-
-
-def _cli(*args: str, cwd: Path, timeout: float = 30) -> subprocess.CompletedProcess:
-    """The CLI, killed (and the test failed) if it hangs."""
-    try:
-        return subprocess.run([KVPATCH, *args], cwd=cwd, env=kvpatch_env(cwd), capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"kvpatch {' '.join(args)} hung (> {timeout} s)")
-
-
-def _one_line(proc: subprocess.CompletedProcess, code: int, *needles: str) -> None:
-    assert proc.returncode == code, proc.stderr
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def _make_special(path: Path, kind: str, keep: list) -> None:
@@ -74,7 +56,9 @@ def test_a_header_that_is_not_a_regular_file_is_refused(kind: str, tmp_path: Pat
     work = tmp_path / "work"
     work.mkdir()
     for command in (["apply", "--tree", str(tree)], ["sites", "--tree", str(tree)], ["diff", "--tree", str(tree)]):
-        _one_line(_cli(*command, cwd=work), 4, str(tree / HEADER), "not a regular file")
+        assert_one_line_error(
+            kvpatch_process(*command, cwd=work, timeout=30), 4, str(tree / HEADER), "not a regular file"
+        )
 
 
 @pytest.mark.slow  # a new process per command (a hang fails it instead of the run)
@@ -86,7 +70,9 @@ def test_a_state_file_that_is_not_a_regular_file_is_the_corrupt_state_error(kind
     path = work / STATE_DIR / "state.json"
     _make_special(path, kind, keep)
     for command in ("diff", "revert", "sites"):
-        _one_line(_cli(command, cwd=work), 1, str(path), "delete it and run 'kvpatch apply' again")
+        assert_one_line_error(
+            kvpatch_process(command, cwd=work, timeout=30), 1, str(path), "delete it and run 'kvpatch apply' again"
+        )
     with pytest.raises(KvpatchError, match="not a regular file"):
         State.load(work)
 
@@ -97,7 +83,7 @@ def test_apply_over_a_fifo_state_replaces_it(tmp_path: Path) -> None:
     work = tmp_path / "work"
     (work / STATE_DIR).mkdir(parents=True)
     os.mkfifo(work / STATE_DIR / "state.json")
-    proc = _cli("apply", "--tree", str(tree), cwd=work)
+    proc = kvpatch_process("apply", "--tree", str(tree), cwd=work, timeout=30)
     assert proc.returncode == 0, proc.stderr
     assert State.load(work).tree == str(tree)
 
@@ -132,22 +118,6 @@ def test_read_regular(tmp_path: Path) -> None:
         fsutil.read_regular(tmp_path / "f", limit=3)
 
 
-def _in_thread(fn, timeout: float) -> tuple[bool, BaseException | None]:
-    """Run ``fn`` in a daemon thread; (finished within ``timeout``, what it raised)."""
-    box: list = [None]
-
-    def body() -> None:
-        try:
-            fn()
-        except BaseException as e:  # noqa: BLE001
-            box[0] = e
-
-    thread = threading.Thread(target=body, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return not thread.is_alive(), box[0]
-
-
 def test_an_output_fifo_without_a_reader_fails_instead_of_hanging(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -155,7 +125,7 @@ def test_an_output_fifo_without_a_reader_fails_instead_of_hanging(
     fifo = tmp_path / "out.fifo"
     os.mkfifo(fifo)
     start = time.monotonic()
-    finished, error = _in_thread(lambda: fsutil.write_atomic(fifo, "the patch\n"), 10)
+    finished, error = in_thread(lambda: fsutil.write_atomic(fifo, "the patch\n"), 10)
     assert finished, "write_atomic blocked on a FIFO nobody reads"
     assert isinstance(error, OSError) and "no process reads" in str(error), error
     assert time.monotonic() - start < 5
@@ -175,7 +145,7 @@ def test_an_output_fifo_with_a_late_reader_is_written(tmp_path: Path, monkeypatc
 
     thread = threading.Thread(target=reader, daemon=True)
     thread.start()
-    finished, error = _in_thread(lambda: fsutil.write_atomic(fifo, "x" * 200_000), 20)
+    finished, error = in_thread(lambda: fsutil.write_atomic(fifo, "x" * 200_000), 20)
     thread.join(10)
     assert finished and error is None, error
     assert got == [b"x" * 200_000]

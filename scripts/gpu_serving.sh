@@ -66,7 +66,8 @@ if [[ ${1:-} == --prepare ]]; then
     csrc/torch_bindings.cpp PKG-INFO
   # The plugin's bundle: the patched kernels of vLLM's full set (kvpatch build --all, cached).
   mkdir -p "$WORK/ws"
-  (cd "$WORK/ws" && kvpatch apply --vllm "v$VERSION" "${CONFIG[@]}" >/dev/null \
+  # --force: this scratch workspace is the script's own; a header an older kvpatch patched there is replaced
+  (cd "$WORK/ws" && kvpatch apply --force --vllm "v$VERSION" "${CONFIG[@]}" >/dev/null \
     && kvpatch build --all --arch 9.0a >/dev/null && rm -rf bundle && kvpatch plugin enable --dir bundle >/dev/null)
   rm -rf "$CARRY/bundle" && mkdir -p "$CARRY/bundle"
   cp "$WORK/ws/bundle/bundle.json" "$CARRY/bundle/"

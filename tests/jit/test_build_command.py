@@ -71,7 +71,35 @@ def test_a_large_build_is_one_row_per_variant_plus_every_failed_kernel():
         "53",
         "84-112",
         "0",
+        "0",
         "1 FAIL",
     ]
     assert "v1 fp16/auto/64/8" in lines[2] and "FAIL" in lines[2]
     assert "every kernel is in --json" in text
+
+
+def test_the_grouped_forms_kernels_have_rows_of_their_own_and_a_failed_one_says_so():
+    from dataclasses import replace
+
+    from kvpatch.jit.result import GroupedKernel
+
+    def grouped(**kw):
+        base = dict(arch="sm_90a", kernel="v1", dtype="bf16", head_size=128, block_size=16, heads=4, lookahead=1,
+                    registers=130, spill_stores=0, spill_loads=0, has_prefetch=True, symbol="_Zg")  # fmt: skip
+        return GroupedKernel(**{**base, **kw})
+
+    patched = replace(variant_result("patched", (kernel(),)),
+                      grouped=(grouped(), grouped(kernel="v2", registers=138, has_prefetch=False)))  # fmt: skip
+    out = io.StringIO()
+    Console(file=out, width=200).print(build_table(BuildResult((patched,), 1.0)))
+    rows = [line for line in out.getvalue().splitlines() if "grouped" in line]
+    assert len(rows) == 2, out.getvalue()
+    assert "grouped v1 x4" in rows[0] and "bf16/auto/128/16" in rows[0] and "130" in rows[0] and "ok" in rows[0]
+    assert "grouped v2 x4" in rows[1] and "138" in rows[1] and "FAIL" in rows[1]  # lookahead 1, no UBLKPF
+    # a large build counts them per variant, and lists the one that failed
+    many = replace(patched, kernels=tuple(kernel(head_size=h, block_size=b) for h in range(64) for b in (16, 32)))
+    out = io.StringIO()
+    Console(file=out, width=250).print(build_table(BuildResult((many,), 1.0)))
+    lines = [line for line in out.getvalue().splitlines() if "sm_90a" in line]
+    assert [c.strip() for c in lines[0].split("│")[1:-1]][-2:] == ["2", "1 FAIL"], out.getvalue()
+    assert "grouped v2 bf16/128/16 x4" in lines[1] and "FAIL" in lines[1]

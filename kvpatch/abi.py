@@ -19,6 +19,12 @@ Exported by every library (``<prefix>`` is the variant's symbol prefix):
   take ``k_scale``/``v_scale`` by value, vLLM 0.6.4), ``const char* <prefix>_configs()``
   (``'dtype/kv_cache_dtype/head_size/block_size'`` joined by ``,``) and
   ``const char* <prefix>_error_string(int)``.
+
+Exported only by a library whose header holds the grouped form (``group`` > 1 somewhere), and
+optional here (a library without it is still this ABI):
+
+* ``long long <prefix>_grouped_launches()``: how many launches took the grouped form so far
+  (the rest ran vLLM's form; both give the same output, so only this tells them apart).
 """
 
 from __future__ import annotations
@@ -109,6 +115,13 @@ class LauncherLibrary:
         self._error_string = self._fn("error_string", [ctypes.c_int], ctypes.c_char_p)
         self.v1 = self._fn("paged_attention_v1", argtypes(V1_PARAMS), ctypes.c_int)
         self.v2 = self._fn("paged_attention_v2", argtypes(V2_PARAMS), ctypes.c_int)
+        #: ``grouped_launches()``: the grouped form's launches so far; None where the library has
+        #: no grouped form (or was built by a kvpatch that did not count them).
+        self.grouped_launches = (
+            self._fn("grouped_launches", [], ctypes.c_longlong)
+            if hasattr(self._lib, f"{prefix}_grouped_launches")
+            else None
+        )
 
     def __repr__(self) -> str:
         return f"LauncherLibrary({str(self.path)!r}, {self.prefix!r})"

@@ -45,6 +45,12 @@ class Kernels:
         self.configs: tuple[str, ...] = self._lib.configs
         self._v1, self._v2 = self._lib.v1, self._lib.v2
 
+    def grouped_launches(self) -> int | None:
+        """Launches that took the grouped form so far (``group`` > 1); None for a library
+        without one, which always runs vLLM's form."""
+        fn = self._lib.grouped_launches
+        return None if fn is None else int(fn())
+
     @classmethod
     def from_build(cls, result: Any) -> Kernels:
         """From a :class:`kvpatch.jit.VariantResult`."""

@@ -49,6 +49,8 @@ class VariantCheck:
     max_abs_diff: float = 0.0
     error: str | None = None
     reasons: list[str] = field(default_factory=list)
+    #: Whether the grouped form (``group`` > 1) served this configuration; None: the library has none.
+    grouped: bool | None = None
 
 
 @dataclass
@@ -125,6 +127,18 @@ class ValidateReport:
                 c["identical"] += int(vc.identical)
         return out
 
+    def grouped_counts(self) -> dict[str, dict[str, int]]:
+        """Per variant with a grouped form: configurations checked and how many of them it served
+        (the others fell back to vLLM's form: MHA, ALiBi, fp8, too few CTAs)."""
+        out: dict[str, dict[str, int]] = {}
+        for r in self.results:
+            for name, vc in r.variants.items():
+                if vc.grouped is not None:
+                    c = out.setdefault(name, {"checked": 0, "grouped": 0})
+                    c["checked"] += 1
+                    c["grouped"] += int(vc.grouped)
+        return out
+
     def mismatch_groups(self) -> dict[str, int]:
         """Failing configurations grouped by variant, dtype, ALiBi, head and block size (where the bits differ)."""
         out: dict[str, int] = {}
@@ -165,6 +179,7 @@ class ValidateReport:
                 "skipped": len(self.results) - self.n_passed - self.n_failed,
             },
             "identical": self.identical_counts(),
+            "grouped": self.grouped_counts(),
             "mismatch_groups": self.mismatch_groups(),
             "max_ref_error": self.max_ref_error(),
             "tolerance": dict(REF_TOLERANCE),
@@ -177,11 +192,3 @@ class ValidateReport:
 
     def to_json(self, indent: int | None = 1) -> str:
         return dumps(self.to_dict(), indent)
-
-    def summary_line(self) -> str:
-        errs = ", ".join(f"{d} {e:.1e}" for d, e in sorted(self.max_ref_error().items()))
-        return (
-            f"{len(self.results)} configurations ({self.matrix}) x {len(self.variants) - 1} variant(s): "
-            f"{self.n_passed} passed, {self.n_failed} failed, {len(self.skipped)} skipped"
-            + (f"; worst stock-vs-reference rel-L2: {errs}" if errs else "")
-        )

@@ -175,6 +175,12 @@ def _int_view(t: Any) -> Any:
     return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
 
 
+def _grouped_launches(lib: Any) -> int | None:
+    """The library's count of grouped-form launches (None: it has no grouped form)."""
+    count = getattr(lib, "grouped_launches", None)
+    return None if count is None else count()
+
+
 def check_case(libs: dict[str, Any], case: ValidateCase, *, seed: int, baseline: str = "stock",
                device: str = "cuda") -> CaseResult:  # fmt: skip
     """Run one configuration on every library (fresh inputs) and judge it."""
@@ -232,6 +238,7 @@ def check_case(libs: dict[str, Any], case: ValidateCase, *, seed: int, baseline:
             vc.status = "fail"
             vc.reasons.append(f"{label} not built in this library (it is in {base})")
             continue
+        before = _grouped_launches(libs[name])
         try:
             b = run(libs[name])
         except Exception as e:  # noqa: BLE001
@@ -239,6 +246,9 @@ def check_case(libs: dict[str, Any], case: ValidateCase, *, seed: int, baseline:
             vc.error = f"{type(e).__name__}: {e}"
             vc.reasons.append(f"raised {vc.error}")
             continue
+        after = _grouped_launches(libs[name])
+        if before is not None and after is not None:
+            vc.grouped = after > before  # which form served it: both give the same output
         vc.unwritten = L.count_unwritten(b.out)
         if vc.unwritten:
             vc.reasons.append(f"{vc.unwritten} output elements not written (NaN)")

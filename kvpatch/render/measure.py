@@ -116,8 +116,11 @@ def print_bench(report: BenchReport, console: Console) -> None:
 
 def validate_summary(report: ValidateReport) -> str:
     worst = ", ".join(f"{k} {v:.1e}" for k, v in sorted(report.max_ref_error().items()))
+    grouped = report.grouped_counts()
     ident = "; ".join(
-        f"{n}: {c['identical']}/{c['checked']} bit-identical" for n, c in report.identical_counts().items()
+        f"{n}: {c['identical']}/{c['checked']} bit-identical"
+        + (f" ({grouped[n]['grouped']} by the grouped form)" if n in grouped else "")
+        for n, c in report.identical_counts().items()
     )
     return (f"{len(report.results)} configurations ({report.matrix}) x {len(report.variants) - 1} variant(s): "
             f"{report.n_passed} passed, {report.n_failed} failed, {len(report.skipped)} skipped"

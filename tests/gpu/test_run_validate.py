@@ -14,6 +14,7 @@ pytest.importorskip("torch")
 from gpu_helpers import FakeKernels, tiny_matrix  # noqa: E402
 
 from kvpatch.gpu import validate as V  # noqa: E402
+from kvpatch.render.measure import validate_summary  # noqa: E402
 
 
 @pytest.mark.slow
@@ -29,7 +30,40 @@ def test_run_validate_all_pass_on_cpu():
     assert d["identical"] == {"patched": {"checked": 16, "identical": 16}}
     assert d["results"][0]["name"].startswith("v1 q=fp16 kv=auto")
     assert libs["stock"].calls == 32  # twice per case
-    assert "16 passed, 0 failed, 0 skipped" in rep.summary_line()
+    assert "16 passed, 0 failed, 0 skipped; patched: 16/16 bit-identical;" in validate_summary(rep)
+    assert d["grouped"] == {}  # neither library has a grouped form
+
+
+class GroupedKernels(FakeKernels):
+    """A stand-in with a grouped form: it counts a launch as grouped where the group of query
+    heads per KV head is a multiple of 4 and there is no ALiBi (as the launcher's fallbacks)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.launches = 0
+
+    def grouped_launches(self):
+        return self.launches
+
+    def _compute(self, out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, *rest):
+        alibi_slopes = rest[3]  # after seq_lens, block_size, max_seq_len
+        self.launches += int((query.shape[1] // num_kv_heads) % 4 == 0 and alibi_slopes is None)
+        return super()._compute(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, *rest)
+
+
+def test_validate_says_which_configurations_the_grouped_form_served():
+    libs = {"stock": FakeKernels(), "g4": GroupedKernels(), "plain": FakeKernels()}
+    cases = [replace(c, num_heads=qh, num_kv_heads=kvh, alibi=al)
+             for c in tiny_matrix()[:2] for qh, kvh in ((8, 2), (4, 4)) for al in (False, True)]  # fmt: skip
+    rep = V.run_validate(libs, cases, seed=3, device="cpu")
+    assert rep.ok
+    served = [(r.case.num_heads, r.case.alibi) for r in rep.results if r.variants["g4"].grouped]
+    expect = [(c.num_heads, c.alibi) for c in cases if c.num_heads == 8 and not c.alibi]
+    assert served == expect and expect  # GQA 4 without ALiBi only
+    assert rep.grouped_counts() == {"g4": {"checked": 8, "grouped": len(expect)}}
+    assert all(r.variants["plain"].grouped is None for r in rep.results)
+    assert f"g4: 8/8 bit-identical ({len(expect)} by the grouped form)" in validate_summary(rep)
+    assert json.loads(rep.to_json())["grouped"] == {"g4": {"checked": 8, "grouped": len(expect)}}
 
 
 @pytest.mark.parametrize("fault,why", [

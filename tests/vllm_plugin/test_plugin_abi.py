@@ -50,6 +50,9 @@ def test_tables_are_the_templates_prototypes():
                   "const char* {{ prefix }}_configs()", "const char* {{ prefix }}_error_string(int code)"):  # fmt: skip
         assert f"KVPATCH_API {proto}" in text
     assert "kNotBuilt = -1" in text and abi.NOT_BUILT == -1
+    # exported only beside the grouped form
+    assert "{%- if grouped %}\n\n// The grouped form's launches so far" in text
+    assert "KVPATCH_API long long {{ prefix }}_grouped_launches()" in text
 
 
 def test_ctypes_of_each_c_type():
@@ -62,7 +65,7 @@ def test_ctypes_of_each_c_type():
 # --------------------------------------------------------------------------- a C stand-in library
 
 
-def _c_source(prefix: str, version: int, configs: str, scale_by_value: int) -> str:
+def _c_source(prefix: str, version: int, configs: str, scale_by_value: int, grouped: bool = False) -> str:
     def launcher(kind: str, params) -> str:
         rec = []
         for name, typ in params:
@@ -87,15 +90,16 @@ def _c_source(prefix: str, version: int, configs: str, scale_by_value: int) -> s
         f'API const char* {prefix}_configs(void) {{ return "{configs}"; }}\n'
         f'API const char* {prefix}_error_string(int c) {{ return c == -1 ? "not built" : "an error"; }}\n'
         + launcher("v1", abi.V1_PARAMS) + launcher("v2", abi.V2_PARAMS)
+        + (f"API long long {prefix}_grouped_launches(void) {{ return 5000000000LL + n; }}\n" if grouped else "")
     )  # fmt: skip
 
 
-def _build(tmp_path: Path, prefix="kvp_test", version=abi.ABI_VERSION, scale_by_value=0) -> Path:
+def _build(tmp_path: Path, prefix="kvp_test", version=abi.ABI_VERSION, scale_by_value=0, grouped=False) -> Path:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler on PATH")
     src = tmp_path / f"{prefix}.c"
-    src.write_text(_c_source(prefix, version, ",".join(S.SMALL_SET.labels()), scale_by_value))
+    src.write_text(_c_source(prefix, version, ",".join(S.SMALL_SET.labels()), scale_by_value, grouped))
     so = tmp_path / f"lib{prefix}.so"
     subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(so), str(src)], check=True, capture_output=True)
     return so
@@ -119,6 +123,13 @@ def test_load(tmp_path):
     with pytest.raises(abi.AbiError, match="has launcher ABI 2, this kvpatch expects 1"):
         (tmp_path / "v2").mkdir()
         abi.load(_build(tmp_path / "v2", version=2), "kvp_test")
+
+
+def test_a_library_with_the_grouped_form_counts_its_launches_and_one_without_says_none(tmp_path):
+    assert abi.load(_build(tmp_path), "kvp_test").grouped_launches is None
+    (tmp_path / "g").mkdir()
+    grouped = abi.load(_build(tmp_path / "g", grouped=True), "kvp_test")
+    assert grouped.grouped_launches() == 5_000_000_000  # a long long, not truncated to int
 
 
 def _installed(tmp_path: Path, so: Path, release="0.10.2", schemas=S.TENSOR_SCALES):

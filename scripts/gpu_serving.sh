@@ -147,7 +147,7 @@ say "kvpatch plugin status --gpus"
 "$PY" -m kvpatch plugin status --gpus 2>&1 | tee "$OUT/status.txt" | tail -4
 
 # one folder per dtype and bundle: a rerun with the same carry resumes, another carry starts its own
-BUNDLE_ID=$(sha256sum "$CARRY/bundle/bundle.json" | cut -c1-16)
+BUNDLE_ID=$(cd "$ROOT" && sha256sum "$CARRY/bundle/bundle.json" | cut -c1-16)
 RAW=$BASE/raw-$DTYPE-$BUNDLE_ID
 if [[ -n $RESUME && ! -d $RAW ]]; then  # engine runs of an earlier machine
   [[ $RESUME == /* ]] || RESUME=$ROOT/$RESUME

@@ -30,14 +30,14 @@ DEFAULT_WORKER = Worker()
 def saved_runs(options: ServingOptions, folder: Path, slots: list[Slot]) -> dict[str, dict[str, Any]]:
     """The counted runs already in ``folder`` for ``slots``; UsageError when the folder holds
     another benchmark's."""
-    fp = options.fingerprint()
+    ours = {options.fingerprint(), *_path_fingerprints(options, folder)}
     manifest = folder / MANIFEST
     if manifest.exists():
         try:
             theirs = json.loads(manifest.read_text(encoding="utf-8")).get("fingerprint")
         except (OSError, ValueError, AttributeError):
             theirs = None
-        if theirs != fp:
+        if theirs not in ours:
             raise UsageError(f"{folder} holds the engine runs of another benchmark (other model, dtype, workloads or "
                              "arms): give another --raw folder, or the settings it was made with")  # fmt: skip
     out = {}
@@ -49,9 +49,25 @@ def saved_runs(options: ServingOptions, folder: Path, slots: list[Slot]) -> dict
             rec = json.loads(p.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue  # damaged: run it again
-        if isinstance(rec, dict) and rec.get("fingerprint") == fp and not rec.get("problems"):
+        if isinstance(rec, dict) and rec.get("fingerprint") in ours and not rec.get("problems"):
             out[s.name] = rec
     return out
+
+
+def _path_fingerprints(options: ServingOptions, folder: Path) -> set[str]:
+    """The fingerprints these settings had when the model's path was hashed (runs a kvpatch
+    before :meth:`ServingOptions.fingerprint` named a shipped shape wrote), with the paths
+    the folder's own starts recorded in their ``<slot>.spec.json``: only with the same settings
+    otherwise do they match."""
+    paths = set()
+    for spec in folder.glob("*.spec.json"):
+        try:
+            model = json.loads(spec.read_text(encoding="utf-8")).get("model")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(model, str):
+            paths.add(model)
+    return {options.fingerprint(model=p) for p in paths}
 
 
 def run_bench(options: ServingOptions, folder: Path, *, worker: Worker = DEFAULT_WORKER, progress: Progress = QUIET,

@@ -162,7 +162,11 @@ class ServingOptions:
             "warmup_tokens": self.warmup_tokens, "workloads": [asdict(w) for w in self.workloads],
         }  # fmt: skip
 
-    def fingerprint(self) -> str:
-        """What makes two engine runs comparable: the spec and the arms (not the start count)."""
-        data = {"spec": self.engine_spec(), "arms": [asdict(a) for a in self.arms]}
+    def fingerprint(self, model: str | None = None) -> str:
+        """What makes two engine runs comparable: the spec and the arms (not the start count).
+        A shipped shape counts by its name, not by where its ``config.json`` was written, so a
+        ``--raw`` folder moved or renamed still resumes; ``model`` hashes that path instead (what
+        a kvpatch before this hashed: :func:`kvpatch.serving.bench.saved_runs` still reads it)."""
+        identity = model if model is not None else self.extra.get("model_shape") or self.model
+        data = {"spec": {**self.engine_spec(), "model": identity}, "arms": [asdict(a) for a in self.arms]}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

@@ -159,3 +159,34 @@ except KeyboardInterrupt:
     with pytest.raises(ProcessLookupError):
         os.kill(engine, 0)
     assert not (tmp_path / "raw" / "r00-kvpatch.json").exists()
+
+
+def _shape_options(folder: Path, starts: int = 1) -> ServingOptions:
+    """A shipped shape as 'kvpatch plugin bench' makes one: its config.json inside the --raw folder."""
+    model = folder / "model-standin-bfloat16"
+    model.mkdir(parents=True, exist_ok=True)
+    (model / "config.json").write_text(json.dumps({"rope_theta": 500000.0}))
+    return ServingOptions(model=str(model), model_label="standin", dtype="bf16", starts=starts,
+                          workloads=(Workload(4, 12, 2),), extra={"model_shape": "standin"})  # fmt: skip
+
+
+def test_a_raw_folder_moved_elsewhere_resumes_also_one_written_when_the_models_path_was_hashed(tmp_path):
+    starts = tmp_path / "starts.txt"
+    worker = _worker(STANDIN_STARTS=str(starts))
+    run_bench(_shape_options(tmp_path / "a"), tmp_path / "a", worker=worker)
+    assert len(starts.read_text().splitlines()) == 3
+    (tmp_path / "a").rename(tmp_path / "b")
+    again = run_bench(_shape_options(tmp_path / "b"), tmp_path / "b", worker=worker)
+    assert again["complete"] and len(starts.read_text().splitlines()) == 3  # nothing ran again
+    # a folder whose manifest and runs hashed the model's path (as kvpatch did before): still its runs
+    old = _shape_options(tmp_path / "b").fingerprint(model=str(tmp_path / "a" / "model-standin-bfloat16"))
+    for p in (tmp_path / "b").glob("*.json"):
+        if not p.name.endswith((".spec.json", ".result.json")):
+            p.write_text(json.dumps({**json.loads(p.read_text()), "fingerprint": old}))
+    (tmp_path / "b").rename(tmp_path / "c")
+    third = run_bench(_shape_options(tmp_path / "c"), tmp_path / "c", worker=worker)
+    assert third["complete"] and len(starts.read_text().splitlines()) == 3
+    # another benchmark's runs stay refused, whatever the paths
+    other = ServingOptions(**{**_shape_options(tmp_path / "c").__dict__, "workloads": (Workload(4, 12, 3),)})
+    with pytest.raises(UsageError, match="another benchmark"):
+        run_bench(other, tmp_path / "c", worker=worker)

@@ -497,17 +497,20 @@ def _rounds(n: int) -> str:
     return f"{n} round" if n == 1 else f"{n} rounds"
 
 
-def _engine_runs(path: Path) -> list[dict]:
-    """The counted engine starts in a ``kvpatch plugin bench --raw`` folder, packed as tar.xz."""
+def _engine_runs(path: Path) -> tuple[list[dict], set[str]]:
+    """The counted engine starts in a ``kvpatch plugin bench --raw`` folder, packed as tar.xz, and
+    the model paths their spec files name (runs of a kvpatch that hashed that path)."""
     import tarfile
 
-    runs = []
+    runs, models = [], set()
     with tarfile.open(path) as tar:
         for m in tar.getmembers():
             name = Path(m.name).name
             if m.isfile() and re.fullmatch(r"r\d\d-[a-z-]+\.json", name):
                 runs.append(json.loads(tar.extractfile(m).read()))
-    return sorted(runs, key=lambda r: r["index"])
+            elif m.isfile() and re.fullmatch(r"r\d\d-[a-z-]+\.spec\.json", name):
+                models.add(json.loads(tar.extractfile(m).read())["model"])
+    return sorted(runs, key=lambda r: r["index"]), models
 
 
 def _options_of(report: dict):
@@ -518,7 +521,8 @@ def _options_of(report: dict):
     return ServingOptions(model=e["model"], model_label=report["model"], dtype=report["dtype"],
                           workloads=tuple(Workload(w["input_len"], w["output_len"], w["batch"]) for w in report["workloads"]),
                           starts=report["starts_per_arm"], dummy_weights=e["dummy_weights"], seed=e["seed"],
-                          gpu_memory_utilization=e["gpu_memory_utilization"], warmup_tokens=e["warmup_tokens"])  # fmt: skip
+                          gpu_memory_utilization=e["gpu_memory_utilization"], warmup_tokens=e["warmup_tokens"],
+                          extra=report.get("model_source", {}))  # fmt: skip
 
 
 def serving(folder: Path, cfg: dict) -> list[str]:
@@ -533,11 +537,10 @@ def serving(folder: Path, cfg: dict) -> list[str]:
             continue
         d = json.loads((folder / f).read_text(encoding="utf-8"))
         raw = f.replace("serving-", "raw-").replace(".json", ".tar.xz")
-        runs = _engine_runs(folder / raw)
+        runs, models = _engine_runs(folder / raw)
         options = _options_of(d)
-        again = build_report(
-            options, [r for r in runs if r["fingerprint"] == options.fingerprint()], planned=d["planned"]
-        )
+        ours = {options.fingerprint(), *(options.fingerprint(model=m) for m in models)}  # as saved_runs reads them
+        again = build_report(options, [r for r in runs if r["fingerprint"] in ours], planned=d["planned"])
         if again["workloads"] != d["workloads"] or again["engine_starts"] != d["engine_starts"]:
             raise SystemExit(f"{f} does not follow from the engine runs in {raw}")
         env, arms = d["environment"], d["arms"]

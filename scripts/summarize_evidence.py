@@ -15,7 +15,10 @@ run wrote (``files``) and what they are for; each kind below reads exactly those
   shapes and models, and a junit file of the GPU tests;
 * ``plugin``: ``kvpatch plugin status`` / ``check`` JSONs and the pytest logs of the GPU tests;
 * ``serving``: ``kvpatch plugin bench`` JSON reports, one per dtype, each re-derived from its raw engine
-  runs; a report short of its planned engine starts is marked INCOMPLETE with its per-arm counts.
+  runs; a report short of its planned engine starts is marked INCOMPLETE with its per-arm counts;
+* ``grouped-probe``: the grouped form's prototype probe (``scripts/gpu_grouped_probe.sh``);
+* ``grouped-form``: the grouped form as kvpatch generates it: validate and vLLM-test records and a
+  held-out bench with ``group`` variants (``scripts/summarize_grouped.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 import summarize_releases as releases  # noqa: E402
+from summarize_grouped import grouped_form  # noqa: E402
 from summarize_releases import load  # noqa: E402
 
 from kvpatch.gpu.stats import geomean  # noqa: E402
@@ -660,7 +664,7 @@ def grouped_probe(folder: Path, cfg: dict) -> list[str]:
 
 KINDS = {"tune-table": tune_table, "bit-identity": bit_identity, "heldout": heldout, "headline": headline,
          "decode-step": decode_step, "weight-prefetch": weight_prefetch, "plugin": plugin, "serving": serving,
-         "grouped-probe": grouped_probe}  # fmt: skip
+         "grouped-probe": grouped_probe, "grouped-form": grouped_form}  # fmt: skip
 
 
 def summary(folder: Path) -> str:

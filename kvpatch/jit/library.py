@@ -27,10 +27,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
-import filelock
-
 from ..errors import BuildError
-from ..fsutil import machine_problem, problem_in_text, write_atomic, write_if_different
+from ..fsutil import hold_lock, machine_problem, problem_in_text, write_atomic, write_if_different
 from ..fsutil.files import file_digest
 from ..progress import QUIET, Progress
 from .toolchain import Inspector, Toolchain, first_error
@@ -152,13 +150,10 @@ def build_libraries(plans: Sequence[LibraryPlan], *, tc: Toolchain, tools: Inspe
                     progress: Progress = QUIET) -> dict[str, Any]:  # fmt: skip
     """Build (or take from the cache) every plan; ``{plan name: its result}``."""
     results: dict[str, Any] = {}
-    locks = []
-    try:
-        for p in sorted(plans, key=lambda p: p.key):
+    with contextlib.ExitStack() as locks:
+        for p in sorted(plans, key=lambda p: p.key):  # one order for every process: no deadlock
             p.lock_path.parent.mkdir(parents=True, exist_ok=True)
-            lock = filelock.FileLock(str(p.lock_path))
-            lock.acquire()
-            locks.append(lock)
+            locks.enter_context(hold_lock(p.lock_path, what="this build folder"))
         todo = []
         for p in plans:
             cached, why = load_cached(p)
@@ -175,9 +170,6 @@ def build_libraries(plans: Sequence[LibraryPlan], *, tc: Toolchain, tools: Inspe
                 for rel, text in p.files:
                     write_if_different(p.dir / rel, text)
             results.update(_compile_all(todo, tc, tools, jobs, progress))
-    finally:
-        for lock in reversed(locks):
-            lock.release()
     return results
 
 

@@ -30,13 +30,12 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-import filelock
 import platformdirs
 from rich.console import Console
 from rich.markup import escape
 
 from ..errors import FetchError, KvpatchError, UsageError
-from ..fsutil import machine_problem, problem_in_text, read_regular, write_atomic
+from ..fsutil import hold_lock, machine_problem, problem_in_text, read_regular, write_atomic
 from . import git as gitcmd
 from .releases import HEADER, LAST, SUPPORTED, carries_header, normalize_version, release_tag, release_tuple
 from .repo import _clone, _git_reason, _make_repo, git_executable, require_git  # noqa: F401
@@ -247,19 +246,15 @@ def _cached(final: Path, marker: Path, tag: str, console: Console | None = None)
 
 @contextlib.contextmanager
 def _locked(path: Path, tag: str, console: Console) -> Iterator[None]:
-    """Hold an inter-process lock on ``path``, saying so if we have to wait for it."""
-    lock = filelock.FileLock(str(path))
-    try:
-        lock.acquire(timeout=0)
-    except OSError as e:  # (filelock.Timeout is no OSError)
-        raise _unwritable(path.parent, tag, e) from None
-    except filelock.Timeout:
-        console.print(f"waiting for another kvpatch process fetching a release into the cache (for {tag}) ...")
-        lock.acquire()
-    try:
+    """Hold an inter-process lock on ``path``, saying so if we have to wait for it; a lock file
+    that cannot be made is :func:`_unwritable`'s error (only the taking, not the body)."""
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(hold_lock(path, what="the release cache", on_wait=lambda: console.print(
+                f"waiting for another kvpatch process fetching a release into the cache (for {tag}) ...")))  # fmt: skip
+        except OSError as e:
+            raise _unwritable(path.parent, tag, e) from None
         yield
-    finally:
-        lock.release()
 
 
 def _unwritable(releases: Path, tag: str, e: OSError) -> Exception:

@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -346,7 +347,7 @@ def test_outside_the_range_rejected_before_io(version: str, env: Path, monkeypat
 
     monkeypatch.setattr(fetch, "_clone", boom)
     monkeypatch.setattr(fetch, "_index_url", boom)
-    monkeypatch.setattr(fetch.filelock, "FileLock", boom)
+    monkeypatch.setattr(fetch, "hold_lock", boom)
     where = "before" if version == "0.6.3" else "after"  # not "has no header": nothing says the release exists
     with pytest.raises(
         FetchError, match=rf"vLLM {version} is {where} the releases that carry .*0\.6\.4 through 0\.22\.1"
@@ -548,3 +549,27 @@ def test_absurd_member_mtime(env: Path, tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("PIP_INDEX_URL", index.as_uri())
     tree = fetch_release("0.10.2", remote=_no_remote(tmp_path), console=_console()[0])
     assert git.Repo(tree).head.commit.committed_date == 4_102_444_799
+
+
+def test_a_fetch_waits_while_another_process_holds_the_cache_and_then_fetches(
+    env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two kvpatch processes (or test workers) fetching at once: the second waits, says so, and
+    goes on; it is never an error."""
+    monkeypatch.setenv("PIP_INDEX_URL", make_index(tmp_path / "index").as_uri())
+    (env / "releases").mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom kvpatch.fsutil import hold_lock\n"
+         f"with hold_lock({str(env / 'releases' / '.lock')!r}):\n    print('held', flush=True)\n    time.sleep(1.5)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        console, out = _console()
+        start = time.monotonic()
+        tree = fetch_release("0.10.2", remote=_no_remote(tmp_path), console=console)
+        assert time.monotonic() - start > 0.5  # it waited for the other process
+    finally:
+        holder.wait(timeout=30)
+    assert "waiting for another kvpatch process fetching a release into the cache (for v0.10.2)" in out.getvalue()
+    assert (tree / HEADER).read_text() == HEADER_TEXT.format(version="0.10.2")

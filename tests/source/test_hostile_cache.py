@@ -10,10 +10,11 @@ import os
 import shutil
 from pathlib import Path
 
-import filelock
 import pytest
 from cli.cli_helpers import assert_one_line_error, run_cli
 from conftest import HEADER, fixture_text, git, make_tree
+
+from kvpatch.fsutil import locks
 
 
 def _cache_holding(cache: Path) -> Path:
@@ -51,10 +52,14 @@ def test_a_cache_that_cannot_be_written_and_lacks_the_release_says_so(tmp_path: 
     cache = tmp_path / "cache"
     (cache / "releases").mkdir(parents=True)
 
-    def refused(self, *a, **k):
-        raise PermissionError(errno.EACCES, "Permission denied", self.lock_file)
+    real_open = os.open
 
-    monkeypatch.setattr(filelock.FileLock, "acquire", refused)
+    def refused(path, *a, **k):  # the lock file cannot be made, as in a directory of another user's
+        if str(path).endswith(".lock"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(locks.os, "open", refused)
     work = tmp_path / "work"
     work.mkdir()
     proc = run_cli("apply", "--vllm", "v0.10.2", cwd=work, env={"KVPATCH_CACHE": str(cache)})

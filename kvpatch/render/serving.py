@@ -49,8 +49,12 @@ def serving_lines(report: dict[str, Any]) -> list[str]:
         logged = "/".join(arm["kernels_logged"]) or "nothing"
         start = arm["engine_start_s"]
         up = f"; engine up in {start['median']:.0f} s" if start.get("n") else ""
+        counts = [n for n in arm.get("grouped_launches", []) if n is not None]
+        grouped = (f"; grouped form launched {min(counts)}-{max(counts)} times a start (CUDA graph captures)"
+                   if counts else "")  # fmt: skip
         lines.append(
             f"  {name}: {arm['starts']} starts, {arm['kernels']}'s kernels needed, the plugin logged {logged}{up}"
+            + grouped
         )
     arms = list(report["arms"])
     for metric, (heading, fmt) in _TABLES.items():

@@ -81,6 +81,8 @@ def build_report(options: ServingOptions, records: Sequence[dict[str, Any]], *, 
             "kernels_logged": sorted({k for r in mine for k in r["kernels_logged"]}),
             "plugin_lines": lines,
             "engine_start_s": _spread([r["result"]["engine_start_s"] for r in mine]),
+            # per start, the grouped form's launches (None: a library without the form, or not said)
+            "grouped_launches": [(r["result"].get("plugin_after") or {}).get("grouped_launches") for r in mine],
         }  # fmt: skip
     env = next((r["result"].get("environment") for r in records if r["result"].get("environment")), {})
     return {

@@ -94,8 +94,12 @@ def _plugin_state() -> dict[str, Any]:
         t = plugin.default_target()
         active, inactive = plugin.active_kernel(f"{t.namespace}::paged_attention_v1", t.dispatch_key)
         decision = plugin.decide()
-        return {"registered": plugin.registration() is not None, "action": decision.action,
-                "line": decision.line(), "active": active, "inactive": inactive}  # fmt: skip
+        reg = plugin.registration()
+        count = getattr(reg.override.launcher, "grouped_launches", None) if reg is not None else None
+        return {"registered": reg is not None, "action": decision.action, "line": decision.line(),
+                "active": active, "inactive": inactive,
+                # the grouped form's launches in this engine (CUDA graphs: the captures, not the replays)
+                "grouped_launches": int(count()) if callable(count) else None}  # fmt: skip
     except Exception as e:  # noqa: BLE001 - recorded; the parent refuses the run
         return {"registered": None, "error": f"{type(e).__name__}: {e}"}
 

@@ -120,3 +120,39 @@ def test_the_report_gives_medians_over_starts_and_ratios_from_rounds_beside_the_
     partial = build_report(o, recs[:4], planned=9)
     assert not partial["complete"] and partial["workloads"][0]["aa"]["decode_ms"] == {"n": 0}
     assert partial["workloads"][0]["speedup"]["decode_ms"]["n"] == 1
+
+
+def test_the_report_says_how_often_each_start_launched_the_grouped_form():
+    from kvpatch.render import serving_lines
+
+    o = _opts(workloads=(Workload(512, 512, 1),), starts=2)
+    recs = [_record(a, r, 5.0) for r in (0, 1) for a in ("kvpatch", "vllm", "vllm-twin")]
+    rep = build_report(o, recs, planned=6)
+    assert rep["arms"]["kvpatch"]["grouped_launches"] == [None, None]  # not said: a library without the form
+    assert "grouped form" not in "\n".join(serving_lines(rep))
+    for r, n in zip(recs[::3], (384, 390), strict=True):
+        r["result"]["plugin_after"] = {"grouped_launches": n}
+    rep = build_report(o, recs, planned=6)
+    assert rep["arms"]["kvpatch"]["grouped_launches"] == [384, 390]
+    (line,) = [x for x in serving_lines(rep) if x.lstrip().startswith("kvpatch:")]
+    assert line.endswith("; grouped form launched 384-390 times a start (CUDA graph captures)")
+
+
+def test_the_worker_reads_the_grouped_launches_from_the_registered_library(monkeypatch):
+    from types import SimpleNamespace
+
+    from kvpatch.serving import worker
+    from kvpatch.vllm_plugin import plugin
+
+    decision = SimpleNamespace(action="register", line=lambda: "kvpatch: ...")
+    monkeypatch.setattr(plugin, "default_target", lambda: SimpleNamespace(namespace="_C", dispatch_key="CUDA"))
+    monkeypatch.setattr(plugin, "active_kernel", lambda *a: ("kvpatch", "vllm"))
+    monkeypatch.setattr(plugin, "decide", lambda: decision)
+    launcher = SimpleNamespace(grouped_launches=lambda: 7)
+    monkeypatch.setattr(plugin, "registration", lambda: SimpleNamespace(override=SimpleNamespace(launcher=launcher)))
+    assert worker._plugin_state()["grouped_launches"] == 7
+    launcher.grouped_launches = None  # a library without the grouped form
+    assert worker._plugin_state()["grouped_launches"] is None
+    monkeypatch.setattr(plugin, "registration", lambda: None)  # KVPATCH_DISABLE=1: nothing registered
+    state = worker._plugin_state()
+    assert state["registered"] is False and state["grouped_launches"] is None

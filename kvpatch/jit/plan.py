@@ -163,7 +163,7 @@ class VariantPlan(CacheLayout):
 
     def read_result(self, data: dict) -> VariantResult:
         """A finished build's ``result.json`` (paths stored relative to the build dir)."""
-        from .sass import reread_sass
+        from .sass import with_sass_counts
 
         r = VariantResult.from_dict(data, cached=True)
 
@@ -171,30 +171,32 @@ class VariantPlan(CacheLayout):
             return self.dir / path if not path.is_absolute() else path
 
         r = replace(r, dir=self.dir, library=fix(r.library), sass=fix(r.sass), cubins=tuple(fix(c) for c in r.cubins))
-        if "grouped" not in data and GROUPED_SYMBOL in self.variant.header and r.sass.is_file():
-            # built by a kvpatch that did not record the grouped form's kernels: read them, once
+        # built by a kvpatch that did not read the load-use distance, or record the grouped form's
+        # kernels: read them from the kept SASS (one pass for both) and the ptxas logs, once
+        no_load_use = any("load_use" not in k for k in data["kernels"])
+        no_grouped = "grouped" not in data and GROUPED_SYMBOL in self.variant.header
+        if (no_load_use or no_grouped) and r.sass.is_file():
             try:
                 with gzip.open(r.sass, "rt", encoding="utf-8") as f:
                     found = scan_sass_kernels(f)
-                usage: dict[tuple[str, str], dict[str, int]] = {}
-                for i in range(self.shards):
-                    usage.update(parse_ptxas_log((self.dir / self.shard_log(i)).read_text(encoding="utf-8")))
-            except (OSError, EOFError, ValueError):
-                return r
-            r = replace(r, grouped=grouped_kernels(found, usage, demangle(sorted({sym for _, sym in found}))))
-            from .library import save_result
-
-            save_result(self, r)
-        if any("load_use" not in k for k in data["kernels"]) and r.sass.is_file():
-            # built by a kvpatch that did not read the load-use distance: read it from the kept SASS, once
-            try:
-                r = reread_sass(r)
+                if no_load_use:
+                    r = with_sass_counts(r, found)
+                if no_grouped:
+                    r = replace(r, grouped=grouped_kernels(found, self.ptxas_usage(),
+                                                           demangle(sorted({sym for _, sym in found}))))  # fmt: skip
             except (OSError, EOFError, ValueError):
                 return r
             from .library import save_result
 
             save_result(self, r)
         return r
+
+    def ptxas_usage(self) -> dict[tuple[str, str], dict[str, int]]:
+        """``{(arch, symbol): registers, spills, stack}`` from every shard's kept ptxas log."""
+        usage: dict[tuple[str, str], dict[str, int]] = {}
+        for i in range(self.shards):
+            usage.update(parse_ptxas_log((self.dir / self.shard_log(i)).read_text(encoding="utf-8")))
+        return usage
 
     def result_json(self, result: VariantResult) -> dict:
         d = result.to_dict()
@@ -325,9 +327,7 @@ def inspect_variant(p: VariantPlan, tools: Any, step: Callable[[str, Callable[[]
         extract_cubins(tools, p.library, p.dir / "cubin")
 
     step("cuobjdump --dump-sass", dump)
-    usage: dict[tuple[str, str], dict[str, int]] = {}
-    for i in range(p.shards):
-        usage.update(parse_ptxas_log((p.dir / p.shard_log(i)).read_text(encoding="utf-8")))
+    usage = p.ptxas_usage()
     sigs = dict(p.signatures)
     names = demangle(sorted({sym for _, sym in sass}))
     kernels = []

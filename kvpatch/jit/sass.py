@@ -250,12 +250,11 @@ def _template_args(text: str, start: int) -> list[str]:
     return args
 
 
-def reread_sass(result: VariantResult) -> VariantResult:
+def with_sass_counts(result: VariantResult, found: Mapping[tuple[str, str], SassKernel]) -> VariantResult:
     """``result`` with each kernel's floating-point op counts and :attr:`~KernelInfo.load_use`
-    read again from its kept SASS (``kernels.sass.gz``): for builds made before kvpatch read
-    the load-use distance, which also counted FP ops only up to address 0xffff."""
-    with gzip.open(result.sass, "rt", encoding="utf-8") as f:
-        found = scan_sass_kernels(f)
+    taken from ``found`` (:func:`scan_sass_kernels` of its kept ``kernels.sass.gz``): for builds
+    made before kvpatch read the load-use distance, which also counted FP ops only up to address
+    0xffff."""
 
     def again(k: KernelInfo) -> KernelInfo:
         got = found.get((k.arch, k.symbol))

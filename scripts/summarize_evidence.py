@@ -532,6 +532,7 @@ def _options_of(report: dict):
 def serving(folder: Path, cfg: dict) -> list[str]:
     """``kvpatch plugin bench``: the report, re-derived from the raw engine runs beside it (and
     refused where they disagree), every engine start, vLLM's kernel tests on the rebuilt ops."""
+    from kvpatch.serving.bench import fingerprints
     from kvpatch.serving.report import build_report
 
     files = [f for _, f in run_files(cfg)]
@@ -543,7 +544,7 @@ def serving(folder: Path, cfg: dict) -> list[str]:
         raw = f.replace("serving-", "raw-").replace(".json", ".tar.xz")
         runs, models = _engine_runs(folder / raw)
         options = _options_of(d)
-        ours = {options.fingerprint(), *(options.fingerprint(model=m) for m in models)}  # as saved_runs reads them
+        ours = fingerprints(options, models)  # the runs saved_runs would count
         again = build_report(options, [r for r in runs if r["fingerprint"] in ours], planned=d["planned"])
         if again["workloads"] != d["workloads"] or again["engine_starts"] != d["engine_starts"]:
             raise SystemExit(f"{f} does not follow from the engine runs in {raw}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from ..errors import BuildError, GpuCheckError, UsageError
 from ..fsutil.files import write_atomic
@@ -30,7 +30,7 @@ DEFAULT_WORKER = Worker()
 def saved_runs(options: ServingOptions, folder: Path, slots: list[Slot]) -> dict[str, dict[str, Any]]:
     """The counted runs already in ``folder`` for ``slots``; UsageError when the folder holds
     another benchmark's."""
-    ours = {options.fingerprint(), *_path_fingerprints(options, folder)}
+    ours = fingerprints(options, _spec_models(folder))
     manifest = folder / MANIFEST
     if manifest.exists():
         try:
@@ -54,11 +54,16 @@ def saved_runs(options: ServingOptions, folder: Path, slots: list[Slot]) -> dict
     return out
 
 
-def _path_fingerprints(options: ServingOptions, folder: Path) -> set[str]:
-    """The fingerprints these settings had when the model's path was hashed (runs a kvpatch
-    before :meth:`ServingOptions.fingerprint` named a shipped shape wrote), with the paths
-    the folder's own starts recorded in their ``<slot>.spec.json``: only with the same settings
-    otherwise do they match."""
+def fingerprints(options: ServingOptions, models: Iterable[str]) -> set[str]:
+    """The fingerprints runs of these settings may carry: this kvpatch's, and the ones a kvpatch
+    before :meth:`ServingOptions.fingerprint` named a shipped shape wrote, which hashed the
+    model's path (``models``: the paths the runs' own ``<slot>.spec.json`` recorded; only with
+    the same settings otherwise do they match)."""
+    return {options.fingerprint(), *(options.fingerprint(model=m) for m in models)}
+
+
+def _spec_models(folder: Path) -> set[str]:
+    """The model paths the engine starts in ``folder`` were given (their ``<slot>.spec.json``)."""
     paths = set()
     for spec in folder.glob("*.spec.json"):
         try:
@@ -67,7 +72,7 @@ def _path_fingerprints(options: ServingOptions, folder: Path) -> set[str]:
             continue
         if isinstance(model, str):
             paths.add(model)
-    return {options.fingerprint(model=p) for p in paths}
+    return paths
 
 
 def run_bench(options: ServingOptions, folder: Path, *, worker: Worker = DEFAULT_WORKER, progress: Progress = QUIET,

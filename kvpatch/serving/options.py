@@ -166,7 +166,7 @@ class ServingOptions:
         """What makes two engine runs comparable: the spec and the arms (not the start count).
         A shipped shape counts by its name, not by where its ``config.json`` was written, so a
         ``--raw`` folder moved or renamed still resumes; ``model`` hashes that path instead (what
-        a kvpatch before this hashed: :func:`kvpatch.serving.bench.saved_runs` still reads it)."""
+        a kvpatch before this hashed: :func:`kvpatch.serving.bench.fingerprints` still accepts it)."""
         identity = model if model is not None else self.extra.get("model_shape") or self.model
         data = {"spec": {**self.engine_spec(), "model": identity}, "arms": [asdict(a) for a in self.arms]}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 import summarize_releases as releases  # noqa: E402
 from summarize_grouped import grouped_form  # noqa: E402
-from summarize_releases import load  # noqa: E402
+from summarize_releases import load, span  # noqa: E402
 
 from kvpatch.gpu.stats import geomean  # noqa: E402
 from kvpatch.gpu.upstream import count_cases, junit_cases  # noqa: E402
@@ -45,11 +45,6 @@ from kvpatch.gpu.upstream import count_cases, junit_cases  # noqa: E402
 
 def run_files(cfg: dict) -> list[tuple[dict, str]]:
     return [(run, f) for run in cfg["run"] for f in run.get("files", [])]
-
-
-def span(xs: list[float], fmt: str = ".2f") -> str:
-    lo, hi = format(min(xs), fmt), format(max(xs), fmt)
-    return lo if lo == hi else f"{lo}-{hi}"
 
 
 # --------------------------------------------------------------------------- tune-table

@@ -13,7 +13,7 @@ import math
 import re
 from pathlib import Path
 
-from summarize_releases import load
+from summarize_releases import load, span
 
 from kvpatch.gpu.stats import geomean
 
@@ -21,11 +21,6 @@ from kvpatch.gpu.stats import geomean
 BIG = ("batch >= 16, context >= 4096", lambda p: p["batch"] >= 16 and p["context"] >= 4096)
 SMALL = ("batch 1", lambda p: p["batch"] == 1)
 PARTITION = 512  # vLLM's v2 partition size
-
-
-def _span(xs: list[float]) -> str:
-    lo, hi = f"{min(xs):.2f}", f"{max(xs):.2f}"
-    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def _group(p: dict) -> int:
@@ -103,10 +98,10 @@ def heldout(folder: Path, name: str) -> list[str]:
                 slower = sum(1 for r in mine if r["variants"][v]["speedup_hi"] < r["variants"]["patched"]["speedup_lo"])
                 aa = [r["variants"]["stock-aa"]["speedup"] for r in mine if "stock-aa" in r["variants"]]
                 cells = [
-                    f"{geomean(xs):.2f} ({_span(xs)})" if xs else "-" for xs in ([over(r) for r in mine], mha, big, one)
+                    f"{geomean(xs):.2f} ({span(xs)})" if xs else "-" for xs in ([over(r) for r in mine], mha, big, one)
                 ]
                 lines.append(f"| {v} | {dt} | {mode} | {' | '.join(cells)} | {slower} of {len(mine)} | "
-                             f"{_span(aa) if aa else '-'} |")  # fmt: skip
+                             f"{span(aa) if aa else '-'} |")  # fmt: skip
     lines += ["", "By kernel (auto cache, GQA points, warm): each variant over the shipped table, geomean (range); "
               "grouped launches of >= 256 CTAs / fewer:", "",
               "| dtype | head | block | " + " | ".join(f"{v}: >= 256 CTAs | {v}: fewer" for v in grouped) + " |",
@@ -123,7 +118,7 @@ def heldout(folder: Path, name: str) -> list[str]:
             for pick in (lambda n: n >= 256, lambda n: n < 256):
                 xs = [r["variants"][v]["speedup"] / r["variants"]["patched"]["speedup"] for r in mine
                       if pick(grouped_ctas(r["point"], r["kernel"], heads))]  # fmt: skip
-                cells.append(f"{geomean(xs):.2f} ({_span(xs)})" if xs else "-")
+                cells.append(f"{geomean(xs):.2f} ({span(xs)})" if xs else "-")
         lines.append(f"| {dt} | {hs} | {bs} | " + " | ".join(cells) + " |")
     lines += ["", "Unique KV bytes per second over the copy bandwidth, GQA 4 (32/8), batch >= 16, context >= 4096, "
               "auto cache, warm (range over the points):", "",
@@ -132,7 +127,7 @@ def heldout(folder: Path, name: str) -> list[str]:
         mine = [r for r in rows if r["mode"] == "warm" and r["point"]["kv_cache_dtype"] == "auto" and _group(r["point"]) == 4
                 and BIG[1](r["point"]) and (r["point"]["dtype"], r["point"]["head_size"], r["point"]["block_size"]) == (dt, hs, bs)]  # fmt: skip
         if mine:
-            cells = [_span([r["variants"][v]["copy_fraction"] for r in mine]) for v in ("patched", *grouped)]
+            cells = [span([r["variants"][v]["copy_fraction"] for r in mine]) for v in ("patched", *grouped)]
             lines.append(f"| {dt} | {hs} | {bs} | " + " | ".join(cells) + " |")
     return lines
 

@@ -33,6 +33,12 @@ CELLS = [(dt, m) for dt in ("fp16", "bf16") for m in ("warm", "cold")]
 VERDICTS = ("faster", "noise", "slower")
 
 
+def span(xs: list[float], fmt: str = ".2f") -> str:
+    """``'0.92-1.61'``: the range of ``xs`` as formatted, one number where both ends read the same."""
+    lo, hi = format(min(xs), fmt), format(max(xs), fmt)
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
 def load(path: Path) -> dict:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:

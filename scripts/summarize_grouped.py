@@ -9,18 +9,18 @@ with the shipped table, the same table with ``group`` 2/4/8 and the A/A twin).""
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 
 from summarize_releases import load, span
 
+from kvpatch.gpu.dispatch import num_partitions
 from kvpatch.gpu.stats import geomean
 
-#: Where the grouped form is meant to pay: the issue's goal region.
-BIG = ("batch >= 16, context >= 4096", lambda p: p["batch"] >= 16 and p["context"] >= 4096)
-SMALL = ("batch 1", lambda p: p["batch"] == 1)
-PARTITION = 512  # vLLM's v2 partition size
+
+def _big(p: dict) -> bool:
+    """Where the grouped form is meant to pay: batch >= 16, context >= 4096."""
+    return p["batch"] >= 16 and p["context"] >= 4096
 
 
 def _group(p: dict) -> int:
@@ -32,7 +32,7 @@ def grouped_ctas(point: dict, kernel: str, heads: int) -> int:
     launcher falls back to vLLM's form (the group is no multiple of ``heads``, or an fp8 cache)."""
     if _group(point) % heads or point["kv_cache_dtype"] != "auto":
         return 0
-    parts = 1 if kernel == "v1" else math.ceil(point["context"] / PARTITION)
+    parts = 1 if kernel == "v1" else num_partitions(point["context"])
     return point["num_heads"] // heads * point["batch"] * parts
 
 
@@ -93,8 +93,8 @@ def heldout(folder: Path, name: str) -> list[str]:
                     return r["variants"][v]["speedup"] / r["variants"]["patched"]["speedup"]
 
                 mha = [over(r) for r in mine if _group(r["point"]) == 1]
-                big = [over(r) for r in mine if _group(r["point"]) > 1 and BIG[1](r["point"])]
-                one = [over(r) for r in mine if _group(r["point"]) > 1 and SMALL[1](r["point"])]
+                big = [over(r) for r in mine if _group(r["point"]) > 1 and _big(r["point"])]
+                one = [over(r) for r in mine if _group(r["point"]) > 1 and r["point"]["batch"] == 1]
                 slower = sum(1 for r in mine if r["variants"][v]["speedup_hi"] < r["variants"]["patched"]["speedup_lo"])
                 aa = [r["variants"]["stock-aa"]["speedup"] for r in mine if "stock-aa" in r["variants"]]
                 cells = [
@@ -125,7 +125,7 @@ def heldout(folder: Path, name: str) -> list[str]:
               "| dtype | head | block | shipped | " + " | ".join(grouped) + " |", "|---|---|---|---|" + "---|" * len(grouped)]  # fmt: skip
     for dt, hs, bs in kernels:
         mine = [r for r in rows if r["mode"] == "warm" and r["point"]["kv_cache_dtype"] == "auto" and _group(r["point"]) == 4
-                and BIG[1](r["point"]) and (r["point"]["dtype"], r["point"]["head_size"], r["point"]["block_size"]) == (dt, hs, bs)]  # fmt: skip
+                and _big(r["point"]) and (r["point"]["dtype"], r["point"]["head_size"], r["point"]["block_size"]) == (dt, hs, bs)]  # fmt: skip
         if mine:
             cells = [span([r["variants"][v]["copy_fraction"] for r in mine]) for v in ("patched", *grouped)]
             lines.append(f"| {dt} | {hs} | {bs} | " + " | ".join(cells) + " |")

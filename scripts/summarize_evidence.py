@@ -15,7 +15,9 @@ run wrote (``files``) and what they are for; each kind below reads exactly those
   shapes and models, and a junit file of the GPU tests;
 * ``plugin``: ``kvpatch plugin status`` / ``check`` JSONs and the pytest logs of the GPU tests;
 * ``serving``: ``kvpatch plugin bench`` JSON reports, one per dtype, each re-derived from its raw engine
-  runs; a report short of its planned engine starts is marked INCOMPLETE with its per-arm counts;
+  runs; a report short of its planned engine starts is marked INCOMPLETE with its per-arm counts; how
+  often the grouped form launched per start where the library counted it; the ``kvpatch.toml`` the
+  plugin's bundle was built with, where the run used one;
 * ``grouped-probe``: the grouped form's prototype probe (``scripts/gpu_grouped_probe.sh``);
 * ``grouped-form``: the grouped form as kvpatch generates it: validate and vLLM-test records and a
   held-out bench with ``group`` variants (``scripts/summarize_grouped.py``).
@@ -496,6 +498,12 @@ def _rounds(n: int) -> str:
     return f"{n} round" if n == 1 else f"{n} rounds"
 
 
+def _grouped(arm: dict) -> str:
+    """How often the grouped form launched in an arm's engine starts (the library's own counter)."""
+    counts = [n for n in arm.get("grouped_launches", []) if n is not None]
+    return f", the grouped form launched {span(counts, '.0f')} times a start" if counts else ""
+
+
 def _engine_runs(path: Path) -> tuple[list[dict], set[str]]:
     """The counted engine starts in a ``kvpatch plugin bench --raw`` folder, packed as tar.xz, and
     the model paths their spec files name (runs of a kvpatch that hashed that path)."""
@@ -544,7 +552,8 @@ def serving(folder: Path, cfg: dict) -> list[str]:
         if again["workloads"] != d["workloads"] or again["engine_starts"] != d["engine_starts"]:
             raise SystemExit(f"{f} does not follow from the engine runs in {raw}")
         env, arms = d["environment"], d["arms"]
-        logged = "; ".join(f"{a}: {'/'.join(v['kernels_logged'])} in {_starts(v['starts'])}" for a, v in arms.items())
+        logged = "; ".join(f"{a}: {'/'.join(v['kernels_logged'])} in {_starts(v['starts'])}{_grouped(v)}"
+                           for a, v in arms.items())  # fmt: skip
         ups = [r["result"]["engine_start_s"] for r in runs]
         by_round: dict[int, set[str]] = {}
         for r in runs:
@@ -589,9 +598,11 @@ def serving(folder: Path, cfg: dict) -> list[str]:
             n = count_cases(junit_cases(folder / f))
             lines += [f"vLLM's own kernel tests on the rebuilt ops ({f}): {n['passed']} passed, "
                       f"{n['failed'] + n['errors']} failed, {n['skipped']} skipped.", ""]  # fmt: skip
-        elif f.endswith("status.txt"):
+        elif f.endswith(("status.txt", "kvpatch.toml")):
+            head = ("`kvpatch plugin status --gpus` on the machine" if f.endswith("status.txt")
+                    else "The configuration kvpatch's arm ran, over the shipped table")  # fmt: skip
             text = (folder / f).read_text(encoding="utf-8").strip().splitlines()
-            lines += [f"`kvpatch plugin status --gpus` on the machine ({f}):", "", *(f"    {t}" for t in text), ""]
+            lines += [f"{head} ({f}):", "", *(f"    {t}" for t in text), ""]
     return lines
 
 

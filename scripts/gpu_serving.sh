@@ -20,6 +20,9 @@
 #       $OUT/raw-DTYPE.tar.xz holds them too: --resume with that file goes on from it on a new
 #       machine (with the carry whose bundle made them; another is refused). --smoke: one
 #       engine start per arm, batch 1 and 64, 64 output tokens.
+#       ALSO=NAME=CARRY2 (another carry made with --prepare, e.g. CARRY=.gpu/serving/carry-g4m):
+#       its bundle is installed beside this carry's and timed as one more arm (--bundle NAME=...),
+#       so two configurations read against each other in the same rounds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -122,6 +125,18 @@ if ! cmp -s "$CARRY/bundle/bundle.json" "$BASE/bundle/bundle.json"; then  # this
   cp "$CARRY/bundle/bundle.json" "$BASE/bundle/"
   for f in "$CARRY"/bundle/*.xz; do xz -dc "$f" > "$BASE/bundle/$(basename "$f" .xz)"; done
 fi
+OTHER=()  # ALSO's bundle, as the bench's --bundle
+if [[ -n ${ALSO:-} ]]; then
+  NAME=${ALSO%%=*}; OCARRY=${ALSO#*=}
+  [[ $NAME != "$ALSO" && -f $OCARRY/bundle/bundle.json ]] || { say "ALSO=$ALSO: write NAME=CARRY, a carry made with --prepare"; exit 2; }
+  if ! cmp -s "$OCARRY/bundle/bundle.json" "$BASE/bundle-$NAME/bundle.json"; then
+    say "installing the plugin's bundle of $OCARRY as the arm $NAME"
+    rm -rf "$BASE/bundle-$NAME" && mkdir -p "$BASE/bundle-$NAME"
+    cp "$OCARRY/bundle/bundle.json" "$BASE/bundle-$NAME/"
+    for f in "$OCARRY"/bundle/*.xz; do xz -dc "$f" > "$BASE/bundle-$NAME/$(basename "$f" .xz)"; done
+  fi
+  OTHER=(--bundle "$NAME=$BASE/bundle-$NAME")
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv > "$OUT/smi.csv" 2>&1
 cd "$BASE"
 "$PY" -c 'import torch, vllm, kvpatch, typer, importlib.metadata as m; print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), "| vllm", vllm.__version__, "| kvpatch", kvpatch.__version__, kvpatch.__file__, "| typer", typer.__version__, "| click", m.version("click"))' 2>&1 | tail -1 | tee -a "$OUT/log.txt"
@@ -148,6 +163,7 @@ say "kvpatch plugin status --gpus"
 
 # one folder per dtype and bundle: a rerun with the same carry resumes, another carry starts its own
 BUNDLE_ID=$(cd "$ROOT" && sha256sum "$CARRY/bundle/bundle.json" | cut -c1-16)
+[[ -n ${ALSO:-} ]] && BUNDLE_ID=$BUNDLE_ID-$NAME-$(cd "$ROOT" && sha256sum "$OCARRY/bundle/bundle.json" | cut -c1-16)
 RAW=$BASE/raw-$DTYPE-$BUNDLE_ID
 if [[ -n $RESUME && ! -d $RAW ]]; then  # engine runs of an earlier machine
   [[ $RESUME == /* ]] || RESUME=$ROOT/$RESUME
@@ -160,10 +176,10 @@ if [[ -f $RAW/bundle.sha256 && $(cat "$RAW/bundle.sha256") != "$BUNDLE_ID" ]]; t
   exit 2
 fi
 echo "$BUNDLE_ID" > "$RAW/bundle.sha256"
-ARGS=(--dtype "$DTYPE" --raw "$RAW" --budget "$BUDGET" --json "$OUT/serving-$DTYPE.json")
+ARGS=(--dtype "$DTYPE" --raw "$RAW" --budget "$BUDGET" --json "$OUT/serving-$DTYPE.json" "${OTHER[@]}")
 if [[ $SMOKE == 1 ]]; then
   RAW=$BASE/smoke-$DTYPE
-  ARGS=(--dtype "$DTYPE" --raw "$RAW" --starts 1 --batch-sizes 1,64 --output-len 64 --json "$OUT/smoke-$DTYPE.json")
+  ARGS=(--dtype "$DTYPE" --raw "$RAW" --starts 1 --batch-sizes 1,64 --output-len 64 --json "$OUT/smoke-$DTYPE.json" "${OTHER[@]}")
 else
   ARGS+=(--workload 4096:256:8,32)
 fi

@@ -522,14 +522,15 @@ def _engine_runs(path: Path) -> tuple[list[dict], set[str]]:
 
 def _options_of(report: dict):
     """The ServingOptions a report was made with (its fingerprint must be its runs')."""
-    from kvpatch.serving import ServingOptions, Workload
+    from kvpatch.serving import Arm, ServingOptions, Workload
 
     e = report["engine"]
+    arms = tuple(Arm(name, a["kernels"], a.get("bundle"), a.get("bundle_id", "")) for name, a in report["arms"].items())
     return ServingOptions(model=e["model"], model_label=report["model"], dtype=report["dtype"],
                           workloads=tuple(Workload(w["input_len"], w["output_len"], w["batch"]) for w in report["workloads"]),
                           starts=report["starts_per_arm"], dummy_weights=e["dummy_weights"], seed=e["seed"],
                           gpu_memory_utilization=e["gpu_memory_utilization"], warmup_tokens=e["warmup_tokens"],
-                          extra=report.get("model_source", {}))  # fmt: skip
+                          extra=report.get("model_source", {}), arms=arms)  # fmt: skip
 
 
 def serving(folder: Path, cfg: dict) -> list[str]:
@@ -552,6 +553,7 @@ def serving(folder: Path, cfg: dict) -> list[str]:
         if again["workloads"] != d["workloads"] or again["engine_starts"] != d["engine_starts"]:
             raise SystemExit(f"{f} does not follow from the engine runs in {raw}")
         env, arms = d["environment"], d["arms"]
+        others = [name for name, arm in arms.items() if arm.get("bundle")]  # --bundle's arms
         logged = "; ".join(f"{a}: {'/'.join(v['kernels_logged'])} in {_starts(v['starts'])}{_grouped(v)}"
                            for a, v in arms.items())  # fmt: skip
         ups = [r["result"]["engine_start_s"] for r in runs]
@@ -575,14 +577,18 @@ def serving(folder: Path, cfg: dict) -> list[str]:
                   f"{span(ups, '.0f')} s. What the plugin's log line said each arm ran: {logged}.", "",
                   "Decode step, ms: median over engine starts (min-max); speedup = vLLM's kernels / kvpatch's, median "
                   "of the arms (range of the per-round ratios); A/A = vLLM's kernels / vLLM's kernels in another "
-                  "engine start.", "",
-                  "| workload | vLLM | kvpatch | vLLM again | speedup | A/A | latency speedup | tokens/s speedup |",
-                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "engine start." + (" An arm of another plugin bundle: its decode step, vLLM's kernels / its, and "
+                  "kvpatch's enabled bundle / its." if others else ""), "",
+                  "| workload | vLLM | kvpatch | vLLM again | speedup | A/A | latency speedup | tokens/s speedup |"
+                  + "".join(f" {o} | {o} speedup | {o} over kvpatch |" for o in others),
+                  "|---|---|---|---|---|---|---|---|" + "---|---|---|" * len(others)]  # fmt: skip
         for w in d["workloads"]:
             a, sp, aa = w["arms"], w["speedup"], w["aa"]
+            theirs = "".join(f" {_cell(a[o]['decode_ms'])} | {_ratio(w['others'][o]['speedup']['decode_ms'])} | "
+                             f"{_ratio(w['others'][o]['over_kvpatch']['decode_ms'])} |" for o in others)  # fmt: skip
             lines.append(f"| {w['workload']} | {_cell(a['vllm']['decode_ms'])} | {_cell(a['kvpatch']['decode_ms'])} | "
                          f"{_cell(a['vllm-twin']['decode_ms'])} | {_ratio(sp['decode_ms'])} | {_ratio(aa['decode_ms'])} | "
-                         f"{_ratio(sp['latency_s'])} | {_ratio(sp['tokens_per_s'])} |")  # fmt: skip
+                         f"{_ratio(sp['latency_s'])} | {_ratio(sp['tokens_per_s'])} |{theirs}")  # fmt: skip
         worst = max(abs(1 - x) for w in d["workloads"] for k in ("lo", "hi") if (x := w["aa"]["decode_ms"].get(k)))
         lines += ["", f"A/A pair, decode step: every per-round ratio within {100 * worst:.1f}% of 1.00.", "",
                   "Every engine start, in the order it ran (decode step, ms):", "",

@@ -145,8 +145,18 @@ def bench(
         typer.Option(metavar="IN:OUT:B,B", help="More rows (repeatable), e.g. a long context: 4096:256:8,32."),
     ] = [],  # noqa: B006
     starts: Annotated[
-        int, typer.Option(metavar="N", help="Engine starts per arm (three arms: kvpatch, vLLM, vLLM again).")
+        int,
+        typer.Option(metavar="N", help="Engine starts per arm (arms: kvpatch, one per --bundle, vLLM, vLLM again)."),
     ] = 4,
+    bundle: Annotated[
+        list[str],
+        typer.Option(
+            metavar="NAME=DIR",
+            help="One more arm (repeatable, at most 3): the plugin bundle in DIR (kvpatch plugin enable --dir DIR) "
+            "instead of the enabled one, e.g. grouped=./bundle-g4; the report sets it beside vLLM's kernels and "
+            "the enabled bundle's, round by round.",
+        ),
+    ] = [],  # noqa: B006
     dummy_weights: Annotated[
         bool, typer.Option("--dummy-weights", help="With a model directory: random weights instead of its own.")
     ] = False,
@@ -174,7 +184,8 @@ def bench(
     (VLLM_USE_V1=0 VLLM_ATTENTION_BACKEND=XFORMERS) started again and again in separate
     processes, the arms alternated, KVPATCH_DISABLE=1 in vLLM's two arms (the A/A pair).
     Reports per workload the decode step time, the request latency and output tokens per
-    second, and which kernels the plugin's own log says each arm ran. Exit 6 when an arm
+    second, and which kernels the plugin's own log says each arm ran; with --bundle, each other
+    bundle's arm against vLLM's kernels and against the enabled bundle's. Exit 6 when an arm
     ran other kernels than it needs."""
     from ..commands import serving as S
     from ..render import serving_lines
@@ -182,7 +193,7 @@ def bench(
 
     opts = S.ServingBenchOptions(
         model=model, dtype=dtype, batch_sizes=csv(batch_sizes, int) or [], input_len=input_len, output_len=output_len,
-        workloads=list(workload), starts=starts, dummy_weights=dummy_weights, raw=raw, budget_s=budget,
+        workloads=list(workload), bundles=list(bundle), starts=starts, dummy_weights=dummy_weights, raw=raw, budget_s=budget,
         engine_timeout_s=engine_timeout, gpu_memory_utilization=gpu_memory_utilization, json_path=json_out, cwd=cwd(),
     )  # fmt: skip
     with progress() as p:

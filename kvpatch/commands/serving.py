@@ -29,6 +29,7 @@ class ServingBenchOptions:
     input_len: int = 512
     output_len: int = 512
     workloads: list[str] = field(default_factory=list)  # extra rows, INPUT:OUTPUT:BATCHES
+    bundles: list[str] = field(default_factory=list)  # more arms: NAME=DIR, another plugin bundle each
     starts: int = 4
     dummy_weights: bool = False  # a directory's own weights unless asked (a shape is always dummy)
     raw: Optional[Path] = None  # the folder of engine runs (None: a temporary one)
@@ -73,6 +74,20 @@ def _model(o: ServingBenchOptions, folder: Path, dtype_torch: str) -> tuple[str,
     return str(where), shape.name, True, {"model_shape": shape.name, "source": shape.source}
 
 
+def _arms(o: ServingBenchOptions) -> tuple[Any, ...]:
+    """kvpatch's arm, one arm per ``--bundle`` (checked: a free name, a readable bundle), then
+    vLLM's two."""
+    from ..serving.options import KVPATCH, MAX_BUNDLES, VLLM, VLLM_TWIN, bundle_arm
+
+    if len(o.bundles) > MAX_BUNDLES:
+        raise UsageError(f"--bundle given {len(o.bundles)} times: at most {MAX_BUNDLES} (each adds an engine start "
+                         "a round)")  # fmt: skip
+    others: list[Any] = []
+    for text in o.bundles:
+        others.append(bundle_arm(text, o.cwd, taken=[a.name for a in others]))
+    return (KVPATCH, *others, VLLM, VLLM_TWIN)
+
+
 def preflight() -> Any:
     """vLLM installed and V0-capable, the plugin enabled and every check of it passing: the
     plugin's :class:`~kvpatch.vllm_plugin.Decision`, or a one-line refusal."""
@@ -108,7 +123,8 @@ def bench(o: ServingBenchOptions, *, progress: Progress = QUIET) -> dict[str, An
     dtype_torch = engine_dtype(o.dtype)
     workloads = make_workloads(o.input_len, o.output_len, o.batch_sizes, o.workloads)
     checked = ServingOptions(model="", model_label="", dtype=o.dtype, workloads=workloads, starts=o.starts,
-                             gpu_memory_utilization=o.gpu_memory_utilization, engine_timeout_s=o.engine_timeout_s)  # fmt: skip
+                             gpu_memory_utilization=o.gpu_memory_utilization, engine_timeout_s=o.engine_timeout_s,
+                             arms=_arms(o))  # fmt: skip
     if o.budget_s is not None and not o.budget_s > 0:
         raise UsageError("--budget must be a positive number of seconds")
     raw = o.raw if o.raw is None or o.raw.is_absolute() else o.cwd / o.raw

@@ -52,17 +52,22 @@ def serving_lines(report: dict[str, Any]) -> list[str]:
         counts = [n for n in arm.get("grouped_launches", []) if n is not None]
         grouped = (f"; grouped form launched {min(counts)}-{max(counts)} times a start (CUDA graph captures)"
                    if counts else "")  # fmt: skip
+        bundle = f" (the bundle at {arm['bundle']})" if arm.get("bundle") else ""
         lines.append(
-            f"  {name}: {arm['starts']} starts, {arm['kernels']}'s kernels needed, the plugin logged {logged}{up}"
-            + grouped
+            f"  {name}: {arm['starts']} starts, {arm['kernels']}'s kernels{bundle} needed, the plugin logged "
+            f"{logged}{up}" + grouped
         )
     arms = list(report["arms"])
+    others = list(report["workloads"][0].get("others", {})) if report["workloads"] else []
     for metric, (heading, fmt) in _TABLES.items():
         lines += ["", heading]
-        rows = [["workload", *arms, "speedup", "A/A"]]
+        rows = [["workload", *arms, "speedup", *(f"{o} speedup" for o in others),
+                 *(f"{o}/kvpatch" for o in others), "A/A"]]  # fmt: skip
         for w in report["workloads"]:
+            theirs = [w["others"][o][k].get(metric, {}) for k in ("speedup", "over_kvpatch") for o in others]
             rows.append([w["workload"], *(_value(w["arms"][a][metric], fmt) for a in arms),
-                         _ratio(w["speedup"].get(metric, {})), _ratio(w["aa"].get(metric, {}))])  # fmt: skip
+                         _ratio(w["speedup"].get(metric, {})), *map(_ratio, theirs),
+                         _ratio(w["aa"].get(metric, {}))])  # fmt: skip
         lines += _table(rows)
     lines += [
         "",
@@ -71,6 +76,9 @@ def serving_lines(report: dict[str, Any]) -> list[str]:
             "ratios; A/A: vLLM's kernels over the same kernels in another engine start (identical code: the noise)."
         ),
     ]
+    if others:
+        lines.append("NAME speedup: vLLM's kernels over that bundle's; NAME/kvpatch: the enabled bundle's kernels "
+                     "over that bundle's (above 1: that bundle faster), each from the same rounds.")  # fmt: skip
     if report.get("raw"):
         lines.append(f"engine runs and logs: {report['raw']}")
     return lines

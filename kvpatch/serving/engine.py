@@ -68,6 +68,9 @@ def problems(record: dict[str, Any]) -> list[str]:
     if plugin.get("registered") is not (expected == "kvpatch"):
         out.append(f"the engine process saw the override registered={plugin.get('registered')} "
                    f"({plugin.get('error') or plugin.get('line', '')})")  # fmt: skip
+    bundle = record["arm"].get("bundle")
+    if bundle is not None and not _same_folder(plugin.get("bundle"), bundle):
+        out.append(f"the plugin loaded the bundle at {plugin.get('bundle')}, the arm needs {bundle}'s")
     for w in result.get("workloads", []):
         if w.get("tokens") != w.get("tokens_expected"):
             out.append(f"{w['input_len']}x{w['output_len']} B{w['batch']} generated {w.get('tokens')} tokens "
@@ -116,7 +119,8 @@ def run_slot(slot: Slot, options: ServingOptions, folder: Path, *, worker: Worke
     text = log_path.read_text(encoding="utf-8", errors="replace")
     record: dict[str, Any] = {
         "fingerprint": options.fingerprint(), "slot": slot.name, "round": slot.round, "index": slot.index,
-        "arm": {"name": slot.arm.name, "kernels": slot.arm.kernels}, "seconds": seconds,
+        "arm": {"name": slot.arm.name, "kernels": slot.arm.kernels,
+                **({"bundle": slot.arm.bundle} if slot.arm.bundle is not None else {})}, "seconds": seconds,
         "returncode": proc.returncode, "kernels_logged": kernels_logged(text), "result": None,
     }  # fmt: skip
     if timed_out:
@@ -130,6 +134,13 @@ def run_slot(slot: Slot, options: ServingOptions, folder: Path, *, worker: Worke
         write_atomic(folder / f"{slot.name}.json", json.dumps(record) + "\n")
     result_path.unlink(missing_ok=True)
     return record
+
+
+def _same_folder(a: Any, b: str) -> bool:
+    try:
+        return isinstance(a, str) and bool(a) and os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _pump(proc: subprocess.Popen, log: Any, lines: queue.Queue) -> None:

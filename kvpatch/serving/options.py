@@ -3,7 +3,8 @@
 A :class:`Workload` is one timed batch: ``batch`` requests of ``input_len`` prompt tokens,
 each generating exactly ``output_len`` tokens. An :class:`Arm` is one way of starting the
 engine: kvpatch's kernels, or vLLM's own (``KVPATCH_DISABLE=1``), the latter twice so that
-two arms with identical code give the A/A reading. :class:`ServingOptions` is the whole run;
+two arms with identical code give the A/A reading; :func:`bundle_arm` adds one with another
+plugin bundle's kernels. :class:`ServingOptions` is the whole run;
 its :meth:`~ServingOptions.fingerprint` says whether saved engine runs belong to it.
 """
 
@@ -11,8 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Sequence
 
 from .. import dtypes as D
 from ..config.model import ascii_digits
@@ -84,17 +87,32 @@ def _bound(value: int, what: str, top: int) -> int:
 
 @dataclass(frozen=True)
 class Arm:
-    """One engine set-up. ``kernels`` is what the plugin must say it ran: 'kvpatch' or 'vllm'."""
+    """One engine set-up. ``kernels`` is what the plugin must say it ran: 'kvpatch' or 'vllm'.
+    ``bundle``: another plugin bundle's folder, which this arm's engines load instead of the
+    one the environment enables (:func:`bundle_arm`); ``bundle_id`` names its kernels."""
 
     name: str
     kernels: str
+    bundle: str | None = None
+    bundle_id: str = ""
 
     @property
     def env(self) -> dict[str, str]:
-        """What the engine's environment adds (the plugin's kill switch for vLLM's arms)."""
+        """What the engine's environment adds: the plugin's kill switch for vLLM's arms, the
+        bundle's folder for an arm of another bundle."""
         from ..vllm_plugin import ENV_DISABLE
+        from ..vllm_plugin.bundle import ENV_DIR
 
-        return {ENV_DISABLE: "1"} if self.kernels == "vllm" else {}
+        if self.kernels == "vllm":
+            return {ENV_DISABLE: "1"}
+        return {ENV_DIR: self.bundle} if self.bundle is not None else {}
+
+    def identity(self) -> dict[str, str]:
+        """What the fingerprint hashes: an arm of another bundle by its kernels, not its path."""
+        out = {"name": self.name, "kernels": self.kernels}
+        if self.bundle is not None:
+            out["bundle"] = self.bundle_id
+        return out
 
 
 KVPATCH = Arm("kvpatch", "kvpatch")
@@ -102,6 +120,32 @@ VLLM = Arm("vllm", "vllm")
 #: vLLM's kernels again: the A/A twin of :data:`VLLM`.
 VLLM_TWIN = Arm("vllm-twin", "vllm")
 ARMS = (KVPATCH, VLLM, VLLM_TWIN)
+#: How many other bundles one run may time beside the enabled one (each adds an engine start a round).
+MAX_BUNDLES = 3
+
+
+def bundle_arm(text: str, cwd: Path, taken: Sequence[str] = ()) -> Arm:
+    """``'grouped=./bundle-g4'`` (``--bundle NAME=DIR``) -> the arm that runs that bundle's
+    kernels; UsageError in one line for a bad name, a name in ``taken``, or no readable bundle."""
+    from ..vllm_plugin.bundle import BundleError, read_bundle
+
+    name, sep, folder = text.partition("=")
+    name = name.strip()
+    if not sep or not folder.strip():
+        raise UsageError(f"--bundle {text!r}: write NAME=DIR, e.g. grouped=./bundle-g4")
+    if not re.fullmatch(r"[a-z][a-z0-9-]{0,31}", name):
+        raise UsageError(f"--bundle {text!r}: a name of lower-case letters, digits and '-' (at most 32)")
+    if name in {a.name for a in ARMS} or name in taken:
+        raise UsageError(f"--bundle {text!r}: the name {name!r} is taken")
+    path = Path(folder.strip()).expanduser()
+    path = (path if path.is_absolute() else cwd / path).resolve()
+    try:
+        manifest = read_bundle(path, missing_ok=False)
+    except BundleError as e:
+        raise UsageError(f"--bundle {name}: {e}") from None
+    assert manifest is not None
+    digest = hashlib.sha256(f"{manifest.library_sha256}\n{manifest.marker}".encode()).hexdigest()[:16]
+    return Arm(name, "kvpatch", bundle=str(path), bundle_id=digest)
 
 
 def engine_dtype(name: str) -> str:
@@ -168,5 +212,5 @@ class ServingOptions:
         ``--raw`` folder moved or renamed still resumes; ``model`` hashes that path instead (what
         a kvpatch before this hashed: :func:`kvpatch.serving.bench.fingerprints` still accepts it)."""
         identity = model if model is not None else self.extra.get("model_shape") or self.model
-        data = {"spec": {**self.engine_spec(), "model": identity}, "arms": [asdict(a) for a in self.arms]}
+        data = {"spec": {**self.engine_spec(), "model": identity}, "arms": [a.identity() for a in self.arms]}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

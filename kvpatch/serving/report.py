@@ -7,7 +7,9 @@ variant is faster), with an interval from the rounds: in each round the two arms
 to each other, and the interval is the min..max of the per-round ratios
 (:func:`kvpatch.gpu.stats.speedup_interval`, the one rule). Two ratios are reported:
 vLLM's kernels over kvpatch's (the speedup), and vLLM's kernels over the same kernels
-started again (the A/A twin: what identical code reads, i.e. the noise).
+started again (the A/A twin: what identical code reads, i.e. the noise). An arm of another
+bundle (``--bundle``) gets two more, under ``others``: vLLM's kernels over its kernels, and
+the enabled bundle's over its (above 1.00: the other bundle serves faster).
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ def build_report(options: ServingOptions, records: Sequence[dict[str, Any]], *, 
     for w in options.workloads:
         row: dict[str, Any] = {"workload": w.label, "input_len": w.input_len, "output_len": w.output_len,
                                "batch": w.batch, "arms": {}, "speedup": {}, "aa": {}}  # fmt: skip
+        others = [a.name for a in options.arms if a.bundle is not None]
+        if others:
+            row["others"] = {name: {"speedup": {}, "over_kvpatch": {}} for name in others}
         for metric, (key, higher) in METRICS.items():
             per = {a: _values(records, a, w, key) for a in arms}
             for a in arms:
@@ -71,6 +76,11 @@ def build_report(options: ServingOptions, records: Sequence[dict[str, Any]], *, 
                 row["speedup"][metric] = _ratio(per[VLLM.name], per[KVPATCH.name], higher)
             if VLLM.name in per and VLLM_TWIN.name in per:
                 row["aa"][metric] = _ratio(per[VLLM.name], per[VLLM_TWIN.name], higher)
+            for name in others:
+                if VLLM.name in per:
+                    row["others"][name]["speedup"][metric] = _ratio(per[VLLM.name], per[name], higher)
+                if KVPATCH.name in per:
+                    row["others"][name]["over_kvpatch"][metric] = _ratio(per[KVPATCH.name], per[name], higher)
         rows.append(row)
     by_arm: dict[str, Any] = {}
     for a in options.arms:
@@ -78,6 +88,7 @@ def build_report(options: ServingOptions, records: Sequence[dict[str, Any]], *, 
         lines = sorted({(r["result"].get("plugin") or {}).get("line", "") for r in mine} - {""})
         by_arm[a.name] = {
             "kernels": a.kernels, "starts": len(mine),
+            **({"bundle": a.bundle, "bundle_id": a.bundle_id} if a.bundle is not None else {}),
             "kernels_logged": sorted({k for r in mine for k in r["kernels_logged"]}),
             "plugin_lines": lines,
             "engine_start_s": _spread([r["result"]["engine_start_s"] for r in mine]),

@@ -97,7 +97,7 @@ def _plugin_state() -> dict[str, Any]:
         reg = plugin.registration()
         count = getattr(reg.override.launcher, "grouped_launches", None) if reg is not None else None
         return {"registered": reg is not None, "action": decision.action, "line": decision.line(),
-                "active": active, "inactive": inactive,
+                "active": active, "inactive": inactive, "bundle": decision.bundle,
                 # the grouped form's launches in this engine (CUDA graphs: the captures, not the replays)
                 "grouped_launches": int(count()) if callable(count) else None}  # fmt: skip
     except Exception as e:  # noqa: BLE001 - recorded; the parent refuses the run

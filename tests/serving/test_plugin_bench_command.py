@@ -30,6 +30,12 @@ from kvpatch.render import serving_lines
         (["--raw", "FILE"], "not a directory"),
         (["--model", "llama-9"], "neither a directory nor a model shape"),
         (["--model", "FILE"], "neither a directory"),
+        (["--bundle", "grouped"], "NAME=DIR"),
+        (["--bundle", "Grouped=FILE"], "lower-case letters"),
+        (["--bundle", "vllm-twin=."], "the name 'vllm-twin' is taken"),
+        (["--bundle", "g=nowhere"], "--bundle g: no bundle at"),
+        (["--bundle", "g=FILE"], "--bundle g: cannot read"),
+        (["--bundle", "a=x", "--bundle", "b=x", "--bundle", "c=x", "--bundle", "d=x"], "at most 3"),
     ],
 )
 def test_bad_options_are_one_line_before_anything_runs(tmp_path, args, needle):

@@ -144,7 +144,7 @@ def test_the_worker_reads_the_grouped_launches_from_the_registered_library(monke
     from kvpatch.serving import worker
     from kvpatch.vllm_plugin import plugin
 
-    decision = SimpleNamespace(action="register", line=lambda: "kvpatch: ...")
+    decision = SimpleNamespace(action="register", line=lambda: "kvpatch: ...", bundle="/b")
     monkeypatch.setattr(plugin, "default_target", lambda: SimpleNamespace(namespace="_C", dispatch_key="CUDA"))
     monkeypatch.setattr(plugin, "active_kernel", lambda *a: ("kvpatch", "vllm"))
     monkeypatch.setattr(plugin, "decide", lambda: decision)
@@ -156,3 +156,44 @@ def test_the_worker_reads_the_grouped_launches_from_the_registered_library(monke
     monkeypatch.setattr(plugin, "registration", lambda: None)  # KVPATCH_DISABLE=1: nothing registered
     state = worker._plugin_state()
     assert state["registered"] is False and state["grouped_launches"] is None
+
+
+def test_a_report_with_another_bundle_reads_it_against_vllm_and_the_enabled_bundle():
+    from kvpatch.render import serving_lines
+    from kvpatch.serving import Arm
+
+    fast = Arm("fast", "kvpatch", bundle="/bundles/fast", bundle_id="abc")
+    o = _opts(workloads=(Workload(512, 512, 1),), starts=2, arms=(KVPATCH, fast, VLLM, VLLM_TWIN))
+    ms = {"kvpatch": (5.0, 5.2), "fast": (4.0, 4.0), "vllm": (6.0, 6.4), "vllm-twin": (6.1, 6.3)}
+    recs = [_record(a, r, ms[a][r]) for r in (0, 1) for a in ms]
+    for r in recs[1::4]:
+        r["arm"]["kernels"], r["kernels_logged"] = "kvpatch", ["kvpatch"]
+    row = build_report(o, recs, planned=8)["workloads"][0]
+    theirs = row["others"]["fast"]
+    assert theirs["speedup"]["decode_ms"]["median"] == pytest.approx(6.2 / 4.0)
+    assert (theirs["over_kvpatch"]["decode_ms"]["lo"], theirs["over_kvpatch"]["decode_ms"]["hi"]) == pytest.approx(
+        (5.0 / 4.0, 5.2 / 4.0))  # fmt: skip
+    assert row["speedup"]["decode_ms"]["median"] == pytest.approx(6.2 / 5.1)  # unchanged by the other arm
+    text = "\n".join(serving_lines(build_report(o, recs, planned=8)))
+    assert "fast speedup" in text and "fast/kvpatch" in text and "1.550 (1.500-1.600)  1.275 (1.250-1.300)" in text
+    assert "fast: 2 starts, kvpatch's kernels (the bundle at /bundles/fast) needed, the plugin logged kvpatch" in text
+    assert "other" not in build_report(_opts(workloads=(Workload(512, 512, 1),), starts=2), recs, planned=6)[
+        "workloads"][0]  # fmt: skip
+
+
+def test_an_engine_that_loaded_another_bundle_than_its_arms_does_not_count(tmp_path):
+    from kvpatch.serving.engine import problems
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "other").mkdir()
+    row = {"input_len": 4, "output_len": 2, "batch": 1, "tokens": 2, "tokens_expected": 2, "decode_ms": 1.0}
+
+    def record(loaded: str) -> dict:
+        return {"arm": {"name": "fast", "kernels": "kvpatch", "bundle": str(tmp_path / "mine")},
+                "kernels_logged": ["kvpatch"],
+                "result": {"plugin": {"registered": True, "bundle": loaded}, "workloads": [row]}}  # fmt: skip
+
+    assert problems(record(str(tmp_path / "mine" / "."))) == []
+    assert problems(record(str(tmp_path / "other"))) == [
+        f"the plugin loaded the bundle at {tmp_path / 'other'}, the arm needs {tmp_path / 'mine'}'s"]  # fmt: skip
+    assert problems(record(""))  # said nothing: not counted

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,8 +18,9 @@ pytest.importorskip("torch")
 
 from kvpatch.errors import BuildError, GpuCheckError, UsageError
 from kvpatch.progress import Recorder
-from kvpatch.serving import ARMS, ServingOptions, Worker, Workload, run_bench
+from kvpatch.serving import ARMS, KVPATCH, VLLM, VLLM_TWIN, ServingOptions, Worker, Workload, run_bench
 from kvpatch.serving.engine import engine_env
+from kvpatch.serving.options import bundle_arm
 from kvpatch.serving.schedule import schedule
 
 pytestmark = pytest.mark.slow
@@ -26,7 +30,8 @@ ROOT = HERE.parents[1]
 
 def _worker(**env: str) -> Worker:
     path = os.pathsep.join([str(HERE / "standin_vllm"), str(HERE.parent / "vllm_plugin"), str(ROOT)])
-    return Worker(extra_env=(("PYTHONPATH", path), *env.items()))
+    # no bundle folder from the environment: the stand-in makes its own (an arm of --bundle sets one)
+    return Worker(extra_env=(("PYTHONPATH", path), ("KVPATCH_PLUGIN_DIR", ""), *env.items()))
 
 
 def _options(tmp_path: Path, *, starts: int = 2, timeout: float = 120.0, batches=(2, 3)) -> ServingOptions:
@@ -66,6 +71,39 @@ def test_the_arms_alternate_each_engine_runs_its_arms_kernels_and_the_ratios_rea
     assert any(line.startswith("r00-kvpatch: engine up in") for line in progress.lines)
     raw = sorted(p.name for p in (tmp_path / "raw").glob("r*.json") if p.name.count(".") == 1)
     assert raw == sorted(f"{s.name}.json" for s in schedule(ARMS, 3))
+
+
+def test_an_arm_of_another_bundle_loads_that_bundle_and_reads_against_vllm_and_the_enabled_one(tmp_path):
+    sys.path.insert(0, str(HERE.parent / "vllm_plugin"))
+    try:
+        import standin
+    finally:
+        sys.path.pop(0)
+    other = standin.make_bundle(tmp_path / "bundle-fast")
+    (other / "standin-step-ms").write_text("3")
+    fast = bundle_arm("fast=bundle-fast", tmp_path)
+    with pytest.raises(UsageError, match="the name 'fast' is taken"):
+        bundle_arm("fast=bundle-fast", tmp_path, taken=["fast"])
+    options = replace(_options(tmp_path, starts=2), arms=(KVPATCH, fast, VLLM, VLLM_TWIN))
+    worker = _worker(STANDIN_STEP_MS="12", STANDIN_STEP_MS_KVPATCH="6")
+    report = run_bench(options, tmp_path / "raw", worker=worker)
+    assert [s.arm.name for s in schedule(options.arms, 2)] == [
+        "kvpatch", "fast", "vllm", "vllm-twin", "fast", "vllm", "vllm-twin", "kvpatch"]  # fmt: skip
+    assert report["complete"] and report["engine_starts"] == 8
+    arms = report["arms"]
+    assert arms["fast"]["kernels_logged"] == ["kvpatch"] and arms["fast"]["bundle"] == str(other.resolve())
+    assert "bundle" not in arms["kvpatch"]
+    for row in report["workloads"]:
+        theirs = row["others"]["fast"]
+        assert 1.5 < row["speedup"]["decode_ms"]["median"] < 2.6  # 12 ms vs 6 ms, as without the arm
+        assert 2.8 < theirs["speedup"]["decode_ms"]["lo"] <= theirs["speedup"]["decode_ms"]["hi"] < 5.5  # 12 vs 3
+        assert 1.4 < theirs["over_kvpatch"]["decode_ms"]["lo"] <= theirs["over_kvpatch"]["decode_ms"]["hi"] < 2.8
+        assert theirs["over_kvpatch"]["decode_ms"]["n"] == 2
+    # the bundle's kernels, not its folder, make the runs comparable: a copy elsewhere resumes them
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(other, moved)
+    again = replace(options, arms=(KVPATCH, bundle_arm(f"fast={moved}", tmp_path), VLLM, VLLM_TWIN))
+    assert run_bench(again, tmp_path / "raw", worker=_worker(STANDIN_FAIL="crash"))["engine_starts"] == 8
 
 
 def test_a_second_run_on_the_same_folder_starts_only_what_is_missing(tmp_path):

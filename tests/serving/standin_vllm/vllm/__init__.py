@@ -6,7 +6,8 @@ standin.py``), so the real decision and the real log line come out, and ``KVPATC
 works as in vLLM. Its engine has V0's ``add_request``/``step``/``has_unfinished_requests``:
 a first step prefills every request (one token each), then each step adds one token to every
 running request and sleeps ``STANDIN_STEP_MS`` (``STANDIN_STEP_MS_KVPATCH`` while kvpatch's
-kernels are registered). ``STANDIN_FAIL``: 'crash' raises at start, 'short' stops a request
+kernels are registered). With ``KVPATCH_PLUGIN_DIR`` set the plugin loads the bundle there (a
+stand-in bundle the test wrote), and a ``standin-step-ms`` file in it sets its step time. ``STANDIN_FAIL``: 'crash' raises at start, 'short' stops a request
 early, 'hang' sleeps forever; ``STANDIN_STARTS`` names a file each start appends a line to.
 """
 
@@ -99,9 +100,12 @@ class LLM:
         self.kwargs = kwargs
         ns = standin.unique_namespace()
         self._lib = standin.define_ops(ns, standin.TENSOR_SCALES)
-        bundle = standin.make_bundle(Path(tempfile.mkdtemp()) / "bundle")
+        where = os.environ.get("KVPATCH_PLUGIN_DIR")
+        bundle = Path(where) if where else standin.make_bundle(Path(tempfile.mkdtemp()) / "bundle")
         plugin.set_default_target(standin.make_target(ns, bundle, standin.FakeLauncher(standin.SMALL_SET.labels())))
         plugin.register()  # what vLLM's load_general_plugins() does with kvpatch's entry point
         ours = plugin.registration() is not None
         ms = float(os.environ.get("STANDIN_STEP_MS_KVPATCH" if ours else "STANDIN_STEP_MS", "2"))
+        if ours and where and (bundle / "standin-step-ms").is_file():
+            ms = float((bundle / "standin-step-ms").read_text())
         self.llm_engine = _Engine(ms / 1e3)

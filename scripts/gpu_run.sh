@@ -8,8 +8,11 @@
 #         libs.txt (NAME=FILE.so:PREFIX per line, FILE relative to LIBDIR; FILE.so.xz is
 #         unpacked to $UNPACK first), variants.json (each variant's marker and
 #         compile flags), and beside it the release files in ../vllm-X (TREE overrides).
-# STAGES  comma list of: full, upstream, headline, heldout (default: all four), or tune
-#         (alone: LIBDIR from `gpu_prepare.py --tune`; writes $OUT/kvpatch.toml and tune.json).
+# STAGES  comma list of: full, upstream, headline, heldout (default: all four), decode (kvpatch
+#         bench-decode over the HELDOUT_NAMES libraries: the model-shaped decode step, Llama-3.1-8B and
+#         -3.2-1B, fp16 and bf16, weight prefetch off; needs their head-64/128 block-16 kernels, e.g.
+#         gpu_prepare.py --kernels tuned), or tune (alone: LIBDIR from `gpu_prepare.py --tune`;
+#         writes $OUT/kvpatch.toml and tune.json).
 #         The first two run at the same time (upstream is pytest on the CPU cores; full is one
 #         process); the benches run alone afterwards, so nothing else shares the GPU.
 #
@@ -19,7 +22,7 @@
 # UPSTREAM_TIMEOUT (seconds: validate --upstream-timeout; at the limit pytest is interrupted and the
 # report counts what finished, marked cut),
 # HEADLINE_REPS / HELDOUT_REPS (50 / 30), ROUNDS (3), HEADLINE_KERNELS (v1,v2 or dispatched),
-# HELDOUT_NAMES (the libraries the held-out bench compares; default stock,patched),
+# HELDOUT_NAMES (the libraries the held-out bench and the decode stage compare; default stock,patched), DECODE_ROUNDS (5),
 # TUNE_REPS (20), TUNE_DTYPES (tune --dtype: e.g. fp16; default every tuned dtype), TUNE_ONLY (tune --only, comma-separated: e.g. fp16/128/16,fp16/256/16), TUNE_QUICK=1 (tune --quick: 144 of the 324 tuning points),
 # AA=1 (both benches also time stock against itself: bench --aa, variant stock-aa),
 # UNPACK (where .so.xz libraries are unpacked; default /tmp/kvpatch-libs: never under OUT, whose
@@ -38,8 +41,8 @@ cd "$(dirname "$0")/.."
 LIBDIR=${1:-.gpu/libs}
 STAGES=${2:-full,upstream,headline,heldout}
 for s in ${STAGES//,/ }; do
-    case "$s" in full|upstream|headline|heldout|tune) ;;
-        *) echo "error: unknown stage '$s' (full, upstream, headline, heldout, tune)" >&2; exit 2 ;;
+    case "$s" in full|upstream|headline|heldout|decode|tune) ;;
+        *) echo "error: unknown stage '$s' (full, upstream, headline, heldout, decode, tune)" >&2; exit 2 ;;
     esac
 done
 OUT=${OUT:-./gpu-out}
@@ -64,6 +67,7 @@ has upstream && rm -f "$OUT/upstream.json" "$OUT/upstream.log"
 has headline && rm -f "$OUT/bench-headline.json" "$OUT/bench-headline.png" "$OUT/bench-headline.log"
 has heldout && rm -f "$OUT/bench-heldout.json" "$OUT/bench-heldout.png" "$OUT/bench-heldout.log"
 has tune && rm -f "$OUT/kvpatch.toml" "$OUT/tune.json" "$OUT/tune.json.gz" "$OUT/tune.log"
+has decode && rm -f "$OUT/bench-decode.json" "$OUT/bench-decode.txt" "$OUT/bench-decode.log"
 T0=$(date +%s)
 say() { printf '[%4ss] %s\n' "$(( $(date +%s) - T0 ))" "$*" >&2; }
 # PACK=1: everything under OUT into one archive, OUT/gpu-run.tgz (also when stopped by a signal,
@@ -180,6 +184,14 @@ if has heldout; then
     rc=$?; [[ $rc -ne 0 ]] && RC=$rc
     say "heldout: rc $rc"
 fi
+if has decode; then
+    say "bench-decode ($HELDOUT_NAMES: Llama-3.1-8B and -3.2-1B shapes, fp16 + bf16, 8 layers, weight prefetch off)"
+    "${KV[@]}" bench-decode "${HELD[@]}" --models llama-3.1-8b,llama-3.2-1b --dtypes bf16,fp16 --layers 8 \
+        --rounds "${DECODE_ROUNDS:-5}" --cap off --json "$OUT/bench-decode.json" --text "$OUT/bench-decode.txt" \
+        > "$OUT/bench-decode.log" 2>&1
+    rc=$?; [[ $rc -ne 0 ]] && RC=$rc
+    say "decode: rc $rc"
+fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
     --format=csv > "$OUT/nvidia-smi-end.csv" 2>&1 || true
 
@@ -245,6 +257,10 @@ for name in ("bench-headline.json", "bench-heldout.json"):
         for k, pts in sorted(slow.items()):
             print(f"   slower: {k}: {' '.join(pts)}")
 EOF
+if has decode && [[ -f "$OUT/bench-decode.txt" ]]; then
+    echo "== bench-decode ($OUT/bench-decode.txt)"
+    cat "$OUT/bench-decode.txt"
+fi
 if has tune && [[ -f "$OUT/tune.log" ]]; then
     echo "== tune (the end of tune.log; the table: $OUT/kvpatch.toml)"
     tail -n 40 "$OUT/tune.log"

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import UsageError, text_argument
 from .defaults import DEFAULT_OVERRIDES
-from .model import DTYPES, OVERRIDABLE, PAPER, PRESETS, SETTINGS, PatchConfig, Selector
+from .model import DTYPES, GROUPING, OVERRIDABLE, PAPER, PRESETS, SETTINGS, PatchConfig, Selector
 from .settings import check, short
 
 
@@ -106,8 +106,9 @@ def _rule_settings(name: str, value: Any) -> dict[str, Any]:
             raise UsageError(f"{name}: 'off = false' alone changes nothing; give the settings that turn these "
                              "kernels on (e.g. issue = \"call\"), or 'none' to drop the rule")  # fmt: skip
         del value["off"]
-    if value.get("off") and len(value) > 1:
-        raise UsageError(f"{name}: 'off' takes no other settings")
+    if value.get("off") and set(value) - {"off", *GROUPING}:
+        raise UsageError(f"{name}: 'off' takes no other settings but group and group-min-ctas (off is about the "
+                         "prefetch; the grouped form runs without one)")  # fmt: skip
     return value
 
 
@@ -163,10 +164,14 @@ def _layer(under: tuple, over: tuple) -> tuple:
     off, settings in ``over`` turn an ``off`` rule on."""
     top = dict(over)
     if top.get("off"):
-        return (("off", True),)
-    merged = {k: v for k, v in under if k != "off"} if not dict(under).get("off") else {}
+        return _ordered(top)
+    merged = {k: v for k, v in under if k != "off"}  # of an off rule: only its grouping, if any
     merged.update(top)
-    return tuple((k, merged[k]) for k in OVERRIDABLE if k in merged)
+    return _ordered(merged)
+
+
+def _ordered(settings: dict[str, Any]) -> tuple:
+    return tuple((k, settings[k]) for k in OVERRIDABLE if k in settings)
 
 
 def table_overrides(**options: Any) -> dict[str, tuple[Any, list[str]]]:
@@ -230,11 +235,9 @@ def _overrides(base: PatchConfig, given: dict[str, Any]) -> tuple:
         settings = _rule_settings(key, value)
         if not settings:
             user[key] = None  # 'none': the table's rule of this selector is dropped
-        elif settings.get("off"):
-            user[key] = (("off", True),)
         else:  # validate the values the way the base ones are, then keep the normalised values
-            effective = make_config(**{**plain, **settings})
-            user[key] = tuple((k, getattr(effective, k)) for k in OVERRIDABLE if k in settings)
+            effective = make_config(**{**plain, **{k: v for k, v in settings.items() if k != "off"}})
+            user[key] = _ordered({k: True if k == "off" else getattr(effective, k) for k in settings})
     result = dict(table)
     for key, items in user.items():
         if items is None:

@@ -241,7 +241,7 @@ class PatchConfig:
     @property
     def uses_group(self) -> bool:
         """Whether some kernel's settings ask for the grouped form (its code goes into the header)."""
-        return any(c.group > 1 and not c.off for _, c in self.variants())
+        return any(c.group > 1 for _, c in self.variants())
 
     @property
     def branches_on_types(self) -> bool:
@@ -298,3 +298,6 @@ PAPER = {s.name: s.paper_value for s in SETTINGS if s.paper != FREE}
 #: Settings a rule may change (the others fix where the code goes), and ``off``: the
 #: selected instantiations get no prefetch at all and compile exactly as stock.
 OVERRIDABLE = (*(s.name for s in SETTINGS if s.rule), "off")
+#: What a rule may give beside ``off``: the grouped form's settings (``off`` is about the
+#: prefetch; those kernels' grouped form runs without one).
+GROUPING = ("group", "group_min_ctas")

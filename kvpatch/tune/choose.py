@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 from ..config import DTYPES, RULE_KERNELS, PatchConfig, Selector, make_config
+from ..config.model import GROUPING
 from ..errors import UsageError
 from ..gpu.points import kernel_selector
 from ..gpu.stats import SLOWER, geomean
@@ -163,16 +164,21 @@ def combine(picks: dict[str, Pick], configs: dict[str, PatchConfig], *, fallback
     plain = {k: v for k, v in base.to_toml_dict().items() if k not in ("rules", "inherit_rules", *DTYPES)}
     always = {k for k, _ in GRID}  # the default grid's keys always; a gate only where it is set (the base has it at 1)
 
-    def settings(pick: Pick) -> Any:
+    def settings(pick: Pick, sel: Selector) -> Any:
+        """What the winner gives this kernel: its settings there (a candidate with rules, such as
+        the shipped table with ``group``, by the rule that selects the kernel)."""
         if pick.winner is None:
             return "off"
-        cand = configs[pick.winner.name]
+        cand = configs[pick.winner.name].resolve(sel.dtype, sel.head_size, sel.block_size, sel.kv_cache, sel.kernel)
+        if cand.off:
+            grouping = {k: getattr(cand, k) for k in GROUPING if getattr(cand, k) != getattr(default, k)}
+            return {"off": True, **grouping} if grouping else "off"
         return {k: getattr(cand, k) for k in GRID_KEYS if k in always or getattr(cand, k) != getattr(default, k)}
 
     by_inst: dict[str, dict[str, Any]] = {}
     for sel, pick in picks.items():
         inst, _, kernel = sel.rpartition("/")
-        by_inst.setdefault(inst, {})[kernel] = settings(pick)
+        by_inst.setdefault(inst, {})[kernel] = settings(pick, Selector.parse(sel))
     rules: dict[str, Any] = {}
     for inst, per_kernel in sorted(by_inst.items()):
         values = list(per_kernel.values())

@@ -42,10 +42,26 @@ def test_a_rule_set_to_none_removes_that_rule() -> None:
     assert not cfg.resolve("bf16", 128, 32).off and cfg.resolve("bf16", 64, 32).off
 
 
+def test_an_off_rule_may_keep_the_grouped_form_and_reads_back_from_its_marker() -> None:
+    from kvpatch.config.marker import config_from_marker
+
+    cfg = make_config(rules={"bf16/128/32": "off,group=4,group-min-ctas=256"})
+    k = cfg.resolve("bf16", 128, 32, "auto", "v1")
+    assert k.off and (k.group, k.group_min_ctas) == (4, 256)  # no prefetch, grouped in large launches
+    assert cfg.resolve("bf16", 128, 16, "auto", "v1").group == 1  # the other kernels as before
+    assert "bf16/128/32:group=4,group_min_ctas=256,off" in cfg.marker()
+    assert config_from_marker(cfg.marker()) == cfg
+    assert cfg.to_toml_dict()["rules"]["bf16/128/32"] == {"group": 4, "group_min_ctas": 256, "off": True}
+    assert make_config(rules={"bf16/128/32": "off"}).resolve("bf16", 128, 32, "auto", "v1").group == 1
+    # the grouped form's code goes into the header for it, though that kernel prefetches nothing
+    assert cfg.uses_group and not make_config(rules={"bf16/128/32": "off"}).uses_group
+
+
 @pytest.mark.parametrize(
     "rules, message",
     [
-        ({"bf16/80/32": "off,lookahead=2"}, "'off' takes no other settings"),
+        ({"bf16/80/32": "off,lookahead=2"}, "'off' takes no other settings but group"),
+        ({"bf16/80/32": "off,group=3"}, "invalid group 3"),
         ({"bf16/80/32": "placement=end"}, "cannot override placement"),
         ({"bf16/80/32": {"off": "yes"}}, "expected true"),
         ({"bf16/80/32": {"off": False}}, "'off = false' alone changes nothing"),

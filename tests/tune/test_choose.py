@@ -139,3 +139,23 @@ def test_combine_writes_a_gate_only_where_the_pick_has_one() -> None:
     rules = dict(cfg.overrides)
     assert "min_group" not in dict(rules["fp16/128/32/auto/v2"]) and dict(rules["fp16/64/32/auto"])["min_group"] == 2
     assert config_from_marker(cfg.marker()) == cfg
+
+
+def test_combine_takes_each_kernels_own_settings_from_a_candidate_with_rules() -> None:
+    """Candidates built over the shipped table (``group`` on top of its per-kernel rules): each
+    pick is the winner's settings at that kernel, grouping kept also where its rule says off."""
+    configs = {"shipped": make_config(), "g4": make_config(group=4, group_min_ctas=256)}
+    picks = {p.selector: p for p in (
+        pick("bf16/128/16/auto/v1", "g4"), pick("bf16/128/16/auto/v2", "shipped"),
+        pick("bf16/128/32/auto/v1", "g4"), pick("bf16/128/32/auto/v2", None))}  # fmt: skip
+    cfg = combine(picks, configs)
+    shipped = make_config()
+    for kernel, group in (("v1", 4), ("v2", 1)):
+        got, want = cfg.resolve("bf16", 128, 16, "auto", kernel), shipped.resolve("bf16", 128, 16, "auto", kernel)
+        assert (got.issue, got.scope, got.lookahead, got.read, got.off) == (
+            want.issue, want.scope, want.lookahead, want.read, False)  # fmt: skip
+        assert (got.group, got.group_min_ctas) == ((4, 256) if group == 4 else (1, 1))
+    assert shipped.resolve("bf16", 128, 32, "auto", "v1").off  # the shipped table prefetches nothing there
+    v1, v2 = cfg.resolve("bf16", 128, 32, "auto", "v1"), cfg.resolve("bf16", 128, 32, "auto", "v2")
+    assert (v1.off, v1.group, v1.group_min_ctas) == (True, 4, 256) and (v2.off, v2.group) == (True, 1)
+    assert cfg.group == 1 and config_from_marker(cfg.marker()) == cfg

@@ -51,6 +51,10 @@ def test_each_instantiation_is_told_its_group_by_the_rules_first_match(sites) ->
     # off turns the prefetch off, not the grouping: the grouped form then does not prefetch
     got = _values(make_config(**base, group=2, rules={"bf16/128": "off"}), sites)
     assert got == {"heads": "2", "min_ctas": "1", "lookahead": f"({BF16_128}) ? 0 : 1"}
+    # an off rule may give the grouping itself
+    got = _values(make_config(**base, rules={"bf16/128": "off,group=4,group-min-ctas=256"}), sites)
+    assert got == {"heads": f"({BF16_128}) ? 4 : 1", "min_ctas": f"({BF16_128}) ? 256 : 1",
+                   "lookahead": f"({BF16_128}) ? 0 : 1"}  # fmt: skip
 
 
 @pytest.mark.network
@@ -68,6 +72,9 @@ def test_the_grouped_form_goes_into_the_header_only_when_a_kernel_groups(release
     # only a rule's kernels group: the form is there, and the other kernels are told 1
     ruled = patch(stock, path, make_config(rules={"fp16/64/16": "group=2"})).patched
     assert "kvpatch_grouped_attention" in ruled and ": 1) : 1; }" in ruled
+    # an off rule that keeps the grouping: no prefetch there, and the form is still in the header
+    off = patch(stock, path, make_config(inherit_rules=False, rules={"fp16/64/16": "off,group=2"})).patched
+    assert "kvpatch_grouped_attention" in off and ": 1) : 1; }" in off
     # it is all inside kvpatch's regions: removing them gives the stock header back
     assert unpatch(grouped, path)[0] == stock
     assert "group=4" in grouped and "group=4" not in plain

@@ -173,3 +173,41 @@ def test_bit_identity_names_a_kernel_no_full_run_checked(tmp_path: Path) -> None
         "* kernels that differ in every one of these runs: none"
         in script("summarize_evidence.py", EVIDENCE / "bit-identity").stdout
     )
+
+
+def test_serving_summary_sets_a_bundle_arm_beside_vllm_and_the_enabled_bundle(tmp_path: Path) -> None:
+    """A ``plugin bench --bundle`` run: the summary re-derives the report from its engine runs (the
+    arm's fingerprint by its kernels) and gives that arm's step time and both of its ratios."""
+    import tarfile
+
+    from kvpatch.serving import KVPATCH, VLLM, VLLM_TWIN, Arm, ServingOptions, Workload
+    from kvpatch.serving.report import build_report
+
+    fast = Arm("grouped", "kvpatch", bundle="/b/grouped", bundle_id="0123456789abcdef")
+    options = ServingOptions(model="/m/model-llama-3.1-8b-bfloat16", model_label="llama-3.1-8b", dtype="bf16",
+                             workloads=(Workload(512, 512, 64),), starts=2, arms=(KVPATCH, fast, VLLM, VLLM_TWIN),
+                             extra={"model_shape": "llama-3.1-8b"})  # fmt: skip
+    ms = {"kvpatch": (15.0, 15.5), "grouped": (12.0, 12.5), "vllm": (18.0, 18.6), "vllm-twin": (18.2, 18.4)}
+    records = []
+    for rnd in (0, 1):
+        for name, arm in zip(ms, options.arms, strict=True):
+            row = {"input_len": 512, "output_len": 512, "batch": 64, "decode_ms": ms[name][rnd],
+                   "latency_s": ms[name][rnd] / 2, "tokens_per_s": 1000 / ms[name][rnd]}  # fmt: skip
+            records.append({"fingerprint": options.fingerprint(), "slot": f"r{rnd:02d}-{name}", "round": rnd,
+                            "index": len(records), "arm": {"name": name, "kernels": arm.kernels},
+                            "kernels_logged": [arm.kernels], "result": {"engine_start_s": 40.0, "workloads": [row]}})  # fmt: skip
+    report = {**build_report(options, records, planned=8), "model_source": {"model_shape": "llama-3.1-8b"}}
+    (tmp_path / "serving-bf16.json").write_text(json.dumps(report))
+    with tarfile.open(tmp_path / "raw-bf16.tar.xz", "w:xz") as tar:
+        for r in records:
+            (tmp_path / f"{r['slot']}.json").write_text(json.dumps(r))
+            tar.add(tmp_path / f"{r['slot']}.json", arcname=f"./{r['slot']}.json")
+    (tmp_path / "run.toml").write_text('title = "t"\nkind = "serving"\n[[run]]\nfiles = ["serving-bf16.json", '
+                                       '"raw-bf16.tar.xz"]\n')  # fmt: skip
+    done = script("summarize_evidence.py", tmp_path)
+    assert done.returncode == 0, done.stderr
+    head = next(line for line in done.stdout.splitlines() if line.startswith("| workload |"))
+    assert head.endswith("| grouped | grouped speedup | grouped over kvpatch |")
+    line = next(line for line in done.stdout.splitlines() if line.startswith("| 512x512 B64 |"))
+    # vLLM 18.3 / grouped 12.25 and kvpatch 15.25 / grouped 12.25; per round 18.0/12.0 .. 18.6/12.5
+    assert line.endswith("| 12.25 (12.00-12.50) | 1.494 (1.488-1.500) | 1.245 (1.240-1.250) |")

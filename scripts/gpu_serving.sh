@@ -119,22 +119,20 @@ if [[ ! -f $BASE/installed ]]; then
   printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\n' "$VERSION" > "$SITE/vllm-$VERSION.dist-info/METADATA"
   touch "$BASE/installed"
 fi
-if ! cmp -s "$CARRY/bundle/bundle.json" "$BASE/bundle/bundle.json"; then  # this carry's bundle (CARRY may change)
-  say "installing the plugin's bundle of $CARRY"
-  rm -rf "$BASE/bundle" && mkdir -p "$BASE/bundle"
-  cp "$CARRY/bundle/bundle.json" "$BASE/bundle/"
-  for f in "$CARRY"/bundle/*.xz; do xz -dc "$f" > "$BASE/bundle/$(basename "$f" .xz)"; done
-fi
+# install_bundle CARRY DEST: a carry's plugin bundle, unpacked into DEST (again only when it changed)
+install_bundle() {
+  cmp -s "$1/bundle/bundle.json" "$2/bundle.json" && return 0
+  say "installing the plugin's bundle of $1 into $2"
+  rm -rf "$2" && mkdir -p "$2"
+  cp "$1/bundle/bundle.json" "$2/"
+  for f in "$1"/bundle/*.xz; do xz -dc "$f" > "$2/$(basename "$f" .xz)"; done
+}
+install_bundle "$CARRY" "$BASE/bundle"  # this carry's bundle (CARRY may change)
 OTHER=()  # ALSO's bundle, as the bench's --bundle
 if [[ -n ${ALSO:-} ]]; then
   NAME=${ALSO%%=*}; OCARRY=${ALSO#*=}
   [[ $NAME != "$ALSO" && -f $OCARRY/bundle/bundle.json ]] || { say "ALSO=$ALSO: write NAME=CARRY, a carry made with --prepare"; exit 2; }
-  if ! cmp -s "$OCARRY/bundle/bundle.json" "$BASE/bundle-$NAME/bundle.json"; then
-    say "installing the plugin's bundle of $OCARRY as the arm $NAME"
-    rm -rf "$BASE/bundle-$NAME" && mkdir -p "$BASE/bundle-$NAME"
-    cp "$OCARRY/bundle/bundle.json" "$BASE/bundle-$NAME/"
-    for f in "$OCARRY"/bundle/*.xz; do xz -dc "$f" > "$BASE/bundle-$NAME/$(basename "$f" .xz)"; done
-  fi
+  install_bundle "$OCARRY" "$BASE/bundle-$NAME"
   OTHER=(--bundle "$NAME=$BASE/bundle-$NAME")
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv > "$OUT/smi.csv" 2>&1

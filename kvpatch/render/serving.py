@@ -58,7 +58,7 @@ def serving_lines(report: dict[str, Any]) -> list[str]:
             f"{logged}{up}" + grouped
         )
     arms = list(report["arms"])
-    others = list(report["workloads"][0].get("others", {})) if report["workloads"] else []
+    others = [name for name, arm in report["arms"].items() if arm.get("bundle")]  # --bundle's arms
     for metric, (heading, fmt) in _TABLES.items():
         lines += ["", heading]
         rows = [["workload", *arms, "speedup", *(f"{o} speedup" for o in others),

@@ -61,11 +61,11 @@ def _ratio(base: dict[int, float], var: dict[int, float], higher_better: bool) -
 def build_report(options: ServingOptions, records: Sequence[dict[str, Any]], *, planned: int) -> dict[str, Any]:
     """The report of the counted ``records`` of one run (``planned``: the engine starts asked for)."""
     arms = [a.name for a in options.arms]
+    others = [a.name for a in options.arms if a.bundle is not None]  # --bundle's arms
     rows = []
     for w in options.workloads:
         row: dict[str, Any] = {"workload": w.label, "input_len": w.input_len, "output_len": w.output_len,
                                "batch": w.batch, "arms": {}, "speedup": {}, "aa": {}}  # fmt: skip
-        others = [a.name for a in options.arms if a.bundle is not None]
         if others:
             row["others"] = {name: {"speedup": {}, "over_kvpatch": {}} for name in others}
         for metric, (key, higher) in METRICS.items():

@@ -143,19 +143,22 @@ def _table(base: PatchConfig, given: dict[str, Any], inherit: bool, requested: d
     A base setting the user gives applies to every kernel the table leaves prefetching: in
     each inherited rule that is not ``off`` and not replaced by a rule of the user's, the
     table's value of that setting gives way to the user's (a rule the user gives keeps its
-    own: it is stronger). Which kernels prefetch at all stays the table's."""
+    own: it is stronger); in an ``off`` rule only its grouping does (``group = 1`` ungroups
+    every kernel). Which kernels prefetch at all stays the table's."""
     if not inherit:
         return {}, {}
     table = {k: v for k, v in DEFAULT_OVERRIDES if not drop or k in DTYPES}
     user = {k: getattr(base, k) for k in OVERRIDABLE if k != "off" and given.get(k) is not None}
     replaced: dict[str, tuple[Any, list[str]]] = {}
     for sel, items in list(table.items()):
-        if sel in requested or dict(items).get("off"):
+        if sel in requested:
             continue
+        yields = GROUPING if dict(items).get("off") else tuple(user)
+        mine = {k: user[k] for k in yields if k in user}
         for k, v in items:
-            if k in user and user[k] != v:
-                replaced.setdefault(k, (user[k], []))[1].append(sel)
-        table[sel] = tuple((k, user.get(k, v)) for k, v in items)
+            if k in mine and mine[k] != v:
+                replaced.setdefault(k, (mine[k], []))[1].append(sel)
+        table[sel] = tuple((k, mine.get(k, v)) for k, v in items)
     return table, replaced
 
 

@@ -57,6 +57,27 @@ def test_an_off_rule_may_keep_the_grouped_form_and_reads_back_from_its_marker() 
     assert cfg.uses_group and not make_config(rules={"bf16/128/32": "off"}).uses_group
 
 
+def test_a_base_group_reaches_an_off_rule_of_the_shipped_table_that_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the shipped table has an off rule that groups. After: the user's base ``group``
+    and ``group-min-ctas`` replace its grouping (``--group 1`` ungroups it); it stays off
+    whatever else the user gives, and a rule of the user's own keeps its grouping."""
+    import kvpatch.config.make as make
+
+    grouping_off = ("bf16/128/32/auto/v2", (("group", 4), ("group_min_ctas", 256), ("off", True)))
+    monkeypatch.setattr(make, "DEFAULT_OVERRIDES", (*DEFAULT_OVERRIDES, grouping_off))
+
+    def v2(**options) -> tuple:
+        k = make_config(**options).resolve("bf16", 128, 32, "auto", "v2")
+        return k.off, k.group, k.group_min_ctas
+
+    assert v2() == (True, 4, 256)
+    assert v2(group=1) == (True, 1, 256)
+    assert v2(group=2, group_min_ctas=64) == (True, 2, 64)
+    assert v2(lookahead=2, scope="kv-head") == (True, 4, 256)  # the prefetch settings do not turn it on
+    assert v2(group=1, rules={"bf16/128/32/auto/v2": "off,group=8"}) == (True, 8, 1)
+    assert make_config(group=1).resolve("bf16", 128, 32, "auto", "v1").off  # its v1 twin as before
+
+
 @pytest.mark.parametrize(
     "rules, message",
     [

@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 import summarize_releases as releases  # noqa: E402
-from summarize_grouped import grouped_form  # noqa: E402
+from summarize_grouped import grouped_form, grouped_table  # noqa: E402
 from summarize_releases import load, span  # noqa: E402
 
 from kvpatch.gpu.stats import geomean  # noqa: E402
@@ -72,8 +72,10 @@ def tune_table(folder: Path, cfg: dict) -> list[str]:
     shown = " ".join(["kvpatch tune"] + [f"'{a}'" if "*" in a else a for a in args] + ["-o", run["output"]])
     lines = [f"`{shown}` writes `{run['output']}` byte for byte: {'yes' if same else 'NO'}", ""]
     source = {}
-    for path, merged in zip(run["from"], data["bench"]["merged_from"]):
-        name = str(Path(path).parent)
+    # one --from: every kernel was measured there (tune records merged_from only for several)
+    merged_from = data["bench"].get("merged_from") or [{"kernels": list(data["picked"])}]
+    for path, merged in zip(run["from"], merged_from):
+        name = str(Path(path).parent) if Path(path).parent != Path(".") else path
         source.update({k: name for k in merged["kernels"]})
         lines.append(f"* `{path}`: {len(merged['kernels'])} kernels measured last there")
     rules = tomllib.loads(written)["kvpatch"]["rules"]
@@ -677,7 +679,8 @@ def grouped_probe(folder: Path, cfg: dict) -> list[str]:
 
 KINDS = {"tune-table": tune_table, "bit-identity": bit_identity, "heldout": heldout, "headline": headline,
          "decode-step": decode_step, "weight-prefetch": weight_prefetch, "plugin": plugin, "serving": serving,
-         "grouped-probe": grouped_probe, "grouped-form": grouped_form}  # fmt: skip
+         "grouped-probe": grouped_probe, "grouped-form": grouped_form,
+         "grouped-table": lambda folder, cfg: grouped_table(folder, cfg, tune_table)}  # fmt: skip
 
 
 def summary(folder: Path) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from summarize_releases import load, span
 
+from kvpatch.config.marker import config_from_marker
 from kvpatch.gpu.dispatch import num_partitions
 from kvpatch.gpu.stats import geomean
 
@@ -70,12 +71,28 @@ def validation(folder: Path, files: list[str]) -> list[str]:
     return lines
 
 
+def _grouping(bench: dict, variant: str):
+    """``(dtype, head, block, kernel) -> (heads, least CTAs)``: how ``variant`` groups that kernel,
+    read from its configuration marker (``group = 1``: not grouped)."""
+    cfg = config_from_marker(bench["variant_info"][variant]["marker"])
+
+    def of(dtype: str, head: int, block: int, kernel: str) -> tuple[int, int]:
+        c = cfg.resolve(dtype, head, block, "auto", kernel)
+        return c.group, c.group_min_ctas
+
+    return of
+
+
 def heldout(folder: Path, name: str) -> list[str]:
+    """The held-out set: each variant other than stock, the shipped table (``patched``) and the A/A
+    twin, over the shipped table."""
     bench = load(folder / name)
-    grouped = [v for v in bench["variants"] if re.fullmatch(r"g\d+", v)]
+    variants = [v for v in bench["variants"] if v not in ("stock", "patched", "stock-aa")]
     copy = bench["copy_bandwidth"]["bytes_per_s"] / 1e12
     rows = [r for r in bench["results"] if r["dispatched"]]
-    lines = ["", f"## The held-out set: the shipped table, and the same table with group {'/'.join(g[1:] for g in grouped)}",
+    what = (f"the same table with group {'/'.join(g[1:] for g in variants)}"
+            if all(re.fullmatch(r"g\d+", v) for v in variants) else ", ".join(variants))  # fmt: skip
+    lines = ["", f"## The held-out set: the shipped table, and {what}",
              "", f"`{name}`: {len(rows)} dispatched points (fp16/bf16 x warm/cold; GQA 32/8, 64/8, 8/1 and MHA 32/32; "
              f"head 64/128/256; block 16/32; auto and fp8 caches), {len(bench['rounds'])} rounds, "
              f"{bench['flagged_rounds']} flagged power-capped or throttled; copy bandwidth {copy:.3f} TB/s (same run). "
@@ -84,7 +101,8 @@ def heldout(folder: Path, name: str) -> list[str]:
     lines += ["| variant | dtype | mode | all points | MHA (never grouped) | GQA, batch >= 16, ctx >= 4096 | "
               "GQA, batch 1 | slower than shipped (ranges apart) | A/A twin over stock |",
               "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for v in grouped:
+    beyond = []
+    for v in variants:
         for dt in ("fp16", "bf16"):
             for mode in ("warm", "cold"):
                 mine = [r for r in rows if r["point"]["dtype"] == dt and r["mode"] == mode]
@@ -102,33 +120,98 @@ def heldout(folder: Path, name: str) -> list[str]:
                 ]
                 lines.append(f"| {v} | {dt} | {mode} | {' | '.join(cells)} | {slower} of {len(mine)} | "
                              f"{span(aa) if aa else '-'} |")  # fmt: skip
+                if aa:
+                    beyond += [(v, dt, mode, r, over(r)) for r in mine if over(r) < min(aa)]
+    for v in variants:
+        mine = [b for b in beyond if b[0] == v]
+        listed = "; ".join(
+            f"{dt} {mode} {r['kernel']} {r['point']['num_heads']}/{r['point']['num_kv_heads']} h{r['point']['head_size']} "
+            f"b{r['point']['block_size']} {r['point']['kv_cache_dtype']} B{r['point']['batch']}/{r['point']['context']}: {x:.3f}"
+            for _, dt, mode, r, x in mine
+        )
+        lines += ["", f"{v}: {len(mine)} points below the A/A twin's lowest ratio over stock in their dtype and mode "
+                  f"(slower than the shipped table beyond the noise){': ' + listed if 0 < len(mine) <= 16 else ''}."]  # fmt: skip
     lines += ["", "By kernel (auto cache, GQA points, warm): each variant over the shipped table, geomean (range); "
               "grouped launches of >= 256 CTAs / fewer:", "",
-              "| dtype | head | block | " + " | ".join(f"{v}: >= 256 CTAs | {v}: fewer" for v in grouped) + " |",
-              "|---|---|---|" + "---|---|" * len(grouped)]  # fmt: skip
+              "| dtype | head | block | " + " | ".join(f"{v}: >= 256 CTAs | {v}: fewer" for v in variants) + " |",
+              "|---|---|---|" + "---|---|" * len(variants)]  # fmt: skip
     kernels = sorted({(r["point"]["dtype"], r["point"]["head_size"], r["point"]["block_size"]) for r in rows
                       if r["point"]["kv_cache_dtype"] == "auto" and _group(r["point"]) > 1})  # fmt: skip
+    groupings = {v: _grouping(bench, v) for v in variants}
     for dt, hs, bs in kernels:
         cells = []
-        for v in grouped:
-            heads = int(v[1:])
+        for v in variants:
+
+            def heads(r: dict, v: str = v) -> int:
+                p = r["point"]
+                return groupings[v](p["dtype"], p["head_size"], p["block_size"], r["kernel"])[0]
+
             mine = [r for r in rows if r["mode"] == "warm" and r["point"]["kv_cache_dtype"] == "auto"
                     and (r["point"]["dtype"], r["point"]["head_size"], r["point"]["block_size"]) == (dt, hs, bs)
-                    and grouped_ctas(r["point"], r["kernel"], heads)]  # fmt: skip
+                    and heads(r) > 1 and grouped_ctas(r["point"], r["kernel"], heads(r))]  # fmt: skip
             for pick in (lambda n: n >= 256, lambda n: n < 256):
                 xs = [r["variants"][v]["speedup"] / r["variants"]["patched"]["speedup"] for r in mine
-                      if pick(grouped_ctas(r["point"], r["kernel"], heads))]  # fmt: skip
+                      if pick(grouped_ctas(r["point"], r["kernel"], heads(r)))]  # fmt: skip
                 cells.append(f"{geomean(xs):.2f} ({span(xs)})" if xs else "-")
         lines.append(f"| {dt} | {hs} | {bs} | " + " | ".join(cells) + " |")
     lines += ["", "Unique KV bytes per second over the copy bandwidth, GQA 4 (32/8), batch >= 16, context >= 4096, "
               "auto cache, warm (range over the points):", "",
-              "| dtype | head | block | shipped | " + " | ".join(grouped) + " |", "|---|---|---|---|" + "---|" * len(grouped)]  # fmt: skip
+              "| dtype | head | block | shipped | " + " | ".join(variants) + " |", "|---|---|---|---|" + "---|" * len(variants)]  # fmt: skip
     for dt, hs, bs in kernels:
         mine = [r for r in rows if r["mode"] == "warm" and r["point"]["kv_cache_dtype"] == "auto" and _group(r["point"]) == 4
                 and _big(r["point"]) and (r["point"]["dtype"], r["point"]["head_size"], r["point"]["block_size"]) == (dt, hs, bs)]  # fmt: skip
         if mine:
-            cells = [span([r["variants"][v]["copy_fraction"] for r in mine]) for v in ("patched", *grouped)]
+            cells = [span([r["variants"][v]["copy_fraction"] for r in mine]) for v in ("patched", *variants)]
             lines.append(f"| {dt} | {hs} | {bs} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def decode_arms(folder: Path, name: str) -> list[str]:
+    """``kvpatch bench-decode`` with more than one patched arm: per model and dtype, each arm's
+    whole-step speedup over stock and over the shipped table (``patched``), range over contexts."""
+    d = load(folder / name)
+    pts = d["points"]
+    arms = [a for a in d["variants"] if a not in ("stock", "stock-aa")]
+    batches = sorted({p["batch"] for p in pts})
+    ctxs = "/".join(map(str, sorted({p["context"] for p in pts})))
+
+    def med(p: dict, arm: str) -> float:
+        return p["variants"][arm]["speedup"]["median"]
+
+    lines = ["", f"## The decode step (`{name}`): {d['layers']} layers in one CUDA graph, {d['mode']} L2, median of "
+             f"{d['rounds']} rounds; each cell the range over context {ctxs}", "",
+             "| model | dtype | arm | " + " | ".join(f"batch {b}" for b in batches) + " | geomean |",
+             "|---|---|---|" + "---|" * (len(batches) + 1)]  # fmt: skip
+    for model in sorted({p["model"] for p in pts}):
+        for dt in sorted({p["dtype"] for p in pts}):
+            mine = [p for p in pts if p["model"] == model and p["dtype"] == dt]
+            rows = [(a, f"{a} over stock", lambda p, a=a: med(p, a)) for a in arms]
+            rows += [
+                (a, f"{a} over patched", lambda p, a=a: med(p, a) / med(p, "patched")) for a in arms if a != "patched"
+            ]
+            for _, label, f in rows:
+                cells = [span([f(p) for p in mine if p["batch"] == b]) for b in batches]
+                lines.append(
+                    f"| {model} | {dt} | {label} | " + " | ".join(cells) + f" | {geomean([f(p) for p in mine]):.3f} |"
+                )
+    aa = [med(p, "stock-aa") for p in pts if "stock-aa" in p["variants"]]
+    lines += ["", f"A/A twin over stock: {span(aa)}. Outputs bit-identical to stock at every point: "
+              f"{'yes' if all(p['all_identical'] for p in pts) else 'NO'}. v1 points (vLLM's dispatch): "
+              + ", ".join(f"{p['model']} {p['dtype']} B{p['batch']}/{p['context']}" for p in pts if p["kernel"] == "v1") + "."]  # fmt: skip
+    return lines
+
+
+def grouped_table(folder: Path, cfg: dict, tune_table) -> list[str]:
+    """The table tune picked with the grouped form: how it was chosen (``tune_table``), bit for bit,
+    the held-out set beside the shipped table, the decode step."""
+    files = [f for run in cfg["run"] for f in run.get("files", [])]
+    lines = ["## How the table was chosen", "", *tune_table(folder, cfg), ""]
+    lines += validation(folder, [f for f in files if f.startswith("validate")])
+    for name in files:
+        if name.startswith("bench-heldout"):
+            lines += heldout(folder, name)
+        elif name.startswith("bench-decode"):
+            lines += decode_arms(folder, name)
     return lines
 
 

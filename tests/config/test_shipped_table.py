@@ -103,7 +103,8 @@ def test_the_documented_table_of_the_default_is_the_default() -> None:
                         f" ctas{c.min_ctas}" if c.min_ctas != 1 else ""
                     )
                     gates += " warp" if c.read == "warp" else ""
-                    cells.append("off" if c.off else f"{c.issue} {c.scope} la{c.lookahead}{gates}")
+                    grouped = f" g{c.group}/{c.group_min_ctas}" if c.group > 1 else ""
+                    cells.append(("off" if c.off else f"{c.issue} {c.scope} la{c.lookahead}{gates}") + grouped)
             assert f"| {dtype} {kernel} | " + " | ".join(cells) + " |" in docs, (dtype, kernel, cells)
     on = _on(cfg)
     rotate = sum(c.scope == "kv-head-rotate" for c in on.values())

@@ -1,11 +1,13 @@
-"""The ``grouped-form`` kind of scripts/summarize_evidence.py: kvpatch's grouped form (``group``)
-as generated, checked bit for bit against stock and timed on the held-out set beside the shipped
-kernels.
+"""The ``grouped-form`` and ``grouped-table`` kinds of scripts/summarize_evidence.py: kvpatch's
+grouped form (``group``) as generated, checked bit for bit against stock and timed on the held-out
+set beside the shipped kernels; and a rule table that groups, as tune chose it.
 
 Reads the files its run.toml lists: ``validate*.json.gz`` (``kvpatch validate --json``),
 ``validate-releases.log`` (the printed summaries of a run whose JSON did not come back),
-``upstream*.json`` (vLLM's own test) and ``bench-heldout.json.gz`` (``kvpatch bench --set heldout``
-with the shipped table, the same table with ``group`` 2/4/8 and the A/A twin)."""
+``upstream*.json`` (vLLM's own test), ``bench-heldout.json.gz`` (``kvpatch bench --set heldout``
+with the shipped table, other variants and the A/A twin), ``bench-decode.json.gz`` (``kvpatch
+bench-decode`` with several arms) and, for ``grouped-table``, the tune run the table was chosen
+from (the ``tune-table`` kind's section)."""
 
 from __future__ import annotations
 

@@ -79,10 +79,13 @@ def tune_table(folder: Path, cfg: dict) -> list[str]:
         source.update({k: name for k in merged["kernels"]})
         lines.append(f"* `{path}`: {len(merged['kernels'])} kernels measured last there")
     rules = tomllib.loads(written)["kvpatch"]["rules"]
-    on = {k: rules[k] for k, p in data["picked"].items() if p != "off"}
+    # a pick whose rule is off (a candidate that groups without prefetching there) prefetches nothing
+    on = {k: rules[k] for k, p in data["picked"].items() if p != "off" and not rules[k].get("off")}
+    grouped = sum(1 for k, p in data["picked"].items() if p != "off" and rules[k].get("group", 1) > 1)
     lines += ["", f"Kernels on: {len(on)} of {len(data['picked'])}; with `scope = kv-head-rotate`: "
                   f"{sum(1 for r in on.values() if r.get('scope') == 'kv-head-rotate')}; with `read = warp`: "
-                  f"{sum(1 for r in on.values() if r.get('read') == 'warp')}."]  # fmt: skip
+                  f"{sum(1 for r in on.values() if r.get('read') == 'warp')}"
+                  + (f"; grouped (`group` > 1, prefetching or not): {grouped}." if grouped else ".")]  # fmt: skip
     excluded = {k for ks in data["exclusions"].values() for k in ks}
     if excluded:
         lines.append(

@@ -73,18 +73,6 @@ def validation(folder: Path, files: list[str]) -> list[str]:
     return lines
 
 
-def _grouping(bench: dict, variant: str):
-    """``(dtype, head, block, kernel) -> (heads, least CTAs)``: how ``variant`` groups that kernel,
-    read from its configuration marker (``group = 1``: not grouped)."""
-    cfg = config_from_marker(bench["variant_info"][variant]["marker"])
-
-    def of(dtype: str, head: int, block: int, kernel: str) -> tuple[int, int]:
-        c = cfg.resolve(dtype, head, block, "auto", kernel)
-        return c.group, c.group_min_ctas
-
-    return of
-
-
 def heldout(folder: Path, name: str) -> list[str]:
     """The held-out set: each variant other than stock, the shipped table (``patched``) and the A/A
     twin, over the shipped table."""
@@ -139,21 +127,18 @@ def heldout(folder: Path, name: str) -> list[str]:
               "|---|---|---|" + "---|---|" * len(variants)]  # fmt: skip
     kernels = sorted({(r["point"]["dtype"], r["point"]["head_size"], r["point"]["block_size"]) for r in rows
                       if r["point"]["kv_cache_dtype"] == "auto" and _group(r["point"]) > 1})  # fmt: skip
-    groupings = {v: _grouping(bench, v) for v in variants}
+    # how each variant groups a kernel: its configuration, read back from its marker
+    cfgs = {v: config_from_marker(bench["variant_info"][v]["marker"]) for v in variants}
     for dt, hs, bs in kernels:
         cells = []
         for v in variants:
-
-            def heads(r: dict, v: str = v) -> int:
-                p = r["point"]
-                return groupings[v](p["dtype"], p["head_size"], p["block_size"], r["kernel"])[0]
-
+            heads = {k: cfgs[v].resolve(dt, hs, bs, "auto", k).group for k in ("v1", "v2")}
             mine = [r for r in rows if r["mode"] == "warm" and r["point"]["kv_cache_dtype"] == "auto"
                     and (r["point"]["dtype"], r["point"]["head_size"], r["point"]["block_size"]) == (dt, hs, bs)
-                    and heads(r) > 1 and grouped_ctas(r["point"], r["kernel"], heads(r))]  # fmt: skip
+                    and heads[r["kernel"]] > 1 and grouped_ctas(r["point"], r["kernel"], heads[r["kernel"]])]  # fmt: skip
             for pick in (lambda n: n >= 256, lambda n: n < 256):
                 xs = [r["variants"][v]["speedup"] / r["variants"]["patched"]["speedup"] for r in mine
-                      if pick(grouped_ctas(r["point"], r["kernel"], heads(r)))]  # fmt: skip
+                      if pick(grouped_ctas(r["point"], r["kernel"], heads[r["kernel"]]))]  # fmt: skip
                 cells.append(f"{geomean(xs):.2f} ({span(xs)})" if xs else "-")
         lines.append(f"| {dt} | {hs} | {bs} | " + " | ".join(cells) + " |")
     lines += ["", "Unique KV bytes per second over the copy bandwidth, GQA 4 (32/8), batch >= 16, context >= 4096, "

@@ -19,8 +19,10 @@ run wrote (``files``) and what they are for; each kind below reads exactly those
   often the grouped form launched per start where the library counted it; the ``kvpatch.toml`` the
   plugin's bundle was built with, where the run used one;
 * ``grouped-probe``: the grouped form's prototype probe (``scripts/gpu_grouped_probe.sh``);
-* ``grouped-form``: the grouped form as kvpatch generates it: validate and vLLM-test records and a
-  held-out bench with ``group`` variants (``scripts/summarize_grouped.py``).
+* ``grouped-form``: the grouped form as kvpatch generates it: validate and vLLM-test records, and a
+  held-out bench with other variants where one is listed (``scripts/summarize_grouped.py``);
+* ``grouped-table``: a rule table that groups: the tune run it was chosen from, validate records,
+  the held-out bench beside the shipped table and the decode step (``scripts/summarize_grouped.py``).
 """
 
 from __future__ import annotations

@@ -80,9 +80,7 @@ def heldout(folder: Path, name: str) -> list[str]:
     variants = [v for v in bench["variants"] if v not in ("stock", "patched", "stock-aa")]
     copy = bench["copy_bandwidth"]["bytes_per_s"] / 1e12
     rows = [r for r in bench["results"] if r["dispatched"]]
-    what = (f"the same table with group {'/'.join(g[1:] for g in variants)}"
-            if all(re.fullmatch(r"g\d+", v) for v in variants) else ", ".join(variants))  # fmt: skip
-    lines = ["", f"## The held-out set: the shipped table, and {what}",
+    lines = ["", f"## The held-out set: the shipped table, and {', '.join(variants)}",
              "", f"`{name}`: {len(rows)} dispatched points (fp16/bf16 x warm/cold; GQA 32/8, 64/8, 8/1 and MHA 32/32; "
              f"head 64/128/256; block 16/32; auto and fp8 caches), {len(bench['rounds'])} rounds, "
              f"{bench['flagged_rounds']} flagged power-capped or throttled; copy bandwidth {copy:.3f} TB/s (same run). "

@@ -86,7 +86,14 @@ class ApplyReport:
             "machine_differences": list(self.machine_differences),
             "unreached": list(self.unreached),
             "overridden": list(self.overridden),
+            "grouped_form": self.config.uses_group and not self.sites.group_missing,
         }
+
+
+def _grouping(cfg: PatchConfig) -> list[tuple[tuple, int, int]]:
+    """Which kernels group, and how: a configuration that asks for other grouping than the
+    shipped table's is told when the header cannot take the grouped form."""
+    return [(kernel, c.group, c.group_min_ctas) for kernel, _, c in cfg.kernel_variants()]
 
 
 def run(o: ApplyOptions, *, progress: Progress = QUIET) -> ApplyReport:
@@ -124,6 +131,9 @@ def run(o: ApplyOptions, *, progress: Progress = QUIET) -> ApplyReport:
         if not o.force and not header.injected.intact:
             raise edited_regions(header.injected, target.header)
         result = patch_header(header, cfg)
+        if cfg.uses_group and result.sites.group_missing and _grouping(cfg) != _grouping(PatchConfig()):
+            progress.say(f"note: the header lacks what the grouped form calls ({', '.join(result.sites.group_missing)}): "
+                         "it is left out, and every kernel reads its KV blocks once per query head")  # fmt: skip
         if not o.force:
             path = str(target.header)
             check_no_local_edits(target, result.stock, unpatch=lambda text: read_header(text, path).stock,

@@ -124,8 +124,9 @@ __device__ float4 make_float4(float, float, float, float);
 _PRELUDE = _PRELUDE_TEMPLATE.replace("BF16", QUERY_DTYPES["bf16"].c_type)
 _PRELUDE_PATH = f"{VIRTUAL_ROOT}/kvpatch_prelude.h"
 
-#: libclang's CXTranslationUnit_KeepGoing: keep parsing after errors in other headers.
-_KEEP_GOING = 0x200
+#: libclang's CXTranslationUnit_KeepGoing (keep parsing after errors in other headers) and
+#: DetailedPreprocessingRecord (macro definitions become cursors: what the header defines).
+_PARSE_OPTIONS = 0x200 | 0x01
 
 
 def _virtual_files() -> list[tuple[str, str]]:
@@ -189,5 +190,5 @@ def parse_header(text: str, header_path: str) -> Parsed:
     tree = [(os.fsencode(name), body) for name, body in included_files(header_path, data, include_dirs(header_path))]
     unsaved = [(header_path, text), *tree, *_virtual_files()]
     index = ci.Index.create()
-    tu = index.parse(header_path, args=clang_args(header_path), unsaved_files=unsaved, options=_KEEP_GOING)
+    tu = index.parse(header_path, args=clang_args(header_path), unsaved_files=unsaved, options=_PARSE_OPTIONS)
     return Parsed(tu=tu, path=header_path, data=data)

@@ -94,14 +94,15 @@ def plan(sites: Sites, cfg: PatchConfig) -> list[Edit]:
     chosen: list[Site] = [s for s in sites if (s.kind == "key" and cfg.k) or
                           (s.kind == "value" and cfg.v)]  # fmt: skip
     branches = [(None if sel is None else branch_condition(sel, sites), c) for sel, c in cfg.variants()]
-    if (cfg.uses_call or cfg.branches_on_types or cfg.weight_tail or cfg.uses_group) and chosen:
+    grouped = cfg.uses_group and not sites.group_missing  # a header that lacks what it calls gets none
+    if (cfg.uses_call or cfg.branches_on_types or cfg.weight_tail or grouped) and chosen:
         # the helper's align and hint: a call-form variant some kernel takes (make_config checked
         # they all agree), else any (its code is then never instantiated)
         callers = [c for _, c in (*cfg.live_variants(), *cfg.variants()) if c.issue == "call" and not c.off]
         caller = callers[0] if callers else None
         gated = any(c.issue == "call" and c.min_kv_mib and not c.off for _, c in cfg.variants())
         helper = render("inject/prefetch_helper.cuh.j2", cfg=cfg, c=caller, gated=gated, max_rows=WEIGHT_TAIL_ROWS,
-                        sites=sites, group=group_values(branches, cfg))  # fmt: skip
+                        sites=sites, grouped=grouped, group=group_values(branches, cfg))  # fmt: skip
         edits.append(_insertion(sites.before_function, helper, "helpers", sites.newline))
     for site in chosen:
         ctx = dict(site=site, sites=sites, cfg=cfg, auto_size=_auto_size(sites), branches=branches)

@@ -14,7 +14,9 @@ Everything is read off libclang's AST of ``paged_attention_kernel``:
 * the lane variable is the one initialised as ``... % WARP_SIZE``, and the KV-head
   index's initialiser ``<head> / <queries per kv>`` gives the GQA names;
 * the ALiBi slope is the variable whose initialiser reads the ``alibi_slopes``
-  parameter (``issue=split`` branches on it).
+  parameter (``issue=split`` branches on it);
+* what the grouped form calls from the header (:data:`GROUP_NEEDS`) and the header does not
+  declare, at namespace scope, in itself or the files it includes.
 
 Nothing is assumed about line numbers, formatting or comments: offsets are byte
 offsets into the text given, and every expression the templates need is the
@@ -48,6 +50,11 @@ K = CursorKind
 FUNCTION = "paged_attention_kernel"
 CACHE_PARAMS = {"key": "k_cache", "value": "v_cache"}
 ALIBI_PARAM = "alibi_slopes"
+#: What templates/inject/grouped.cuh.j2 calls from the header and the files it includes (vLLM's
+#: vector types and reductions, attention_utils.cuh's Qk_dot, cuda_compat.h's shuffles, the
+#: attention macros): a header without one of them gets no grouped form.
+GROUP_NEEDS = ("Vec", "FloatVec", "Qk_dot", "block_sum", "from_float", "zero", "dot",
+               "VLLM_SHFL_XOR_SYNC", "VLLM_SHFL_SYNC", "WARP_SIZE", "MAX", "MIN", "DIVIDE_ROUND_UP")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,8 @@ class Sites:
     value: Site
     newline: str = "\n"  # the header's line ending: generated code follows it
     alibi_var: str | None = None  # 'alibi_slope': the slope of the kernel's head (None: not found)
+    #: what of GROUP_NEEDS the header lacks (the grouped form is left out where this is not empty)
+    group_missing: tuple[str, ...] = ()
 
     def __iter__(self):
         return iter((self.key, self.value))
@@ -340,7 +349,21 @@ def sites_of(p: Parsed, exclude: tuple[tuple[int, int], ...] = ()) -> Sites:
         value=value,
         newline="\r\n" if b"\r\n" in p.data else "\n",
         alibi_var=_alibi_name(names["_inits"], params.get(ALIBI_PARAM)),
+        group_missing=_missing(p, GROUP_NEEDS),
     )
+
+
+def _missing(p: Parsed, needed: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of ``needed`` that no declaration or macro definition at namespace scope names."""
+    found: set[str] = set()
+    scopes = [p.tu.cursor]
+    while scopes:
+        for node in scopes.pop().get_children():
+            if node.kind == K.NAMESPACE:
+                scopes.append(node)
+            elif node.kind != K.MACRO_INSTANTIATION:
+                found.add(node.spelling)
+    return tuple(n for n in needed if n not in found)
 
 
 def _alibi_name(inits: dict[str, ci.Cursor], param: ci.Cursor | None) -> str | None:

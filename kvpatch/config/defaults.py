@@ -6,26 +6,27 @@ from typing import Any
 
 from .machine import Machine
 
-#: The default rules (tune-24): ``kvpatch tune`` on an H200 with nvcc 13.0 (vLLM 0.10.2's
-#: kernels, vLLM's flags, policy strict, the tuning set's three head layouts GQA 32/8, MHA 32/32
-#: and GQA 64/8), written as tune wrote them: ``kvpatch tune --from tune-15-fp16-warp/tune.json.gz
-#: --from tune-16-bf16-warp/tune.json.gz --from tune-22-rotate/fp16-b16/tune.json.gz --from
-#: tune-22-rotate/bf16-128-16/tune.json.gz --from tune-22-rotate/fp16-b32/tune.json.gz --exclude
-#: '*@fp16/256/16/auto/v2'`` (benchmarks/evidence/default-table, docs/tuning.md): each kernel from the
-#: last run that measured it; fp16 block 16/32 and bf16 128/16 from tune-22 (scope kv-head and
-#: kv-head-rotate side by side), the other bf16 kernels from tune-16 (issue split, scope
-#: cta/kv-head, lookahead 1/2, read lane/warp). The exclusion: the held-out set found the one
-#: kernel tune-23 (the same command without it) turned on that was slower than stock at a point
-#: on every header revision (the releases-tune-23 run, benchmarks/ARCHIVE.md); the held-out set may only turn
-#: a kernel off. Per kernel (v1/v2) of each tuned instantiation -- fp16/bf16 x head 64/128/256 x
-#: block 16/32, auto cache -- the fastest candidate that was bit-identical to stock there and
-#: slower than stock at none of its tuning points, else ``off``; every instantiation it did not
-#: measure (other head/block sizes, fp32) is ``off`` by the per-dtype rules. fp8 caches are
-#: skipped by ``quantized=skip``. bf16 block 16 takes ``issue=split`` (inline asm in the key
-#: loop, with stock's loop kept for heads whose ALiBi slope is not 0), which is how it stays
-#: bit-identical where the inline form alone is not (the split-1 runs, benchmarks/ARCHIVE.md). 14 kernels
-#: on: 7 with ``scope=kv-head-rotate`` (the group's CTAs take turns prefetching, tile by tile),
-#: 7 with ``read=warp`` (every lane reads the next block number; read-warp-sass).
+#: The default rules (tune-27): ``kvpatch tune`` on an H200 with nvcc 13.0 (vLLM 0.10.2's kernels,
+#: vLLM's flags, policy strict, the tuning set's three head layouts GQA 32/8, MHA 32/32 and GQA
+#: 64/8) over five libraries: stock, tune-24 (the earlier table: benchmarks/evidence/default-table,
+#: docs/tuning.md) and tune-24 with ``group = 4`` in every launch, in launches of >= 256 grouped
+#: CTAs, and that with the key loop one head at a time where the unrolled heads spill; written as
+#: ``kvpatch tune --from tune.json.gz --exclude 'g4*@fp16/64/16/auto/v1' --exclude
+#: 'g4*@bf16/64/16/auto/v1'`` wrote them (benchmarks/evidence/grouped-table). The exclusions: the
+#: held-out set found the grouped form of those two kernels slower than tune-24 at batch 64,
+#: context 4096; the held-out set may only take a choice back. Per kernel (v1/v2) of each tuned
+#: instantiation -- fp16/bf16 x head 64/128/256 x block 16/32, auto cache -- the fastest candidate
+#: that was bit-identical to stock there and slower than stock at none of its tuning points, else
+#: ``off``; every instantiation it did not measure (other head/block sizes, fp32) is ``off`` by the
+#: per-dtype rules. fp8 caches are skipped by ``quantized=skip``. bf16 block 16 takes
+#: ``issue=split`` (inline asm in the key loop, with stock's loop kept for heads whose ALiBi slope
+#: is not 0), which is how it stays bit-identical where the inline form alone is not (the split-1
+#: runs, benchmarks/ARCHIVE.md). 14 kernels prefetch: 7 with ``scope=kv-head-rotate`` (the group's
+#: CTAs take turns prefetching, tile by tile), 7 with ``read=warp`` (every lane reads the next block
+#: number; read-warp-sass). 12 kernels group (``group = 4, group-min-ctas = 256``: one CTA computes
+#: four query heads of a KV group, each K/V tile read once for them, in launches of >= 256 such
+#: CTAs, through kvpatch's own launchers; vLLM's launchers never run that form), one of them (bf16
+#: 128/32 v2) without prefetching.
 DEFAULT_OVERRIDES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
     ('bf16', (('off', True),)),
     ('bf16/128/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('issue', 'split'), ('read', 'warp'), ('group', 4), ('group_min_ctas', 256))),
@@ -58,5 +59,5 @@ DEFAULT_OVERRIDES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
 DEFAULT_TUNED_ON = Machine(
     gpu="NVIDIA H200", driver="580.159.04", nvcc="13.0.88", arch="sm_90a",
     flags="-std=c++17 -O2 -g -DNDEBUG --expt-relaxed-constexpr -DENABLE_FP8",
-    note="2026-12-01, vLLM 0.10.2, tuning set, policy strict (benchmarks/evidence/default-table)",
+    note="2026-12-03, vLLM 0.10.2, tuning set, policy strict; chosen again from tune.json.gz, policy strict, excluding g4*@fp16/64/16/auto/v1, g4*@bf16/64/16/auto/v1",
 )  # fmt: skip

@@ -2,7 +2,8 @@
 user gives (``--rule``, then the config file's rules), a base setting the user gives (the
 command line, then the config file) at the kernels the table leaves prefetching, the table's
 rules, the base defaults. User rules are laid on the table's rules; at each kernel the most
-specific user rule that selects it decides what it sets."""
+specific user rule that selects it decides what it sets. A table rule that is off but groups
+keeps its grouping when a user's rule turns the prefetch on there."""
 
 from __future__ import annotations
 
@@ -51,7 +52,9 @@ def _expected(rules: dict[str, str], **base) -> dict[tuple, tuple | None]:
             out[kernel] = ("off",)
             continue
         mine = own[s]
-        start = under if not under.off else plain  # settings turn an 'off' kernel on, over the base
+        # settings turn an 'off' kernel on, over the base; what the table's rule says of the
+        # kernel's grouping (an off rule may group: no prefetch, the grouped form) it keeps
+        start = under if not under.off else replace(plain, group=under.group, group_min_ctas=under.group_min_ctas)
         out[kernel] = _settings(
             replace(start, **{k.replace("-", "_"): getattr(mine, k.replace("-", "_")) for k in items})
         )

@@ -35,26 +35,27 @@ def test_rules_none_drops_the_default_rules_but_not_the_dtype_tables() -> None:
 
 
 def test_a_rule_set_to_none_removes_that_rule() -> None:
-    cfg = make_config(rules={"bf16/128/32/auto": "none"})
-    assert "bf16/128/32/auto" in dict(DEFAULT_OVERRIDES) and "bf16/128/32/auto" not in dict(cfg.overrides)
-    assert cfg.resolve("bf16", 128, 32).off  # the bf16 rule (off) takes over
-    cfg = make_config(bf16="none", rules={"bf16/128/32/auto": "none"})
-    assert not cfg.resolve("bf16", 128, 32).off and cfg.resolve("bf16", 64, 32).off
+    cfg = make_config(rules={"bf16/256/32/auto": "none"})
+    assert "bf16/256/32/auto" in dict(DEFAULT_OVERRIDES) and "bf16/256/32/auto" not in dict(cfg.overrides)
+    assert cfg.resolve("bf16", 256, 32).off  # the bf16 rule (off) takes over
+    cfg = make_config(bf16="none", rules={"bf16/256/32/auto": "none"})
+    assert not cfg.resolve("bf16", 256, 32).off and cfg.resolve("bf16", 64, 32).off
 
 
 def test_an_off_rule_may_keep_the_grouped_form_and_reads_back_from_its_marker() -> None:
     from kvpatch.config.marker import config_from_marker
 
-    cfg = make_config(rules={"bf16/128/32": "off,group=4,group-min-ctas=256"})
+    cfg = make_config(inherit_rules=False, rules={"bf16/128/32": "off,group=4,group-min-ctas=256"})
     k = cfg.resolve("bf16", 128, 32, "auto", "v1")
     assert k.off and (k.group, k.group_min_ctas) == (4, 256)  # no prefetch, grouped in large launches
     assert cfg.resolve("bf16", 128, 16, "auto", "v1").group == 1  # the other kernels as before
     assert "bf16/128/32:group=4,group_min_ctas=256,off" in cfg.marker()
     assert config_from_marker(cfg.marker()) == cfg
     assert cfg.to_toml_dict()["rules"]["bf16/128/32"] == {"group": 4, "group_min_ctas": 256, "off": True}
-    assert make_config(rules={"bf16/128/32": "off"}).resolve("bf16", 128, 32, "auto", "v1").group == 1
+    plain_off = make_config(inherit_rules=False, rules={"bf16/128/32": "off"})
+    assert plain_off.resolve("bf16", 128, 32, "auto", "v1").group == 1
     # the grouped form's code goes into the header for it, though that kernel prefetches nothing
-    assert cfg.uses_group and not make_config(rules={"bf16/128/32": "off"}).uses_group
+    assert cfg.uses_group and not plain_off.uses_group
 
 
 def test_a_base_group_reaches_an_off_rule_of_the_shipped_table_that_groups(monkeypatch: pytest.MonkeyPatch) -> None:

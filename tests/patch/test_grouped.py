@@ -62,7 +62,8 @@ def test_the_grouped_form_goes_into_the_header_only_when_a_kernel_groups(release
     """(A real release: the grouped form names vLLM's helpers, which the fixture's includes lack.)"""
     path = str(release / HEADER)
     stock = (release / HEADER).read_text(encoding="utf-8")
-    plain = patch(stock, path, make_config()).patched
+    assert patch(stock, path, make_config()).patched.count("__device__ void kvpatch_grouped_attention(") == 1
+    plain = patch(stock, path, make_config(group=1, group_min_ctas=1)).patched  # the shipped table, ungrouped
     assert "kvpatch_grouped_attention" not in plain and "kvpatch_group" not in plain
     grouped = patch(stock, path, make_config(group=4)).patched
     assert grouped.count("__device__ void kvpatch_grouped_attention(") == 1
@@ -88,7 +89,7 @@ def test_the_launcher_launches_the_grouped_form_only_for_a_grouped_header(releas
 
     stock = (release / HEADER).read_text(encoding="utf-8")
     configs = [KernelConfig("bf16", "auto", 128, 16)]
-    for cfg, grouped in ((make_config(), False), (make_config(group=4), True)):
+    for cfg, grouped in ((make_config(group=1), False), (make_config(group=4), True), (make_config(), True)):
         header = patch(stock, str(release / HEADER), cfg).patched
         assert (GROUPED_SYMBOL in header) is grouped
         (src,) = launcher_sources(Variant("v", header), kernel_signatures(header, str(release / HEADER)), configs)
@@ -97,6 +98,37 @@ def test_the_launcher_launches_the_grouped_form_only_for_a_grouped_header(releas
         # what falls back to the stock form: ALiBi, a group that is not a multiple, too few CTAs
         assert ("a.alibi_slopes != nullptr" in src) is grouped
         assert ("ctas < Group::min_ctas()" in src) is grouped
+
+
+def test_a_header_without_what_the_grouped_form_calls_gets_no_grouped_form(tmp_path: Path) -> None:
+    """Before: a header that lacks vLLM's helpers (the fixture: no Vec, Qk_dot, block_sum, shuffles).
+    After ``group = 4``: the prefetch as always, no grouped form (its calls would not compile),
+    the injection intact and stripped back to stock; apply says so where the user asked for
+    grouping, and says nothing of it with the shipped table (which groups where it can)."""
+    from cli.cli_helpers import run_cli
+    from conftest import make_tree
+
+    from kvpatch.patch import find_sites, inspect
+    from kvpatch.patch.sites import GROUP_NEEDS
+
+    stock = fixture_text()
+    missing = find_sites(stock, HEADER_PATH).group_missing
+    assert "Qk_dot" in missing and "block_sum" in missing and "WARP_SIZE" not in missing
+    assert set(missing) <= set(GROUP_NEEDS)
+    cfg = make_config(group=4)
+    assert cfg.uses_group
+    patched = patch(stock, HEADER_PATH, cfg).patched
+    assert "kvpatch_grouped_attention" not in patched and "kvpatch_group" not in patched
+    assert "// kvpatch:begin key " in patched and "group=4" in patched
+    assert inspect(patched, HEADER_PATH).intact and unpatch(patched, HEADER_PATH)[0] == stock
+    tree = make_tree(tmp_path / "vllm", stock)
+    work = tmp_path / "work"
+    work.mkdir()
+    asked = run_cli("apply", "--tree", str(tree), "--group", "4", cwd=work)
+    assert asked.returncode == 0, asked.stderr
+    assert asked.stderr.startswith("note: the header lacks what the grouped form calls (Vec, FloatVec, Qk_dot")
+    shipped = run_cli("apply", "--tree", str(tree), cwd=work)
+    assert shipped.returncode == 0 and shipped.stderr == "", shipped.stderr
 
 
 @pytest.fixture

@@ -142,14 +142,15 @@ def test_combine_writes_a_gate_only_where_the_pick_has_one() -> None:
 
 
 def test_combine_takes_each_kernels_own_settings_from_a_candidate_with_rules() -> None:
-    """Candidates built over the shipped table (``group`` on top of its per-kernel rules): each
-    pick is the winner's settings at that kernel, grouping kept also where its rule says off."""
-    configs = {"shipped": make_config(), "g4": make_config(group=4, group_min_ctas=256)}
+    """Candidates built over the shipped table (``group`` on top of its per-kernel rules; ``group
+    = 1, group-min-ctas = 1`` ungroups it): each pick is the winner's settings at that kernel,
+    grouping kept also where its rule says off."""
+    configs = {"shipped": make_config(group=1, group_min_ctas=1), "g4": make_config(group=4, group_min_ctas=256)}
     picks = {p.selector: p for p in (
         pick("bf16/128/16/auto/v1", "g4"), pick("bf16/128/16/auto/v2", "shipped"),
         pick("bf16/128/32/auto/v1", "g4"), pick("bf16/128/32/auto/v2", None))}  # fmt: skip
     cfg = combine(picks, configs)
-    shipped = make_config()
+    shipped = configs["shipped"]
     for kernel, group in (("v1", 4), ("v2", 1)):
         got, want = cfg.resolve("bf16", 128, 16, "auto", kernel), shipped.resolve("bf16", 128, 16, "auto", kernel)
         assert (got.issue, got.scope, got.lookahead, got.read, got.off) == (

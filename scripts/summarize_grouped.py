@@ -47,10 +47,12 @@ def validation(folder: Path, files: list[str]) -> list[str]:
         if name.startswith("validate") and name.endswith(".json.gz"):
             d = load(folder / name)
             release = d["env"]["libs"]["patched"]["vllm"]
-            ident, grouped = d["identical"]["patched"], d["grouped"].get("patched", {})
-            lines.append(f"| {release} | validate ({d['matrix']}) | {d['counts']['cases']} | {ident['identical']} | "
-                         f"{grouped.get('grouped', 'not counted')} | {d['counts']['failed']}, "
-                         f"{d['counts']['skipped']} |")  # fmt: skip
+            for v, ident in d["identical"].items():  # each library validated against stock
+                grouped = d["grouped"].get(v, {})
+                which = "" if len(d["identical"]) == 1 else f", {v}"
+                lines.append(f"| {release} | validate ({d['matrix']}{which}): `{name}` | {d['counts']['cases']} | "
+                             f"{ident['identical']} | {grouped.get('grouped', 'not counted')} | {d['counts']['failed']}, "
+                             f"{d['counts']['skipped']} |")  # fmt: skip
         elif name.endswith(".log"):
             text = (folder / name).read_text(encoding="utf-8")
             for release, body in re.findall(r"^(\S+) validate rc \d+ \(\d+ s\)\n(.*)$", text, re.M):
@@ -73,21 +75,20 @@ def validation(folder: Path, files: list[str]) -> list[str]:
     return lines
 
 
-def heldout(folder: Path, name: str) -> list[str]:
-    """The held-out set: each variant other than stock, the shipped table (``patched``) and the A/A
-    twin, over the shipped table."""
+def heldout(folder: Path, name: str, base: str = "patched") -> list[str]:
+    """The held-out set: each variant other than stock, ``base`` (the table the run compares with:
+    the one kvpatch shipped then) and the A/A twin, over ``base``."""
     bench = load(folder / name)
-    variants = [v for v in bench["variants"] if v not in ("stock", "patched", "stock-aa")]
+    variants = [v for v in bench["variants"] if v not in ("stock", base, "stock-aa")]
     copy = bench["copy_bandwidth"]["bytes_per_s"] / 1e12
     rows = [r for r in bench["results"] if r["dispatched"]]
-    lines = ["", f"## The held-out set: the shipped table, and {', '.join(variants)}",
+    lines = ["", f"## The held-out set (`{name}`): {', '.join(variants)} over {base}",
              "", f"`{name}`: {len(rows)} dispatched points (fp16/bf16 x warm/cold; GQA 32/8, 64/8, 8/1 and MHA 32/32; "
              f"head 64/128/256; block 16/32; auto and fp8 caches), {len(bench['rounds'])} rounds, "
              f"{bench['flagged_rounds']} flagged power-capped or throttled; copy bandwidth {copy:.3f} TB/s (same run). "
-             "Each ratio: the variant's speedup over stock divided by the shipped table's (above 1: faster than "
-             "what kvpatch ships today).", ""]  # fmt: skip
+             f"Each ratio: the variant's speedup over stock divided by {base}'s (above 1: faster than {base}).", ""]  # fmt: skip
     lines += ["| variant | dtype | mode | all points | MHA (never grouped) | GQA, batch >= 16, ctx >= 4096 | "
-              "GQA, batch 1 | slower than shipped (ranges apart) | A/A twin over stock |",
+              f"GQA, batch 1 | slower than {base} (ranges apart) | A/A twin over stock |",
               "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     beyond = []
     for v in variants:
@@ -96,12 +97,12 @@ def heldout(folder: Path, name: str) -> list[str]:
                 mine = [r for r in rows if r["point"]["dtype"] == dt and r["mode"] == mode]
 
                 def over(r: dict, v: str = v) -> float:
-                    return r["variants"][v]["speedup"] / r["variants"]["patched"]["speedup"]
+                    return r["variants"][v]["speedup"] / r["variants"][base]["speedup"]
 
                 mha = [over(r) for r in mine if _group(r["point"]) == 1]
                 big = [over(r) for r in mine if _group(r["point"]) > 1 and _big(r["point"])]
                 one = [over(r) for r in mine if _group(r["point"]) > 1 and r["point"]["batch"] == 1]
-                slower = sum(1 for r in mine if r["variants"][v]["speedup_hi"] < r["variants"]["patched"]["speedup_lo"])
+                slower = sum(1 for r in mine if r["variants"][v]["speedup_hi"] < r["variants"][base]["speedup_lo"])
                 aa = [r["variants"]["stock-aa"]["speedup"] for r in mine if "stock-aa" in r["variants"]]
                 cells = [
                     f"{geomean(xs):.2f} ({span(xs)})" if xs else "-" for xs in ([over(r) for r in mine], mha, big, one)
@@ -118,8 +119,8 @@ def heldout(folder: Path, name: str) -> list[str]:
             for _, dt, mode, r, x in mine
         )
         lines += ["", f"{v}: {len(mine)} points below the A/A twin's lowest ratio over stock in their dtype and mode "
-                  f"(slower than the shipped table beyond the noise){': ' + listed if 0 < len(mine) <= 16 else ''}."]  # fmt: skip
-    lines += ["", "By kernel (auto cache, GQA points, warm): each variant over the shipped table, geomean (range); "
+                  f"(slower than {base} beyond the noise){': ' + listed if 0 < len(mine) <= 16 else ''}."]  # fmt: skip
+    lines += ["", f"By kernel (auto cache, GQA points, warm): each variant over {base}, geomean (range); "
               "grouped launches of >= 256 CTAs / fewer:", "",
               "| dtype | head | block | " + " | ".join(f"{v}: >= 256 CTAs | {v}: fewer" for v in variants) + " |",
               "|---|---|---|" + "---|---|" * len(variants)]  # fmt: skip
@@ -135,25 +136,26 @@ def heldout(folder: Path, name: str) -> list[str]:
                     and (r["point"]["dtype"], r["point"]["head_size"], r["point"]["block_size"]) == (dt, hs, bs)
                     and heads[r["kernel"]] > 1 and grouped_ctas(r["point"], r["kernel"], heads[r["kernel"]])]  # fmt: skip
             for pick in (lambda n: n >= 256, lambda n: n < 256):
-                xs = [r["variants"][v]["speedup"] / r["variants"]["patched"]["speedup"] for r in mine
+                xs = [r["variants"][v]["speedup"] / r["variants"][base]["speedup"] for r in mine
                       if pick(grouped_ctas(r["point"], r["kernel"], heads[r["kernel"]]))]  # fmt: skip
                 cells.append(f"{geomean(xs):.2f} ({span(xs)})" if xs else "-")
         lines.append(f"| {dt} | {hs} | {bs} | " + " | ".join(cells) + " |")
     lines += ["", "Unique KV bytes per second over the copy bandwidth, GQA 4 (32/8), batch >= 16, context >= 4096, "
               "auto cache, warm (range over the points):", "",
-              "| dtype | head | block | shipped | " + " | ".join(variants) + " |", "|---|---|---|---|" + "---|" * len(variants)]  # fmt: skip
+              f"| dtype | head | block | {base} | " + " | ".join(variants) + " |", "|---|---|---|---|" + "---|" * len(variants)]  # fmt: skip
     for dt, hs, bs in kernels:
         mine = [r for r in rows if r["mode"] == "warm" and r["point"]["kv_cache_dtype"] == "auto" and _group(r["point"]) == 4
                 and _big(r["point"]) and (r["point"]["dtype"], r["point"]["head_size"], r["point"]["block_size"]) == (dt, hs, bs)]  # fmt: skip
         if mine:
-            cells = [span([r["variants"][v]["copy_fraction"] for r in mine]) for v in ("patched", *variants)]
+            cells = [span([r["variants"][v]["copy_fraction"] for r in mine]) for v in (base, *variants)]
             lines.append(f"| {dt} | {hs} | {bs} | " + " | ".join(cells) + " |")
     return lines
 
 
-def decode_arms(folder: Path, name: str) -> list[str]:
+def decode_arms(folder: Path, name: str, base: str = "patched") -> list[str]:
     """``kvpatch bench-decode`` with more than one patched arm: per model and dtype, each arm's
-    whole-step speedup over stock and over the shipped table (``patched``), range over contexts."""
+    whole-step speedup over stock and over ``base`` (the table kvpatch shipped then), range over
+    contexts."""
     d = load(folder / name)
     pts = d["points"]
     arms = [a for a in d["variants"] if a not in ("stock", "stock-aa")]
@@ -171,9 +173,7 @@ def decode_arms(folder: Path, name: str) -> list[str]:
         for dt in sorted({p["dtype"] for p in pts}):
             mine = [p for p in pts if p["model"] == model and p["dtype"] == dt]
             rows = [(a, f"{a} over stock", lambda p, a=a: med(p, a)) for a in arms]
-            rows += [
-                (a, f"{a} over patched", lambda p, a=a: med(p, a) / med(p, "patched")) for a in arms if a != "patched"
-            ]
+            rows += [(a, f"{a} over {base}", lambda p, a=a: med(p, a) / med(p, base)) for a in arms if a != base]
             for _, label, f in rows:
                 cells = [span([f(p) for p in mine if p["batch"] == b]) for b in batches]
                 lines.append(
@@ -189,14 +189,14 @@ def decode_arms(folder: Path, name: str) -> list[str]:
 def grouped_table(folder: Path, cfg: dict, tune_table) -> list[str]:
     """The table tune picked with the grouped form: how it was chosen (``tune_table``), bit for bit,
     the held-out set beside the shipped table, the decode step."""
-    files = [f for run in cfg["run"] for f in run.get("files", [])]
+    files = [(f, run.get("base", "patched")) for run in cfg["run"] for f in run.get("files", [])]
     lines = ["## How the table was chosen", "", *tune_table(folder, cfg), ""]
-    lines += validation(folder, [f for f in files if f.startswith("validate")])
-    for name in files:
+    lines += validation(folder, [f for f, _ in files if f.startswith("validate")])
+    for name, base in files:
         if name.startswith("bench-heldout"):
-            lines += heldout(folder, name)
+            lines += heldout(folder, name, base)
         elif name.startswith("bench-decode"):
-            lines += decode_arms(folder, name)
+            lines += decode_arms(folder, name, base)
     return lines
 
 

@@ -1,0 +1,70 @@
+"""Whether two libraries hold the same SASS, kernel by kernel (their namespaces aside).
+
+    python scripts/sass_same.py A.so[.xz] B.so[.xz] [--skip SUBSTRING ...] > same.txt
+
+Dumps each library with ``cuobjdump --dump-sass`` (on PATH), names each kernel without the
+library's own namespace (``kvpatch_<variant>``), drops instruction addresses and encodings, and
+prints one line per kernel both hold: the SASS's sha256 in each and ``same`` or ``DIFFERENT``;
+then the kernels only one holds, and a total. ``--skip`` leaves out kernels whose name holds
+the string (e.g. ``grouped``: the form only kvpatch's own launchers run). Exit 1 when a kernel
+both hold differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import lzma
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_ENCODING = re.compile(r"/\*[0-9a-f]{4,}\*/")
+
+
+def kernels(lib: Path) -> dict[str, str]:
+    """Kernel name (namespace removed) -> sha256 of its SASS (addresses and encodings removed)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        so = lib
+        if lib.suffix == ".xz":
+            so = Path(tmp) / lib.stem
+            so.write_bytes(lzma.decompress(lib.read_bytes()))
+        text = subprocess.run(["cuobjdump", "--dump-sass", str(so)], check=True, capture_output=True, text=True).stdout
+    prefix = re.escape(so.name.removeprefix("lib").split(".")[0])  # libkvpatch_X.so -> kvpatch_X
+    out: dict[str, list[str]] = {}
+    name = None
+    for line in text.splitlines():
+        line = re.sub(rf"\d+{prefix}|{prefix}", "NS", line)
+        if m := re.match(r"\s*Function : (\S+)", line):
+            name = m.group(1)
+            out[name] = []
+        elif name is not None:
+            out[name].append(_ENCODING.sub("", line).rstrip())
+    return {k: hashlib.sha256("\n".join(v).encode()).hexdigest()[:16] for k, v in out.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("a", type=Path)
+    ap.add_argument("b", type=Path)
+    ap.add_argument("--skip", action="append", default=[])
+    o = ap.parse_args(argv)
+    a, b = ({k: v for k, v in kernels(p).items() if not any(s in k for s in o.skip)} for p in (o.a, o.b))
+    both = sorted(set(a) & set(b))
+    differ = [k for k in both if a[k] != b[k]]
+    for k in both:
+        print(f"{k} {a[k]} {b[k]} {'same' if a[k] == b[k] else 'DIFFERENT'}")
+    for k in sorted(set(a) - set(b)):
+        print(f"{k} only in {o.a.name}")
+    for k in sorted(set(b) - set(a)):
+        print(f"{k} only in {o.b.name}")
+    print(f"total: {len(both) - len(differ)} of {len(both)} kernels both hold have the same SASS; "
+          f"{len(set(a) - set(b))} only in {o.a.name}, {len(set(b) - set(a))} only in {o.b.name}"
+          + (f"; skipped: {', '.join(o.skip)}" if o.skip else ""))  # fmt: skip
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,7 +3,8 @@
     python scripts/sass_same.py A.so[.xz] B.so[.xz] [--skip SUBSTRING ...] > same.txt
 
 Dumps each library with ``cuobjdump --dump-sass`` (on PATH), names each kernel without the
-library's own namespace (``kvpatch_<variant>``), drops instruction addresses and encodings, and
+library's own namespace (``kvpatch_<variant>``), keeps instruction lines without their addresses
+and encodings, and
 prints one line per kernel both hold: the SASS's sha256 in each and ``same`` or ``DIFFERENT``;
 then the kernels only one holds, and a total. ``--skip`` leaves out kernels whose name holds
 the string (e.g. ``grouped``: the form only kvpatch's own launchers run). Exit 1 when a kernel
@@ -22,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 _ENCODING = re.compile(r"/\*[0-9a-f]{4,}\*/")
+_INSTRUCTION = re.compile(r"\s+/\*[0-9a-f]{4,}\*/")
 
 
 def kernels(lib: Path) -> dict[str, str]:
@@ -40,7 +42,7 @@ def kernels(lib: Path) -> dict[str, str]:
         if m := re.match(r"\s*Function : (\S+)", line):
             name = m.group(1)
             out[name] = []
-        elif name is not None:
+        elif name is not None and _INSTRUCTION.match(line):  # not the dump's headers between ELF files
             out[name].append(_ENCODING.sub("", line).rstrip())
     return {k: hashlib.sha256("\n".join(v).encode()).hexdigest()[:16] for k, v in out.items()}
 

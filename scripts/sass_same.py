@@ -4,9 +4,8 @@
 
 Dumps each library with ``cuobjdump --dump-sass`` (on PATH), names each kernel without the
 library's own namespace (``kvpatch_<variant>``), keeps instruction lines without their addresses
-and encodings, and
-prints one line per kernel both hold: the SASS's sha256 in each and ``same`` or ``DIFFERENT``;
-then the kernels only one holds, and a total. ``--skip`` leaves out kernels whose name holds
+and encodings, and prints one line per kernel both hold: the SASS's sha256 in each and ``same``
+or ``DIFFERENT``; then the kernels only one holds, and a total. ``--skip`` leaves out kernels whose name holds
 the string (e.g. ``grouped``: the form only kvpatch's own launchers run). Exit 1 when a kernel
 both hold differs.
 """

@@ -15,6 +15,7 @@ from typing import Optional
 
 from ..config import Machine, PatchConfig, differences
 from ..patch import Result, Sites, patch_header, read_header
+from ..patch.plan import takes_grouped_form
 from ..progress import QUIET, Progress
 from ..source.workspace import (
     STATE_DIR,
@@ -86,7 +87,7 @@ class ApplyReport:
             "machine_differences": list(self.machine_differences),
             "unreached": list(self.unreached),
             "overridden": list(self.overridden),
-            "grouped_form": self.config.uses_group and not self.sites.group_missing,
+            "grouped_form": takes_grouped_form(self.sites, self.config),
         }
 
 

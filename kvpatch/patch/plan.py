@@ -81,6 +81,12 @@ def group_values(branches: list[tuple[str | None, PatchConfig]], cfg: PatchConfi
     }
 
 
+def takes_grouped_form(sites: Sites, cfg: PatchConfig) -> bool:
+    """Whether the patched header holds the grouped form: some kernel's settings group, and the
+    header declares what the form calls (a header that lacks it gets none)."""
+    return cfg.uses_group and not sites.group_missing
+
+
 def _insertion(offset: int, body: str, what: str, newline: str = "\n") -> Edit:
     # Every injection starts with a newline right after the statement (or brace) it
     # follows and ends at the end of its last line, so deleting
@@ -94,7 +100,7 @@ def plan(sites: Sites, cfg: PatchConfig) -> list[Edit]:
     chosen: list[Site] = [s for s in sites if (s.kind == "key" and cfg.k) or
                           (s.kind == "value" and cfg.v)]  # fmt: skip
     branches = [(None if sel is None else branch_condition(sel, sites), c) for sel, c in cfg.variants()]
-    grouped = cfg.uses_group and not sites.group_missing  # a header that lacks what it calls gets none
+    grouped = takes_grouped_form(sites, cfg)
     if (cfg.uses_call or cfg.branches_on_types or cfg.weight_tail or grouped) and chosen:
         # the helper's align and hint: a call-form variant some kernel takes (make_config checked
         # they all agree), else any (its code is then never instantiated)

@@ -186,12 +186,11 @@ def decode_arms(folder: Path, name: str, base: str = "patched") -> list[str]:
     return lines
 
 
-def grouped_table(folder: Path, cfg: dict, tune_table) -> list[str]:
-    """The table tune picked with the grouped form: how it was chosen (``tune_table``), bit for bit,
-    the held-out set beside the shipped table, the decode step."""
+def grouped_runs(folder: Path, cfg: dict) -> list[str]:
+    """What the runs of a grouped-form folder wrote: validate and vLLM-test records, then each held-out
+    bench and decode step over the run's ``base`` (the library it compares with; default patched)."""
     files = [(f, run.get("base", "patched")) for run in cfg["run"] for f in run.get("files", [])]
-    lines = ["## How the table was chosen", "", *tune_table(folder, cfg), ""]
-    lines += validation(folder, [f for f, _ in files if f.startswith("validate")])
+    lines = validation(folder, [f for f, _ in files if not f.startswith("bench")])
     for name, base in files:
         if name.startswith("bench-heldout"):
             lines += heldout(folder, name, base)
@@ -200,10 +199,10 @@ def grouped_table(folder: Path, cfg: dict, tune_table) -> list[str]:
     return lines
 
 
+def grouped_table(folder: Path, cfg: dict, tune_table) -> list[str]:
+    """The table tune picked with the grouped form: how it was chosen (``tune_table``), then its runs."""
+    return ["## How the table was chosen", "", *tune_table(folder, cfg), "", *grouped_runs(folder, cfg)]
+
+
 def grouped_form(folder: Path, cfg: dict) -> list[str]:
-    files = [f for run in cfg["run"] for f in run.get("files", [])]
-    lines = validation(folder, [f for f in files if not f.startswith("bench")])
-    for name in files:
-        if name.startswith("bench-heldout"):
-            lines += heldout(folder, name)
-    return lines
+    return grouped_runs(folder, cfg)

@@ -101,7 +101,7 @@ def test_the_launcher_launches_the_grouped_form_only_for_a_grouped_header(releas
 
 
 def test_a_header_without_what_the_grouped_form_calls_gets_no_grouped_form(tmp_path: Path) -> None:
-    """Before: a header that lacks vLLM's helpers (the fixture: no Vec, Qk_dot, block_sum, shuffles).
+    """Before: a header that lacks vLLM's helpers (the fixture: no Vec, mul, block_sum, shuffles).
     After ``group = 4``: the prefetch as always, no grouped form (its calls would not compile),
     the injection intact and stripped back to stock; apply says so where the user asked for
     grouping, and says nothing of it with the shipped table (which groups where it can)."""
@@ -113,7 +113,7 @@ def test_a_header_without_what_the_grouped_form_calls_gets_no_grouped_form(tmp_p
 
     stock = fixture_text()
     missing = find_sites(stock, HEADER_PATH).group_missing
-    assert "Qk_dot" in missing and "block_sum" in missing and "WARP_SIZE" not in missing
+    assert "mul" in missing and "block_sum" in missing and "WARP_SIZE" not in missing
     assert set(missing) <= set(GROUP_NEEDS)
     cfg = make_config(group=4)
     assert cfg.uses_group
@@ -126,7 +126,7 @@ def test_a_header_without_what_the_grouped_form_calls_gets_no_grouped_form(tmp_p
     work.mkdir()
     asked = run_cli("apply", "--tree", str(tree), "--group", "4", cwd=work)
     assert asked.returncode == 0, asked.stderr
-    assert asked.stderr.startswith("note: the header lacks what the grouped form calls (Vec, FloatVec, Qk_dot")
+    assert asked.stderr.startswith("note: the header lacks what the grouped form calls (Vec, FloatVec, block_sum")
     shipped = run_cli("apply", "--tree", str(tree), cwd=work)
     assert shipped.returncode == 0 and shipped.stderr == "", shipped.stderr
 

@@ -51,9 +51,10 @@ FUNCTION = "paged_attention_kernel"
 CACHE_PARAMS = {"key": "k_cache", "value": "v_cache"}
 ALIBI_PARAM = "alibi_slopes"
 #: What templates/inject/grouped.cuh.j2 calls from the header and the files it includes (vLLM's
-#: vector types, products and reductions, dtype_float16.cuh's half2_to_float2, cuda_compat.h's
-#: shuffles, the attention macros): a header without one of them gets no grouped form.
-GROUP_NEEDS = ("Vec", "FloatVec", "block_sum", "from_float", "zero", "mul", "dot", "half2_to_float2",
+#: vector types, products and reductions, dtype_float16.cuh's half2_to_float2, attention_utils.cuh's
+#: Qk_dot, cuda_compat.h's shuffles, the attention macros): a header without one of them gets no
+#: grouped form.
+GROUP_NEEDS = ("Vec", "FloatVec", "Qk_dot", "block_sum", "from_float", "zero", "mul", "dot", "half2_to_float2",
                "VLLM_SHFL_XOR_SYNC", "VLLM_SHFL_SYNC", "WARP_SIZE", "MAX", "MIN", "DIVIDE_ROUND_UP")  # fmt: skip
 
 

@@ -126,7 +126,7 @@ def test_a_header_without_what_the_grouped_form_calls_gets_no_grouped_form(tmp_p
     work.mkdir()
     asked = run_cli("apply", "--tree", str(tree), "--group", "4", cwd=work)
     assert asked.returncode == 0, asked.stderr
-    assert asked.stderr.startswith("note: the header lacks what the grouped form calls (Vec, FloatVec, block_sum")
+    assert asked.stderr.startswith("note: the header lacks what the grouped form calls (Vec, FloatVec, Qk_dot")
     shipped = run_cli("apply", "--tree", str(tree), cwd=work)
     assert shipped.returncode == 0 and shipped.stderr == "", shipped.stderr
 

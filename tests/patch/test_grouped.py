@@ -5,6 +5,7 @@ arch a vLLM build targets."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -216,3 +217,37 @@ def test_the_grouped_form_compiles_for_every_arch_vllm_builds(
     targets = [f"-gencode=arch=compute_{a},code=compute_{a}" for a in archs]
     targets.append("-gencode=arch=compute_90a,code=sm_90a")
     _compile(tmp_path / "g", tree / "csrc", header, GROUPED_TU, targets, what="-c")
+
+
+LOADS_TU = """\
+#include <cstdint>
+#include "attention_kernels.cuh"
+void* kvpatch_test_kernels[] = {
+  (void*)&vllm::kvpatch_grouped_v2_kernel<__nv_bfloat16, __nv_bfloat16, 128, 16, 128, 4, 1, 512>,
+  (void*)&vllm::kvpatch_grouped_v2_kernel<uint16_t, uint16_t, 128, 16, 128, 4, 1, 512>,
+};
+"""
+
+
+def _global_loads(ptx: str) -> dict[str, list[str]]:
+    """Per kernel of a PTX file (by its dtype's mangled name), its global loads' widths, in order."""
+    out: dict[str, list[str]] = {}
+    for body in ptx.split(".entry ")[1:]:
+        name = "bf16" if "__nv_bfloat16" in body.split("(", 1)[0] else "fp16"
+        out[name] = re.findall(r"ld\.global(?:\.nc)?((?:\.v[24])?\.[busf](?:8|16|32|64))", body)
+    return out
+
+
+@nvcc_on_a_release
+def test_the_grouped_form_loads_bf16_as_wide_as_fp16(vllm_release: Callable[[str], Path], tmp_path: Path) -> None:
+    """Before: the cache vectors of bf16 (structs of bf16 pairs, aligned to 4 bytes) were loaded 4
+    bytes at a time, where fp16's (uint2, uint4) load whole. After: both dtypes' grouped kernels
+    make the same global loads, vector for vector."""
+    tree = vllm_release("0.10.2")
+    stock = (tree / HEADER).read_text(encoding="utf-8")
+    header = patch(stock, str(tree / HEADER), make_config(group=4)).patched
+    loads = _global_loads(
+        _compile(tmp_path / "l", tree / "csrc", header, LOADS_TU, ["-gencode=arch=compute_90a,code=sm_90a"])
+    )
+    assert loads["bf16"] == loads["fp16"]
+    assert ".v4.u32" in loads["bf16"] and ".v2.u32" in loads["bf16"]

@@ -28,6 +28,7 @@ run wrote (``files``) and what they are for; each kind below reads exactly those
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import re
@@ -45,6 +46,14 @@ from summarize_releases import load, span  # noqa: E402
 
 from kvpatch.gpu.stats import geomean  # noqa: E402
 from kvpatch.gpu.upstream import count_cases, junit_cases  # noqa: E402
+
+
+def junit(path: Path) -> dict:
+    """junit_cases of a JUnit XML file, kept as is or gzipped (``.xml.gz``)."""
+    if path.name.endswith(".gz"):
+        with gzip.open(path) as f:
+            return junit_cases(f)
+    return junit_cases(path)
 
 
 def run_files(cfg: dict) -> list[tuple[dict, str]]:
@@ -477,8 +486,8 @@ def plugin(folder: Path, cfg: dict) -> list[str]:
                 lines += [f"| {t['shape']} | {t['stock_us']:.1f} | {t['kvpatch_us']:.1f} | {t['speedup']:.3f}x |"
                           for t in d["timings"]]  # fmt: skip
                 lines.append("")
-            elif f.endswith(".xml"):
-                cases = junit_cases(path)
+            elif f.endswith((".xml", ".xml.gz")):
+                cases = junit(path)
                 n = count_cases(cases)
                 lines += [f"junit ({f}): {n['passed']} of {len(cases)} cases passed, {n['failed'] + n['errors']} failed, "
                           f"{n['skipped']} skipped", ""]  # fmt: skip
@@ -607,8 +616,8 @@ def serving(folder: Path, cfg: dict) -> list[str]:
                          f"{r['result']['engine_start_s']:.0f} | {ms} |")  # fmt: skip
         lines.append("")
     for f in files:
-        if f.endswith(".xml"):
-            n = count_cases(junit_cases(folder / f))
+        if f.endswith((".xml", ".xml.gz")):
+            n = count_cases(junit(folder / f))
             lines += [f"vLLM's own kernel tests on the rebuilt ops ({f}): {n['passed']} passed, "
                       f"{n['failed'] + n['errors']} failed, {n['skipped']} skipped.", ""]  # fmt: skip
         elif f.endswith(("status.txt", "kvpatch.toml")):

@@ -142,7 +142,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,tempe
 cd "$BASE"
 "$PY" -c 'import torch, vllm, kvpatch, typer, importlib.metadata as m; print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), "| vllm", vllm.__version__, "| kvpatch", kvpatch.__version__, kvpatch.__file__, "| typer", typer.__version__, "| click", m.version("click"))' 2>&1 | tail -1 | tee -a "$OUT/log.txt"
 
-OPS_DIGEST=$(sha256sum "$CARRY/_C.abi3.so.xz" | cut -c1-16)
+OPS_DIGEST=$(cd "$ROOT" && sha256sum "$CARRY/_C.abi3.so.xz" | cut -c1-16)
 say "the carry's rebuilt ops: _C.abi3.so.xz $OPS_DIGEST"
 if [[ ! -f $BASE/ops-tested && ${OPS_TESTED:-} == "$OPS_DIGEST" ]]; then
   say "vLLM's kernel tests skipped: OPS_TESTED names these very ops (an earlier run's record of them passing belongs in the evidence)"

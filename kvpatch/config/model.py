@@ -51,6 +51,8 @@ MAX_ALIGN = 4096
 MAX_MIN_GROUP = 1024
 #: A launch of vLLM's kernels has num_heads x num_seqs x partitions CTAs: far below this.
 MAX_MIN_CTAS = 1 << 24
+#: CTAs an SM holds at once (sm_90: 32): a launch bound beyond it cannot be met.
+MAX_CTAS_PER_SM = 32
 #: MiB of KV cache (1 TiB): more than any GPU holds.
 MAX_MIN_KV_MIB = 1 << 20
 
@@ -151,6 +153,15 @@ class PatchConfig:
     group_min_ctas: int = setting(1, "group > 1 only: group only launches of >= N CTAs of the grouped grid (query "
                                   "heads / group x sequences x partitions; 1 = always).", low=1, high=MAX_MIN_CTAS,
                                   rule=True, tune=Tune(8, "gc{}"))  # fmt: skip
+    #: group > 1 only: the grouped kernel is compiled with ``__launch_bounds__(NUM_THREADS, N)``,
+    #: so that N of its CTAs fit on an SM's registers: nvcc then keeps it to 65536 / (N x 128)
+    #: registers a thread, spilling what does not fit. More CTAs per SM hide more memory latency
+    #: and round a launch into fewer waves; the spills cost. Registers do not change a value:
+    #: outputs stay stock's. 0: no launch bounds, the registers nvcc chooses.
+    group_ctas_per_sm: int = setting(0, "group > 1 only: compile the grouped form so that N of its CTAs fit on an SM "
+                                     "(__launch_bounds__; fewer registers, maybe spills; 0 = as nvcc chooses).",
+                                     low=0, high=MAX_CTAS_PER_SM, why="an SM of sm_90 holds at most 32 CTAs",
+                                     rule=True, tune=Tune(9, "go{}"))  # fmt: skip
     #: Compile the prefetch in but never execute it (its guard reads a block number
     #: < 0): separates the prefetch's own effect from the code-generation change.
     control: bool = setting(False, "Compile the prefetch but never run it (for measurements).", rule=True, paper=FREE)
@@ -300,4 +311,4 @@ PAPER = {s.name: s.paper_value for s in SETTINGS if s.paper != FREE}
 OVERRIDABLE = (*(s.name for s in SETTINGS if s.rule), "off")
 #: What a rule may give beside ``off``: the grouped form's settings (``off`` is about the
 #: prefetch; those kernels' grouped form runs without one).
-GROUPING = ("group", "group_min_ctas")
+GROUPING = ("group", "group_min_ctas", "group_ctas_per_sm")

@@ -78,6 +78,7 @@ class GroupedKernel:
     spill_loads: int
     has_prefetch: bool
     symbol: str
+    ctas_per_sm: int = 0  # its launch bounds' CTAs per SM (0: none)
 
     @property
     def expect_prefetch(self) -> bool:
@@ -90,7 +91,10 @@ class GroupedKernel:
 
     @property
     def label(self) -> str:
-        return f"grouped {self.kernel} {self.dtype}/{self.head_size}/{self.block_size} x{self.heads} {self.arch}"
+        bounds = f" {self.ctas_per_sm}/SM" if self.ctas_per_sm else ""
+        return (
+            f"grouped {self.kernel} {self.dtype}/{self.head_size}/{self.block_size} x{self.heads}{bounds} {self.arch}"
+        )
 
 
 @dataclass(frozen=True)
@@ -230,9 +234,10 @@ class BuildResult:
 
     def grouped_warnings(self) -> list[str]:
         """Kernels of the grouped form that spill: ptxas ran out of registers for that many heads'
-        accumulators (a smaller ``group`` holds fewer)."""
+        accumulators (a smaller ``group`` holds fewer), or for the CTAs per SM its launch bounds
+        ask for (a smaller ``group-ctas-per-sm`` leaves more)."""
         return [f"{v.name}: {g.label}: {g.spill_stores} bytes spilled ({g.registers} registers): a smaller "
-                f"group may be faster there"
+                + ("group-ctas-per-sm or group" if g.ctas_per_sm else "group") + " may be faster there"
                 for v in self.variants for g in v.grouped if g.spill_stores or g.spill_loads]  # fmt: skip
 
     def schedule_warnings(self, ratio: float = LOAD_USE_RATIO) -> list[str]:

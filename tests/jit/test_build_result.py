@@ -89,6 +89,12 @@ def test_the_grouped_forms_kernels_are_checked_for_the_prefetch_and_warned_of_sp
     assert BuildResult((spills,), 0.0).grouped_warnings() == [
         "patched: grouped v1 bf16/256/16 x4 sm_90a: 16 bytes spilled (255 registers): a smaller group may be faster there"
     ]
+    # under launch bounds the spill may be theirs: the warning names them
+    bounded = replace(result, grouped=(grouped(head_size=256, registers=128, spill_stores=164, ctas_per_sm=4),))
+    assert BuildResult((bounded,), 0.0).grouped_warnings() == [
+        "patched: grouped v1 bf16/256/16 x4 4/SM sm_90a: 164 bytes spilled (128 registers): a smaller "
+        "group-ctas-per-sm or group may be faster there"
+    ]
     # result.json keeps them; a result.json of a kvpatch before the grouped form reads as none
     again = VariantResult.from_dict(json.loads(json.dumps(spills.to_dict())))
     assert again.grouped == spills.grouped
@@ -103,7 +109,15 @@ def test_a_grouped_kernels_name_says_its_form():
     name = ("void kvpatch_patched::kvpatch_grouped_v2_kernel<__nv_bfloat16, __nv_bfloat16, 256, 32, 128, 8, 1, 512>"
             "(float*, float*, __nv_bfloat16*)")  # fmt: skip
     assert describe_grouped(name) == {"kernel": "v2", "dtype": "bf16", "head_size": 256, "block_size": 32,
-                                      "heads": 8, "lookahead": 1}  # fmt: skip
+                                      "heads": 8, "lookahead": 1, "ctas_per_sm": 0}  # fmt: skip
+    # under launch bounds (group-ctas-per-sm): the same form, and the CTAs per SM it asks for
+    bounded = ("void kvpatch_patched::kvpatch_grouped_v2_bounded_kernel<__nv_bfloat16, __nv_bfloat16, 128, 16, 128, 4, "
+               "1, 512, 4>(float*, float*, __nv_bfloat16*)")  # fmt: skip
+    assert describe_grouped(bounded) == {"kernel": "v2", "dtype": "bf16", "head_size": 128, "block_size": 16,
+                                         "heads": 4, "lookahead": 1, "ctas_per_sm": 4}  # fmt: skip
+    v1 = describe_grouped("void kvpatch_patched::kvpatch_grouped_v1_bounded_kernel<unsigned short, unsigned short, "
+                          "128, 32, 128, 4, 0, 3>(unsigned short*)")  # fmt: skip
+    assert (v1["kernel"], v1["lookahead"], v1["ctas_per_sm"]) == ("v1", 0, 3)
     assert describe_grouped("void kvpatch_patched::kvpatch_grouped_v1_kernel<unsigned short, unsigned short, 64, "
                             "8, 128, 2, 0>(unsigned short*)")["dtype"] == "fp16"  # fmt: skip
     assert describe_grouped("void kvpatch_patched::paged_attention_v1_kernel<float, float, 64>(float*)") is None

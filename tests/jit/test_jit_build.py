@@ -261,3 +261,24 @@ def test_build_warns_where_split_does_not_compile_as_stock(tree_0102, build_cach
     }
     warned = {(w.split(": ")[1]) for w in result.split_warnings()}
     assert warned == {"v1 bf16/auto/128/32 sm_90a", "v2 bf16/auto/128/32 sm_90a"}
+
+
+def test_group_ctas_per_sm_compiles_the_grouped_kernels_to_fit_that_many_ctas_on_an_sm(tree_0102, build_cache):
+    """Before (group-ctas-per-sm 0): the grouped kernels carry no launch bounds and take the
+    registers nvcc chooses. After (4): the launcher instantiates the bounded kernels instead,
+    each held to 65536 / (4 x 128) = 128 registers a thread, and says so in the build result."""
+    path = str(tree_0102 / HEADER)
+    stock = (tree_0102 / HEADER).read_text(encoding="utf-8")
+    rule = "group=4,group-min-ctas=256"
+    configs = {
+        "free": make_config(inherit_rules=False, rules={"bf16/128/16": rule}),
+        "bounded": make_config(inherit_rules=False, rules={"bf16/128/16": rule + ",group-ctas-per-sm=4"}),
+    }
+    variants = patched_variants(stock, path, configs)[1:]
+    spec = make_spec(tree_0102, variants, "9.0a", dtypes=["bf16"], head_sizes=[128], block_sizes=[16])
+    free, bounded = build(spec, cache=build_cache).variants
+    assert sorted(g.kernel for g in free.grouped) == sorted(g.kernel for g in bounded.grouped) == ["v1", "v2"]
+    assert all(g.ctas_per_sm == 0 and "bounded" not in g.symbol for g in free.grouped)
+    assert all(g.ctas_per_sm == 4 and "bounded" in g.symbol and g.registers <= 128 for g in bounded.grouped)
+    assert any(g.registers > 128 for g in free.grouped)  # what the bounds are for: nvcc takes more without
+    assert all(g.ok for g in bounded.grouped)  # the prefetch is where its lookahead says

@@ -37,10 +37,11 @@ def _values(cfg, sites) -> dict[str, str]:
 
 def test_each_instantiation_is_told_its_group_by_the_rules_first_match(sites) -> None:
     base = dict(inherit_rules=False, quantized="prefetch")
-    assert _values(make_config(**base), sites) == {"heads": "1", "min_ctas": "1", "lookahead": "1"}
-    assert _values(make_config(**base, group=4, group_min_ctas=264), sites) == {
+    assert _values(make_config(**base), sites) == {"heads": "1", "min_ctas": "1", "ctas_per_sm": "0", "lookahead": "1"}
+    assert _values(make_config(**base, group=4, group_min_ctas=264, group_ctas_per_sm=4), sites) == {
         "heads": "4",
         "min_ctas": "264",
+        "ctas_per_sm": "4",
         "lookahead": "1",
     }
     # a rule: bf16 head 128 groups by 2, every other kernel keeps one CTA per head
@@ -51,11 +52,11 @@ def test_each_instantiation_is_told_its_group_by_the_rules_first_match(sites) ->
     assert got["heads"] == f"({BF16_128}) ? 4 : (kvpatch_is_same<scalar_t, __nv_bfloat16>::value) ? 2 : 4"
     # off turns the prefetch off, not the grouping: the grouped form then does not prefetch
     got = _values(make_config(**base, group=2, rules={"bf16/128": "off"}), sites)
-    assert got == {"heads": "2", "min_ctas": "1", "lookahead": f"({BF16_128}) ? 0 : 1"}
-    # an off rule may give the grouping itself
-    got = _values(make_config(**base, rules={"bf16/128": "off,group=4,group-min-ctas=256"}), sites)
+    assert got == {"heads": "2", "min_ctas": "1", "ctas_per_sm": "0", "lookahead": f"({BF16_128}) ? 0 : 1"}
+    # an off rule may give the grouping itself, its launch bounds included
+    got = _values(make_config(**base, rules={"bf16/128": "off,group=4,group-min-ctas=256,group-ctas-per-sm=4"}), sites)
     assert got == {"heads": f"({BF16_128}) ? 4 : 1", "min_ctas": f"({BF16_128}) ? 256 : 1",
-                   "lookahead": f"({BF16_128}) ? 0 : 1"}  # fmt: skip
+                   "ctas_per_sm": f"({BF16_128}) ? 4 : 0", "lookahead": f"({BF16_128}) ? 0 : 1"}  # fmt: skip
 
 
 @pytest.mark.network
@@ -166,6 +167,8 @@ void* kvpatch_test_kernels[] = {
   (void*)&vllm::kvpatch_grouped_v1_kernel<__nv_bfloat16, __nv_bfloat16, 128, 16, 128, 4, 1>,
   (void*)&vllm::kvpatch_grouped_v2_kernel<uint16_t, uint16_t, 256, 32, 128, 2, 1, 512>,
   (void*)&vllm::kvpatch_grouped_v1_kernel<float, float, 64, 8, 128, 8, 0>,
+  (void*)&vllm::kvpatch_grouped_v1_bounded_kernel<__nv_bfloat16, __nv_bfloat16, 128, 16, 128, 4, 1, 4>,
+  (void*)&vllm::kvpatch_grouped_v2_bounded_kernel<uint16_t, uint16_t, 128, 32, 128, 4, 1, 512, 3>,
 };
 static_assert(vllm::kvpatch_group<__nv_bfloat16, __nv_bfloat16, 128, 16, 0>::heads() == 4, "");
 static_assert(vllm::kvpatch_group<__nv_bfloat16, uint8_t, 128, 16, 0>::heads() == 1, "fp8 caches never group");

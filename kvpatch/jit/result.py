@@ -90,11 +90,13 @@ class GroupedKernel:
         return self.has_prefetch == self.expect_prefetch
 
     @property
+    def bounds(self) -> str:
+        """`` 4/SM`` under launch bounds of 4 CTAs per SM; empty without."""
+        return f" {self.ctas_per_sm}/SM" if self.ctas_per_sm else ""
+
+    @property
     def label(self) -> str:
-        bounds = f" {self.ctas_per_sm}/SM" if self.ctas_per_sm else ""
-        return (
-            f"grouped {self.kernel} {self.dtype}/{self.head_size}/{self.block_size} x{self.heads}{bounds} {self.arch}"
-        )
+        return f"grouped {self.kernel} {self.dtype}/{self.head_size}/{self.block_size} x{self.heads}{self.bounds} {self.arch}"
 
 
 @dataclass(frozen=True)

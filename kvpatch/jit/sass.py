@@ -212,10 +212,9 @@ def describe_kernel(demangled: str, sigs: Mapping[str, KernelSignature]) -> dict
     return None
 
 
-#: The grouped form's kernels (templates/inject/grouped.cuh.j2) and their template parameters: each
-#: form with and without launch bounds (``group-ctas-per-sm``).
-GROUPED_KERNELS = {"v1": "kvpatch_grouped_v1_kernel", "v2": "kvpatch_grouped_v2_kernel",
-                   "v1 bounded": "kvpatch_grouped_v1_bounded_kernel", "v2 bounded": "kvpatch_grouped_v2_bounded_kernel"}  # fmt: skip
+#: A grouped-form kernel's name (templates/inject/grouped.cuh.j2): its form, and whether it is the
+#: copy under launch bounds (``group-ctas-per-sm``), which takes one more template parameter.
+_GROUPED_NAME = re.compile(r"::kvpatch_grouped_(v[12])(_bounded)?_kernel<")
 _GROUPED_PARAMS = ("scalar_t", "cache_t", "HEAD_SIZE", "BLOCK_SIZE", "NUM_THREADS", "HEADS", "LOOKAHEAD")
 _BOUNDED_PARAMS = {"v1": (*_GROUPED_PARAMS, "CTAS_PER_SM"), "v2": (*_GROUPED_PARAMS, "PARTITION_SIZE", "CTAS_PER_SM")}
 
@@ -223,19 +222,17 @@ _BOUNDED_PARAMS = {"v1": (*_GROUPED_PARAMS, "CTAS_PER_SM"), "v2": (*_GROUPED_PAR
 def describe_grouped(demangled: str) -> dict[str, object] | None:
     """``{kernel, dtype, head_size, block_size, heads, lookahead, ctas_per_sm}`` of a grouped-form
     kernel's demangled name (``ctas_per_sm`` 0: no launch bounds), None for any other."""
-    for kind, name in GROUPED_KERNELS.items():
-        start = demangled.find(f"::{name}<")
-        if start < 0:
-            continue
-        form, _, bounded = kind.partition(" ")
-        params = _BOUNDED_PARAMS[form] if bounded else _GROUPED_PARAMS
-        args = dict(zip(params, _template_args(demangled, start + len(name) + 3)))
-        dtype = by_demangled(args.get("scalar_t", "?"))
-        return {"kernel": form, "dtype": dtype.name if dtype else args.get("scalar_t", "?"),
-                "head_size": int(args["HEAD_SIZE"]), "block_size": int(args["BLOCK_SIZE"]),
-                "heads": int(args["HEADS"]), "lookahead": int(args["LOOKAHEAD"]),
-                "ctas_per_sm": int(args.get("CTAS_PER_SM", 0))}  # fmt: skip
-    return None
+    found = _GROUPED_NAME.search(demangled)
+    if found is None:
+        return None
+    form, bounded = found.groups()
+    params = _BOUNDED_PARAMS[form] if bounded else _GROUPED_PARAMS
+    args = dict(zip(params, _template_args(demangled, found.end())))
+    dtype = by_demangled(args.get("scalar_t", "?"))
+    return {"kernel": form, "dtype": dtype.name if dtype else args.get("scalar_t", "?"),
+            "head_size": int(args["HEAD_SIZE"]), "block_size": int(args["BLOCK_SIZE"]),
+            "heads": int(args["HEADS"]), "lookahead": int(args["LOOKAHEAD"]),
+            "ctas_per_sm": int(args.get("CTAS_PER_SM", 0))}  # fmt: skip
 
 
 def _template_args(text: str, start: int) -> list[str]:

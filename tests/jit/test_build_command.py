@@ -96,6 +96,13 @@ def test_the_grouped_forms_kernels_have_rows_of_their_own_and_a_failed_one_says_
     assert len(rows) == 2, out.getvalue()
     assert "grouped v1 x4" in rows[0] and "bf16/auto/128/16" in rows[0] and "130" in rows[0] and "ok" in rows[0]
     assert "grouped v2 x4" in rows[1] and "138" in rows[1] and "FAIL" in rows[1]  # lookahead 1, no UBLKPF
+    assert "/SM" not in rows[0] + rows[1]
+    # a kernel under launch bounds (group-ctas-per-sm) says them in its row
+    bounded = replace(patched, grouped=(grouped(kernel="v2", registers=128, ctas_per_sm=4),))
+    out = io.StringIO()
+    Console(file=out, width=200).print(build_table(BuildResult((bounded,), 1.0)))
+    (row,) = [line for line in out.getvalue().splitlines() if "grouped" in line]
+    assert "grouped v2 x4 4/SM" in row and "128" in row
     # a large build counts them per variant, and lists the one that failed
     many = replace(patched, kernels=tuple(kernel(head_size=h, block_size=b) for h in range(64) for b in (16, 32)))
     out = io.StringIO()

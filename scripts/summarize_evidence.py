@@ -18,7 +18,6 @@ run wrote (``files``) and what they are for; each kind below reads exactly those
   runs; a report short of its planned engine starts is marked INCOMPLETE with its per-arm counts; how
   often the grouped form launched per start where the library counted it; the ``kvpatch.toml`` the
   plugin's bundle was built with, where the run used one;
-* ``grouped-probe``: the grouped form's prototype probe (``scripts/gpu_grouped_probe.sh``);
 * ``grouped-form``: the grouped form as kvpatch generates it: validate and vLLM-test records, and a
   held-out bench with other variants where one is listed (``scripts/summarize_grouped.py``);
 * ``grouped-table``: a rule table that groups: the tune run it was chosen from, validate records,
@@ -628,72 +627,9 @@ def serving(folder: Path, cfg: dict) -> list[str]:
     return lines
 
 
-# --------------------------------------------------------------------------- grouped-probe
-
-
-def grouped_probe(folder: Path, cfg: dict) -> list[str]:
-    """The grouped-form probe (probe/main.cu): per shape, stock's time, the shipped patched kernel's
-    and the best grouped arm's speedup over stock (median of rounds, with their range), unique KV
-    bytes as a fraction of the copy bandwidth measured in the same run, and whether every output
-    was stock's bit for bit."""
-    lines: list[str] = []
-    for _, name in run_files(cfg):
-        text = (folder / name).read_text(encoding="utf-8").splitlines()
-        copy = float(text[0].split()[1])
-        rows = [r.split() for r in text[2:] if r[:4] in ("bf16", "fp16")]
-        failed = [r for r in rows if "failed" in r]
-        shapes: dict[tuple, dict[str, list[str]]] = {}
-        for r in rows:
-            if "failed" not in r:
-                shapes.setdefault(tuple(r[:6]), {})[r[6]] = r
-        same = sum(r[14] == "1" for r in rows if "failed" not in r)
-        lines += [f"`{name}`: copy bandwidth {copy:.3f} TB/s (read + write, device to device, same run); "
-                  f"{len(shapes)} shapes, {same} of {same + sum(r[14] != '1' for r in rows if 'failed' not in r)} "
-                  f"outputs identical to stock's bit for bit, {len(failed)} launches refused", ""]  # fmt: skip
-        lines += ["| dtype | head | GQA | batch | context | kernel | stock us | patched | best grouped | "
-                  "its speedup | vs patched | KV / copy: patched, grouped | A/A |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-        wins = []
-        for key, arms in shapes.items():
-            grouped = {a: r for a, r in arms.items() if a.startswith("grouped")}
-            if not grouped:
-                continue
-            best = max(grouped, key=lambda a: float(grouped[a][10]))
-            b, p, aa = grouped[best], arms["patched"], arms["stock_AA"]
-
-            def ratio(r: list[str]) -> str:
-                return f"{float(r[10]):.2f} ({float(r[11]):.2f}-{float(r[12]):.2f})"
-
-            over = float(p[7]) / float(b[7])
-            wins.append((key, over))
-            lines.append(f"| {' | '.join(key)} | {float(arms['stock'][7]):.1f} | {ratio(p)} | {best[8:]} | "
-                         f"{ratio(b)} | {over:.2f} | {float(p[13]):.2f}, {float(b[13]):.2f} | "
-                         f"{float(aa[11]):.3f}-{float(aa[12]):.3f} |")  # fmt: skip
-        lines.append("")
-        alibi = [r.split() for r in text if r.startswith("alibi ")]
-        if alibi:
-            same_alibi = [r for r in alibi if r[-1] == "1"]
-            lines += [f"With ALiBi slopes (random, standard normal): {len(same_alibi)} of {len(alibi)} outputs identical "
-                      f"to stock's; differing: {', '.join(sorted({' '.join(r[1:8]) for r in alibi if r[-1] != '1'})) or 'none'}",
-                      ""]  # fmt: skip
-        for label, pick in (("batch >= 16, context >= 4096", lambda k: int(k[3]) >= 16 and int(k[4]) >= 4096),
-                            ("batch 1", lambda k: k[3] == "1")):  # fmt: skip
-            got = [o for k, o in wins if pick(k)]
-            if got:
-                lines.append(f"* the best grouped arm (picked per shape, after the fact) over the shipped patched "
-                             f"kernel, {label}: geomean {geomean(got):.2f}, range {span(got)} ({len(got)} shapes)")  # fmt: skip
-            for arm in ("grouped_H2_pf", "grouped_H4_pf", "grouped_H1x2_pf", "grouped_H2x2_pf"):  # one arm everywhere
-                one = [float(a["patched"][7]) / float(a[arm][7]) for k, a in shapes.items() if pick(k) and arm in a]
-                if one:
-                    lines.append(f"* {arm[8:]} everywhere over the shipped patched kernel, {label}: geomean "
-                                 f"{geomean(one):.2f}, range {span(one)} ({len(one)} shapes)")  # fmt: skip
-        lines.append("")
-    return lines
-
-
 KINDS = {"tune-table": tune_table, "bit-identity": bit_identity, "heldout": heldout, "headline": headline,
          "decode-step": decode_step, "weight-prefetch": weight_prefetch, "plugin": plugin, "serving": serving,
-         "grouped-probe": grouped_probe, "grouped-form": grouped_form,
+         "grouped-form": grouped_form,
          "grouped-table": lambda folder, cfg: grouped_table(folder, cfg, tune_table)}  # fmt: skip
 
 

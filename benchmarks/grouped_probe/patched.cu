@@ -1,2 +1,0 @@
-#define LAUNCH_PREFIX kvp
-#include "launch.inc"

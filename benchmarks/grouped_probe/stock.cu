@@ -1,3 +1,0 @@
-#define LAUNCH_PREFIX kvs
-#define WITH_GROUPED
-#include "launch.inc"

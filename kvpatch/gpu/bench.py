@@ -25,7 +25,9 @@ Method (see NOTES.md and the device METHOD.md):
   background; each (round, pool) window is summarised and flagged when it ran
   power-capped or throttled, and so is every result timed in it.
 * Before timing, each variant's output is checked bit-identical to stock's
-  (NaN-poisoned buffers); a mismatch is listed in ``mismatches``.
+  (NaN-poisoned buffers); a mismatch is listed in ``mismatches``. That launch also
+  records whether the variant took its grouped form there (``grouped``: the library's
+  launch counter), so a point where it ran stock's own code can be told apart.
 * ``aa``: an A/A control, :data:`AA` -- the baseline's own kernels timed again as one more
   variant, through its own buffers. Nothing differs but the slots in the order, so its
   faster/slower counts are the method's false verdicts at these points and settings.
@@ -144,6 +146,7 @@ def run_bench(
     raw: dict[tuple[BenchPoint, str, str], dict[str, list[list[float]]]] = {}
     reps_of: dict[tuple[BenchPoint, str], int] = {}
     matches: dict[tuple[BenchPoint, str], dict[str, bool]] = {}
+    grouped: dict[tuple[BenchPoint, str], dict[str, bool | None]] = {}
     round_ids: dict[tuple[BenchPoint, str], list[int]] = {}
     mismatches: list[str] = []
     skipped: list[str] = []
@@ -186,9 +189,10 @@ def run_bench(
                     setups[(p, k)] = (inp, {n: L.make_buffers(inp, k) for n in names})
             if check_outputs:
                 for (p, k), (inp, bufs) in setups.items():
+                    took = grouped.setdefault((p, k), {})
                     for n in names:
                         L.poison(bufs[n])
-                        L.launch(libs[n], k, inp, bufs[n])
+                        took[n] = L.launch(libs[n], k, inp, bufs[n])
                     L.synchronize(dev)
                     ref = bufs[names[0]].out
                     res = {}
@@ -235,7 +239,8 @@ def run_bench(
     for w in windows:
         w["smi"] = sampler.window(w["t0"], w["t1"]) if sampler is not None else None
 
-    results = finish_results(raw, names, copy_bw["bytes_per_s"], matches if check_outputs else None)
+    results = finish_results(raw, names, copy_bw["bytes_per_s"], matches if check_outputs else None,
+                             grouped if check_outputs else None)  # fmt: skip
     for r in results:
         r.rounds = round_ids.get((r.point, r.kernel), [])
         r.flagged = any((windows[i].get("smi") or {}).get("flagged") for i in r.rounds)

@@ -32,6 +32,9 @@ class VariantTiming:
     kv_bytes_per_s: float = 0.0
     copy_fraction: float = 0.0
     outputs_match: bool | None = None
+    #: Whether this variant's launch at the point took the grouped form (its library's launch
+    #: counter around the output check); None: not checked, or a library without a grouped form.
+    grouped: bool | None = None
 
     @classmethod
     def from_samples(cls, samples_us: list[list[float]]) -> "VariantTiming":
@@ -89,8 +92,10 @@ def finish_results(
     names: Sequence[str],
     copy_bytes_per_s: float,
     outputs_match: Mapping[tuple[BenchPoint, str], Mapping[str, bool]] | None = None,
+    grouped: Mapping[tuple[BenchPoint, str], Mapping[str, bool | None]] | None = None,
 ) -> list[BenchResult]:
-    """Raw per-round samples -> results with stats, speedups, intervals and throughput."""
+    """Raw per-round samples -> results with stats, speedups, intervals and throughput
+    (``outputs_match``, ``grouped``: per (point, kernel) and variant, from the output check)."""
     base = names[0]
     out: list[BenchResult] = []
     for (point, kernel, mode), per_var in raw.items():
@@ -105,47 +110,60 @@ def finish_results(
             t.copy_fraction = t.kv_bytes_per_s / copy_bytes_per_s if copy_bytes_per_s else math.nan
             if outputs_match is not None and (point, kernel) in outputs_match:
                 t.outputs_match = outputs_match[(point, kernel)].get(n)
+            if grouped is not None and (point, kernel) in grouped:
+                t.grouped = grouped[(point, kernel)].get(n)
         reps = max((len(s) for s in per_var[base]), default=0)
         out.append(BenchResult(point, kernel, mode, timings, reps=reps))
     return out
 
 
-#: ``stock_code(variant, result)``: True where that variant compiles the result's kernel exactly
-#: as stock, False where it does not, None where it cannot say.
-StockCode = Callable[[str, "BenchResult"], "bool | None"]
+#: ``stock_code(variant, dtype, head_size, block_size, kv_cache_dtype, kernel, grouped)``: True
+#: where that variant ran stock's code at one point, False where it did not, None where it
+#: cannot say (:func:`stock_code_of`).
+StockCode = Callable[[str, str, int, int, str, str, "bool | None"], "bool | None"]
 
 
 def stock_code_of(variant_info: Mapping[str, Any], baseline: str) -> StockCode:
-    """From each variant's configuration marker (``variant_info``): whether it compiles a
-    result's kernel as stock -- a rule turns it off, or its cache is quantized under
-    ``quantized=skip`` (what ``kvpatch build`` checks in the SASS), or its marker is
-    :data:`STOCK_MARKER` (bench's A/A control). A timing there compares stock's code with
-    itself: it measures the bench's noise floor, not the patch."""
+    """From each variant's configuration marker (``variant_info``): whether it ran stock's code at
+    a point. Not where its launch took the grouped form (``grouped``, measured), nor where it
+    compiles the kernel with the prefetch; where neither, the kernel is stock's -- a rule turns it
+    off, or its cache is quantized under ``quantized=skip`` (what ``kvpatch build`` checks in the
+    SASS) -- unless the kernel has a grouped form and no launch was checked (None: cannot say).
+    A variant whose marker is :data:`STOCK_MARKER` (bench's A/A control) always runs it. A timing
+    on stock's code compares stock with itself: it measures the bench's noise floor, not the patch."""
     from ..config import config_from_marker
     from ..errors import UsageError
 
     configs: dict[str, Any] = {}
     stock = {n for n, i in variant_info.items() if n != baseline and i.get("marker") == STOCK_MARKER}
     for name, info in variant_info.items():
-        if name in stock:
-            continue
-        if name == baseline:
+        if name in stock or name == baseline:
             continue
         try:
             configs[name] = config_from_marker(str(info.get("marker", "")))
         except UsageError:  # no marker kvpatch can read: it cannot say
             continue
 
-    def stock_code(name: str, r: BenchResult) -> bool | None:
+    def stock_code(name: str, dtype: str, head_size: int, block_size: int, kv_cache_dtype: str, kernel: str,
+                   grouped: bool | None) -> bool | None:  # fmt: skip
         if name in stock:
             return True
         cfg = configs.get(name)
         if cfg is None:
             return None
-        p = r.point
-        return not cfg.prefetches(p.dtype, p.head_size, p.block_size, p.kv_cache_dtype, r.kernel)
+        if grouped or cfg.prefetches(dtype, head_size, block_size, kv_cache_dtype, kernel):
+            return False
+        if grouped is False:
+            return True
+        return None if cfg.resolve(dtype, head_size, block_size, kv_cache_dtype, kernel).group > 1 else True
 
     return stock_code
+
+
+def result_stock_code(stock_code: StockCode, name: str, r: BenchResult) -> bool | None:
+    """:data:`StockCode` at one result."""
+    p = r.point
+    return stock_code(name, p.dtype, p.head_size, p.block_size, p.kv_cache_dtype, r.kernel, r.variants[name].grouped)
 
 
 def summarize_results(results: Iterable[BenchResult], names: Sequence[str],
@@ -180,7 +198,7 @@ def summarize_results(results: Iterable[BenchResult], names: Sequence[str],
                         row[verdict] = sum(t.verdict == verdict for t in v)
                     row["worst_hi"] = min(t.speedup_hi for t in v)
                     row["flagged"] = sum(r.flagged for r in sel)
-                    known = [stock_code(name, r) if stock_code else None
+                    known = [result_stock_code(stock_code, name, r) if stock_code else None
                              for r in sel if r.variants[name].verdict == stats.SLOWER]  # fmt: skip
                     row["slower_stock_code"] = None if None in known else sum(known)
                     rows.append(row)

@@ -298,9 +298,19 @@ def written_partitions_mask(seq_lens: list[int], num_heads: int, max_partitions:
     return m[:, None, :].expand(len(seq_lens), num_heads, max_partitions)
 
 
-def launch(lib: Any, kernel: str, inp: "AttentionInputs", bufs: OutputBuffers) -> None:
-    """One v1 or v2 call through a :class:`Kernels`, as vLLM's op would make it."""
+def launch(lib: Any, kernel: str, inp: "AttentionInputs", bufs: OutputBuffers) -> bool | None:
+    """One v1 or v2 call through a :class:`Kernels`, as vLLM's op would make it; whether it took
+    the grouped form (the library's launch counter; None: a library without one)."""
+    before = grouped_launches(lib)
     make_launcher(lib, kernel, inp, bufs)()
+    after = grouped_launches(lib)
+    return None if before is None or after is None else after > before
+
+
+def grouped_launches(lib: Any) -> int | None:
+    """The library's count of grouped-form launches so far (None: it has no grouped form)."""
+    count = getattr(lib, "grouped_launches", None)
+    return None if count is None else count()
 
 
 def make_launcher(lib: Any, kernel: str, inp: "AttentionInputs", bufs: OutputBuffers) -> Callable[[], None]:

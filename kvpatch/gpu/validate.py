@@ -175,12 +175,6 @@ def _int_view(t: Any) -> Any:
     return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
 
 
-def _grouped_launches(lib: Any) -> int | None:
-    """The library's count of grouped-form launches (None: it has no grouped form)."""
-    count = getattr(lib, "grouped_launches", None)
-    return None if count is None else count()
-
-
 def check_case(libs: dict[str, Any], case: ValidateCase, *, seed: int, baseline: str = "stock",
                device: str = "cuda") -> CaseResult:  # fmt: skip
     """Run one configuration on every library (fresh inputs) and judge it."""
@@ -198,15 +192,15 @@ def check_case(libs: dict[str, Any], case: ValidateCase, *, seed: int, baseline:
                       block_size=case.block_size, num_heads=case.num_heads, num_kv_heads=case.num_kv_heads,
                       seq_lens=lens, alibi=case.alibi, seed=seed, device=device)  # fmt: skip
 
-    def run(lib: Any) -> L.OutputBuffers:
+    def run(lib: Any) -> tuple[L.OutputBuffers, bool | None]:
         bufs = L.make_buffers(inp, case.kernel)  # poisoned
-        L.launch(lib, case.kernel, inp, bufs)
+        grouped = L.launch(lib, case.kernel, inp, bufs)
         L.synchronize(device)
-        return bufs
+        return bufs, grouped
 
     # stock: twice, then against the reference
     try:
-        s1 = run(libs[base])
+        s1, _ = run(libs[base])
     except RuntimeError as e:
         if L.is_built(libs[base], label) is None:  # a library that cannot say: take it as not built
             return _skip(res, f"{base} raised RuntimeError: {e}", t0)
@@ -214,7 +208,7 @@ def check_case(libs: dict[str, Any], case: ValidateCase, *, seed: int, baseline:
         res.reasons.append(f"raised RuntimeError: {e}")
         res.seconds = time.perf_counter() - t0
         return res
-    s2 = run(libs[base])
+    s2, _ = run(libs[base])
     res.stock_unwritten = L.count_unwritten(s1.out)
     if res.stock_unwritten:
         res.reasons.append(f"{res.stock_unwritten} output elements not written (NaN)")
@@ -238,17 +232,14 @@ def check_case(libs: dict[str, Any], case: ValidateCase, *, seed: int, baseline:
             vc.status = "fail"
             vc.reasons.append(f"{label} not built in this library (it is in {base})")
             continue
-        before = _grouped_launches(libs[name])
         try:
-            b = run(libs[name])
+            b, grouped = run(libs[name])
         except Exception as e:  # noqa: BLE001
             vc.status = "fail"
             vc.error = f"{type(e).__name__}: {e}"
             vc.reasons.append(f"raised {vc.error}")
             continue
-        after = _grouped_launches(libs[name])
-        if before is not None and after is not None:
-            vc.grouped = after > before  # which form served it: both give the same output
+        vc.grouped = grouped  # which form served it: both give the same output
         vc.unwritten = L.count_unwritten(b.out)
         if vc.unwritten:
             vc.reasons.append(f"{vc.unwritten} output elements not written (NaN)")

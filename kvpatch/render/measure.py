@@ -181,7 +181,9 @@ def print_upstream(report: UpstreamReport, console: Console, *, limit: int = 20)
 
 
 def tune_table(report: TuneReport, top: int = 3) -> Table:
-    """Per tuned instantiation: what was picked, and the best candidates (dispatched kernel, warm + cold)."""
+    """Per tuned instantiation: what was picked, and the best candidates (dispatched kernel, warm + cold);
+    'slower' counts the points where a candidate ran its own code, '(+k stock code)' those where it ran
+    stock's (the noise floor, not held against it)."""
     table = Table(title=f"kvpatch tune (policy {report.policy}): per instantiation, the pick and the best candidates")
     for col in ("instantiation", "picked", "candidate", "bit-identical", "slower", "worst", "geomean [interval]"):
         table.add_column(col)
@@ -189,6 +191,8 @@ def tune_table(report: TuneReport, top: int = 3) -> Table:
         for i, s in enumerate(pick.ranked[:top]):
             lo, hi = s.geomean_interval
             table.add_row(escape(inst) if i == 0 else "", escape(pick.name) if i == 0 else "", escape(s.name),
-                          ("NO" if not s.bit_identical else "yes, excluded" if s.excluded else "yes"), str(s.slower), f"{s.worst:.3f}",
+                          ("NO" if not s.bit_identical else "yes, excluded" if s.excluded else "yes"),
+                          f"{s.slower}" + (f" (+{s.slower_stock_code} stock code)" if s.slower_stock_code else ""),
+                          f"{s.worst:.3f}",
                           f"{s.geomean:.3f} [{lo:.3f}..{hi:.3f}]")  # fmt: skip
     return table

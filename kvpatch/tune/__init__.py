@@ -17,7 +17,9 @@ same loop but schedule it differently, and measure differently. The pieces, pure
   geomean with its interval over rounds.
 * :func:`choose` picks per kernel. A candidate *qualifies* when it is
   bit-identical there, its geomean interval lies above 1.00 and (policy ``strict``,
-  the default) no point is slower than stock beyond noise; the qualifying one with
+  the default) no point is slower than stock beyond noise -- where it ran its own code: a
+  point where it ran stock's (the kernel off, its grouped form not taken) times stock
+  against itself, the noise floor, and is counted apart --; the qualifying one with
   the best geomean wins, else the kernel is ``off`` (compiled as stock).
   Policy ``geomean`` drops the per-point condition.
 * :func:`combine` writes the picks as one configuration: the base settings, a rule

@@ -10,6 +10,7 @@ from typing import Any, Iterable
 from ..config import DTYPES, RULE_KERNELS, PatchConfig, Selector, make_config
 from ..config.model import GROUPING
 from ..errors import UsageError
+from ..gpu.bench_report import stock_code_of
 from ..gpu.points import kernel_selector
 from ..gpu.stats import SLOWER, geomean
 from .grid import FALLBACKS, GRID, GRID_KEYS, POLICIES
@@ -40,13 +41,24 @@ class Score:
     selector: str
     speedups: tuple[float, ...]
     bit_identical: bool
-    #: points whose interval lies below 1.00
+    #: points whose interval lies below 1.00 where the candidate ran its own code
     slower: int = 0
     #: per round, the speedup at each point (for the geomean's interval); may be empty
     rounds: tuple[tuple[float, ...], ...] = ()
     #: ruled out by ``--exclude`` (e.g. what validate --upstream or the held-out set found after
     #: tune ran): never picked, and shown as such rather than as not bit-identical
     excluded: bool = False
+    #: points whose interval lies below 1.00 where the candidate ran stock's own code (the
+    #: kernel compiled as stock, its grouped form not taken): stock against itself, the
+    #: bench's noise floor, so not held against it (:func:`kvpatch.gpu.bench_report.stock_code_of`)
+    slower_stock_code: int = 0
+    #: points where the candidate ran stock's own code (of ``speedups``)
+    stock_points: int = 0
+
+    @property
+    def only_stock(self) -> bool:
+        """Stock's code at every point: nothing of the candidate was measured on this kernel."""
+        return bool(self.speedups) and self.stock_points == len(self.speedups)
 
     @property
     def worst(self) -> float:
@@ -65,15 +77,16 @@ class Score:
         return min(per_round), max(per_round)
 
     def qualifies(self, policy: str = "strict") -> bool:
-        if not self.bit_identical or self.excluded or not self.speedups:
+        if not self.bit_identical or self.excluded or not self.speedups or self.only_stock:
             return False
         if policy == "strict" and self.slower:
             return False
         return self.geomean_interval[0] > 1.0
 
     def key(self) -> tuple:
-        """Sort key, best first: bit-identical, fewer slower points, geomean, worst."""
-        return (not self.bit_identical or self.excluded, self.slower, -self.geomean, -self.worst)
+        """Sort key, best first: bit-identical, measured (not stock's code everywhere), fewer slower
+        points, geomean, worst."""
+        return (not self.bit_identical or self.excluded, self.only_stock, self.slower, -self.geomean, -self.worst)
 
 
 def row_kernel(row: dict) -> str:
@@ -84,24 +97,33 @@ def row_kernel(row: dict) -> str:
 
 
 def score(bench: dict, failures: dict[str, set[str]]) -> list[Score]:
-    """Scores from a bench report's JSON dict and :func:`validation_failures`."""
-    acc: dict[tuple[str, str], list[dict]] = {}
+    """Scores from a bench report's JSON dict and :func:`validation_failures`. A slower point
+    where the candidate ran stock's own code (what :func:`~kvpatch.gpu.bench_report.stock_code_of`
+    says from its marker and the launch the bench checked) is counted apart, not as slower."""
+    stock_code = stock_code_of(bench.get("variant_info") or {}, bench["baseline"])
+    acc: dict[tuple[str, str], list[tuple[dict, bool]]] = {}
     for r in bench["results"]:
         if not r["dispatched"]:
             continue
         inst = row_kernel(r)
         _check_selector(inst)
+        p = r["point"]
         for name, timing in r["variants"].items():
             if name != bench["baseline"]:
-                acc.setdefault((name, inst), []).append(timing)
+                own = stock_code(name, p["dtype"], p.get("head_size", 128), p.get("block_size", 16),
+                                 p.get("kv_cache_dtype", "auto"), r["kernel"], timing.get("grouped")) is not True  # fmt: skip
+                acc.setdefault((name, inst), []).append((timing, own))
     out = []
-    for (name, inst), timings in sorted(acc.items()):
+    for (name, inst), rows in sorted(acc.items()):
+        timings = [t for t, _ in rows]
         per_round = [tuple(_speedup(x) for x in (t.get("speedup_rounds") or ())) for t in timings]
         n_rounds = min(len(r) for r in per_round) if per_round else 0
         rounds = tuple(tuple(r[i] for r in per_round) for i in range(n_rounds))
+        slow = [own for t, own in rows if t.get("verdict") == SLOWER]
         out.append(Score(name, inst, tuple(_speedup(t["speedup"]) for t in timings),
-                         inst not in failures.get(name, set()), sum(t.get("verdict") == SLOWER for t in timings),
-                         rounds))  # fmt: skip
+                         inst not in failures.get(name, set()), sum(slow), rounds,
+                         slower_stock_code=len(slow) - sum(slow),
+                         stock_points=sum(not own for _, own in rows)))  # fmt: skip
     return out
 
 

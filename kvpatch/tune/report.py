@@ -47,6 +47,7 @@ class TuneReport:
                         "bit_identical": s.bit_identical,
                         "excluded": s.excluded,
                         "slower": s.slower,
+                        "slower_stock_code": s.slower_stock_code,
                         "worst": s.worst,
                         "geomean": s.geomean,
                         "geomean_interval": list(s.geomean_interval),

@@ -74,6 +74,23 @@ class FakeKernels:
             tmp_out[i, :, :p] = res[i][:, None, :]
 
 
+class GroupedKernels(FakeKernels):
+    """A stand-in with a grouped form: it counts a launch as grouped where the group of query
+    heads per KV head is a multiple of 4 and there is no ALiBi (as the launcher's fallbacks)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.launches = 0
+
+    def grouped_launches(self):
+        return self.launches
+
+    def _compute(self, out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, *rest):
+        alibi_slopes = rest[3]  # after seq_lens, block_size, max_seq_len
+        self.launches += int((query.shape[1] // num_kv_heads) % 4 == 0 and alibi_slopes is None)
+        return super()._compute(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, *rest)
+
+
 def tiny_matrix():
     """16 validate cases: fp16/fp32 x auto/fp8 x v1/v2, head 32, block 16, GQA 4/2, ALiBi,
     contexts 17 and 530 (two v2 partitions)."""

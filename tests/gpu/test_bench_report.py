@@ -81,6 +81,23 @@ def test_summary_says_which_slower_points_run_stock_code():
     assert "2 (1 stock code)" in out.getvalue() and "1 (1 stock code)" in out.getvalue()
 
 
+def test_stock_code_follows_the_grouped_launch():
+    """A kernel a rule turns off but groups compiles stock's code and a grouped form: which one
+    ran at a point is what the bench measured; unmeasured, it cannot say. Without group, off is
+    stock's code whatever was measured; a prefetching kernel never is."""
+    off_grouped = make_config(inherit_rules=False, fp16="off", group=4).marker()
+    off_plain = make_config(inherit_rules=False, fp16="off").marker()
+    on_grouped = make_config(inherit_rules=False, group=4).marker()
+    info = {"stock": {"marker": "stock"}, "og": {"marker": off_grouped}, "op": {"marker": off_plain},
+            "pg": {"marker": on_grouped}}  # fmt: skip
+    sc = Br.stock_code_of(info, "stock")
+    at = ("fp16", 128, 16, "auto", "v2")
+    assert [sc("og", *at, g) for g in (True, False, None)] == [False, True, None]
+    assert [sc("op", *at, g) for g in (True, False, None)] == [False, True, True]
+    assert [sc("pg", *at, g) for g in (True, False, None)] == [False, False, False]
+    assert sc("missing", *at, False) is None
+
+
 def test_bench_report_json_and_tables(tmp_path):
     rep = synthetic_report()
     path = tmp_path / "r.json"

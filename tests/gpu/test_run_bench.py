@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpu_helpers import FakeKernels  # noqa: E402
+from gpu_helpers import FakeKernels, GroupedKernels  # noqa: E402
 
 from kvpatch.errors import UsageError  # noqa: E402
 from kvpatch.gpu import bench as B  # noqa: E402
@@ -84,12 +84,28 @@ def test_run_bench_aa_control_times_the_baseline_again():
     assert rep.variant_info[B.AA] == {"so": "s.so", "marker": "stock", "aa_of": "stock"}
     assert all(r.variants[B.AA].outputs_match for r in rep.results)
     assert stock.calls == 2 * other.calls  # the A/A launches stock's kernels
-    assert all(Br.stock_code_of(rep.variant_info, "stock")(B.AA, r) is True for r in rep.results)
+    assert all(Br.result_stock_code(Br.stock_code_of(rep.variant_info, "stock"), B.AA, r) is True for r in rep.results)
     row = next(r for r in rep.summary if r["variant"] == B.AA and r["scope"] == "dispatched")
     assert row["slower_stock_code"] == row["slower"]
     with pytest.raises(UsageError, match="A/A"):
         B.run_bench({"stock": stock, B.AA: other}, _points(), reps=1, rounds=1, device="cpu", l2_bytes=1 << 16,
                     copy_bytes=1 << 16, aa=True)  # fmt: skip
+
+
+def test_run_bench_records_which_launches_took_the_grouped_form():
+    """The output check's launch tells per point and variant whether the grouped form ran (the
+    library's counter): GQA 4 takes it, MHA does not; a library without one says nothing."""
+    libs = {"stock": FakeKernels(), "g4": GroupedKernels()}
+    pts = _points(num_heads=8, num_kv_heads=2) + _points(num_heads=4, num_kv_heads=4)
+    rep = B.run_bench(libs, pts, reps=2, warmup=1, rounds=1, device="cpu", l2_bytes=1 << 16, copy_bytes=1 << 16,
+                      kernels=("v1",), adaptive=False, cold=False)  # fmt: skip
+    took = {r.point.num_kv_heads: r.variants["g4"].grouped for r in rep.results}
+    assert took == {2: True, 4: False}
+    assert all(r.variants["stock"].grouped is None for r in rep.results)
+    assert json.loads(rep.to_json())["results"][0]["variants"]["g4"]["grouped"] is True
+    unchecked = B.run_bench(libs, pts, reps=2, warmup=1, rounds=1, device="cpu", l2_bytes=1 << 16,
+                            copy_bytes=1 << 16, kernels=("v1",), adaptive=False, cold=False, check_outputs=False)  # fmt: skip
+    assert all(r.variants["g4"].grouped is None for r in unchecked.results)
 
 
 def test_run_bench_refuses_unbuilt_points():

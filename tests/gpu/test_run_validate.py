@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from gpu_helpers import FakeKernels, tiny_matrix  # noqa: E402
+from gpu_helpers import FakeKernels, GroupedKernels, tiny_matrix  # noqa: E402
 
 from kvpatch.gpu import validate as V  # noqa: E402
 from kvpatch.render.measure import validate_summary  # noqa: E402
@@ -32,23 +32,6 @@ def test_run_validate_all_pass_on_cpu():
     assert libs["stock"].calls == 32  # twice per case
     assert "16 passed, 0 failed, 0 skipped; patched: 16/16 bit-identical;" in validate_summary(rep)
     assert d["grouped"] == {}  # neither library has a grouped form
-
-
-class GroupedKernels(FakeKernels):
-    """A stand-in with a grouped form: it counts a launch as grouped where the group of query
-    heads per KV head is a multiple of 4 and there is no ALiBi (as the launcher's fallbacks)."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.launches = 0
-
-    def grouped_launches(self):
-        return self.launches
-
-    def _compute(self, out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, *rest):
-        alibi_slopes = rest[3]  # after seq_lens, block_size, max_seq_len
-        self.launches += int((query.shape[1] // num_kv_heads) % 4 == 0 and alibi_slopes is None)
-        return super()._compute(out, query, key_cache, value_cache, num_kv_heads, scale, block_tables, *rest)
 
 
 def test_validate_says_which_configurations_the_grouped_form_served():

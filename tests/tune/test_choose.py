@@ -57,6 +57,33 @@ def test_choose_strict_refuses_any_slower_point_and_geomean_does_not() -> None:
         choose(scores, "fastest")
 
 
+def test_a_slower_point_on_stock_code_is_the_noise_floor_not_held_against_the_candidate() -> None:
+    """Before: a rule that turns a kernel off but groups it (stock's code below the grouped form's
+    launches) lost the kernel to one 0.99 at a point where its grouped form was not taken. After:
+    that point, stock against itself, is counted apart; the same dip where the grouped form ran
+    still rules it out; a candidate on stock's code at every point is never picked."""
+    sel = "bf16/128/32/auto/v2"
+    bench = bench_report({"grouped": {sel: [(0.99, [0.99, 0.99]), 1.6, 1.7]},
+                          "plain_off": {sel: [(0.99, [0.99, 0.99]), 1.01, 1.02]}})  # fmt: skip
+    for i, took in enumerate((False, True, True)):
+        bench["results"][2 * i]["variants"]["grouped"]["grouped"] = took
+    bench["variant_info"] = {
+        "stock": {"marker": "stock"},
+        "grouped": {"marker": make_config(inherit_rules=False, bf16="off", group=4).marker()},
+        "plain_off": {"marker": make_config(inherit_rules=False, bf16="off").marker()},
+    }
+    scores = {s.name: s for s in score(bench, {})}
+    g, p = scores["grouped"], scores["plain_off"]
+    assert (g.slower, g.slower_stock_code, g.stock_points) == (0, 1, 1) and g.qualifies()
+    assert (p.slower, p.slower_stock_code, p.stock_points) == (0, 1, 3) and p.only_stock and not p.qualifies()
+    picked = choose(scores.values())[sel]
+    assert picked.name == "grouped" and [s.name for s in picked.ranked] == ["grouped", "plain_off"]
+    bench["results"][0]["variants"]["grouped"]["grouped"] = True  # the dip where its own form ran
+    assert choose(score(bench, {}))[sel].name == "off"
+    del bench["results"][0]["variants"]["grouped"]["grouped"]  # not measured: cannot say, held against it
+    assert choose(score(bench, {}))[sel].name == "off"
+
+
 def test_a_candidate_that_failed_validation_is_never_picked() -> None:
     scores = [
         Score("inline_cta_la1", "bf16/128/32/auto/v1", (1.6, 1.5), False),

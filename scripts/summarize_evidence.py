@@ -88,19 +88,26 @@ def tune_table(folder: Path, cfg: dict) -> list[str]:
         name = str(Path(path).parent) if Path(path).parent != Path(".") else path
         source.update({k: name for k in merged["kernels"]})
         lines.append(f"* `{path}`: {len(merged['kernels'])} kernels measured last there")
-    rules = tomllib.loads(written)["kvpatch"]["rules"]
+    written_rules = tomllib.loads(written)["kvpatch"]["rules"]
+    # a kernel's rule: its own, or its instantiation's where v1 and v2 share one
+    rules = {k: written_rules.get(k, written_rules.get(k.rsplit("/", 1)[0], {})) for k in data["picked"]}
     # a pick whose rule is off (a candidate that groups without prefetching there) prefetches nothing
     on = {k: rules[k] for k, p in data["picked"].items() if p != "off" and not rules[k].get("off")}
     grouped = sum(1 for k, p in data["picked"].items() if p != "off" and rules[k].get("group", 1) > 1)
+    bounded = sum(1 for k, p in data["picked"].items() if p != "off" and rules[k].get("group-ctas-per-sm", 0) > 0)
     lines += ["", f"Kernels on: {len(on)} of {len(data['picked'])}; with `scope = kv-head-rotate`: "
                   f"{sum(1 for r in on.values() if r.get('scope') == 'kv-head-rotate')}; with `read = warp`: "
                   f"{sum(1 for r in on.values() if r.get('read') == 'warp')}"
-                  + (f"; grouped (`group` > 1, prefetching or not): {grouped}." if grouped else ".")]  # fmt: skip
-    excluded = {k for ks in data["exclusions"].values() for k in ks}
-    if excluded:
-        lines.append(
-            f"Excluded after tune: {', '.join(sorted(excluded))} (every candidate there; `{'`, `'.join(run['exclude'])}`)."
-        )
+                  + (f"; grouped (`group` > 1, prefetching or not): {grouped}" if grouped else "")
+                  + (f"; of them under launch bounds (`group-ctas-per-sm`): {bounded}" if bounded else "") + "."]  # fmt: skip
+    by_kernel: dict[str, list[str]] = {}
+    for cand, kernels in data["exclusions"].items():
+        for k in kernels:
+            by_kernel.setdefault(k, []).append(cand)
+    if by_kernel:
+        said = [f"{k} ({'every candidate' if len(cs) == len(data['ranking'][k]) else ', '.join(sorted(cs))})"
+                for k, cs in sorted(by_kernel.items())]  # fmt: skip
+        lines.append(f"Excluded after tune: {'; '.join(said)} (`{'`, `'.join(run['exclude'])}`).")
     lines += ["", "Per kernel, policy strict: the pick (else off) and, over that kernel's tuning points in the run it was "
                   "measured in, the candidate shown (the pick, or for a kernel off the best candidate tune ranked): "
                   "bit-identical, points slower than stock beyond noise, worst point, geomean [interval over rounds].", "",

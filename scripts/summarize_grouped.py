@@ -47,7 +47,7 @@ def validation(folder: Path, files: list[str]) -> list[str]:
     for name in files:
         if name.startswith("validate") and name.endswith(".json.gz"):
             d = load(folder / name)
-            release = d["env"]["libs"]["patched"]["vllm"]
+            release = next(lib["vllm"] for lib in d["env"]["libs"].values() if lib.get("vllm"))
             for v, ident in d["identical"].items():  # each library validated against stock
                 grouped = d["grouped"].get(v, {})
                 which = "" if len(d["identical"]) == 1 else f", {v}"

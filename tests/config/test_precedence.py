@@ -54,7 +54,13 @@ def _expected(rules: dict[str, str], **base) -> dict[tuple, tuple | None]:
         mine = own[s]
         # settings turn an 'off' kernel on, over the base; what the table's rule says of the
         # kernel's grouping (an off rule may group: no prefetch, the grouped form) it keeps
-        start = under if not under.off else replace(plain, group=under.group, group_min_ctas=under.group_min_ctas)
+        start = (
+            under
+            if not under.off
+            else replace(
+                plain, group=under.group, group_min_ctas=under.group_min_ctas, group_ctas_per_sm=under.group_ctas_per_sm
+            )
+        )
         out[kernel] = _settings(
             replace(start, **{k.replace("-", "_"): getattr(mine, k.replace("-", "_")) for k in items})
         )
@@ -74,7 +80,8 @@ def _check(rules: dict[str, str], **base) -> None:
 def test_a_rule_lays_its_settings_on_the_tuned_kernels_it_selects() -> None:
     """``--rule fp16/128=lookahead=3``: the tuned fp16 head-128 kernels keep every other tuned
     setting and take lookahead 3; the kernels the table leaves off are turned on, with the base
-    settings and lookahead 3; no kernel outside the selector changes."""
+    settings and lookahead 3 (keeping the grouping an off rule of the table gives, e.g. fp16
+    head 128 block 16 v1's grouped form at 4 CTAs per SM); no kernel outside the selector changes."""
     table = make_config()
     tuned = _kernels(table)
     cfg = make_config(rules={"fp16/128": "lookahead=3"})
@@ -83,7 +90,8 @@ def test_a_rule_lays_its_settings_on_the_tuned_kernels_it_selects() -> None:
         if kernel[:2] != ("fp16", 128):
             assert _settings(c) == _settings(t), kernel
         elif t.off:
-            assert _settings(c) == _settings(replace(table, overrides=(), lookahead=3)), kernel
+            grouping = dict(group=t.group, group_min_ctas=t.group_min_ctas, group_ctas_per_sm=t.group_ctas_per_sm)
+            assert _settings(c) == _settings(replace(table, overrides=(), lookahead=3, **grouping)), kernel
         else:
             assert _settings(c) == _settings(replace(t, lookahead=3)), kernel
     tuned = cfg.resolve("fp16", 128, 32, "auto", "v1")

@@ -39,7 +39,7 @@ def test_a_rule_set_to_none_removes_that_rule() -> None:
     assert "bf16/256/32/auto" in dict(DEFAULT_OVERRIDES) and "bf16/256/32/auto" not in dict(cfg.overrides)
     assert cfg.resolve("bf16", 256, 32).off  # the bf16 rule (off) takes over
     cfg = make_config(bf16="none", rules={"bf16/256/32/auto": "none"})
-    assert not cfg.resolve("bf16", 256, 32).off and cfg.resolve("bf16", 64, 32).off
+    assert not cfg.resolve("bf16", 256, 32).off and cfg.resolve("bf16", 128, 32).off  # its own rule
 
 
 def test_an_off_rule_may_keep_the_grouped_form_and_reads_back_from_its_marker() -> None:

@@ -230,7 +230,7 @@ def tune(
         str,
         typer.Option(
             metavar="strict|geomean",
-            help="strict (no tuning point slower than stock beyond noise) or geomean (only the geomean's interval above 1.00).",
+            help="strict (no tuning point slower than stock beyond noise where the candidate ran its own code) or geomean (only the geomean's interval above 1.00).",
         ),
     ] = "strict",
     fallback: Annotated[

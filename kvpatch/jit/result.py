@@ -18,6 +18,11 @@ PREFETCH_SASS = "UBLKPF"
 #: at some tuning point (worst 0.36-0.88; 26 of them by geomean), and every candidate that was
 #: never slower had 0.9x stock's distance or more.
 LOAD_USE_RATIO = 0.5
+#: Spill stores (bytes a thread) a grouped kernel under launch bounds may take without a warning:
+#: the bounds trade registers for CTAs on an SM, and on the H200 the shipped table's bounded
+#: kernels that spill 4-8 bytes were faster than without bounds, those that spilled 164 bytes or
+#: more slower (benchmarks/evidence/bounded-table). An unbounded kernel is warned of any spill.
+BOUNDED_SPILL_BYTES = 64
 
 
 @dataclass(frozen=True)
@@ -236,11 +241,17 @@ class BuildResult:
 
     def grouped_warnings(self) -> list[str]:
         """Kernels of the grouped form that spill: ptxas ran out of registers for that many heads'
-        accumulators (a smaller ``group`` holds fewer), or for the CTAs per SM its launch bounds
-        ask for (a smaller ``group-ctas-per-sm`` leaves more)."""
+        accumulators (a smaller ``group`` holds fewer), or, over :data:`BOUNDED_SPILL_BYTES`, for the
+        CTAs per SM its launch bounds ask for (a smaller ``group-ctas-per-sm`` leaves more)."""
+
+        def spills(g: Any) -> bool:
+            if g.ctas_per_sm:
+                return g.spill_stores > BOUNDED_SPILL_BYTES or g.spill_loads > BOUNDED_SPILL_BYTES
+            return bool(g.spill_stores or g.spill_loads)
+
         return [f"{v.name}: {g.label}: {g.spill_stores} bytes spilled ({g.registers} registers): a smaller "
                 + ("group-ctas-per-sm or group" if g.ctas_per_sm else "group") + " may be faster there"
-                for v in self.variants for g in v.grouped if g.spill_stores or g.spill_loads]  # fmt: skip
+                for v in self.variants for g in v.grouped if spills(g)]  # fmt: skip
 
     def schedule_warnings(self, ratio: float = LOAD_USE_RATIO) -> list[str]:
         """Prefetching kernels whose key loop issues its loads less than ``ratio`` times as far

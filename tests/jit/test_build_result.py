@@ -95,6 +95,10 @@ def test_the_grouped_forms_kernels_are_checked_for_the_prefetch_and_warned_of_sp
         "patched: grouped v1 bf16/256/16 x4 4/SM sm_90a: 164 bytes spilled (128 registers): a smaller "
         "group-ctas-per-sm or group may be faster there"
     ]
+    # a few bytes under launch bounds are what the bounds trade (the shipped table's bounded kernels)
+    few = replace(result, grouped=(grouped(registers=128, spill_stores=8, spill_loads=8, ctas_per_sm=4),))
+    assert BuildResult((few,), 0.0).grouped_warnings() == []
+    assert BuildResult((replace(few, grouped=(grouped(registers=255, spill_stores=8),)),), 0.0).grouped_warnings()
     # result.json keeps them; a result.json of a kvpatch before the grouped form reads as none
     again = VariantResult.from_dict(json.loads(json.dumps(spills.to_dict())))
     assert again.grouped == spills.grouped

@@ -89,11 +89,16 @@ class Score:
         return (not self.bit_identical or self.excluded, self.only_stock, self.slower, -self.geomean, -self.worst)
 
 
+def row_fields(row: dict) -> tuple[str, int, int, str, str]:
+    """(dtype, head size, block size, KV-cache dtype, kernel) of one saved bench result row (a
+    point saved before head, block or cache were recorded is head 128, block 16, auto cache)."""
+    p = row["point"]
+    return p["dtype"], p.get("head_size", 128), p.get("block_size", 16), p.get("kv_cache_dtype", "auto"), row["kernel"]
+
+
 def row_kernel(row: dict) -> str:
     """The kernel selector (``fp16/128/16/auto/v2``) of one saved bench result row."""
-    p = row["point"]
-    return kernel_selector(p["dtype"], p.get("head_size", 128), p.get("block_size", 16),
-                           p.get("kv_cache_dtype", "auto"), row["kernel"])  # fmt: skip
+    return kernel_selector(*row_fields(row))
 
 
 def score(bench: dict, failures: dict[str, set[str]]) -> list[Score]:
@@ -105,13 +110,12 @@ def score(bench: dict, failures: dict[str, set[str]]) -> list[Score]:
     for r in bench["results"]:
         if not r["dispatched"]:
             continue
-        inst = row_kernel(r)
+        fields = row_fields(r)
+        inst = kernel_selector(*fields)
         _check_selector(inst)
-        p = r["point"]
         for name, timing in r["variants"].items():
             if name != bench["baseline"]:
-                own = stock_code(name, p["dtype"], p.get("head_size", 128), p.get("block_size", 16),
-                                 p.get("kv_cache_dtype", "auto"), r["kernel"], timing.get("grouped")) is not True  # fmt: skip
+                own = stock_code(name, *fields, timing.get("grouped")) is not True
                 acc.setdefault((name, inst), []).append((timing, own))
     out = []
     for (name, inst), rows in sorted(acc.items()):

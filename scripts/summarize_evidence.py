@@ -43,6 +43,7 @@ import summarize_releases as releases  # noqa: E402
 from summarize_grouped import grouped_form, grouped_table  # noqa: E402
 from summarize_releases import load, span  # noqa: E402
 
+from kvpatch.config import config_from_marker  # noqa: E402
 from kvpatch.gpu.stats import geomean  # noqa: E402
 from kvpatch.gpu.upstream import count_cases, junit_cases  # noqa: E402
 
@@ -88,16 +89,17 @@ def tune_table(folder: Path, cfg: dict) -> list[str]:
         name = str(Path(path).parent) if Path(path).parent != Path(".") else path
         source.update({k: name for k in merged["kernels"]})
         lines.append(f"* `{path}`: {len(merged['kernels'])} kernels measured last there")
-    written_rules = tomllib.loads(written)["kvpatch"]["rules"]
-    # a kernel's rule: its own, or its instantiation's where v1 and v2 share one
-    rules = {k: written_rules.get(k, written_rules.get(k.rsplit("/", 1)[0], {})) for k in data["picked"]}
+    # each picked kernel's settings as the written configuration resolves them
+    written_cfg = config_from_marker(data["marker"])
+    picked = {k: written_cfg.resolve(d, int(h), int(b), kv, kern)
+              for k, p in data["picked"].items() if p != "off" for d, h, b, kv, kern in [k.split("/")]}  # fmt: skip
     # a pick whose rule is off (a candidate that groups without prefetching there) prefetches nothing
-    on = {k: rules[k] for k, p in data["picked"].items() if p != "off" and not rules[k].get("off")}
-    grouped = sum(1 for k, p in data["picked"].items() if p != "off" and rules[k].get("group", 1) > 1)
-    bounded = sum(1 for k, p in data["picked"].items() if p != "off" and rules[k].get("group-ctas-per-sm", 0) > 0)
+    on = {k: c for k, c in picked.items() if not c.off}
+    grouped = sum(1 for c in picked.values() if c.group > 1)
+    bounded = sum(1 for c in picked.values() if c.group > 1 and c.group_ctas_per_sm > 0)
     lines += ["", f"Kernels on: {len(on)} of {len(data['picked'])}; with `scope = kv-head-rotate`: "
-                  f"{sum(1 for r in on.values() if r.get('scope') == 'kv-head-rotate')}; with `read = warp`: "
-                  f"{sum(1 for r in on.values() if r.get('read') == 'warp')}"
+                  f"{sum(1 for c in on.values() if c.scope == 'kv-head-rotate')}; with `read = warp`: "
+                  f"{sum(1 for c in on.values() if c.read == 'warp')}"
                   + (f"; grouped (`group` > 1, prefetching or not): {grouped}" if grouped else "")
                   + (f"; of them under launch bounds (`group-ctas-per-sm`): {bounded}" if bounded else "") + "."]  # fmt: skip
     by_kernel: dict[str, list[str]] = {}

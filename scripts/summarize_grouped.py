@@ -187,6 +187,41 @@ def decode_arms(folder: Path, name: str, base: str = "patched") -> list[str]:
     return lines
 
 
+def bench_points(folder: Path, name: str, base: str = "patched") -> list[str]:
+    """A ``kvpatch bench`` of chosen shapes (not a named set): every point, each variant's speedup
+    over stock (range over rounds) and its unique KV bytes over the copy bandwidth; then, per
+    variant, the points where it is slower than ``base`` beyond the A/A twin's reach."""
+    bench = load(folder / name)
+    variants = [v for v in bench["variants"] if v != "stock"]
+    copy = bench["copy_bandwidth"]["bytes_per_s"] / 1e12
+    lines = ["", f"## Chosen shapes (`{name}`): {', '.join(variants)} over stock", "",
+             f"{len(bench['results'])} points x {bench['settings']['rounds']} rounds ({', '.join(bench['settings']['modes'])}), "
+             f"{bench['flagged_rounds']} of {len(bench['rounds'])} round-pools flagged power-capped or throttled; copy bandwidth {copy:.3f} TB/s (same run). "
+             "Each cell: speedup over stock (min-max over rounds) / KV bytes over copy bandwidth; * = the kernel vLLM "
+             "dispatches there.", "",
+             "| point | kernel | stock, us | " + " | ".join(variants) + " |", "|---|---|---|" + "---|" * len(variants)]  # fmt: skip
+    for r in bench["results"]:
+        p, vs = r["point"], r["variants"]
+        cells = [f"{vs[v]['speedup']:.2f} ({vs[v]['speedup_lo']:.2f}-{vs[v]['speedup_hi']:.2f}) / {vs[v]['copy_fraction']:.2f}"
+                 for v in variants]  # fmt: skip
+        lines.append(f"| {p['dtype']} {p['num_heads']}/{p['num_kv_heads']} h{p['head_size']} b{p['block_size']} "
+                     f"{p['kv_cache_dtype']} B{p['batch']}/{p['context']} {r['mode']} | {r['kernel']}{'*' if r['dispatched'] else ''} | "
+                     f"{vs['stock']['median_us']:.1f} | " + " | ".join(cells) + " |")  # fmt: skip
+    aa = [r["variants"]["stock-aa"]["speedup"] for r in bench["results"] if "stock-aa" in r["variants"]]
+    if aa and base in variants:
+        lines += ["", f"A/A twin over stock: {span(aa)}."]
+        for v in variants:
+            if v in (base, "stock-aa"):
+                continue
+            over = [(r, r["variants"][v]["speedup"] / r["variants"][base]["speedup"]) for r in bench["results"]]
+            below = [f"{r['point']['dtype']} h{r['point']['head_size']} B{r['point']['batch']}/{r['point']['context']} "
+                     f"{x:.2f}" for r, x in over if x < min(aa)]  # fmt: skip
+            lines.append(f"{v} over {base}: geomean {geomean([x for _, x in over]):.3f} ({span([x for _, x in over])}); "
+                         f"{len(below)} of {len(over)} points below the A/A twin's lowest ratio"
+                         f"{': ' + '; '.join(below) if below else ''}.")  # fmt: skip
+    return lines
+
+
 def grouped_runs(folder: Path, cfg: dict) -> list[str]:
     """What the runs of a grouped-form folder wrote: validate and vLLM-test records, then each held-out
     bench and decode step over the run's ``base`` (the library it compares with; default patched)."""
@@ -197,6 +232,8 @@ def grouped_runs(folder: Path, cfg: dict) -> list[str]:
             lines += heldout(folder, name, base)
         elif name.startswith("bench-decode"):
             lines += decode_arms(folder, name, base)
+        elif name.startswith("bench-"):
+            lines += bench_points(folder, name, base)
     return lines
 
 

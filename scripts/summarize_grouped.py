@@ -76,6 +76,21 @@ def validation(folder: Path, files: list[str]) -> list[str]:
     return head + lines if lines else []  # no records: no table
 
 
+def beyond_twin(rows: list[dict], v: str, base: str) -> list[tuple[dict, float]]:
+    """The rows where variant ``v``'s speedup over ``base``'s falls below the A/A twin's lowest
+    speedup over stock in the row's dtype and mode (slower than ``base`` beyond the noise), each with
+    that ratio; fp16 before bf16, warm before cold, then in the rows' order."""
+    low: dict[tuple[str, str], float] = {}
+    for r in rows:
+        if "stock-aa" in r["variants"]:
+            key = (r["point"]["dtype"], r["mode"])
+            low[key] = min(low.get(key, float("inf")), r["variants"]["stock-aa"]["speedup"])
+    out = [(r, r["variants"][v]["speedup"] / r["variants"][base]["speedup"]) for r in rows]
+    out = [(r, x) for r, x in out if x < low.get((r["point"]["dtype"], r["mode"]), float("-inf"))]
+    order = {"fp16": 0, "bf16": 1, "warm": 0, "cold": 1}
+    return sorted(out, key=lambda rx: (order.get(rx[0]["point"]["dtype"], 2), order.get(rx[0]["mode"], 2)))
+
+
 def heldout(folder: Path, name: str, base: str = "patched") -> list[str]:
     """The held-out set: each variant other than stock, ``base`` (the table the run compares with:
     the one kvpatch shipped then) and the A/A twin, over ``base``."""
@@ -91,7 +106,6 @@ def heldout(folder: Path, name: str, base: str = "patched") -> list[str]:
     lines += ["| variant | dtype | mode | all points | MHA (never grouped) | GQA, batch >= 16, ctx >= 4096 | "
               f"GQA, batch 1 | slower than {base} (ranges apart) | A/A twin over stock |",
               "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    beyond = []
     for v in variants:
         for dt in ("fp16", "bf16"):
             for mode in ("warm", "cold"):
@@ -110,14 +124,13 @@ def heldout(folder: Path, name: str, base: str = "patched") -> list[str]:
                 ]
                 lines.append(f"| {v} | {dt} | {mode} | {' | '.join(cells)} | {slower} of {len(mine)} | "
                              f"{span(aa) if aa else '-'} |")  # fmt: skip
-                if aa:
-                    beyond += [(v, dt, mode, r, over(r)) for r in mine if over(r) < min(aa)]
     for v in variants:
-        mine = [b for b in beyond if b[0] == v]
+        mine = beyond_twin([r for r in rows if r["point"]["dtype"] in ("fp16", "bf16")], v, base)
         listed = "; ".join(
-            f"{dt} {mode} {r['kernel']} {r['point']['num_heads']}/{r['point']['num_kv_heads']} h{r['point']['head_size']} "
-            f"b{r['point']['block_size']} {r['point']['kv_cache_dtype']} B{r['point']['batch']}/{r['point']['context']}: {x:.3f}"
-            for _, dt, mode, r, x in mine
+            f"{r['point']['dtype']} {r['mode']} {r['kernel']} {r['point']['num_heads']}/{r['point']['num_kv_heads']} "
+            f"h{r['point']['head_size']} b{r['point']['block_size']} {r['point']['kv_cache_dtype']} "
+            f"B{r['point']['batch']}/{r['point']['context']}: {x:.3f}"
+            for r, x in mine
         )
         lines += ["", f"{v}: {len(mine)} points below the A/A twin's lowest ratio over stock in their dtype and mode "
                   f"(slower than {base} beyond the noise){': ' + listed if 0 < len(mine) <= 16 else ''}."]  # fmt: skip
@@ -213,11 +226,11 @@ def bench_points(folder: Path, name: str, base: str = "patched") -> list[str]:
         for v in variants:
             if v in (base, "stock-aa"):
                 continue
-            over = [(r, r["variants"][v]["speedup"] / r["variants"][base]["speedup"]) for r in bench["results"]]
-            below = [f"{r['point']['dtype']} h{r['point']['head_size']} B{r['point']['batch']}/{r['point']['context']} "
-                     f"{x:.2f}" for r, x in over if x < min(aa)]  # fmt: skip
-            lines.append(f"{v} over {base}: geomean {geomean([x for _, x in over]):.3f} ({span([x for _, x in over])}); "
-                         f"{len(below)} of {len(over)} points below the A/A twin's lowest ratio"
+            over = [r["variants"][v]["speedup"] / r["variants"][base]["speedup"] for r in bench["results"]]
+            below = [f"{r['point']['dtype']} {r['mode']} h{r['point']['head_size']} B{r['point']['batch']}/"
+                     f"{r['point']['context']} {x:.2f}" for r, x in beyond_twin(bench["results"], v, base)]  # fmt: skip
+            lines.append(f"{v} over {base}: geomean {geomean(over):.3f} ({span(over)}); {len(below)} of {len(over)} "
+                         f"points below the A/A twin's lowest ratio in their dtype and mode"
                          f"{': ' + '; '.join(below) if below else ''}.")  # fmt: skip
     return lines
 

@@ -29,7 +29,7 @@ def script(name: str, *args: object) -> subprocess.CompletedProcess:
 
 def test_there_is_evidence() -> None:
     assert {
-        "default-table",
+        "bounded-table",
         "bit-identity",
         "heldout-six-releases",
         "headline",

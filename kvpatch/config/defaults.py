@@ -8,7 +8,7 @@ from .machine import Machine
 
 #: The default rules (tune-28): ``kvpatch tune`` on an H200 with nvcc 13.0 (vLLM 0.10.2's kernels,
 #: vLLM's flags, policy strict, the tuning set's three head layouts GQA 32/8, MHA 32/32 and GQA
-#: 64/8) over five libraries: stock, tune-27 (the table before: benchmarks/evidence/grouped-table),
+#: 64/8) over five libraries: stock, tune-27 (the table before: grouped-table/ in benchmarks/ARCHIVE.md),
 #: tune-27 with ``group-ctas-per-sm = 4`` (its grouped form compiled under launch bounds that fit
 #: four CTAs on an SM), and every tuned kernel grouped in launches of >= 256 grouped CTAs, without
 #: and with those bounds; written as ``kvpatch tune --from tune.json.gz --exclude

@@ -16,7 +16,7 @@ from kvpatch.config.machine import FIELDS
 ROOT = Path(__file__).resolve().parents[2]
 EVIDENCE = ROOT / "benchmarks/evidence/bounded-table"
 #: The held-out set's corrections: bf16 head 128 block 16 v1 under launch bounds and fp16 head 64
-#: block 16 v1 grouped were slower than the table before (tune-27, benchmarks/evidence/grouped-table,
+#: block 16 v1 grouped were slower than the table before (tune-27, grouped-table/ in benchmarks/ARCHIVE.md,
 #: the candidates' base) at batch 64, context 4096; o4 at fp16 head 64 block 16 v1 is tune-27's code.
 EXCLUDE = ("g4xo4@bf16/128/16/auto/v1", "o4@bf16/128/16/auto/v1", "g4x*@fp16/64/16/auto/v1", "o4@fp16/64/16/auto/v1")
 

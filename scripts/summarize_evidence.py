@@ -554,7 +554,7 @@ def _options_of(report: dict):
                           workloads=tuple(Workload(w["input_len"], w["output_len"], w["batch"]) for w in report["workloads"]),
                           starts=report["starts_per_arm"], dummy_weights=e["dummy_weights"], seed=e["seed"],
                           gpu_memory_utilization=e["gpu_memory_utilization"], warmup_tokens=e["warmup_tokens"],
-                          extra=report.get("model_source", {}), arms=arms)  # fmt: skip
+                          extra=report.get("model_source", {}), arms=arms, context=e["max_model_len"])  # fmt: skip
 
 
 def serving(folder: Path, cfg: dict) -> list[str]:

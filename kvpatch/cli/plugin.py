@@ -178,6 +178,15 @@ def bench(
         float, typer.Option(metavar="SECONDS", help="Stop an engine start that runs longer than this.")
     ] = 1200.0,
     gpu_memory_utilization: Annotated[float, typer.Option(metavar="F", help="vLLM's gpu_memory_utilization.")] = 0.9,
+    max_model_len: Annotated[
+        Optional[int],
+        typer.Option(
+            metavar="N",
+            help="The engine's context (default: the longest workload's, rounded up to 256). vLLM captures decode "
+            "graphs up to min(N, 8192) tokens and sizes every captured attention launch for that many, so a "
+            "deployment's context, not the prompts', sets the kernels' shared memory.",
+        ),
+    ] = None,
     json_out: JsonOpt = None,
 ) -> None:
     """vLLM serving with kvpatch's kernels against vLLM's own, on this GPU: vLLM's V0 engine
@@ -194,7 +203,8 @@ def bench(
     opts = S.ServingBenchOptions(
         model=model, dtype=dtype, batch_sizes=csv(batch_sizes, int) or [], input_len=input_len, output_len=output_len,
         workloads=list(workload), bundles=list(bundle), starts=starts, dummy_weights=dummy_weights, raw=raw, budget_s=budget,
-        engine_timeout_s=engine_timeout, gpu_memory_utilization=gpu_memory_utilization, json_path=json_out, cwd=cwd(),
+        engine_timeout_s=engine_timeout, gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+        json_path=json_out, cwd=cwd(),
     )  # fmt: skip
     with progress() as p:
         report = S.bench(opts, progress=p)

@@ -36,6 +36,7 @@ class ServingBenchOptions:
     budget_s: Optional[float] = None
     engine_timeout_s: float = 1200.0
     gpu_memory_utilization: float = 0.9
+    max_model_len: Optional[int] = None  # the engine's context (None: the longest workload's)
     json_path: Optional[str] = None
     cwd: Path = field(default_factory=Path.cwd)
 
@@ -58,6 +59,23 @@ def _model_source(o: ServingBenchOptions) -> tuple[Path | None, Any]:
         raise UsageError(f"--model {o.model!r} is neither a directory nor a model shape kvpatch knows "
                          f"({', '.join(MODELS)})")  # fmt: skip
     return None, shape
+
+
+def _check_context(o: ServingBenchOptions, path: Path | None, shape: Any) -> None:
+    """``--max-model-len`` within the model's positions (its ``max_position_embeddings``), which
+    vLLM would refuse only after the engine had loaded."""
+    if o.max_model_len is None:
+        return
+    if shape is not None:
+        limit = shape.max_position
+    else:
+        try:
+            limit = json.loads((path / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings")
+        except (OSError, ValueError, AttributeError):
+            limit = None  # vLLM reads it and says what is wrong
+    if isinstance(limit, int) and not isinstance(limit, bool) and o.max_model_len > limit:
+        raise UsageError(f"--max-model-len {o.max_model_len}: the model has {limit} positions "
+                         "(max_position_embeddings)")  # fmt: skip
 
 
 def _model(o: ServingBenchOptions, folder: Path, dtype_torch: str) -> tuple[str, str, bool, dict[str, Any]]:
@@ -124,13 +142,13 @@ def bench(o: ServingBenchOptions, *, progress: Progress = QUIET) -> dict[str, An
     workloads = make_workloads(o.input_len, o.output_len, o.batch_sizes, o.workloads)
     checked = ServingOptions(model="", model_label="", dtype=o.dtype, workloads=workloads, starts=o.starts,
                              gpu_memory_utilization=o.gpu_memory_utilization, engine_timeout_s=o.engine_timeout_s,
-                             arms=_arms(o))  # fmt: skip
+                             arms=_arms(o), context=o.max_model_len)  # fmt: skip
     if o.budget_s is not None and not o.budget_s > 0:
         raise UsageError("--budget must be a positive number of seconds")
     raw = o.raw if o.raw is None or o.raw.is_absolute() else o.cwd / o.raw
     if raw is not None and raw.exists() and not raw.is_dir():
         raise UsageError(f"--raw {raw}: not a directory")
-    _model_source(o)
+    _check_context(o, *_model_source(o))
     json_file = o.json_path if o.json_path not in (None, "-") else None
     check_outputs(json=json_file, protected={"the --raw folder": raw} if raw else None)
     preflight()

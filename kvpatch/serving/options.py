@@ -25,6 +25,10 @@ from ..errors import UsageError
 MAX_BATCH = 1024
 MAX_TOKENS = 1 << 17
 MAX_STARTS = 50
+#: vLLM's default ``max_seq_len_to_capture``: its V0 engine captures decode graphs for sequences up
+#: to this many tokens (or the engine's context, if shorter) and sizes every captured attention
+#: launch for that many, whatever the batch's real lengths.
+CAPTURE_LEN = 8192
 
 
 @dataclass(frozen=True, order=True)
@@ -173,10 +177,17 @@ class ServingOptions:
     warmup_tokens: int = 8
     arms: tuple[Arm, ...] = ARMS
     extra: dict[str, Any] = field(default_factory=dict)  # provenance only
+    context: int | None = None  # --max-model-len (None: the longest workload's, rounded up)
 
     def __post_init__(self) -> None:
         engine_dtype(self.dtype)
         _bound(self.starts, "--starts", MAX_STARTS)
+        if self.workloads and self.context is not None:
+            _bound(self.context, "--max-model-len", MAX_TOKENS)
+            longest = max(self.workloads, key=lambda w: w.tokens)
+            if self.context < longest.tokens:
+                raise UsageError(f"--max-model-len {self.context} is shorter than workload {longest.label} "
+                                 f"({longest.tokens} tokens)")  # fmt: skip
         if not 0.1 <= self.gpu_memory_utilization <= 0.98:
             raise UsageError(f"--gpu-memory-utilization {self.gpu_memory_utilization}: choose 0.1 to 0.98")
         if not self.engine_timeout_s > 0:
@@ -186,9 +197,18 @@ class ServingOptions:
 
     @property
     def max_model_len(self) -> int:
-        """The engine's context: the longest workload's, rounded up to 256 tokens."""
+        """The engine's context: ``--max-model-len``, else the longest workload's, rounded up to
+        256 tokens."""
+        if self.context is not None:
+            return self.context
         longest = max(w.tokens for w in self.workloads)
         return -(-longest // 256) * 256
+
+    @property
+    def capture_len(self) -> int:
+        """The longest sequence the engine's CUDA graphs serve, vLLM's default for this context:
+        every captured v1/v2 launch is sized for it (shared memory, partitions)."""
+        return min(self.max_model_len, CAPTURE_LEN)
 
     @property
     def capture_sizes(self) -> list[int]:
@@ -198,13 +218,18 @@ class ServingOptions:
         return sorted({w.batch for w in self.workloads})
 
     def engine_spec(self) -> dict[str, Any]:
-        """What an engine process needs (:mod:`kvpatch.serving.worker` reads it)."""
-        return {
+        """What an engine process needs (:mod:`kvpatch.serving.worker` reads it). The capture
+        length is named only where it is shorter than the context: an engine that captures its
+        whole context has the spec (and the fingerprint) it always had."""
+        spec = {
             "model": self.model, "dtype": engine_dtype(self.dtype), "dummy_weights": self.dummy_weights,
             "seed": self.seed, "gpu_memory_utilization": self.gpu_memory_utilization,
             "max_model_len": self.max_model_len, "capture_sizes": self.capture_sizes,
             "warmup_tokens": self.warmup_tokens, "workloads": [asdict(w) for w in self.workloads],
         }  # fmt: skip
+        if self.capture_len != self.max_model_len:
+            spec["max_seq_len_to_capture"] = self.capture_len
+        return spec
 
     def fingerprint(self, model: str | None = None) -> str:
         """What makes two engine runs comparable: the spec and the arms (not the start count).

@@ -59,6 +59,21 @@ def _say(text: str) -> None:
     print(PROGRESS + text, flush=True)
 
 
+def engine_wanted(spec: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The engine arguments for the spec (vLLM's names); ``overrides``: the config's rope
+    settings, passed on as ``hf_overrides``."""
+    return {
+        "model": spec["model"], "tokenizer": spec["model"], "skip_tokenizer_init": True, "dtype": spec["dtype"],
+        "seed": spec["seed"], "gpu_memory_utilization": spec["gpu_memory_utilization"],
+        "max_model_len": spec["max_model_len"], "max_num_seqs": max(spec["capture_sizes"]),
+        "max_num_batched_tokens": max(spec["max_model_len"], 8192), "enable_chunked_prefill": False,
+        "enforce_eager": False, "cuda_graph_sizes": spec["capture_sizes"],
+        "max_seq_len_to_capture": spec.get("max_seq_len_to_capture", spec["max_model_len"]),
+        "hf_overrides": overrides or None, "load_format": "dummy" if spec["dummy_weights"] else "auto",
+        "disable_log_stats": True, "enable_prefix_caching": False,
+    }  # fmt: skip
+
+
 def _engine(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """vLLM's LLM for the spec, and what was passed (the arguments this release lacks are
     left out and named)."""
@@ -71,16 +86,7 @@ def _engine(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     with open(os.path.join(spec["model"], "config.json"), encoding="utf-8") as f:
         config = json.load(f)
     overrides = {k: config[k] for k in ("rope_theta", "rope_scaling") if k in config}
-    wanted = {
-        "model": spec["model"], "tokenizer": spec["model"], "skip_tokenizer_init": True, "dtype": spec["dtype"],
-        "seed": spec["seed"], "gpu_memory_utilization": spec["gpu_memory_utilization"],
-        "max_model_len": spec["max_model_len"], "max_num_seqs": max(spec["capture_sizes"]),
-        "max_num_batched_tokens": max(spec["max_model_len"], 8192), "enable_chunked_prefill": False,
-        "enforce_eager": False, "cuda_graph_sizes": spec["capture_sizes"],
-        "max_seq_len_to_capture": spec["max_model_len"], "hf_overrides": overrides or None,
-        "load_format": "dummy" if spec["dummy_weights"] else "auto", "disable_log_stats": True,
-        "enable_prefix_caching": False,
-    }  # fmt: skip
+    wanted = engine_wanted(spec, overrides)
     args = {k: v for k, v in wanted.items() if k in known and v is not None}
     dropped = sorted(k for k, v in wanted.items() if k not in known and v is not None)
     return LLM(**args), {"engine_args": args, "not_in_this_release": dropped}

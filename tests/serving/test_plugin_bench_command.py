@@ -25,6 +25,9 @@ from kvpatch.render import serving_lines
         (["--workload", "4096:+-5:8"], "not a whole number"),
         (["--starts", "0"], "--starts"),
         (["--gpu-memory-utilization", "2"], "gpu-memory-utilization"),
+        (["--max-model-len", "1000"], "--max-model-len 1000 is shorter than workload 512x512 B1"),
+        (["--max-model-len", "x"], "--max-model-len"),
+        (["--model", "SMALL", "--max-model-len", "4096"], "--max-model-len 4096: the model has 2048 positions"),
         (["--budget", "0"], "--budget"),
         (["--json", "/proc/kvpatch-no/x.json"], "--json"),
         (["--raw", "FILE"], "not a directory"),
@@ -40,6 +43,8 @@ from kvpatch.render import serving_lines
 )
 def test_bad_options_are_one_line_before_anything_runs(tmp_path, args, needle):
     (tmp_path / "FILE").write_text("x")
+    (tmp_path / "SMALL").mkdir()
+    (tmp_path / "SMALL" / "config.json").write_text(json.dumps({"max_position_embeddings": 2048}))
     proc = run_cli("plugin", "bench", *args, cwd=tmp_path)
     assert_one_line_error(proc, 2, needle)
 

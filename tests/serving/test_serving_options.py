@@ -9,7 +9,7 @@ from kvpatch.errors import UsageError
 from kvpatch.serving import ARMS, KVPATCH, VLLM, VLLM_TWIN, ServingOptions, Workload, make_workloads, parse_workload
 from kvpatch.serving.report import build_report
 from kvpatch.serving.schedule import pending, schedule
-from kvpatch.serving.worker import step_stats
+from kvpatch.serving.worker import engine_wanted, step_stats
 
 
 def _opts(**kw) -> ServingOptions:
@@ -59,6 +59,33 @@ def test_the_engine_is_sized_for_the_longest_workload_and_captures_exactly_its_b
     assert o.max_model_len == 4352 and o.capture_sizes == [1, 32]
     spec = o.engine_spec()
     assert spec["dtype"] == "bfloat16" and spec["workloads"][1] == {"input_len": 4096, "output_len": 256, "batch": 32}
+
+
+def test_a_deployments_context_sizes_the_engine_and_vllms_default_capture_length_sizes_its_graphs():
+    default = _opts()
+    assert default.context is None and default.max_model_len == 4352 and default.capture_len == 4352
+    assert "max_seq_len_to_capture" not in default.engine_spec()  # captures the whole context, as before
+    assert engine_wanted(default.engine_spec(), {})["max_seq_len_to_capture"] == 4352
+    # the same context given: the same engine, the same fingerprint (saved runs still count)
+    assert _opts(context=4352).engine_spec() == default.engine_spec()
+    assert _opts(context=4352).fingerprint() == default.fingerprint()
+    # a deployment's 32k context: graphs captured up to vLLM's default 8192 tokens
+    o = _opts(context=32768)
+    assert o.max_model_len == 32768 and o.capture_len == 8192
+    args = engine_wanted(o.engine_spec(), {})
+    assert args["max_model_len"] == 32768 and args["max_seq_len_to_capture"] == 8192
+    assert o.fingerprint() != default.fingerprint() != _opts(context=8192).fingerprint()
+    # a workload past 8192 tokens: captured up to 8192 (vLLM's default), named in the spec
+    long = _opts(workloads=(Workload(16384, 256, 8),))
+    assert long.max_model_len == 16640 and long.engine_spec()["max_seq_len_to_capture"] == 8192
+
+
+@pytest.mark.parametrize(("context", "message"), [(4351, "shorter than workload 4096x256 B32 .4352 tokens"),
+                                                  (0, "--max-model-len 0 is out of range"),
+                                                  (1 << 18, "out of range")])  # fmt: skip
+def test_a_context_shorter_than_a_workload_or_out_of_range_is_one_line(context, message):
+    with pytest.raises(UsageError, match=message):
+        _opts(context=context)
 
 
 def test_the_fingerprint_changes_with_what_makes_runs_comparable_and_not_with_the_start_count():

@@ -2,7 +2,8 @@
 
 With vLLM installed, a GPU and the plugin registered in this process, :func:`check`
 runs every :class:`Case` of a matrix (dtype, kv-cache dtype, head size, block size,
-ALiBi on/off, v1/v2) through ``vllm._custom_ops`` and through
+ALiBi on/off, v1/v2; the v1 cases again sized for 8192 tokens, as vLLM's decode graphs are,
+and captured before any eager call) through ``vllm._custom_ops`` and through
 ``PagedAttention.forward_decode``, eagerly and captured in a CUDA graph replayed with
 changed inputs, once with vLLM's kernel (the override suspended) and once with the
 override, and compares the outputs bit for bit (``torch.equal`` on the raw bits, so a
@@ -22,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 from ..errors import GpuCheckError, KvpatchError
-from .plugin_inputs import Case, custom_ops_call, forward_decode_call, make_inputs, matrix, outputs  # noqa: F401
+from .plugin_inputs import Case, custom_ops_call, forward_decode_call, long_cases, make_inputs, matrix, outputs  # noqa: F401
 
 PATHS = ("custom_ops", "forward_decode")
 
@@ -123,7 +124,7 @@ def run_cases(cases: Iterable[Case], calls: dict[str, Callable[[str], Callable]]
                 inp = make_inputs(case, device=device, scale_by_value=scale_by_value, seed=i)
                 try:
                     with switch(ours):
-                        got[ours] = outputs(make(case.kernel), inp, graphs, seed=10_000 + i)
+                        got[ours] = outputs(make(case.kernel), inp, graphs, seed=10_000 + i, graph_first=case.long)
                 except Exception as e:  # noqa: BLE001 - a result, so that the report names it
                     got[ours] = f"{'kvpatch' if ours else 'vLLM'}: {type(e).__name__}: {e}"
             if isinstance(got[False], str) or isinstance(got[True], str):
@@ -205,7 +206,9 @@ def check(cases: list[Case] | None = None, *, graphs: bool = True, timed=TIMED, 
             reg.resume()
 
     lib = reg.override.launcher
-    cases = cases if cases is not None else matrix(lib.configs)
+    if cases is None:
+        cases = matrix(lib.configs)
+        cases += long_cases(cases)
     calls = {"custom_ops": lambda k: custom_ops_call(ops, k),
              "forward_decode": lambda k: forward_decode_call(PagedAttention.forward_decode)}  # fmt: skip
     report = CheckReport(decision=decision.to_dict())

@@ -22,11 +22,12 @@ class Case:
     block_size: int
     alibi: bool
     kernel: str  # 'v1' | 'v2'
+    long: bool = False  # at LONG's shape (v1 sized for 8192 tokens), captured before any eager call
 
     @property
     def label(self) -> str:
         return (f"{self.dtype}/{self.kv_cache_dtype}/{self.head_size}/{self.block_size} "
-                f"{self.kernel}{' alibi' if self.alibi else ''}")  # fmt: skip
+                f"{self.kernel}{' alibi' if self.alibi else ''}{' 8192 tokens' if self.long else ''}")  # fmt: skip
 
 
 def matrix(configs: Iterable[str], *, dtypes: Iterable[str] | None = None, kv_cache_dtypes=("auto", "fp8"),
@@ -43,9 +44,21 @@ def matrix(configs: Iterable[str], *, dtypes: Iterable[str] | None = None, kv_ca
     return sorted(set(out), key=lambda c: (c.dtype, c.kv_cache_dtype, c.head_size, c.block_size, c.kernel, c.alibi))
 
 
+def long_cases(cases: Iterable[Case]) -> list[Case]:
+    """The v1 cases without ALiBi again at :data:`LONG`: vLLM's V0 engine captures its decode
+    graphs sized for up to 8192 tokens (``max_seq_len_to_capture``), where a launch's shared
+    memory, not its real lengths, decides how many CTAs an SM holds and which form the launcher
+    takes."""
+    return [Case(c.dtype, c.kv_cache_dtype, c.head_size, c.block_size, False, "v1", long=True)
+            for c in cases if c.kernel == "v1" and not c.alibi and not c.long]  # fmt: skip
+
+
 #: vLLM's dispatch (paged_attn.py): v1 iff max_seq_len <= 8192 and (one 512-token partition
 #: or num_seqs * num_heads > 512). These shapes take the case's kernel through forward_decode.
 SHAPES = {"v1": (4, 8, 2, 500), "v2": (4, 8, 2, 1500)}  # num_seqs, num_heads, num_kv_heads, max_seq_len
+#: A long case's shape: Llama-3.1-8B's heads (GQA 32/8), 8192 tokens, v1 (17 x 32 > 512). Its
+#: sequences share a pool of twice one sequence's blocks (vLLM's tables may map any block).
+LONG = (17, 32, 8, 8192)
 
 
 def make_inputs(case: Case, *, device: Any = "cuda", scale_by_value: bool = False, seed: int = 0,
@@ -54,12 +67,13 @@ def make_inputs(case: Case, *, device: Any = "cuda", scale_by_value: bool = Fals
     ``shape``: (num_seqs, num_heads, num_kv_heads, max_seq_len), by default the kernel's."""
     import torch
 
-    num_seqs, num_heads, num_kv_heads, max_seq_len = shape or SHAPES[case.kernel]
+    num_seqs, num_heads, num_kv_heads, max_seq_len = shape or (LONG if case.long else SHAPES[case.kernel])
     g = torch.Generator(device="cpu").manual_seed(seed)
     dtype = getattr(torch, D.query_dtype(case.dtype).torch)
     fp8 = D.kv_cache_dtype(case.kv_cache_dtype).size == 1
     elem = 1 if fp8 else D.query_dtype(case.dtype).size
-    x, blocks = 16 // elem, -(-max_seq_len // case.block_size) * num_seqs
+    per_seq = -(-max_seq_len // case.block_size)
+    x, blocks = 16 // elem, per_seq * (2 if case.long else num_seqs)
     cache = torch.randn(2, blocks, case.block_size * num_kv_heads * case.head_size, generator=g)
     if fp8:
         f8 = torch.float8_e5m2 if case.kv_cache_dtype == "fp8_e5m2" else torch.float8_e4m3fn
@@ -75,7 +89,8 @@ def make_inputs(case: Case, *, device: Any = "cuda", scale_by_value: bool = Fals
         key_cache=cache[0].view(blocks, num_kv_heads, case.head_size // x, case.block_size, x),
         value_cache=cache[1].view(blocks, num_kv_heads, case.head_size, case.block_size),
         num_kv_heads=num_kv_heads, scale=case.head_size**-0.5,
-        block_tables=torch.randperm(blocks, generator=g).to(torch.int32).view(num_seqs, -1).to(device),
+        block_tables=(torch.randint(0, blocks, (num_seqs, per_seq), generator=g) if case.long
+                      else torch.randperm(blocks, generator=g).view(num_seqs, -1)).to(torch.int32).to(device),
         seq_lens=lens.to(device), block_size=case.block_size, max_seq_len=max_seq_len,
         alibi_slopes=torch.rand(num_heads, generator=g).to(device) if case.alibi else None,
         kv_cache_dtype=case.kv_cache_dtype, k_scale=scales[0], v_scale=scales[1],
@@ -127,15 +142,20 @@ def forward_decode_call(forward_decode: Callable[..., Any]) -> Callable[[dict[st
     return call
 
 
-def outputs(call: Callable[[dict[str, Any]], Any], inp: dict[str, Any], graphs: bool, seed: int) -> dict[str, Any]:
+def outputs(call: Callable[[dict[str, Any]], Any], inp: dict[str, Any], graphs: bool, seed: int, *,
+            graph_first: bool = False) -> dict[str, Any]:  # fmt: skip
     """Eager output; with ``graphs``, the output of a captured graph, then of its replay on
-    changed inputs (the changes are the same on both sides: seeded)."""
+    changed inputs (the changes are the same on both sides: seeded). ``graph_first``: capture
+    before any eager call (nothing the launcher learns in an eager call helps the capture), and
+    the eager output last, on the changed inputs."""
     import torch
 
-    out = {"eager": call(inp).clone()}
+    out = {}
     if graphs:
-        call(inp)  # warm-up on the capturing device
-        torch.cuda.synchronize()
+        if not graph_first:
+            out["eager"] = call(inp).clone()
+            call(inp)  # warm-up on the capturing device
+            torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             static = call(inp)
@@ -144,4 +164,6 @@ def outputs(call: Callable[[dict[str, Any]], Any], inp: dict[str, Any], graphs: 
         perturb(inp, seed)
         g.replay()
         out["graph replayed"] = static.clone()
+    if "eager" not in out:
+        out["eager"] = call(inp).clone()
     return out

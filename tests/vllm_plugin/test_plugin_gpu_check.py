@@ -29,7 +29,15 @@ from kvpatch.gpu.plugin_check import (  # noqa: E402
     matrix,
     run_cases,
 )  # fmt: skip
-from kvpatch.gpu.plugin_inputs import SHAPES, custom_ops_call, forward_decode_call, make_inputs, perturb  # noqa: E402
+from kvpatch.gpu.plugin_inputs import (  # noqa: E402
+    LONG,
+    SHAPES,
+    custom_ops_call,
+    forward_decode_call,
+    long_cases,
+    make_inputs,
+    perturb,
+)  # fmt: skip
 from kvpatch.vllm_plugin import plugin  # noqa: E402
 
 
@@ -51,6 +59,26 @@ def test_matrix_selects_among_the_built_configs():
 def test_shapes_take_the_kernel_through_forward_decode():
     for kernel, (seqs, heads, _, max_len) in SHAPES.items():
         assert dispatched_kernel(seqs, heads, max_len) == kernel
+    seqs, heads, kv_heads, max_len = LONG
+    assert dispatched_kernel(seqs, heads, max_len) == "v1" and max_len == 8192 and heads // kv_heads == 4
+
+
+def test_the_v1_cases_without_alibi_come_again_sized_for_8192_tokens():
+    cases = matrix(["fp16/auto/128/16", "bf16/fp8/64/32"])
+    again = long_cases(cases)
+    assert [c.label for c in again] == ["bf16/fp8/64/32 v1 8192 tokens", "fp16/auto/128/16 v1 8192 tokens"]
+    assert all(c.long and c.kernel == "v1" and not c.alibi for c in again) and long_cases(again) == []
+
+
+def test_a_long_case_is_sized_for_8192_tokens_over_a_shared_pool_of_blocks():
+    case = long_cases([Case("fp16", "auto", 64, 16, False, "v1")])[0]
+    inp = make_inputs(case, device="cpu")
+    seqs, heads, kv_heads, max_len = LONG
+    per_seq = max_len // 16
+    assert inp["query"].shape == (seqs, heads, 64) and inp["max_seq_len"] == max_len
+    assert inp["key_cache"].shape == (2 * per_seq, kv_heads, 8, 16, 8) and inp["block_tables"].shape == (seqs, per_seq)
+    assert 0 <= int(inp["block_tables"].min()) and int(inp["block_tables"].max()) < 2 * per_seq
+    assert int(inp["seq_lens"].max()) == max_len
 
 
 def test_first_difference():

@@ -56,9 +56,10 @@ def long_cases(cases: Iterable[Case]) -> list[Case]:
 #: vLLM's dispatch (paged_attn.py): v1 iff max_seq_len <= 8192 and (one 512-token partition
 #: or num_seqs * num_heads > 512). These shapes take the case's kernel through forward_decode.
 SHAPES = {"v1": (4, 8, 2, 500), "v2": (4, 8, 2, 1500)}  # num_seqs, num_heads, num_kv_heads, max_seq_len
-#: A long case's shape: Llama-3.1-8B's heads (GQA 32/8), 8192 tokens, v1 (17 x 32 > 512). Its
-#: sequences share a pool of twice one sequence's blocks (vLLM's tables may map any block).
-LONG = (17, 32, 8, 8192)
+#: A long case's shape: Llama-3.1-8B's heads (GQA 32/8), 8192 tokens, v1 (64 x 32 > 512), 512
+#: CTAs of the grouped grid (the shipped table groups launches of 256 or more). Its sequences
+#: share a pool of twice one sequence's blocks (vLLM's tables may map any block).
+LONG = (64, 32, 8, 8192)
 
 
 def make_inputs(case: Case, *, device: Any = "cuda", scale_by_value: bool = False, seed: int = 0,

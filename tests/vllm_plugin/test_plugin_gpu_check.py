@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 
 import standin as S  # noqa: E402
 
+from kvpatch.config.defaults import DEFAULT_OVERRIDES  # noqa: E402
 from kvpatch.gpu.dispatch import dispatched_kernel  # noqa: E402
 from kvpatch.gpu.plugin_check import (  # noqa: E402
     Case,
@@ -61,6 +62,9 @@ def test_shapes_take_the_kernel_through_forward_decode():
         assert dispatched_kernel(seqs, heads, max_len) == kernel
     seqs, heads, kv_heads, max_len = LONG
     assert dispatched_kernel(seqs, heads, max_len) == "v1" and max_len == 8192 and heads // kv_heads == 4
+    # the shipped table groups only launches of >= group_min_ctas CTAs of the grouped grid
+    least = max(dict(rule).get("group_min_ctas", 1) for _, rule in DEFAULT_OVERRIDES)
+    assert least > 1 and seqs * kv_heads >= least
 
 
 def test_the_v1_cases_without_alibi_come_again_sized_for_8192_tokens():

@@ -478,15 +478,18 @@ def plugin(folder: Path, cfg: dict) -> list[str]:
                 d = json.loads(path.read_text(encoding="utf-8"))
                 lines += [f"`kvpatch plugin status --gpus` ({f}): {d['action']}; vLLM {d['vllm_version']}, torch "
                           f"{d['torch_version']}; {'; '.join(d['gpus'])}", ""]  # fmt: skip
-            elif f.endswith("check.json"):
-                d = json.loads(path.read_text(encoding="utf-8"))
+            elif f.endswith(("check.json", "check.json.gz")):
+                d = load(path)
                 res = d["results"]
                 cells: dict[tuple[str, str], list[bool]] = {}
                 for r in res:
                     cells.setdefault((r["path"], r["mode"]), []).append(r["equal"] and not r["error"])
                 ok = sum(1 for r in res if r["equal"] and not r["error"])
                 cases = len({json.dumps(r["case"], sort_keys=True) for r in res})
-                lines += [f"`kvpatch plugin check` ({f}): {ok}/{len(res)} outputs bit-identical to vLLM's op, {cases} cases", "",
+                long = [r for r in res if r["case"].get("long")]
+                sized = (f"; {sum(1 for r in long if r['equal'] and not r['error'])}/{len(long)} of them of v1 launches "
+                         "sized for 8192 tokens, their graphs captured before any eager call") if long else ""  # fmt: skip
+                lines += [f"`kvpatch plugin check` ({f}): {ok}/{len(res)} outputs bit-identical to vLLM's op, {cases} cases{sized}", "",
                           "| path | mode | bit-identical |", "|---|---|---|"]  # fmt: skip
                 lines += [f"| {p} | {m} | {sum(v)}/{len(v)} |" for (p, m), v in sorted(cells.items())]
                 lines += ["", "Kernel times in the same check (CUDA-graph replays, median; the check's own timing, not a "

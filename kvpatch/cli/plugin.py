@@ -182,9 +182,10 @@ def bench(
         Optional[int],
         typer.Option(
             metavar="N",
-            help="The engine's context (default: the longest workload's, rounded up to 256). vLLM captures decode "
-            "graphs up to min(N, 8192) tokens and sizes every captured attention launch for that many, so a "
-            "deployment's context, not the prompts', sets the kernels' shared memory.",
+            help="The engine's context (default: 8192, or the longest workload's rounded up to 256 if longer, or "
+            "the model's positions if fewer). vLLM captures decode graphs up to min(N, 8192) tokens and sizes every "
+            "captured attention launch for that many, so the context, not the prompts, sets the kernels' shared "
+            "memory; the default is what a deployment with a context of 8192 or more runs.",
         ),
     ] = None,
     json_out: JsonOpt = None,

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from ..errors import UsageError
 from ..progress import QUIET, Progress
@@ -61,11 +61,13 @@ def _model_source(o: ServingBenchOptions) -> tuple[Path | None, Any]:
     return None, shape
 
 
-def _check_context(o: ServingBenchOptions, path: Path | None, shape: Any) -> None:
-    """``--max-model-len`` within the model's positions (its ``max_position_embeddings``), which
-    vLLM would refuse only after the engine had loaded."""
-    if o.max_model_len is None:
-        return
+def _context(o: ServingBenchOptions, workloads: Sequence[Any], path: Path | None, shape: Any) -> int | None:
+    """The engine's context to give ServingOptions: ``--max-model-len``, checked against the
+    model's positions (its ``max_position_embeddings``, which vLLM would refuse only after the
+    engine had loaded); unset, the default, or the model's positions where the default exceeds
+    them (a model of 4096 positions: 4096)."""
+    from ..serving.options import default_context
+
     if shape is not None:
         limit = shape.max_position
     else:
@@ -73,9 +75,18 @@ def _check_context(o: ServingBenchOptions, path: Path | None, shape: Any) -> Non
             limit = json.loads((path / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings")
         except (OSError, ValueError, AttributeError):
             limit = None  # vLLM reads it and says what is wrong
-    if isinstance(limit, int) and not isinstance(limit, bool) and o.max_model_len > limit:
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        return o.max_model_len
+    longest = max(workloads, key=lambda w: w.tokens)
+    if longest.tokens > limit:
+        raise UsageError(f"workload {longest.label} needs {longest.tokens} tokens: the model has {limit} positions "
+                         "(max_position_embeddings)")  # fmt: skip
+    if o.max_model_len is not None and o.max_model_len > limit:
         raise UsageError(f"--max-model-len {o.max_model_len}: the model has {limit} positions "
                          "(max_position_embeddings)")  # fmt: skip
+    if o.max_model_len is None and default_context(workloads) > limit:
+        return limit
+    return o.max_model_len
 
 
 def _model(o: ServingBenchOptions, folder: Path, dtype_torch: str) -> tuple[str, str, bool, dict[str, Any]]:
@@ -140,15 +151,15 @@ def bench(o: ServingBenchOptions, *, progress: Progress = QUIET) -> dict[str, An
 
     dtype_torch = engine_dtype(o.dtype)
     workloads = make_workloads(o.input_len, o.output_len, o.batch_sizes, o.workloads)
-    checked = ServingOptions(model="", model_label="", dtype=o.dtype, workloads=workloads, starts=o.starts,
-                             gpu_memory_utilization=o.gpu_memory_utilization, engine_timeout_s=o.engine_timeout_s,
-                             arms=_arms(o), context=o.max_model_len)  # fmt: skip
+    options = dict(model="", model_label="", dtype=o.dtype, workloads=workloads, starts=o.starts,
+                   gpu_memory_utilization=o.gpu_memory_utilization, engine_timeout_s=o.engine_timeout_s)  # fmt: skip
+    ServingOptions(**options, context=o.max_model_len)  # the options alone, checked first
+    checked = ServingOptions(**options, arms=_arms(o), context=_context(o, workloads, *_model_source(o)))
     if o.budget_s is not None and not o.budget_s > 0:
         raise UsageError("--budget must be a positive number of seconds")
     raw = o.raw if o.raw is None or o.raw.is_absolute() else o.cwd / o.raw
     if raw is not None and raw.exists() and not raw.is_dir():
         raise UsageError(f"--raw {raw}: not a directory")
-    _check_context(o, *_model_source(o))
     json_file = o.json_path if o.json_path not in (None, "-") else None
     check_outputs(json=json_file, protected={"the --raw folder": raw} if raw else None)
     preflight()

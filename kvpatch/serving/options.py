@@ -152,6 +152,13 @@ def bundle_arm(text: str, cwd: Path, taken: Sequence[str] = ()) -> Arm:
     return Arm(name, "kvpatch", bundle=str(path), bundle_id=digest)
 
 
+def default_context(workloads: Sequence[Workload]) -> int:
+    """The engine's context unless given: the longest workload's, rounded up to 256 tokens, and at
+    least :data:`CAPTURE_LEN`."""
+    longest = max(w.tokens for w in workloads)
+    return max(-(-longest // 256) * 256, CAPTURE_LEN)
+
+
 def engine_dtype(name: str) -> str:
     """kvpatch's dtype name (fp16, bf16) -> the torch name vLLM takes (float16, bfloat16)."""
     d = D.QUERY_DTYPES.get(name)
@@ -197,12 +204,11 @@ class ServingOptions:
 
     @property
     def max_model_len(self) -> int:
-        """The engine's context: ``--max-model-len``, else the longest workload's, rounded up to
-        256 tokens."""
-        if self.context is not None:
-            return self.context
-        longest = max(w.tokens for w in self.workloads)
-        return -(-longest // 256) * 256
+        """The engine's context: ``--max-model-len``, else the longest workload's rounded up to 256
+        tokens and at least :data:`CAPTURE_LEN`, so that the engine captures its decode graphs as
+        it does for any model served with a context of 8192 or more (the paper's workload ran
+        Llama-3.1-8B at vLLM's default context, 131072)."""
+        return self.context if self.context is not None else default_context(self.workloads)
 
     @property
     def capture_len(self) -> int:

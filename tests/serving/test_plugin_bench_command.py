@@ -28,6 +28,7 @@ from kvpatch.render import serving_lines
         (["--max-model-len", "1000"], "--max-model-len 1000 is shorter than workload 512x512 B1"),
         (["--max-model-len", "x"], "--max-model-len"),
         (["--model", "SMALL", "--max-model-len", "4096"], "--max-model-len 4096: the model has 2048 positions"),
+        (["--model", "SMALL", "--workload", "4096:256:8"], "needs 4352 tokens: the model has 2048"),
         (["--budget", "0"], "--budget"),
         (["--json", "/proc/kvpatch-no/x.json"], "--json"),
         (["--raw", "FILE"], "not a directory"),
@@ -47,6 +48,26 @@ def test_bad_options_are_one_line_before_anything_runs(tmp_path, args, needle):
     (tmp_path / "SMALL" / "config.json").write_text(json.dumps({"max_position_embeddings": 2048}))
     proc = run_cli("plugin", "bench", *args, cwd=tmp_path)
     assert_one_line_error(proc, 2, needle)
+
+
+def test_the_context_defaults_to_8192_tokens_or_the_models_positions_if_fewer(tmp_path):
+    from kvpatch.serving import Workload
+
+    rows = [Workload(512, 512, 1), Workload(512, 512, 64)]
+    model = tmp_path / "m"
+    model.mkdir()
+
+    def context(positions, given=None):
+        (model / "config.json").write_text(
+            json.dumps({} if positions is None else {"max_position_embeddings": positions})
+        )
+        return S._context(S.ServingBenchOptions(max_model_len=given), rows, model, None)
+
+    assert context(131072) is None  # the default: 8192 tokens
+    assert context(4096) == 4096 and context(8000) == 8000  # fewer positions than the default
+    assert context(None) is None and context(None, 3000) == 3000  # unknown: vLLM reads its config
+    assert context(4096, 2048) == 2048
+    assert S._context(S.ServingBenchOptions(), rows, None, model_shape("llama-3.1-8b")) is None
 
 
 def test_without_vllm_it_refuses_in_one_line(tmp_path, monkeypatch):

@@ -54,30 +54,38 @@ def test_the_run_is_checked_before_anything_starts():
         make_workloads(512, 512, [0], [])
 
 
-def test_the_engine_is_sized_for_the_longest_workload_and_captures_exactly_its_batches():
+def test_the_engine_captures_exactly_its_batches():
     o = _opts()
-    assert o.max_model_len == 4352 and o.capture_sizes == [1, 32]
+    assert o.capture_sizes == [1, 32]
     spec = o.engine_spec()
     assert spec["dtype"] == "bfloat16" and spec["workloads"][1] == {"input_len": 4096, "output_len": 256, "batch": 32}
 
 
-def test_a_deployments_context_sizes_the_engine_and_vllms_default_capture_length_sizes_its_graphs():
+def test_by_default_the_engine_captures_8192_tokens_as_vllm_does_for_any_longer_context():
     default = _opts()
-    assert default.context is None and default.max_model_len == 4352 and default.capture_len == 4352
-    assert "max_seq_len_to_capture" not in default.engine_spec()  # captures the whole context, as before
-    assert engine_wanted(default.engine_spec(), {})["max_seq_len_to_capture"] == 4352
-    # the same context given: the same engine, the same fingerprint (saved runs still count)
-    assert _opts(context=4352).engine_spec() == default.engine_spec()
-    assert _opts(context=4352).fingerprint() == default.fingerprint()
+    assert default.context is None and default.max_model_len == 8192 and default.capture_len == 8192
+    assert "max_seq_len_to_capture" not in default.engine_spec()  # the whole context captured
+    assert engine_wanted(default.engine_spec(), {})["max_seq_len_to_capture"] == 8192
+    # a longer workload: its own length, rounded up to 256, and graphs captured up to 8192 tokens
+    long = _opts(workloads=(Workload(16384, 256, 8),))
+    assert long.max_model_len == 16640 and long.engine_spec()["max_seq_len_to_capture"] == 8192
+    assert engine_wanted(long.engine_spec(), {})["max_seq_len_to_capture"] == 8192
+
+
+def test_a_context_given_sizes_the_engine_and_its_graphs():
+    # the default's value given: the same engine, the same fingerprint (saved runs still count)
+    assert _opts(context=8192).engine_spec() == _opts().engine_spec()
+    assert _opts(context=8192).fingerprint() == _opts().fingerprint()
+    # the workload's own 4352 tokens (the default before): graphs sized for 4352 tokens
+    short = _opts(context=4352)
+    assert short.capture_len == 4352 and engine_wanted(short.engine_spec(), {})["max_seq_len_to_capture"] == 4352
+    assert short.fingerprint() != _opts().fingerprint()
     # a deployment's 32k context: graphs captured up to vLLM's default 8192 tokens
     o = _opts(context=32768)
     assert o.max_model_len == 32768 and o.capture_len == 8192
     args = engine_wanted(o.engine_spec(), {})
     assert args["max_model_len"] == 32768 and args["max_seq_len_to_capture"] == 8192
-    assert o.fingerprint() != default.fingerprint() != _opts(context=8192).fingerprint()
-    # a workload past 8192 tokens: captured up to 8192 (vLLM's default), named in the spec
-    long = _opts(workloads=(Workload(16384, 256, 8),))
-    assert long.max_model_len == 16640 and long.engine_spec()["max_seq_len_to_capture"] == 8192
+    assert o.fingerprint() != _opts().fingerprint()
 
 
 @pytest.mark.parametrize(("context", "message"), [(4351, "shorter than workload 4096x256 B32 .4352 tokens"),

@@ -19,7 +19,9 @@
 #       call with the same carry on the same machine resumes where a budget stopped the first.
 #       $OUT/raw-DTYPE.tar.xz holds them too: --resume with that file goes on from it on a new
 #       machine (with the carry whose bundle made them; another is refused). --smoke: one
-#       engine start per arm, batch 1 and 64, 64 output tokens.
+#       engine start per arm, batch 1 and 64, 64 output tokens. --check: 'kvpatch plugin check'
+#       in that environment (vLLM's own Python and rebuilt ops, the carry's bundle) instead of
+#       the bench: $OUT/plugin-check.json and .txt, its exit code.
 #       ALSO=NAME=CARRY2 (another carry made with --prepare, e.g. CARRY=.gpu/serving/carry-g4m):
 #       its bundle is installed beside this carry's and timed as one more arm (--bundle NAME=...),
 #       so two configurations read against each other in the same rounds.
@@ -85,6 +87,7 @@ fi
 DTYPE=bf16
 BUDGET=480
 SMOKE=0
+CHECK=0
 RESUME=
 EXTRA=()
 while [[ $# -gt 0 ]]; do
@@ -92,6 +95,7 @@ while [[ $# -gt 0 ]]; do
     --dtype) DTYPE=$2; shift 2 ;;
     --budget) BUDGET=$2; shift 2 ;;
     --smoke) SMOKE=1; shift ;;
+    --check) CHECK=1; shift ;;
     --resume) RESUME=$2; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
@@ -167,6 +171,15 @@ fi
 
 say "kvpatch plugin status --gpus"
 "$PY" -m kvpatch plugin status --gpus 2>&1 | tee "$OUT/status.txt" | tail -4
+
+if [[ $CHECK == 1 ]]; then
+  say "kvpatch plugin check"
+  "$PY" -m kvpatch plugin check --json "$OUT/plugin-check.json" > "$OUT/plugin-check.txt" 2>&1
+  rc=$?
+  grep -v -e '^INFO' -e '^ ' "$OUT/plugin-check.txt" | tail -12
+  say "done (rc=$rc)"
+  exit $rc
+fi
 
 # one folder per dtype and bundle: a rerun with the same carry resumes, another carry starts its own
 BUNDLE_ID=$(cd "$ROOT" && sha256sum "$CARRY/bundle/bundle.json" | cut -c1-16)

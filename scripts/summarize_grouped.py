@@ -200,6 +200,12 @@ def decode_arms(folder: Path, name: str, base: str = "patched") -> list[str]:
     return lines
 
 
+def _ctx(point: dict) -> str:
+    """A point's context, with the length its launches were sized for where longer: ``'1024@8192'``."""
+    capture = point.get("capture", 0)
+    return f"{point['context']}@{capture}" if capture > point["context"] else str(point["context"])
+
+
 def bench_points(folder: Path, name: str, base: str = "patched") -> list[str]:
     """A ``kvpatch bench`` of chosen shapes (not a named set): every point, each variant's speedup
     over stock (range over rounds) and its unique KV bytes over the copy bandwidth; then, per
@@ -218,7 +224,7 @@ def bench_points(folder: Path, name: str, base: str = "patched") -> list[str]:
         cells = [f"{vs[v]['speedup']:.2f} ({vs[v]['speedup_lo']:.2f}-{vs[v]['speedup_hi']:.2f}) / {vs[v]['copy_fraction']:.2f}"
                  for v in variants]  # fmt: skip
         lines.append(f"| {p['dtype']} {p['num_heads']}/{p['num_kv_heads']} h{p['head_size']} b{p['block_size']} "
-                     f"{p['kv_cache_dtype']} B{p['batch']}/{p['context']} {r['mode']} | {r['kernel']}{'*' if r['dispatched'] else ''} | "
+                     f"{p['kv_cache_dtype']} B{p['batch']}/{_ctx(p)} {r['mode']} | {r['kernel']}{'*' if r['dispatched'] else ''} | "
                      f"{vs['stock']['median_us']:.1f} | " + " | ".join(cells) + " |")  # fmt: skip
     aa = [r["variants"]["stock-aa"]["speedup"] for r in bench["results"] if "stock-aa" in r["variants"]]
     if aa and base in variants:
@@ -228,7 +234,7 @@ def bench_points(folder: Path, name: str, base: str = "patched") -> list[str]:
                 continue
             over = [r["variants"][v]["speedup"] / r["variants"][base]["speedup"] for r in bench["results"]]
             below = [f"{r['point']['dtype']} {r['mode']} h{r['point']['head_size']} B{r['point']['batch']}/"
-                     f"{r['point']['context']} {x:.2f}" for r, x in beyond_twin(bench["results"], v, base)]  # fmt: skip
+                     f"{_ctx(r['point'])} {x:.2f}" for r, x in beyond_twin(bench["results"], v, base)]  # fmt: skip
             lines.append(f"{v} over {base}: geomean {geomean(over):.3f} ({span(over)}); {len(below)} of {len(over)} "
                          f"points below the A/A twin's lowest ratio in their dtype and mode"
                          f"{': ' + '; '.join(below) if below else ''}.")  # fmt: skip

@@ -144,6 +144,15 @@ def bench(
     seed: Annotated[
         Optional[int], typer.Option(metavar="N", help="Seed of the KV data and block tables (default: the set's).")
     ] = None,
+    capture_len: Annotated[
+        Optional[int],
+        typer.Option(
+            metavar="N",
+            help="Size every launch for N tokens (its max_seq_len, which also picks v1 or v2 as vLLM does) while "
+            "the sequences keep their context: what vLLM's CUDA graphs launch, captured for min(engine context, "
+            "8192) tokens.",
+        ),
+    ] = None,
     reps: Annotated[
         int, typer.Option(metavar="N", help="Timed launches per point, variant and round (more for kernels < 30 us).")
     ] = DEFAULT_REPS,
@@ -176,7 +185,7 @@ def bench(
         paper=paper, control=control, point_set=point_set, quick=quick, dtypes=csv(dtypes),
         batches=csv(batches, int), contexts=csv(contexts, int), heads=parse_heads(heads) if heads else None,
         head_sizes=csv(head_sizes, int), block_sizes=csv(block_sizes, int), kv_cache_dtypes=csv(kv), seed=seed,
-        kernels=csv(kernels) or ["v1", "v2"], reps=reps, rounds=rounds, warmup=warmup, warm=warm, cold=cold,
+        capture_len=capture_len, kernels=csv(kernels) or ["v1", "v2"], reps=reps, rounds=rounds, warmup=warmup, warm=warm, cold=cold,
         check=check, aa=aa, json_out=path, plot=plot, device=device,
     )  # fmt: skip
     with progress() as p:

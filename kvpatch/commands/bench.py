@@ -48,6 +48,7 @@ class BenchOptions(LibraryOptions):
     block_sizes: Optional[list[int]] = None
     kv_cache_dtypes: Optional[list[str]] = None
     seed: Optional[int] = None
+    capture_len: Optional[int] = None  # launches sized for this many tokens (vLLM's CUDA graphs)
     kernels: list[str] = field(default_factory=lambda: ["v1", "v2"])
     reps: int = DEFAULT_REPS
     rounds: int = DEFAULT_ROUNDS
@@ -93,6 +94,12 @@ def bench_points(o: BenchOptions) -> tuple[list, str]:
         pts = [replace(p, seed=o.seed) for p in pts]
     if not pts:
         raise UsageError("no bench points: the options select none")
+    if o.capture_len is not None:
+        longest = max(p.context for p in pts)
+        if not 1 <= o.capture_len <= P.MAX_CAPTURE_LEN or o.capture_len < longest:
+            raise UsageError(f"--capture-len {o.capture_len}: choose {longest} (the longest context) to "
+                             f"{P.MAX_CAPTURE_LEN} tokens")  # fmt: skip
+        pts = [replace(p, capture=o.capture_len) for p in pts]
     return pts, name
 
 

@@ -184,7 +184,8 @@ def run_bench(
                 inp = make_inputs(dtype=p.dtype, kv_cache_dtype=p.kv_cache_dtype, head_size=p.head_size,
                                   block_size=p.block_size, num_heads=p.num_heads, num_kv_heads=p.num_kv_heads,
                                   seq_lens=[p.context] * p.batch, alibi=False,
-                                  seed=p.seed * 1_000_003 + gi * 1009 + pi, device=dev, kv_pool=pool)  # fmt: skip
+                                  seed=p.seed * 1_000_003 + gi * 1009 + pi, device=dev, kv_pool=pool,
+                                  max_seq_len=p.max_seq_len)  # fmt: skip
                 for k in _kernels_of(p, kernels):
                     setups[(p, k)] = (inp, {n: L.make_buffers(inp, k) for n in names})
             if check_outputs:

@@ -260,19 +260,23 @@ def make_inputs(
     spare_blocks: int = 5,
     include_block_zero: bool = True,
     kv_pool: tuple["torch.Tensor", "torch.Tensor"] | None = None,
+    max_seq_len: int | None = None,
 ) -> AttentionInputs:
     """Fresh random inputs for one call: randn query, a random pool of ``num_blocks``
     (default: exactly what the sequences need plus ``spare_blocks``), a scattered
     block table with one spare column, random fp8 scales (1.0 for ``auto``), and with
     ``alibi`` random standard-normal slopes (:func:`random_alibi_slopes`).
 
-    Pass ``kv_pool`` to reuse existing caches (the bench's shared pool)."""
+    Pass ``kv_pool`` to reuse existing caches (the bench's shared pool), ``max_seq_len`` to
+    size the launch for more tokens than the longest sequence (as vLLM's CUDA graphs do)."""
     import torch
 
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
     if not seq_lens or min(seq_lens) < 1:
         raise ValueError("every sequence needs at least one token")
+    if max_seq_len is not None and max_seq_len < max(seq_lens):
+        raise ValueError(f"max_seq_len {max_seq_len} is shorter than the longest sequence ({max(seq_lens)})")
     device = torch.device(device)
     g = make_generator(device, seed)
     rng = random.Random(seed)
@@ -307,7 +311,7 @@ def make_inputs(
         num_kv_heads=num_kv_heads,
         scale=1.0 / math.sqrt(head_size),
         block_size=block_size,
-        max_seq_len=int(max(seq_lens)),
+        max_seq_len=int(max_seq_len if max_seq_len is not None else max(seq_lens)),
         alibi_slopes=slopes,
         kv_cache_dtype=kv_cache_dtype,
         k_scale=torch.tensor([k_scale_value], dtype=torch.float32, device=device),

@@ -53,9 +53,16 @@ TUNING_HEADS = ((32, 8), (32, 32), (64, 8))
 POINT_SETS = ("tuning", "headline", "heldout")
 
 
+#: The longest launch ``--capture-len`` sizes (v1 keeps a CTA's logits in shared memory: beyond
+#: this vLLM runs v2, whose partitions it sizes by).
+MAX_CAPTURE_LEN = 1 << 17
+
+
 @dataclass(frozen=True)
 class BenchPoint:
-    """One batch shape: ``batch`` sequences of ``context`` tokens each, drawn with ``seed``."""
+    """One batch shape: ``batch`` sequences of ``context`` tokens each, drawn with ``seed``.
+    ``capture``: the ``max_seq_len`` the launch is sized for when longer than the context, as in
+    vLLM's CUDA graphs (captured for min(engine context, 8192) tokens); 0: the context."""
 
     dtype: str
     batch: int
@@ -66,6 +73,12 @@ class BenchPoint:
     block_size: int = HEADLINE_BLOCK_SIZE
     kv_cache_dtype: str = "auto"
     seed: int = 0
+    capture: int = 0
+
+    @property
+    def max_seq_len(self) -> int:
+        """What the launch is given as ``max_seq_len`` (vLLM's dispatch reads it too)."""
+        return max(self.capture, self.context)
 
     @property
     def shape(self) -> str:
@@ -83,11 +96,11 @@ class BenchPoint:
         ):
             s += (f" heads={self.num_heads}/{self.num_kv_heads} head={self.head_size}"
                   f" block={self.block_size} kv={self.kv_cache_dtype}")  # fmt: skip
-        return s
+        return s + (f" launch={self.capture}" if self.capture > self.context else "")
 
     @property
     def dispatched(self) -> str:
-        return dispatched_kernel(self.batch, self.num_heads, self.context)
+        return dispatched_kernel(self.batch, self.num_heads, self.max_seq_len)
 
     @property
     def blocks_per_seq(self) -> int:

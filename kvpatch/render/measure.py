@@ -41,7 +41,12 @@ def bench_tables(report: BenchReport) -> list[Table]:
     bw = report.copy_bandwidth.get("bytes_per_s", 0) / 1e12
     t = Table(
         title=f"{escape(report.point_set)} set: speedup over {escape(report.baseline)} (x) [min..max over rounds]; "
-        f"k* = the kernel vLLM dispatches; ~ = a power-capped/throttled round; copy BW {bw:.2f} TB/s",
+        f"k* = the kernel vLLM dispatches; ~ = a power-capped/throttled round; copy BW {bw:.2f} TB/s"
+        + (
+            "; ctx@N = launches sized for N tokens"
+            if any(r.point.capture > r.point.context for r in report.results)
+            else ""
+        ),  # fmt: skip
         title_justify="left",
     )
     for col in ("point", "B", "ctx", "k"):
@@ -53,7 +58,7 @@ def bench_tables(report: BenchReport) -> list[Table]:
     t.add_column("KV\nTB/s", justify="right")
     for (point, kernel), per_mode in by_key.items():
         disp = "*" if kernel == point.dispatched else ""
-        ctx = f"{point.context // 1024}k" if point.context % 1024 == 0 else str(point.context)
+        ctx = _tokens(point.context) + (f"@{_tokens(point.capture)}" if point.capture > point.context else "")
         row = [f"{point.dtype} {point.shape}", str(point.batch), ctx, kernel + disp]
         best = 0.0
         for m in modes:
@@ -196,3 +201,8 @@ def tune_table(report: TuneReport, top: int = 3) -> Table:
                           f"{s.worst:.3f}",
                           f"{s.geomean:.3f} [{lo:.3f}..{hi:.3f}]")  # fmt: skip
     return table
+
+
+def _tokens(n: int) -> str:
+    """``8192`` -> ``'8k'``; ``1500`` -> ``'1500'``."""
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)

@@ -32,6 +32,16 @@ def test_bench_points_from_options():
         Bc.bench_points(Bc.BenchOptions(point_set="everything"))
 
 
+def test_capture_len_sizes_every_point_s_launch_and_must_cover_every_context():
+    pts, _ = Bc.bench_points(Bc.BenchOptions(contexts=[512, 2048], batches=[16], capture_len=8192))
+    assert {p.capture for p in pts} == {8192} and {p.context for p in pts} == {512, 2048}
+    assert {p.dispatched for p in pts} == {"v2"}  # 16 x 32 query heads, 16 partitions: vLLM's v2
+    assert {p.capture for p in Bc.bench_points(Bc.BenchOptions())[0]} == {0}
+    for bad in (1024, 0, 1 << 20):
+        with pytest.raises(UsageError, match=f"--capture-len {bad}: choose 2048 .the longest context. to 131072"):
+            Bc.bench_points(Bc.BenchOptions(contexts=[512, 2048], capture_len=bad))
+
+
 def test_heads_and_on_off_lists():
     assert parse_heads("32/8, 8/1") == [(32, 8), (8, 1)]
     for bad in ("32", "32/x", "30/8", "8/0"):
@@ -85,3 +95,31 @@ def test_bench_with_prebuilt_libs_on_cpu(monkeypatch, tmp_path, capsys):
     assert "speedup over stock" in capsys.readouterr().out
     if has_matplotlib():
         assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+@needs_torch
+def test_bench_with_launches_sized_past_the_context_on_cpu(monkeypatch, tmp_path, capsys):
+    sized = set()
+
+    class Recording(FakeKernels):
+        def _compute(self, out, *args):
+            sized.add(args[8])  # max_seq_len, as the launcher is given it
+            return super()._compute(out, *args)
+
+    monkeypatch.setattr(Ln, "load_libs", lambda specs: {s.name: Recording() for s in specs})
+    real = Bn.run_bench
+    monkeypatch.setattr(Bn, "run_bench", lambda libs, points, **kw: real(libs, points, **{**kw, "l2_bytes": 1 << 16,
+                                                                                        "copy_bytes": 1 << 20}))  # fmt: skip
+    for n in ("s", "p"):
+        (tmp_path / f"{n}.so").write_bytes(b"")
+    rc = run_cli("bench", "--lib", f"stock={tmp_path}/s.so:s", "--lib", f"patched={tmp_path}/p.so:p", "--device", "cpu",
+                 "--dtypes", "bf16", "--batches", "1", "--contexts", "40", "--heads", "4/2", "--head-sizes", "32",
+                 "--capture-len", "1100", "--kernels", "dispatched", "--reps", "2", "--rounds", "1", "--no-cold",
+                 "--json", str(tmp_path / "r.json"))  # fmt: skip
+    assert rc == 0
+    d = json.loads((tmp_path / "r.json").read_text())
+    assert [(p["context"], p["capture"]) for p in d["settings"]["points"]] == [(40, 1100)]
+    assert [(r["kernel"], r["dispatched"]) for r in d["results"]] == [("v2", True)]
+    assert d["results"][0]["variants"]["patched"]["outputs_match"] and not d["mismatches"]
+    assert "40@1100" in capsys.readouterr().out and sized == {1100}

@@ -111,6 +111,13 @@ def test_make_inputs_shapes(dtype, kv):
     assert not bool((inp.query == 0).all())
     if kv == "auto":
         assert inp.k_scale_value == 1.0
+    sized = I.make_inputs(dtype=dtype, kv_cache_dtype=kv, head_size=64, block_size=16, num_heads=8, num_kv_heads=2,
+                          seq_lens=[17, 3, 40], alibi=True, seed=1, device="cpu", max_seq_len=1100)  # fmt: skip
+    assert sized.max_seq_len == 1100 and sized.max_num_partitions == 3 and sized.seq_lens.tolist() == [17, 3, 40]
+    assert torch.equal(sized.key_cache, inp.key_cache) and torch.equal(sized.query, inp.query)
+    with pytest.raises(ValueError, match="max_seq_len 39 is shorter than the longest sequence .40."):
+        I.make_inputs(dtype=dtype, kv_cache_dtype=kv, head_size=64, block_size=16, num_heads=8, num_kv_heads=2,
+                      seq_lens=[17, 3, 40], alibi=True, seed=1, device="cpu", max_seq_len=39)  # fmt: skip
     # reproducible
     again = I.make_inputs(dtype=dtype, kv_cache_dtype=kv, head_size=64, block_size=16, num_heads=8,
                           num_kv_heads=2, seq_lens=[17, 3, 40], alibi=True, seed=1, device="cpu")  # fmt: skip

@@ -28,6 +28,17 @@ def test_bench_point_bytes():
     assert "kv=fp8" in q.name and "kv=" not in p.name
 
 
+def test_a_launch_sized_for_more_tokens_than_the_context_is_dispatched_by_that_size():
+    p = P.BenchPoint("fp16", 64, 1024)
+    assert p.max_seq_len == 1024 and p.dispatched == "v1" and "launch=" not in p.name
+    graph = P.BenchPoint("fp16", 64, 1024, capture=8192)
+    assert graph.max_seq_len == 8192 and graph.dispatched == "v1" and graph.name.endswith(" launch=8192")
+    assert P.BenchPoint("fp16", 16, 512).dispatched == "v1"  # one partition
+    assert P.BenchPoint("fp16", 16, 512, capture=8192).dispatched == "v2"  # 16 partitions, 512 query heads
+    assert P.BenchPoint("fp16", 64, 1024, capture=16384).dispatched == "v2"  # past v1's 8192
+    assert graph.kv_bytes == p.kv_bytes and graph.pool_key == p.pool_key  # the sequences' bytes, the same pool
+
+
 def test_pool_blocks_sizing():
     pts = B.default_points()
     l2 = 60 * 2**20

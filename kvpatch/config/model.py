@@ -162,6 +162,15 @@ class PatchConfig:
                                      "(__launch_bounds__; fewer registers, maybe spills; 0 = as nvcc chooses).",
                                      low=0, high=MAX_CTAS_PER_SM, why="an SM of sm_90 holds at most 32 CTAs",
                                      rule=True, tune=Tune(9, "go{}"))  # fmt: skip
+    #: group > 1 only, v1 only: where the launch's shared memory (its heads' logits, the context
+    #: long) leaves room for fewer than N CTAs of the full group on an SM, the launcher runs half
+    #: the group (half the heads a CTA, twice the CTAs) if more CTAs of that, and at least two, fit:
+    #: the CUDA runtime answers for this GPU. 2 (the default): only where one CTA of the full group
+    #: fits (benchmarks/evidence/half-group/); 0: never. Outputs stay stock's either way.
+    group_half_below: int = setting(2, "group > 1, v1 only: where fewer than N CTAs of the full group fit on an SM, "
+                                    "launch half the group if more of those (and two or more) fit (0 = never).",
+                                    low=0, high=MAX_CTAS_PER_SM, why="an SM of sm_90 holds at most 32 CTAs",
+                                    rule=True, tune=Tune(10, "gh{}"))  # fmt: skip
     #: Compile the prefetch in but never execute it (its guard reads a block number
     #: < 0): separates the prefetch's own effect from the code-generation change.
     control: bool = setting(False, "Compile the prefetch but never run it (for measurements).", rule=True, paper=FREE)
@@ -311,4 +320,4 @@ PAPER = {s.name: s.paper_value for s in SETTINGS if s.paper != FREE}
 OVERRIDABLE = (*(s.name for s in SETTINGS if s.rule), "off")
 #: What a rule may give beside ``off``: the grouped form's settings (``off`` is about the
 #: prefetch; those kernels' grouped form runs without one).
-GROUPING = ("group", "group_min_ctas", "group_ctas_per_sm")
+GROUPING = ("group", "group_min_ctas", "group_ctas_per_sm", "group_half_below")

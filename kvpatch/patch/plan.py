@@ -73,11 +73,13 @@ def split_condition(branches: list[tuple[str | None, PatchConfig]], cfg: PatchCo
 def group_values(branches: list[tuple[str | None, PatchConfig]], cfg: PatchConfig) -> dict[str, str]:
     """The grouped form's per-instantiation constants (templates/inject/grouped.cuh.j2), as
     :func:`rule_value` expressions: query heads per CTA, the least CTAs of a grouped launch, the
-    CTAs per SM its launch bounds ask for (0: none), and its prefetch's lookahead (0: none)."""
+    CTAs per SM its launch bounds ask for (0: none), below how many CTAs per SM a v1 launch takes
+    half the group (0: never), and its prefetch's lookahead (0: none)."""
     return {
         "heads": rule_value(branches, lambda c: str(c.group)),
         "min_ctas": rule_value(branches, lambda c: str(c.group_min_ctas)),
         "ctas_per_sm": rule_value(branches, lambda c: str(c.group_ctas_per_sm)),
+        "half_below": rule_value(branches, lambda c: str(c.group_half_below)),
         "lookahead": rule_value(branches, lambda c: "0" if c.off else str(c.lookahead)),
     }
 

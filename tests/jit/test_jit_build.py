@@ -275,10 +275,11 @@ def test_group_ctas_per_sm_compiles_the_grouped_kernels_to_fit_that_many_ctas_on
     configs = {
         "free": make_config(inherit_rules=False, rules={"bf16/128/16": rule}),
         "bounded": make_config(inherit_rules=False, rules={"bf16/128/16": rule + ",group-ctas-per-sm=4"}),
+        "whole": make_config(inherit_rules=False, rules={"bf16/128/16": rule + ",group-half-below=0"}),
     }
     variants = patched_variants(stock, path, configs)[1:]
     spec = make_spec(tree_0102, variants, "9.0a", dtypes=["bf16"], head_sizes=[128], block_sizes=[16])
-    free, bounded = build(spec, cache=build_cache).variants
+    free, bounded, whole = build(spec, cache=build_cache).variants
     # v1 also with half the group: the launcher's choice where shared memory (a long context's
     # logits) leaves room for one CTA of the full group on an SM; v2 never needs it
     forms = [("v1", 2), ("v1", 4), ("v2", 4)]
@@ -291,3 +292,5 @@ def test_group_ctas_per_sm_compiles_the_grouped_kernels_to_fit_that_many_ctas_on
     assert all(g.ctas_per_sm == 4 and "bounded" in g.symbol and g.registers <= 128 for g in bounded.grouped)
     assert any(g.registers > 128 for g in free.grouped)  # what the bounds are for: nvcc takes more without
     assert all(g.ok for g in bounded.grouped)  # the prefetch is where its lookahead says
+    # group-half-below 0: the launcher never halves the group, so no half-group kernel is built
+    assert sorted((g.kernel, g.heads) for g in whole.grouped) == [("v1", 4), ("v2", 4)]

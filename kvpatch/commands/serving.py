@@ -36,7 +36,7 @@ class ServingBenchOptions:
     budget_s: Optional[float] = None
     engine_timeout_s: float = 1200.0
     gpu_memory_utilization: float = 0.9
-    max_model_len: Optional[int] = None  # the engine's context (None: the longest workload's)
+    max_model_len: Optional[int] = None  # the engine's context (None: 8192, the longest workload's if longer)
     json_path: Optional[str] = None
     cwd: Path = field(default_factory=Path.cwd)
 

@@ -53,8 +53,8 @@ TUNING_HEADS = ((32, 8), (32, 32), (64, 8))
 POINT_SETS = ("tuning", "headline", "heldout")
 
 
-#: The longest launch ``--capture-len`` sizes (v1 keeps a CTA's logits in shared memory: beyond
-#: this vLLM runs v2, whose partitions it sizes by).
+#: The most tokens ``--capture-len`` sizes a launch for: 131072, the longest context of the models
+#: kvpatch knows (a typo, not a wish, is what it catches).
 MAX_CAPTURE_LEN = 1 << 17
 
 

@@ -184,7 +184,7 @@ class ServingOptions:
     warmup_tokens: int = 8
     arms: tuple[Arm, ...] = ARMS
     extra: dict[str, Any] = field(default_factory=dict)  # provenance only
-    context: int | None = None  # --max-model-len (None: the longest workload's, rounded up)
+    context: int | None = None  # --max-model-len (None: default_context)
 
     def __post_init__(self) -> None:
         engine_dtype(self.dtype)

@@ -151,10 +151,9 @@ def bench(o: ServingBenchOptions, *, progress: Progress = QUIET) -> dict[str, An
 
     dtype_torch = engine_dtype(o.dtype)
     workloads = make_workloads(o.input_len, o.output_len, o.batch_sizes, o.workloads)
-    options = dict(model="", model_label="", dtype=o.dtype, workloads=workloads, starts=o.starts,
-                   gpu_memory_utilization=o.gpu_memory_utilization, engine_timeout_s=o.engine_timeout_s)  # fmt: skip
-    ServingOptions(**options, context=o.max_model_len)  # the options alone, checked first
-    checked = ServingOptions(**options, arms=_arms(o), context=_context(o, workloads, *_model_source(o)))
+    checked = ServingOptions(model="", model_label="", dtype=o.dtype, workloads=workloads, starts=o.starts,
+                             gpu_memory_utilization=o.gpu_memory_utilization, engine_timeout_s=o.engine_timeout_s,
+                             arms=_arms(o), context=_context(o, workloads, *_model_source(o)))  # fmt: skip
     if o.budget_s is not None and not o.budget_s > 0:
         raise UsageError("--budget must be a positive number of seconds")
     raw = o.raw if o.raw is None or o.raw.is_absolute() else o.cwd / o.raw

@@ -91,6 +91,12 @@ def beyond_twin(rows: list[dict], v: str, base: str) -> list[tuple[dict, float]]
     return sorted(out, key=lambda rx: (order.get(rx[0]["point"]["dtype"], 2), order.get(rx[0]["mode"], 2)))
 
 
+def _ctx(point: dict) -> str:
+    """A point's context, with the length its launches were sized for where longer: ``'1024@8192'``."""
+    capture = point.get("capture", 0)
+    return f"{point['context']}@{capture}" if capture > point["context"] else str(point["context"])
+
+
 def heldout(folder: Path, name: str, base: str = "patched") -> list[str]:
     """The held-out set: each variant other than stock, ``base`` (the table the run compares with:
     the one kvpatch shipped then) and the A/A twin, over ``base``."""
@@ -129,7 +135,7 @@ def heldout(folder: Path, name: str, base: str = "patched") -> list[str]:
         listed = "; ".join(
             f"{r['point']['dtype']} {r['mode']} {r['kernel']} {r['point']['num_heads']}/{r['point']['num_kv_heads']} "
             f"h{r['point']['head_size']} b{r['point']['block_size']} {r['point']['kv_cache_dtype']} "
-            f"B{r['point']['batch']}/{r['point']['context']}: {x:.3f}"
+            f"B{r['point']['batch']}/{_ctx(r['point'])}: {x:.3f}"
             for r, x in mine
         )
         lines += ["", f"{v}: {len(mine)} points below the A/A twin's lowest ratio over stock in their dtype and mode "
@@ -198,12 +204,6 @@ def decode_arms(folder: Path, name: str, base: str = "patched") -> list[str]:
               f"{'yes' if all(p['all_identical'] for p in pts) else 'NO'}. v1 points (vLLM's dispatch): "
               + ", ".join(f"{p['model']} {p['dtype']} B{p['batch']}/{p['context']}" for p in pts if p["kernel"] == "v1") + "."]  # fmt: skip
     return lines
-
-
-def _ctx(point: dict) -> str:
-    """A point's context, with the length its launches were sized for where longer: ``'1024@8192'``."""
-    capture = point.get("capture", 0)
-    return f"{point['context']}@{capture}" if capture > point["context"] else str(point["context"])
 
 
 def bench_points(folder: Path, name: str, base: str = "patched") -> list[str]:

@@ -63,20 +63,31 @@ def test_bench_refuses_timing_options_before_anything_runs(tmp_path, opts, messa
         Bc.run(Bc.BenchOptions(cwd=tmp_path, libs=[f"stock={tmp_path}/none.so:s"], **opts))
 
 
+@pytest.fixture
+def cpu_bench(monkeypatch, tmp_path):
+    """``kvpatch bench`` on CPU: stand-in kernels (``kernels``, a FakeKernels class) for the
+    libraries s.so and p.so in ``tmp_path``, a small L2 and copy size."""
+
+    def setup(kernels=FakeKernels):
+        monkeypatch.setattr(Ln, "load_libs", lambda specs: {s.name: kernels() for s in specs})
+        real = Bn.run_bench
+
+        def small(libs, points, **kw):
+            kw.update(l2_bytes=1 << 16, copy_bytes=1 << 20)
+            return real(libs, points, **kw)
+
+        monkeypatch.setattr(Bn, "run_bench", small)
+        for n in ("s", "p"):
+            (tmp_path / f"{n}.so").write_bytes(b"")
+
+    return setup
+
+
 @pytest.mark.slow
 @needs_torch
-def test_bench_with_prebuilt_libs_on_cpu(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(Ln, "load_libs", lambda specs: {s.name: FakeKernels() for s in specs})
-    real = Bn.run_bench
-
-    def small(libs, points, **kw):
-        kw.update(l2_bytes=1 << 16, copy_bytes=1 << 20)
-        return real(libs, points, **kw)
-
-    monkeypatch.setattr(Bn, "run_bench", small)
+def test_bench_with_prebuilt_libs_on_cpu(cpu_bench, monkeypatch, tmp_path, capsys):
+    cpu_bench()
     monkeypatch.chdir(tmp_path)
-    for n in ("s", "p"):
-        (tmp_path / f"{n}.so").write_bytes(b"")
     info = tmp_path / "info.json"
     info.write_text(json.dumps({"patched": {"marker": "lookahead=2", "compile_flags": ["-O3"]}}))
     rc = run_cli("bench", "--lib", f"stock={tmp_path}/s.so:s", "--lib", f"patched={tmp_path}/p.so:p", "--device", "cpu",
@@ -99,7 +110,7 @@ def test_bench_with_prebuilt_libs_on_cpu(monkeypatch, tmp_path, capsys):
 
 @pytest.mark.slow
 @needs_torch
-def test_bench_with_launches_sized_past_the_context_on_cpu(monkeypatch, tmp_path, capsys):
+def test_bench_with_launches_sized_past_the_context_on_cpu(cpu_bench, tmp_path, capsys):
     sized = set()
 
     class Recording(FakeKernels):
@@ -107,12 +118,7 @@ def test_bench_with_launches_sized_past_the_context_on_cpu(monkeypatch, tmp_path
             sized.add(args[8])  # max_seq_len, as the launcher is given it
             return super()._compute(out, *args)
 
-    monkeypatch.setattr(Ln, "load_libs", lambda specs: {s.name: Recording() for s in specs})
-    real = Bn.run_bench
-    monkeypatch.setattr(Bn, "run_bench", lambda libs, points, **kw: real(libs, points, **{**kw, "l2_bytes": 1 << 16,
-                                                                                        "copy_bytes": 1 << 20}))  # fmt: skip
-    for n in ("s", "p"):
-        (tmp_path / f"{n}.so").write_bytes(b"")
+    cpu_bench(Recording)
     rc = run_cli("bench", "--lib", f"stock={tmp_path}/s.so:s", "--lib", f"patched={tmp_path}/p.so:p", "--device", "cpu",
                  "--dtypes", "bf16", "--batches", "1", "--contexts", "40", "--heads", "4/2", "--head-sizes", "32",
                  "--capture-len", "1100", "--kernels", "dispatched", "--reps", "2", "--rounds", "1", "--no-cold",

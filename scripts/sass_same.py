@@ -42,7 +42,8 @@ def kernels(lib: Path) -> dict[str, str]:
             name = m.group(1)
             out[name] = []
         elif name is not None and _INSTRUCTION.match(line):  # not the dump's headers between ELF files
-            out[name].append(_ENCODING.sub("", line).rstrip())
+            # cuobjdump pads the encodings into a column as wide as the file's longest instruction needs
+            out[name].append(" ".join(_ENCODING.sub("", line).split()))
     return {k: hashlib.sha256("\n".join(v).encode()).hexdigest()[:16] for k, v in out.items()}
 
 

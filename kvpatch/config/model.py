@@ -171,6 +171,18 @@ class PatchConfig:
                                     "launch half the group if more of those (and two or more) fit (0 = never).",
                                     low=0, high=MAX_CTAS_PER_SM, why="an SM of sm_90 holds at most 32 CTAs",
                                     rule=True, tune=Tune(10, "gh{}"))  # fmt: skip
+    #: group > 1 only, v1 only: where the launch's shared memory (its heads' logits for the
+    #: longest sequence it may see: vLLM's captured graphs size every launch for 8192 tokens)
+    #: leaves room for fewer than N CTAs on an SM, the launcher gives it less: as much as lets N
+    #: fit (never less than one head's logits for that longest sequence). Each CTA then computes
+    #: its heads in as few passes as its own sequence's logits allow in it: all at once where they
+    #: fit, else half of them at a time, ... down to one (each pass reads the K and V tiles again).
+    #: 0 (the default): never; the kernel has no passes. Outputs stay stock's either way.
+    group_fit_ctas: int = setting(0, "group > 1, v1 only: where the launch's shared memory fits fewer than N CTAs on "
+                                  "an SM, give it what fits N and let each CTA take its heads in passes where its own "
+                                  "sequence's logits do not all fit (0 = never).",
+                                  low=0, high=MAX_CTAS_PER_SM, why="an SM of sm_90 holds at most 32 CTAs",
+                                  rule=True, tune=Tune(11, "gf{}"))  # fmt: skip
     #: Compile the prefetch in but never execute it (its guard reads a block number
     #: < 0): separates the prefetch's own effect from the code-generation change.
     control: bool = setting(False, "Compile the prefetch but never run it (for measurements).", rule=True, paper=FREE)
@@ -320,4 +332,4 @@ PAPER = {s.name: s.paper_value for s in SETTINGS if s.paper != FREE}
 OVERRIDABLE = (*(s.name for s in SETTINGS if s.rule), "off")
 #: What a rule may give beside ``off``: the grouped form's settings (``off`` is about the
 #: prefetch; those kernels' grouped form runs without one).
-GROUPING = ("group", "group_min_ctas", "group_ctas_per_sm", "group_half_below")
+GROUPING = ("group", "group_min_ctas", "group_ctas_per_sm", "group_half_below", "group_fit_ctas")

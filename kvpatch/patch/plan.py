@@ -74,12 +74,15 @@ def group_values(branches: list[tuple[str | None, PatchConfig]], cfg: PatchConfi
     """The grouped form's per-instantiation constants (templates/inject/grouped.cuh.j2), as
     :func:`rule_value` expressions: query heads per CTA, the least CTAs of a grouped launch, the
     CTAs per SM its launch bounds ask for (0: none), below how many CTAs per SM a v1 launch takes
-    half the group (0: never), and its prefetch's lookahead (0: none)."""
+    half the group (0: never), for how many CTAs per SM a v1 launch's shared memory is sized, its
+    CTAs taking their heads in passes where they must (0: never), and its prefetch's lookahead (0:
+    none)."""
     return {
         "heads": rule_value(branches, lambda c: str(c.group)),
         "min_ctas": rule_value(branches, lambda c: str(c.group_min_ctas)),
         "ctas_per_sm": rule_value(branches, lambda c: str(c.group_ctas_per_sm)),
         "half_below": rule_value(branches, lambda c: str(c.group_half_below)),
+        "fit_ctas": rule_value(branches, lambda c: str(c.group_fit_ctas)),
         "lookahead": rule_value(branches, lambda c: "0" if c.off else str(c.lookahead)),
     }
 

@@ -276,10 +276,11 @@ def test_group_ctas_per_sm_compiles_the_grouped_kernels_to_fit_that_many_ctas_on
         "free": make_config(inherit_rules=False, rules={"bf16/128/16": rule}),
         "bounded": make_config(inherit_rules=False, rules={"bf16/128/16": rule + ",group-ctas-per-sm=4"}),
         "whole": make_config(inherit_rules=False, rules={"bf16/128/16": rule + ",group-half-below=0"}),
+        "fit": make_config(inherit_rules=False, rules={"bf16/128/16": rule + ",group-fit-ctas=4"}),
     }
     variants = patched_variants(stock, path, configs)[1:]
     spec = make_spec(tree_0102, variants, "9.0a", dtypes=["bf16"], head_sizes=[128], block_sizes=[16])
-    free, bounded, whole = build(spec, cache=build_cache).variants
+    free, bounded, whole, fit = build(spec, cache=build_cache).variants
     # v1 also with half the group: the launcher's choice where shared memory (a long context's
     # logits) leaves room for one CTA of the full group on an SM; v2 never needs it
     forms = [("v1", 2), ("v1", 4), ("v2", 4)]
@@ -294,3 +295,8 @@ def test_group_ctas_per_sm_compiles_the_grouped_kernels_to_fit_that_many_ctas_on
     assert all(g.ok for g in bounded.grouped)  # the prefetch is where its lookahead says
     # group-half-below 0: the launcher never halves the group, so no half-group kernel is built
     assert sorted((g.kernel, g.heads) for g in whole.grouped) == [("v1", 4), ("v2", 4)]
+    # group-fit-ctas 4: the same kernels, v1's taking their heads in passes where a sequence's
+    # logits do not fit (each pass width a function of its own), v2's untouched
+    assert sorted((g.kernel, g.heads) for g in fit.grouped) == forms and all(g.ok for g in fit.grouped)
+    regs = {(g.kernel, g.heads): g.registers for g in free.grouped}
+    assert all(g.registers == regs[g.kernel, g.heads] for g in fit.grouped if g.kernel == "v2")

@@ -41,6 +41,7 @@ from kvpatch.jit import (
     patched_variants,
     vllm_nvcc_flags,
 )
+from kvpatch.jit.sass import sass_functions
 from kvpatch.progress import Recorder
 
 pytestmark = NVCC_MARKS
@@ -263,6 +264,16 @@ def test_build_warns_where_split_does_not_compile_as_stock(tree_0102, build_cach
     assert warned == {"v1 bf16/auto/128/32 sm_90a", "v2 bf16/auto/128/32 sm_90a"}
 
 
+def _stock_form_sass(variant) -> dict[str, list[str]]:
+    """A built variant's vLLM-form kernels (paged_attention_*), named without its namespace -> their SASS."""
+    ns = f"{len(variant.prefix)}{variant.prefix}"
+    return {
+        symbol.replace(ns, ""): [i for _, i in instrs]
+        for _, symbol, instrs in sass_functions(variant.read_sass().splitlines())
+        if symbol and "paged_attention" in symbol
+    }
+
+
 def test_group_ctas_per_sm_compiles_the_grouped_kernels_to_fit_that_many_ctas_on_an_sm(tree_0102, build_cache):
     """Before (group-ctas-per-sm 0): the grouped kernels carry no launch bounds and take the
     registers nvcc chooses. After (4): the launcher instantiates the bounded kernels instead,
@@ -300,3 +311,7 @@ def test_group_ctas_per_sm_compiles_the_grouped_kernels_to_fit_that_many_ctas_on
     assert sorted((g.kernel, g.heads) for g in fit.grouped) == forms and all(g.ok for g in fit.grouped)
     regs = {(g.kernel, g.heads): g.registers for g in free.grouped}
     assert all(g.registers == regs[g.kernel, g.heads] for g in fit.grouped if g.kernel == "v2")
+    # and nothing beside them moves: the stock form's kernels are the same SASS with and without
+    # (a pass compiled as a call of its own, for one, changed how nvcc compiled them)
+    stock_form = [_stock_form_sass(v) for v in (free, fit)]
+    assert stock_form[0] and stock_form[0] == stock_form[1]

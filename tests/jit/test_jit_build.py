@@ -264,6 +264,17 @@ def test_build_warns_where_split_does_not_compile_as_stock(tree_0102, build_cach
     assert warned == {"v1 bf16/auto/128/32 sm_90a", "v2 bf16/auto/128/32 sm_90a"}
 
 
+def _build_ruled(tree, cache, kernel: str, rules: dict[str, str], dtype: str, head_sizes: list[int]):
+    """One variant per ``rules`` entry (name -> the rule for ``kernel``, nothing else patched),
+    built for sm_90a at block 16: the built variants, in that order."""
+    path = str(tree / HEADER)
+    stock = (tree / HEADER).read_text(encoding="utf-8")
+    configs = {name: make_config(inherit_rules=False, rules={kernel: rule}) for name, rule in rules.items()}
+    variants = patched_variants(stock, path, configs)[1:]
+    spec = make_spec(tree, variants, "9.0a", dtypes=[dtype], head_sizes=head_sizes, block_sizes=[16])
+    return build(spec, cache=cache).variants
+
+
 def _stock_form_sass(variant) -> dict[str, list[str]]:
     """A built variant's vLLM-form kernels (paged_attention_*), named without its namespace -> their SASS."""
     ns = f"{len(variant.prefix)}{variant.prefix}"
@@ -280,18 +291,10 @@ def test_group_ctas_per_sm_compiles_the_grouped_kernels_to_fit_that_many_ctas_on
     each held to 65536 / (4 x 128) = 128 registers a thread, and says so in the build result.
     Either way v1 is also built with half the group, which the launcher takes where a long
     context's logits leave room for only one CTA of the full group on an SM."""
-    path = str(tree_0102 / HEADER)
-    stock = (tree_0102 / HEADER).read_text(encoding="utf-8")
     rule = "group=4,group-min-ctas=256"
-    configs = {
-        "free": make_config(inherit_rules=False, rules={"bf16/128/16": rule}),
-        "bounded": make_config(inherit_rules=False, rules={"bf16/128/16": rule + ",group-ctas-per-sm=4"}),
-        "whole": make_config(inherit_rules=False, rules={"bf16/128/16": rule + ",group-half-below=0"}),
-        "fit": make_config(inherit_rules=False, rules={"bf16/128/16": rule + ",group-fit-ctas=4"}),
-    }
-    variants = patched_variants(stock, path, configs)[1:]
-    spec = make_spec(tree_0102, variants, "9.0a", dtypes=["bf16"], head_sizes=[128], block_sizes=[16])
-    free, bounded, whole, fit = build(spec, cache=build_cache).variants
+    rules = {"free": rule, "bounded": rule + ",group-ctas-per-sm=4", "whole": rule + ",group-half-below=0",
+             "fit": rule + ",group-fit-ctas=4"}  # fmt: skip
+    free, bounded, whole, fit = _build_ruled(tree_0102, build_cache, "bf16/128/16", rules, "bf16", [128])
     # v1 also with half the group: the launcher's choice where shared memory (a long context's
     # logits) leaves room for one CTA of the full group on an SM; v2 never needs it
     forms = [("v1", 2), ("v1", 4), ("v2", 4)]
@@ -307,7 +310,7 @@ def test_group_ctas_per_sm_compiles_the_grouped_kernels_to_fit_that_many_ctas_on
     # group-half-below 0: the launcher never halves the group, so no half-group kernel is built
     assert sorted((g.kernel, g.heads) for g in whole.grouped) == [("v1", 4), ("v2", 4)]
     # group-fit-ctas 4: the same kernels, v1's taking their heads in passes where a sequence's
-    # logits do not fit (each pass width a function of its own), v2's untouched
+    # logits do not fit, v2's untouched
     assert sorted((g.kernel, g.heads) for g in fit.grouped) == forms and all(g.ok for g in fit.grouped)
     regs = {(g.kernel, g.heads): g.registers for g in free.grouped}
     assert all(g.registers == regs[g.kernel, g.heads] for g in fit.grouped if g.kernel == "v2")
@@ -317,18 +320,10 @@ def test_passes_leave_vllms_own_form_of_every_kernel_as_it_was(tree_0102, build_
     """Before (group-fit-ctas 0) and after (4) on fp16 head 128 block 16, built with fp16 head 64
     beside it: only the grouped kernels may differ; vLLM's own form of every kernel, the grouped
     configuration's and its neighbour's, is the same SASS. (A pass compiled as a call of its own
-    changed how nvcc compiled both: fp16 head 128 at batch 16, a stock-form launch, then ran at a
-    third of stock's speed on an H200.)"""
-    path = str(tree_0102 / HEADER)
-    stock = (tree_0102 / HEADER).read_text(encoding="utf-8")
+    changed how nvcc compiled both.)"""
     rule = "group=4,group-min-ctas=256,group-ctas-per-sm=4"
-    configs = {
-        "nofit": make_config(inherit_rules=False, rules={"fp16/128/16/auto/v1": rule}),
-        "fit": make_config(inherit_rules=False, rules={"fp16/128/16/auto/v1": rule + ",group-fit-ctas=4"}),
-    }
-    variants = patched_variants(stock, path, configs)[1:]
-    spec = make_spec(tree_0102, variants, "9.0a", dtypes=["fp16"], head_sizes=[64, 128], block_sizes=[16])
-    nofit, fit = build(spec, cache=build_cache).variants
+    rules = {"nofit": rule, "fit": rule + ",group-fit-ctas=4"}
+    nofit, fit = _build_ruled(tree_0102, build_cache, "fp16/128/16/auto/v1", rules, "fp16", [64, 128])
     assert sorted((g.kernel, g.heads) for g in fit.grouped) == [("v1", 2), ("v1", 4)]
     own = [_stock_form_sass(v) for v in (nofit, fit)]
     assert len(own[0]) == 6 and own[0] == own[1]  # v1, v2 and its reduce kernel, of head 64 and 128

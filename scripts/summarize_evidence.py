@@ -540,9 +540,9 @@ def _engine_runs(path: Path) -> tuple[list[dict], set[str]]:
     with tarfile.open(path) as tar:
         for m in tar.getmembers():
             name = Path(m.name).name
-            if m.isfile() and re.fullmatch(r"r\d\d-[a-z-]+\.json", name):
+            if m.isfile() and re.fullmatch(r"r\d\d-[a-z0-9-]+\.json", name):
                 runs.append(json.loads(tar.extractfile(m).read()))
-            elif m.isfile() and re.fullmatch(r"r\d\d-[a-z-]+\.spec\.json", name):
+            elif m.isfile() and re.fullmatch(r"r\d\d-[a-z0-9-]+\.spec\.json", name):
                 models.add(json.loads(tar.extractfile(m).read())["model"])
     return sorted(runs, key=lambda r: r["index"]), models
 
@@ -632,8 +632,9 @@ def serving(folder: Path, cfg: dict) -> list[str]:
             lines += [f"vLLM's own kernel tests on the rebuilt ops ({f}): {n['passed']} passed, "
                       f"{n['failed'] + n['errors']} failed, {n['skipped']} skipped.", ""]  # fmt: skip
         elif f.endswith(("status.txt", "kvpatch.toml")):
+            arm = Path(f).name.removesuffix("kvpatch.toml").rstrip(".-") or "kvpatch"  # NAME.kvpatch.toml: arm NAME's
             head = ("`kvpatch plugin status --gpus` on the machine" if f.endswith("status.txt")
-                    else "The configuration kvpatch's arm ran, over the shipped table")  # fmt: skip
+                    else f"The configuration the {arm} arm's bundle was built with")  # fmt: skip
             text = (folder / f).read_text(encoding="utf-8").strip().splitlines()
             lines += [f"{head} ({f}):", "", *(f"    {t}" for t in text), ""]
     return lines

@@ -177,17 +177,18 @@ def test_bit_identity_names_a_kernel_no_full_run_checked(tmp_path: Path) -> None
 
 def test_serving_summary_sets_a_bundle_arm_beside_vllm_and_the_enabled_bundle(tmp_path: Path) -> None:
     """A ``plugin bench --bundle`` run: the summary re-derives the report from its engine runs (the
-    arm's fingerprint by its kernels) and gives that arm's step time and both of its ratios."""
+    arm's fingerprint by its kernels; an arm's name may hold digits) and gives that arm's step time
+    and both of its ratios, and names the configuration its bundle was built with."""
     import tarfile
 
     from kvpatch.serving import KVPATCH, VLLM, VLLM_TWIN, Arm, ServingOptions, Workload
     from kvpatch.serving.report import build_report
 
-    fast = Arm("grouped", "kvpatch", bundle="/b/grouped", bundle_id="0123456789abcdef")
+    fast = Arm("g4", "kvpatch", bundle="/b/g4", bundle_id="0123456789abcdef")
     options = ServingOptions(model="/m/model-llama-3.1-8b-bfloat16", model_label="llama-3.1-8b", dtype="bf16",
                              workloads=(Workload(512, 512, 64),), starts=2, arms=(KVPATCH, fast, VLLM, VLLM_TWIN),
                              extra={"model_shape": "llama-3.1-8b"})  # fmt: skip
-    ms = {"kvpatch": (15.0, 15.5), "grouped": (12.0, 12.5), "vllm": (18.0, 18.6), "vllm-twin": (18.2, 18.4)}
+    ms = {"kvpatch": (15.0, 15.5), "g4": (12.0, 12.5), "vllm": (18.0, 18.6), "vllm-twin": (18.2, 18.4)}
     records = []
     for rnd in (0, 1):
         for name, arm in zip(ms, options.arms, strict=True):
@@ -202,12 +203,15 @@ def test_serving_summary_sets_a_bundle_arm_beside_vllm_and_the_enabled_bundle(tm
         for r in records:
             (tmp_path / f"{r['slot']}.json").write_text(json.dumps(r))
             tar.add(tmp_path / f"{r['slot']}.json", arcname=f"./{r['slot']}.json")
+    (tmp_path / "g4.kvpatch.toml").write_text("[kvpatch]\ngroup = 4\n")
     (tmp_path / "run.toml").write_text('title = "t"\nkind = "serving"\n[[run]]\nfiles = ["serving-bf16.json", '
-                                       '"raw-bf16.tar.xz"]\n')  # fmt: skip
+                                       '"raw-bf16.tar.xz", "g4.kvpatch.toml"]\n')  # fmt: skip
     done = script("summarize_evidence.py", tmp_path)
     assert done.returncode == 0, done.stderr
     head = next(line for line in done.stdout.splitlines() if line.startswith("| workload |"))
-    assert head.endswith("| grouped | grouped speedup | grouped over kvpatch |")
+    assert head.endswith("| g4 | g4 speedup | g4 over kvpatch |")
     line = next(line for line in done.stdout.splitlines() if line.startswith("| 512x512 B64 |"))
-    # vLLM 18.3 / grouped 12.25 and kvpatch 15.25 / grouped 12.25; per round 18.0/12.0 .. 18.6/12.5
+    # vLLM 18.3 / g4 12.25 and kvpatch 15.25 / g4 12.25; per round 18.0/12.0 .. 18.6/12.5
     assert line.endswith("| 12.25 (12.00-12.50) | 1.494 (1.488-1.500) | 1.245 (1.240-1.250) |")
+    assert "The configuration the g4 arm's bundle was built with (g4.kvpatch.toml):" in done.stdout
+    assert "    group = 4" in done.stdout

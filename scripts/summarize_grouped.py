@@ -97,6 +97,21 @@ def _ctx(point: dict) -> str:
     return f"{point['context']}@{capture}" if capture > point["context"] else str(point["context"])
 
 
+def _described(rows: list[dict]) -> str:
+    """What a run's points cover, read from the points: dtypes x modes; head layouts; head and
+    block sizes; caches; batches; contexts."""
+    pts = [r["point"] for r in rows]
+
+    def each(key: str) -> str:
+        return "/".join(str(v) for v in sorted({p[key] for p in pts}))
+
+    layouts = sorted({(p["num_heads"], p["num_kv_heads"]) for p in pts}, key=lambda hk: (hk[0] == hk[1], hk))
+    heads = ", ".join(f"{'MHA' if h == k else 'GQA'} {h}/{k}" for h, k in layouts)
+    modes = "/".join(sorted({r["mode"] for r in rows}, reverse=True))
+    return (f"{each('dtype')} x {modes}; {heads}; head {each('head_size')}; block {each('block_size')}; "
+            f"{each('kv_cache_dtype')} cache; batch {each('batch')}; context {each('context')}")  # fmt: skip
+
+
 def heldout(folder: Path, name: str, base: str = "patched") -> list[str]:
     """The held-out set: each variant other than stock, ``base`` (the table the run compares with:
     the one kvpatch shipped then) and the A/A twin, over ``base``."""
@@ -105,8 +120,7 @@ def heldout(folder: Path, name: str, base: str = "patched") -> list[str]:
     copy = bench["copy_bandwidth"]["bytes_per_s"] / 1e12
     rows = [r for r in bench["results"] if r["dispatched"]]
     lines = ["", f"## The held-out set (`{name}`): {', '.join(variants)} over {base}",
-             "", f"`{name}`: {len(rows)} dispatched points (fp16/bf16 x warm/cold; GQA 32/8, 64/8, 8/1 and MHA 32/32; "
-             f"head 64/128/256; block 16/32; auto and fp8 caches), {len(bench['rounds'])} rounds, "
+             "", f"`{name}`: {len(rows)} dispatched points ({_described(rows)}), {len(bench['rounds'])} rounds, "
              f"{bench['flagged_rounds']} flagged power-capped or throttled; copy bandwidth {copy:.3f} TB/s (same run). "
              f"Each ratio: the variant's speedup over stock divided by {base}'s (above 1: faster than {base}).", ""]  # fmt: skip
     lines += ["| variant | dtype | mode | all points | MHA (never grouped) | GQA, batch >= 16, ctx >= 4096 | "

@@ -29,30 +29,33 @@ from .machine import Machine
 #: (``group = 4, group-min-ctas = 256``: one CTA computes four query heads of a KV group, each K/V
 #: tile read once for them, in launches of >= 256 such CTAs, through kvpatch's own launchers; vLLM's
 #: launchers never run that form), 9 of them without prefetching; 9 under launch bounds
-#: (``group-ctas-per-sm = 4``).
+#: (``group-ctas-per-sm = 4``). One setting was added to tune-28's rules since: every grouped v1
+#: kernel takes ``group-half-below = 4`` (the launcher runs half the group where fewer than 4 CTAs
+#: of the full group fit an SM and halving adds no wave of CTAs; tune-28 ran 2, the setting's
+#: default): benchmarks/evidence/wave-rule.
 DEFAULT_OVERRIDES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
     ('bf16', (('off', True),)),
-    ('bf16/128/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('issue', 'split'), ('read', 'warp'), ('group', 4), ('group_min_ctas', 256))),
+    ('bf16/128/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('issue', 'split'), ('read', 'warp'), ('group', 4), ('group_min_ctas', 256), ('group_half_below', 4))),
     ('bf16/128/16/auto/v2', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('issue', 'split'), ('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4))),
-    ('bf16/128/32/auto', (('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4), ('off', True))),
-    ('bf16/256/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('issue', 'split'), ('read', 'warp'), ('group', 4), ('group_min_ctas', 256))),
+    ('bf16/128/32/auto', (('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4), ('group_half_below', 4), ('off', True))),
+    ('bf16/256/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('issue', 'split'), ('read', 'warp'), ('group', 4), ('group_min_ctas', 256), ('group_half_below', 4))),
     ('bf16/256/16/auto/v2', (('lookahead', 1), ('scope', 'kv-head'), ('issue', 'split'), ('group', 4), ('group_min_ctas', 256))),
-    ('bf16/256/32/auto', (('group', 4), ('group_min_ctas', 256), ('off', True))),
-    ('bf16/64/16/auto/v1', (('lookahead', 1), ('scope', 'cta'), ('issue', 'split'), ('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4))),
+    ('bf16/256/32/auto', (('group', 4), ('group_min_ctas', 256), ('group_half_below', 4), ('off', True))),
+    ('bf16/64/16/auto/v1', (('lookahead', 1), ('scope', 'cta'), ('issue', 'split'), ('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4), ('group_half_below', 4))),
     ('bf16/64/16/auto/v2', (('lookahead', 2), ('scope', 'cta'), ('issue', 'split'), ('group', 4), ('group_min_ctas', 256))),
-    ('bf16/64/32/auto/v1', (('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4), ('off', True))),
+    ('bf16/64/32/auto/v1', (('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4), ('group_half_below', 4), ('off', True))),
     ('bf16/64/32/auto/v2', (('group', 4), ('group_min_ctas', 256), ('off', True))),
     ('fp16', (('off', True),)),
-    ('fp16/128/16/auto/v1', (('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4), ('off', True))),
+    ('fp16/128/16/auto/v1', (('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4), ('group_half_below', 4), ('off', True))),
     ('fp16/128/16/auto/v2', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('min_group', 2), ('issue', 'call'), ('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4))),
-    ('fp16/128/32/auto/v1', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('min_group', 2), ('issue', 'call'), ('group', 4), ('group_min_ctas', 256))),
+    ('fp16/128/32/auto/v1', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('min_group', 2), ('issue', 'call'), ('group', 4), ('group_min_ctas', 256), ('group_half_below', 4))),
     ('fp16/128/32/auto/v2', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('issue', 'call'), ('group', 4), ('group_min_ctas', 256))),
-    ('fp16/256/16/auto', (('group', 4), ('group_min_ctas', 256), ('off', True))),
-    ('fp16/256/32/auto/v1', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('min_group', 2), ('issue', 'call'), ('read', 'warp'), ('group', 4), ('group_min_ctas', 256))),
+    ('fp16/256/16/auto', (('group', 4), ('group_min_ctas', 256), ('group_half_below', 4), ('off', True))),
+    ('fp16/256/32/auto/v1', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('min_group', 2), ('issue', 'call'), ('read', 'warp'), ('group', 4), ('group_min_ctas', 256), ('group_half_below', 4))),
     ('fp16/256/32/auto/v2', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('issue', 'inline'), ('read', 'warp'), ('group', 4), ('group_min_ctas', 256))),
     ('fp16/64/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('min_group', 2), ('issue', 'call'), ('read', 'warp'))),
     ('fp16/64/16/auto/v2', (('off', True),)),
-    ('fp16/64/32/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('issue', 'inline'), ('read', 'warp'), ('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4))),
+    ('fp16/64/32/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('issue', 'inline'), ('read', 'warp'), ('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4), ('group_half_below', 4))),
     ('fp16/64/32/auto/v2', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('min_group', 2), ('issue', 'inline'), ('read', 'warp'), ('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4))),
     ('fp32', (('off', True),)),
 )  # fmt: skip

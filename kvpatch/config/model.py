@@ -164,11 +164,14 @@ class PatchConfig:
                                      rule=True, tune=Tune(9, "go{}"))  # fmt: skip
     #: group > 1 only, v1 only: where the launch's shared memory (its heads' logits, the context
     #: long) leaves room for fewer than N CTAs of the full group on an SM, the launcher runs half
-    #: the group (half the heads a CTA, twice the CTAs) if more CTAs of that, and at least two, fit:
-    #: the CUDA runtime answers for this GPU. 2 (the default): only where one CTA of the full group
-    #: fits (benchmarks/evidence/half-group/); 0: never. Outputs stay stock's either way.
+    #: the group (half the heads a CTA, twice the CTAs) if more CTAs of that, and at least two, fit
+    #: (the CUDA runtime answers for this GPU) and its CTAs fill the GPU in no more waves than the
+    #: full group's (templates/build/group_rule.h.j2). 2 (the setting's default): only where one CTA
+    #: of the full group fits; the shipped table takes 4 for its grouped v1 kernels
+    #: (benchmarks/evidence/wave-rule/); 0: never. Outputs stay stock's either way.
     group_half_below: int = setting(2, "group > 1, v1 only: where fewer than N CTAs of the full group fit on an SM, "
-                                    "launch half the group if more of those (and two or more) fit (0 = never).",
+                                    "launch half the group if more of those (and two or more) fit and it takes "
+                                    "no more waves of CTAs (0 = never).",
                                     low=0, high=MAX_CTAS_PER_SM, why="an SM of sm_90 holds at most 32 CTAs",
                                     rule=True, tune=Tune(10, "gh{}"))  # fmt: skip
     #: group > 1 only, v1 only: where the launch's shared memory (its heads' logits for the

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvpatch.config import OVERRIDABLE, PatchConfig, Selector, config_and_tuned, make_config, parse_override
+from kvpatch.config.model import GROUPING
 
 
 def _settings(cfg: PatchConfig) -> tuple:
@@ -54,13 +55,7 @@ def _expected(rules: dict[str, str], **base) -> dict[tuple, tuple | None]:
         mine = own[s]
         # settings turn an 'off' kernel on, over the base; what the table's rule says of the
         # kernel's grouping (an off rule may group: no prefetch, the grouped form) it keeps
-        start = (
-            under
-            if not under.off
-            else replace(
-                plain, group=under.group, group_min_ctas=under.group_min_ctas, group_ctas_per_sm=under.group_ctas_per_sm
-            )
-        )
+        start = under if not under.off else replace(plain, **{g: getattr(under, g) for g in GROUPING})
         out[kernel] = _settings(
             replace(start, **{k.replace("-", "_"): getattr(mine, k.replace("-", "_")) for k in items})
         )
@@ -90,7 +85,7 @@ def test_a_rule_lays_its_settings_on_the_tuned_kernels_it_selects() -> None:
         if kernel[:2] != ("fp16", 128):
             assert _settings(c) == _settings(t), kernel
         elif t.off:
-            grouping = dict(group=t.group, group_min_ctas=t.group_min_ctas, group_ctas_per_sm=t.group_ctas_per_sm)
+            grouping = {g: getattr(t, g) for g in GROUPING}
             assert _settings(c) == _settings(replace(table, overrides=(), lookahead=3, **grouping)), kernel
         else:
             assert _settings(c) == _settings(replace(t, lookahead=3)), kernel

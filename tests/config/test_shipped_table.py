@@ -6,11 +6,12 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from kvpatch.config import DEFAULT_TUNED_ON, make_config, read_config_file
+from kvpatch.config import DEFAULT_TUNED_ON, config_from_marker, make_config, read_config_file
 from kvpatch.config.machine import FIELDS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,10 +27,33 @@ def _on(cfg) -> dict[tuple, object]:
     return {kernel: c for kernel, _, c in cfg.kernel_variants() if not c.off}
 
 
+def _kernels(cfg, half_below: int | None = None) -> dict:
+    """Each kernel's settings, group-half-below only where the launcher reads it (grouped v1), and
+    there ``half_below`` where given: tune-28's table with that one setting."""
+
+    def reads(kernel, c) -> bool:
+        return c.group > 1 and kernel[4] == "v1"
+
+    return {k: replace(c, overrides=(), group_half_below=(half_below or c.group_half_below) if reads(k, c) else 0)
+            for k, _, c in cfg.kernel_variants()}  # fmt: skip
+
+
 def test_the_shipped_default_is_what_tune_wrote_on_the_h200() -> None:
-    """DEFAULT_OVERRIDES and DEFAULT_TUNED_ON are the committed output of `kvpatch tune` (raw data beside it)."""
+    """DEFAULT_OVERRIDES and DEFAULT_TUNED_ON are the committed output of `kvpatch tune` (raw data
+    beside it) with one setting measured since: group-half-below = 4 for every grouped v1 kernel
+    (wave-rule/kvpatch.toml, the configuration that run timed: the tuned file with that one line
+    changed). Kernel by kernel the shipped table is that configuration."""
     options, tuned = read_config_file(EVIDENCE / "kvpatch.toml")
-    assert make_config(**options) == make_config()
+    timed, _ = read_config_file(EVIDENCE.parent / "wave-rule" / "kvpatch.toml")
+    assert {k for k in options.keys() | timed.keys() if options.get(k) != timed.get(k)} == {"group_half_below"}
+    assert (options["group_half_below"], timed["group_half_below"]) == (2, 4)
+
+    shipped = _kernels(make_config())
+    assert shipped == _kernels(make_config(**timed))
+    assert shipped != _kernels(make_config(**options)) == _kernels(make_config(**options), half_below=2)
+    assert shipped == _kernels(make_config(**options), half_below=4)
+    assert {c.group_half_below for c in shipped.values() if c.group > 1} == {0, 4}
+    assert config_from_marker(make_config().marker()) == make_config()  # the table's marker reads back
     assert [getattr(tuned, f) for f in FIELDS] == [getattr(DEFAULT_TUNED_ON, f) for f in FIELDS]
 
 
@@ -43,7 +67,7 @@ def test_the_shipped_table_is_what_tune_chooses_from_the_fixed_timing_runs() -> 
 
     merged = merge_tune_data([json.loads(gzip.decompress((EVIDENCE / "tune.json.gz").read_bytes()))])
     report = rechoose(merged, policy="strict", exclude=list(EXCLUDE))
-    assert report.config == make_config()
+    assert _kernels(report.config, half_below=4) == _kernels(make_config())  # and group-half-below 4 (above)
     unexcluded = rechoose(merged, policy="strict").config
 
     def form(cfg) -> dict:

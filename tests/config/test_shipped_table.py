@@ -142,3 +142,14 @@ def test_the_documented_table_of_the_default_is_the_default() -> None:
     on = _on(cfg)
     rotate = sum(c.scope == "kv-head-rotate" for c in on.values())
     assert re.search(rf"uses it on {rotate} of its {len(on)} kernels", docs), (rotate, len(on))
+
+
+def test_a_base_setting_gives_every_kernel_the_earlier_halving_rule_back() -> None:
+    """``--group-half-below 2`` (docs/configuration.md): the table's grouped v1 kernels, prefetching
+    or off, all halve by the earlier rule again; without it they take the table's 4."""
+
+    def half_below(cfg) -> set[int]:
+        return {c.group_half_below for k, _, c in cfg.kernel_variants() if c.group > 1 and k[4] == "v1"}
+
+    assert half_below(make_config()) == {4}
+    assert half_below(make_config(group_half_below=2)) == {2}

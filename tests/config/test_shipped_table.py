@@ -27,14 +27,15 @@ def _on(cfg) -> dict[tuple, object]:
     return {kernel: c for kernel, _, c in cfg.kernel_variants() if not c.off}
 
 
+def _halves(kernel: tuple, c) -> bool:
+    """Whether the launcher reads the kernel's group-half-below: a grouped v1 kernel."""
+    return c.group > 1 and kernel[4] == "v1"
+
+
 def _kernels(cfg, half_below: int | None = None) -> dict:
-    """Each kernel's settings, group-half-below only where the launcher reads it (grouped v1), and
-    there ``half_below`` where given: tune-28's table with that one setting."""
-
-    def reads(kernel, c) -> bool:
-        return c.group > 1 and kernel[4] == "v1"
-
-    return {k: replace(c, overrides=(), group_half_below=(half_below or c.group_half_below) if reads(k, c) else 0)
+    """Each kernel's settings, group-half-below only where the launcher reads it, and there
+    ``half_below`` where given: tune-28's table with that one setting."""
+    return {k: replace(c, overrides=(), group_half_below=(half_below or c.group_half_below) if _halves(k, c) else 0)
             for k, _, c in cfg.kernel_variants()}  # fmt: skip
 
 
@@ -149,7 +150,7 @@ def test_a_base_setting_gives_every_kernel_the_earlier_halving_rule_back() -> No
     or off, all halve by the earlier rule again; without it they take the table's 4."""
 
     def half_below(cfg) -> set[int]:
-        return {c.group_half_below for k, _, c in cfg.kernel_variants() if c.group > 1 and k[4] == "v1"}
+        return {c.group_half_below for k, _, c in cfg.kernel_variants() if _halves(k, c)}
 
     assert half_below(make_config()) == {4}
     assert half_below(make_config(group_half_below=2)) == {2}

@@ -23,6 +23,7 @@ from .model import (
     CHOICES,
     DTYPES,
     ISSUES,
+    LOGITS,
     MAX_ALIGN,
     MAX_LOOKAHEAD,
     MAX_MIN_CTAS,
@@ -45,7 +46,7 @@ from .reach import unreached
 from .toml import RESERVED_VARIANTS, dump_config, load_config_file, read_config_file, variant_configs
 
 __all__ = [
-    "CACHES", "CACHE_HINTS", "CHOICES", "DEFAULT_OVERRIDES", "DEFAULT_TUNED_ON", "DTYPES", "ISSUES", "MAX_ALIGN",
+    "CACHES", "CACHE_HINTS", "CHOICES", "DEFAULT_OVERRIDES", "DEFAULT_TUNED_ON", "DTYPES", "ISSUES", "LOGITS", "MAX_ALIGN",
     "MAX_LOOKAHEAD", "MAX_MIN_CTAS", "MAX_MIN_GROUP", "MAX_MIN_KV_MIB", "MAX_SIZE", "Machine", "OVERRIDABLE", "PAPER",
     "PLACEMENTS", "PRESETS", "PatchConfig", "QUANTIZED", "READS", "RESERVED_VARIANTS", "RULE_KERNELS", "RULE_KV",
     "SCOPES", "Selector", "config_and_tuned", "config_from_marker", "differences", "dump_config",

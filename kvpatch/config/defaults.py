@@ -32,7 +32,10 @@ from .machine import Machine
 #: (``group-ctas-per-sm = 4``). One setting was added to tune-28's rules since: every grouped v1
 #: kernel takes ``group-half-below = 4`` (the launcher runs half the group where fewer than 4 CTAs
 #: of the full group fit an SM and halving adds no wave of CTAs; tune-28 ran 2, the setting's
-#: default): benchmarks/evidence/wave-rule.
+#: default): benchmarks/evidence/wave-rule. And one since: fp16 head 128 and bf16 head 64, block 16,
+#: v1, take ``group-logits = auto`` (their logits in a global buffer where shared memory holds fewer
+#: CTAs on an SM, of the full group or half of it, than registers do: launches sized for more than
+#: about 7k tokens, as vLLM's 8192-token graphs are): benchmarks/evidence/global-logits.
 DEFAULT_OVERRIDES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
     ('bf16', (('off', True),)),
     ('bf16/128/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('issue', 'split'), ('read', 'warp'), ('group', 4), ('group_min_ctas', 256), ('group_half_below', 4))),
@@ -41,12 +44,12 @@ DEFAULT_OVERRIDES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
     ('bf16/256/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('issue', 'split'), ('read', 'warp'), ('group', 4), ('group_min_ctas', 256), ('group_half_below', 4))),
     ('bf16/256/16/auto/v2', (('lookahead', 1), ('scope', 'kv-head'), ('issue', 'split'), ('group', 4), ('group_min_ctas', 256))),
     ('bf16/256/32/auto', (('group', 4), ('group_min_ctas', 256), ('group_half_below', 4), ('off', True))),
-    ('bf16/64/16/auto/v1', (('lookahead', 1), ('scope', 'cta'), ('issue', 'split'), ('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4), ('group_half_below', 4))),
+    ('bf16/64/16/auto/v1', (('lookahead', 1), ('scope', 'cta'), ('issue', 'split'), ('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4), ('group_half_below', 4), ('group_logits', 'auto'))),
     ('bf16/64/16/auto/v2', (('lookahead', 2), ('scope', 'cta'), ('issue', 'split'), ('group', 4), ('group_min_ctas', 256))),
     ('bf16/64/32/auto/v1', (('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4), ('group_half_below', 4), ('off', True))),
     ('bf16/64/32/auto/v2', (('group', 4), ('group_min_ctas', 256), ('off', True))),
     ('fp16', (('off', True),)),
-    ('fp16/128/16/auto/v1', (('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4), ('group_half_below', 4), ('off', True))),
+    ('fp16/128/16/auto/v1', (('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4), ('group_half_below', 4), ('group_logits', 'auto'), ('off', True))),
     ('fp16/128/16/auto/v2', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('min_group', 2), ('issue', 'call'), ('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4))),
     ('fp16/128/32/auto/v1', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('min_group', 2), ('issue', 'call'), ('group', 4), ('group_min_ctas', 256), ('group_half_below', 4))),
     ('fp16/128/32/auto/v2', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('issue', 'call'), ('group', 4), ('group_min_ctas', 256))),

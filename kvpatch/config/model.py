@@ -31,6 +31,7 @@ SCOPES = ("cta", "kv-head", "kv-head-rotate")
 ISSUES = ("inline", "call", "split")
 QUANTIZED = ("skip", "prefetch")
 READS = ("lane", "warp")
+LOGITS = ("shared", "global", "auto")
 
 #: Upper bounds, each named in the error that refuses a larger value.
 #: ``cp.async.bulk.prefetch``'s size operand: ptxas accepts 0..1,048,560 on sm_90
@@ -186,6 +187,24 @@ class PatchConfig:
                                   "sequence's logits do not all fit (0 = never).",
                                   low=0, high=MAX_CTAS_PER_SM, why="an SM of sm_90 holds at most 32 CTAs",
                                   rule=True, tune=Tune(11, "gf{}"))  # fmt: skip
+    #: group > 1 only, v1 only: where the grouped form keeps its heads' logits (fp32, one per token
+    #: a head, the context long) between the key loop and the value loop. ``shared``: in the CTA's
+    #: shared memory, which the launch sizes for the longest sequence it may see (vLLM's captured
+    #: graphs: 8192 tokens), so at long contexts few CTAs fit on an SM. ``global``: in a buffer of
+    #: global memory the launcher owns (one per GPU, kept across launches; the CTA's shared memory
+    #: then holds only its output reduction), wherever that buffer can be had: it is allocated
+    #: outside graph capture only, so a capture that needs a larger one than an eager launch of the
+    #: same shape made runs the shared form. ``auto``: global only where shared memory holds fewer
+    #: CTAs on an SM, of the full group and of half of it, than registers let the global form hold
+    #: (launches sized for many more tokens than a CTA's shared memory then fits: vLLM's 8192-token
+    #: graphs); elsewhere the shared form, as with ``shared``. Launches on one GPU share the
+    #: buffer, so they must run one after another (one stream, as vLLM and the benchmarks do).
+    #: The logits are the same fp32 values either way: outputs stay stock's.
+    group_logits: str = setting("shared", "group > 1, v1 only: keep the heads' logits in the CTA's shared memory "
+                                "(shared), in a global-memory buffer the launcher owns (global), or in that buffer "
+                                "only where shared memory fits fewer CTAs on an SM, of the full or half group, than "
+                                "registers do (auto).",
+                                choices=LOGITS, rule=True, tune=Tune(12, "lg{}"))  # fmt: skip
     #: Compile the prefetch in but never execute it (its guard reads a block number
     #: < 0): separates the prefetch's own effect from the code-generation change.
     control: bool = setting(False, "Compile the prefetch but never run it (for measurements).", rule=True, paper=FREE)
@@ -335,4 +354,4 @@ PAPER = {s.name: s.paper_value for s in SETTINGS if s.paper != FREE}
 OVERRIDABLE = (*(s.name for s in SETTINGS if s.rule), "off")
 #: What a rule may give beside ``off``: the grouped form's settings (``off`` is about the
 #: prefetch; those kernels' grouped form runs without one).
-GROUPING = ("group", "group_min_ctas", "group_ctas_per_sm", "group_half_below", "group_fit_ctas")
+GROUPING = ("group", "group_min_ctas", "group_ctas_per_sm", "group_half_below", "group_fit_ctas", "group_logits")

@@ -44,7 +44,7 @@ from .spec import BuildSpec, KernelConfig, Variant
 from .toolchain import Toolchain, toolchain
 
 #: Bump when the generated code or the cache layout changes: every cache key changes.
-BUILD_FORMAT = 4
+BUILD_FORMAT = 5
 #: Configurations per launcher translation unit: --all builds in parallel shards.
 CONFIGS_PER_SHARD = 8
 #: The table a weight-tail header declares (templates/inject/weight_tail_helper.cuh.j2).

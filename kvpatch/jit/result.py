@@ -84,6 +84,7 @@ class GroupedKernel:
     has_prefetch: bool
     symbol: str
     ctas_per_sm: int = 0  # its launch bounds' CTAs per SM (0: none)
+    logits: str = "shared"  # v1: where it keeps its heads' logits, 'shared' or 'global' memory
 
     @property
     def expect_prefetch(self) -> bool:
@@ -100,8 +101,14 @@ class GroupedKernel:
         return f" {self.ctas_per_sm}/SM" if self.ctas_per_sm else ""
 
     @property
+    def where(self) -> str:
+        """`` global`` for a v1 kernel that keeps its logits in global memory; empty in shared memory."""
+        return "" if self.logits == "shared" else f" {self.logits}"
+
+    @property
     def label(self) -> str:
-        return f"grouped {self.kernel} {self.dtype}/{self.head_size}/{self.block_size} x{self.heads}{self.bounds} {self.arch}"
+        shape = f"{self.dtype}/{self.head_size}/{self.block_size}"
+        return f"grouped {self.kernel} {shape} x{self.heads}{self.bounds}{self.where} {self.arch}"
 
 
 @dataclass(frozen=True)

@@ -214,25 +214,26 @@ def describe_kernel(demangled: str, sigs: Mapping[str, KernelSignature]) -> dict
 
 #: A grouped-form kernel's name (templates/inject/grouped.cuh.j2): its form, and whether it is the
 #: copy under launch bounds (``group-ctas-per-sm``), which takes one more template parameter.
-_GROUPED_NAME = re.compile(r"::kvpatch_grouped_(v[12])(_bounded)?_kernel<")
+_GROUPED_NAME = re.compile(r"::kvpatch_grouped_(v[12])(_global)?(_bounded)?_kernel<")
 _GROUPED_PARAMS = ("scalar_t", "cache_t", "HEAD_SIZE", "BLOCK_SIZE", "NUM_THREADS", "HEADS", "LOOKAHEAD")
 _BOUNDED_PARAMS = {"v1": (*_GROUPED_PARAMS, "CTAS_PER_SM"), "v2": (*_GROUPED_PARAMS, "PARTITION_SIZE", "CTAS_PER_SM")}
 
 
 def describe_grouped(demangled: str) -> dict[str, object] | None:
-    """``{kernel, dtype, head_size, block_size, heads, lookahead, ctas_per_sm}`` of a grouped-form
-    kernel's demangled name (``ctas_per_sm`` 0: no launch bounds), None for any other."""
+    """``{kernel, dtype, head_size, block_size, heads, lookahead, ctas_per_sm, logits}`` of a
+    grouped-form kernel's demangled name (``ctas_per_sm`` 0: no launch bounds; ``logits``: where it
+    keeps them, ``shared`` or ``global``), None for any other."""
     found = _GROUPED_NAME.search(demangled)
     if found is None:
         return None
-    form, bounded = found.groups()
+    form, in_global, bounded = found.groups()
     params = _BOUNDED_PARAMS[form] if bounded else _GROUPED_PARAMS
     args = dict(zip(params, _template_args(demangled, found.end())))
     dtype = by_demangled(args.get("scalar_t", "?"))
     return {"kernel": form, "dtype": dtype.name if dtype else args.get("scalar_t", "?"),
             "head_size": int(args["HEAD_SIZE"]), "block_size": int(args["BLOCK_SIZE"]),
             "heads": int(args["HEADS"]), "lookahead": int(args["LOOKAHEAD"]),
-            "ctas_per_sm": int(args.get("CTAS_PER_SM", 0))}  # fmt: skip
+            "ctas_per_sm": int(args.get("CTAS_PER_SM", 0)), "logits": "global" if in_global else "shared"}  # fmt: skip
 
 
 def _template_args(text: str, start: int) -> list[str]:

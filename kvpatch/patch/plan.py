@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..config import PatchConfig, Selector
+from ..config import LOGITS, PatchConfig, Selector
 from ..dtypes import QUERY_DTYPES
 from ..errors import PatchError
 from ..templating import render
@@ -75,14 +75,15 @@ def group_values(branches: list[tuple[str | None, PatchConfig]], cfg: PatchConfi
     :func:`rule_value` expressions: query heads per CTA, the least CTAs of a grouped launch, the
     CTAs per SM its launch bounds ask for (0: none), below how many CTAs per SM a v1 launch takes
     half the group (0: never), for how many CTAs per SM a v1 launch's shared memory is sized, its
-    CTAs taking their heads in passes where they must (0: never), and its prefetch's lookahead (0:
-    none)."""
+    CTAs taking their heads in passes where they must (0: never), where a v1 launch keeps its logits
+    (0 shared, 1 global, 2 auto: the index in ``LOGITS``), and its prefetch's lookahead (0: none)."""
     return {
         "heads": rule_value(branches, lambda c: str(c.group)),
         "min_ctas": rule_value(branches, lambda c: str(c.group_min_ctas)),
         "ctas_per_sm": rule_value(branches, lambda c: str(c.group_ctas_per_sm)),
         "half_below": rule_value(branches, lambda c: str(c.group_half_below)),
         "fit_ctas": rule_value(branches, lambda c: str(c.group_fit_ctas)),
+        "logits": rule_value(branches, lambda c: str(LOGITS.index(c.group_logits))),
         "lookahead": rule_value(branches, lambda c: "0" if c.off else str(c.lookahead)),
     }
 

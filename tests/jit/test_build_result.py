@@ -113,12 +113,18 @@ def test_a_grouped_kernels_name_says_its_form():
     name = ("void kvpatch_patched::kvpatch_grouped_v2_kernel<__nv_bfloat16, __nv_bfloat16, 256, 32, 128, 8, 1, 512>"
             "(float*, float*, __nv_bfloat16*)")  # fmt: skip
     assert describe_grouped(name) == {"kernel": "v2", "dtype": "bf16", "head_size": 256, "block_size": 32,
-                                      "heads": 8, "lookahead": 1, "ctas_per_sm": 0}  # fmt: skip
+                                      "heads": 8, "lookahead": 1, "ctas_per_sm": 0, "logits": "shared"}  # fmt: skip
     # under launch bounds (group-ctas-per-sm): the same form, and the CTAs per SM it asks for
     bounded = ("void kvpatch_patched::kvpatch_grouped_v2_bounded_kernel<__nv_bfloat16, __nv_bfloat16, 128, 16, 128, 4, "
                "1, 512, 4>(float*, float*, __nv_bfloat16*)")  # fmt: skip
     assert describe_grouped(bounded) == {"kernel": "v2", "dtype": "bf16", "head_size": 128, "block_size": 16,
-                                         "heads": 4, "lookahead": 1, "ctas_per_sm": 4}  # fmt: skip
+                                         "heads": 4, "lookahead": 1, "ctas_per_sm": 4, "logits": "shared"}  # fmt: skip
+    # v1 with its logits in global memory (group-logits), with and without launch bounds
+    glob = describe_grouped("void kvpatch_patched::kvpatch_grouped_v1_global_bounded_kernel<unsigned short, "
+                            "unsigned short, 128, 16, 128, 2, 0, 4>(unsigned short*)")  # fmt: skip
+    assert (glob["kernel"], glob["heads"], glob["ctas_per_sm"], glob["logits"]) == ("v1", 2, 4, "global")
+    assert describe_grouped("void kvpatch_patched::kvpatch_grouped_v1_global_kernel<__nv_bfloat16, __nv_bfloat16, "
+                            "64, 16, 128, 4, 1>(__nv_bfloat16*)")["logits"] == "global"  # fmt: skip
     v1 = describe_grouped("void kvpatch_patched::kvpatch_grouped_v1_bounded_kernel<unsigned short, unsigned short, "
                           "128, 32, 128, 4, 0, 3>(unsigned short*)")  # fmt: skip
     assert (v1["kernel"], v1["lookahead"], v1["ctas_per_sm"]) == ("v1", 0, 3)

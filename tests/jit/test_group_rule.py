@@ -1,7 +1,9 @@
-"""The launcher's choice between the full and the half group (templates/build/group_rule.h.j2),
-compiled for the host and asked about launches whose outcome the H200 measured
-(benchmarks/evidence/half-group/, benchmarks/evidence/wave-rule/): half the group runs where an
-SM holds more of its CTAs, at least two, and its twice as many CTAs take no more waves."""
+"""The launcher's choices for a grouped v1 launch (templates/build/group_rule.h.j2), compiled for
+the host and asked about launches whose outcome the H200 measured: half the group runs where an SM
+holds more of its CTAs, at least two, and its twice as many CTAs take no more waves
+(benchmarks/evidence/half-group/, benchmarks/evidence/wave-rule/); with group-logits auto the logits
+go to global memory where shared memory holds fewer CTAs, of either group, than the global form, and
+its waves times heads come to no more than the shared form's (benchmarks/evidence/global-logits/)."""
 
 from __future__ import annotations
 
@@ -44,16 +46,47 @@ def rule(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src.write_text(
         "#include <cstdio>\n"
         + render("build/group_rule.h.j2")
-        + "\nint main() {\n  int full, half, sms; long long ctas;\n"
-        '  while (std::scanf("%d %d %lld %d", &full, &half, &ctas, &sms) == 4)\n'
-        '    std::printf("%d\\n", run_half_group(full, half, ctas, sms) ? 1 : 0);\n}\n'
+        + "\nint main() {\n  int full, half, global, sms, heads, below; long long ctas;\n"
+        '  while (std::scanf("%d %d %d %lld %d %d %d", &full, &half, &global, &ctas, &sms, &heads, &below) == 7)\n'
+        '    std::printf("%d\\n", global < 0 ? run_half_group(full, half, ctas, sms)\n'
+        "                                     : run_global_logits(full, half, global, ctas, sms, heads, below));\n}\n"
     )
     exe = src.with_suffix("")
     subprocess.run([CXX, "-std=c++17", "-Wall", "-Werror", "-o", str(exe), str(src)], check=True)
     return exe
 
 
-def test_half_the_group_runs_only_where_it_adds_no_wave(rule: Path) -> None:
-    asked = "".join(" ".join(map(str, args)) + "\n" for args, _ in CASES.values())
+def _ask(rule: Path, cases: dict) -> dict:
+    asked = "".join(" ".join(map(str, args)) + "\n" for args, _ in cases.values())
     answers = subprocess.run([str(rule)], input=asked, capture_output=True, text=True, check=True).stdout.split()
-    assert dict(zip(CASES, (a == "1" for a in answers), strict=True)) == {k: want for k, (_, want) in CASES.items()}
+    return dict(zip(cases, (a == "1" for a in answers), strict=True))
+
+
+def test_half_the_group_runs_only_where_it_adds_no_wave(rule: Path) -> None:
+    cases = {k: ((full, half, -1, ctas, sms, 4, 4), want) for k, ((full, half, ctas, sms), want) in CASES.items()}
+    assert _ask(rule, cases) == {k: want for k, (_, want) in cases.items()}
+
+
+# (shared full, shared half, global full, full-group CTAs, SMs, heads, group-half-below) -> the logits
+# go to global memory (group-logits auto); the CTAs an SM holds as the CUDA runtime answered for the
+# kernels (4 heads, launch bounds of 4 an SM) at each length a launch was sized for
+GLOBAL = {
+    # sized for 8192 tokens: 4 heads' logits fit 1 an SM, 2 heads' 3; with them in global memory 4
+    "8192: batch 64, 512 CTAs: one wave against three of half the group": ((1, 3, 4, 512, H200_SMS, 4, 4), True),
+    "8192: batch 32, 256 CTAs: one wave of 4 heads against two of 2": ((1, 3, 4, 256, H200_SMS, 4, 4), True),
+    "8192: GQA 64/8 batch 48, 768 CTAs: two waves against four of half": ((1, 3, 4, 768, H200_SMS, 4, 4), True),
+    # sized for 7424 tokens (its own): the same fits
+    "7424: GQA 32/8 batch 52, 416 CTAs": ((1, 3, 4, 416, H200_SMS, 4, 4), True),
+    "7424: GQA 64/8 batch 36, 576 CTAs: two waves, the second nearly empty": ((1, 3, 4, 576, H200_SMS, 4, 4), False),
+    # sized for 4864 tokens: half the group fits as many as the global form: shared memory does not limit
+    "4864: half the group fits 4 an SM, as many as the global form": ((2, 4, 4, 640, H200_SMS, 4, 4), False),
+    "4864, bf16 head 128 (3 an SM by registers): as many": ((2, 3, 3, 448, H200_SMS, 4, 4), False),
+    # where the global form fits nowhere, or the shared form nowhere
+    "the global form fits nowhere": ((1, 3, 0, 512, H200_SMS, 4, 4), False),
+    "the shared form fits nowhere, half never run": ((0, 0, 4, 512, H200_SMS, 4, 0), True),
+    "the SM count unknown: only the fit counts": ((1, 3, 4, 576, 0, 4, 4), True),
+}
+
+
+def test_the_logits_go_to_global_memory_where_shared_memory_limits_and_no_wave_of_work_is_added(rule: Path) -> None:
+    assert _ask(rule, GLOBAL) == {k: want for k, (_, want) in GLOBAL.items()}

@@ -275,13 +275,14 @@ def _build_ruled(tree, cache, kernel: str, rules: dict[str, str], dtype: str, he
     return build(spec, cache=cache).variants
 
 
-def _stock_form_sass(variant) -> dict[str, list[str]]:
-    """A built variant's vLLM-form kernels (paged_attention_*), named without its namespace -> their SASS."""
+def _stock_form_sass(variant, keep=lambda symbol: "paged_attention" in symbol) -> dict[str, list[str]]:
+    """A built variant's kernels that ``keep`` names (default vLLM's form, paged_attention_*), named
+    without its namespace -> their SASS."""
     ns = f"{len(variant.prefix)}{variant.prefix}"
     return {
         symbol.replace(ns, ""): [i for _, i in instrs]
         for _, symbol, instrs in sass_functions(variant.read_sass().splitlines())
-        if symbol and "paged_attention" in symbol
+        if symbol and keep(symbol)
     }
 
 
@@ -327,3 +328,27 @@ def test_passes_leave_vllms_own_form_of_every_kernel_as_it_was(tree_0102, build_
     assert sorted((g.kernel, g.heads) for g in fit.grouped) == [("v1", 2), ("v1", 4)]
     own = [_stock_form_sass(v) for v in (nofit, fit)]
     assert len(own[0]) == 6 and own[0] == own[1]  # v1, v2 and its reduce kernel, of head 64 and 128
+
+
+def test_group_logits_adds_v1_kernels_with_global_logits_and_leaves_the_others_as_they_were(tree_0102, build_cache):
+    """Before (group-logits shared): the grouped v1 kernels keep their logits in shared memory.
+    After (global, auto): the launcher also instantiates v1 kernels that keep them in global
+    memory, full and half group, under the same launch bounds; the shared-memory kernels and
+    vLLM's own form are the same SASS as before."""
+    rule = "group=4,group-min-ctas=256,group-ctas-per-sm=4"
+    rules = {"shared": rule, "global": rule + ",group-logits=global", "auto": rule + ",group-logits=auto"}
+    shared, glob, auto = _build_ruled(tree_0102, build_cache, "fp16/128/16/auto/v1", rules, "fp16", [128])
+
+    def forms(variant) -> list[tuple]:
+        return sorted((g.kernel, g.heads, g.logits) for g in variant.grouped)
+
+    assert forms(shared) == [("v1", 2, "shared"), ("v1", 4, "shared")]
+    assert forms(glob) == forms(auto) == [("v1", 2, "global"), ("v1", 2, "shared"), ("v1", 4, "global"),
+                                          ("v1", 4, "shared")]  # fmt: skip
+    assert all(g.ctas_per_sm == 4 and g.registers <= 128 and g.ok for g in glob.grouped)
+    assert all(("_global_" in g.symbol) == (g.logits == "global") for g in glob.grouped)
+    not_global = lambda symbol: "_global_" not in symbol  # noqa: E731
+    assert (
+        _stock_form_sass(shared, not_global) == _stock_form_sass(glob, not_global) == _stock_form_sass(auto, not_global)
+    )
+    assert len(_stock_form_sass(shared, not_global)) == 5  # vLLM's v1, v2, reduce; the grouped v1 x4 and x2

@@ -3,7 +3,8 @@ the host and asked about launches whose outcome the H200 measured: half the grou
 holds more of its CTAs, at least two, and its twice as many CTAs take no more waves
 (benchmarks/evidence/half-group/, benchmarks/evidence/wave-rule/); with group-logits auto the logits
 go to global memory where shared memory holds fewer CTAs, of either group, than the global form, and
-its waves times heads come to no more than the shared form's (benchmarks/evidence/global-logits/)."""
+its waves times heads come to no more than the shared form's (benchmarks/evidence/global-logits/),
+in a buffer that grows only outside stream capture and that a graph may read is never freed."""
 
 from __future__ import annotations
 
@@ -44,27 +45,31 @@ CASES = {
 def rule(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp_path_factory.mktemp("rule") / "rule.cc"
     src.write_text(
-        "#include <cstdio>\n"
+        "#include <cstdio>\n#include <cstring>\n"
         + render("build/group_rule.h.j2")
-        + "\nint main() {\n  int full, half, global, sms, heads, below; long long ctas;\n"
-        '  while (std::scanf("%d %d %d %lld %d %d %d", &full, &half, &global, &ctas, &sms, &heads, &below) == 7)\n'
-        '    std::printf("%d\\n", global < 0 ? run_half_group(full, half, ctas, sms)\n'
-        "                                     : run_global_logits(full, half, global, ctas, sms, heads, below));\n}\n"
+        + '\nint main() {\n  char fn[16];\n  while (std::scanf("%15s", fn) == 1) {\n'
+        "    long long a[7] = {0};\n"
+        '    for (long long& x : a) std::scanf("%lld", &x);\n'
+        '    if (!std::strcmp(fn, "half")) std::printf("%d\\n", run_half_group(a[0], a[1], a[2], a[3]));\n'
+        '    else if (!std::strcmp(fn, "global"))\n'
+        '      std::printf("%d\\n", run_global_logits(a[0], a[1], a[2], a[3], a[4], a[5], a[6]));\n'
+        '    else std::printf("%d\\n", static_cast<int>(logits_buffer_step(a[0], a[1], a[2], a[3], a[4])));\n'
+        "  }\n}\n"
     )
     exe = src.with_suffix("")
     subprocess.run([CXX, "-std=c++17", "-Wall", "-Werror", "-o", str(exe), str(src)], check=True)
     return exe
 
 
-def _ask(rule: Path, cases: dict) -> dict:
-    asked = "".join(" ".join(map(str, args)) + "\n" for args, _ in cases.values())
+def _ask(rule: Path, fn: str, cases: dict) -> dict:
+    """Each case's answer from the compiled rule ``fn``: its args padded to 7 numbers, the answer an int."""
+    asked = "".join(f"{fn} " + " ".join(map(str, [*args, *[0] * (7 - len(args))])) + "\n" for args, _ in cases.values())
     answers = subprocess.run([str(rule)], input=asked, capture_output=True, text=True, check=True).stdout.split()
-    return dict(zip(cases, (a == "1" for a in answers), strict=True))
+    return dict(zip(cases, (int(a) for a in answers), strict=True))
 
 
 def test_half_the_group_runs_only_where_it_adds_no_wave(rule: Path) -> None:
-    cases = {k: ((full, half, -1, ctas, sms, 4, 4), want) for k, ((full, half, ctas, sms), want) in CASES.items()}
-    assert _ask(rule, cases) == {k: want for k, (_, want) in cases.items()}
+    assert _ask(rule, "half", CASES) == {k: int(want) for k, (_, want) in CASES.items()}
 
 
 # (shared full, shared half, global full, full-group CTAs, SMs, heads, group-half-below) -> the logits
@@ -89,4 +94,24 @@ GLOBAL = {
 
 
 def test_the_logits_go_to_global_memory_where_shared_memory_limits_and_no_wave_of_work_is_added(rule: Path) -> None:
-    assert _ask(rule, GLOBAL) == {k: want for k, (_, want) in GLOBAL.items()}
+    assert _ask(rule, "global", GLOBAL) == {k: int(want) for k, (_, want) in GLOBAL.items()}
+
+
+REFUSE, USE, REPLACE, ADD_BESIDE = range(4)  # logits_buffer_step's answers, in the enum's order
+GIB = 1 << 30
+# (bytes there, bytes needed, a captured launch used it, the stream capturing, the most) -> the step
+BUFFER = {
+    "none yet, eager: allocate": ((0, 64 << 20, 0, 0, GIB), REPLACE),
+    "none yet, capturing: shared memory, no allocation in a capture": ((0, 64 << 20, 0, 1, GIB), REFUSE),
+    "large enough, eager": ((64 << 20, 32 << 20, 0, 0, GIB), USE),
+    "large enough, capturing": ((64 << 20, 64 << 20, 1, 1, GIB), USE),
+    "too small, capturing": ((32 << 20, 64 << 20, 1, 1, GIB), REFUSE),
+    "too small, eager, no graph read it: replace it": ((32 << 20, 64 << 20, 0, 0, GIB), REPLACE),
+    "too small, eager, a graph read it: keep it, allocate beside": ((32 << 20, 64 << 20, 1, 0, GIB), ADD_BESIDE),
+    "more than the most: shared memory": ((0, GIB + 16, 0, 0, GIB), REFUSE),
+    "nothing needed": ((0, 0, 0, 0, GIB), REFUSE),
+}
+
+
+def test_the_logits_buffer_grows_outside_capture_and_is_never_freed_under_a_graph(rule: Path) -> None:
+    assert _ask(rule, "buffer", BUFFER) == {k: want for k, (_, want) in BUFFER.items()}

@@ -197,13 +197,15 @@ class PatchConfig:
     #: same shape made runs the shared form. ``auto``: global only where shared memory holds fewer
     #: CTAs on an SM, of the full group and of half of it, than registers let the global form hold
     #: (launches sized for many more tokens than a CTA's shared memory then fits: vLLM's 8192-token
-    #: graphs); elsewhere the shared form, as with ``shared``. Launches on one GPU share the
+    #: graphs), and where the full group's waves of CTAs times its heads come to no more than the
+    #: shared form's (templates/build/group_rule.h.j2); elsewhere the shared form, as with
+    #: ``shared``. Launches on one GPU share the
     #: buffer, so they must run one after another (one stream, as vLLM and the benchmarks do).
     #: The logits are the same fp32 values either way: outputs stay stock's.
     group_logits: str = setting("shared", "group > 1, v1 only: keep the heads' logits in the CTA's shared memory "
                                 "(shared), in a global-memory buffer the launcher owns (global), or in that buffer "
                                 "only where shared memory fits fewer CTAs on an SM, of the full or half group, than "
-                                "registers do (auto).",
+                                "registers do and no wave of CTAs is added (auto).",
                                 choices=LOGITS, rule=True, tune=Tune(12, "lg{}"))  # fmt: skip
     #: Compile the prefetch in but never execute it (its guard reads a block number
     #: < 0): separates the prefetch's own effect from the code-generation change.

@@ -116,6 +116,7 @@ __device__ float fmaxf(float, float);
 __device__ float expf(float);
 __device__ float __expf(float);
 __device__ float __fdividef(float, float);
+__device__ void __trap();
 __device__ float2 make_float2(float, float);
 __device__ float4 make_float4(float, float, float, float);
 """

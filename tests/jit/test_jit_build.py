@@ -352,3 +352,9 @@ def test_group_logits_adds_v1_kernels_with_global_logits_and_leaves_the_others_a
         _stock_form_sass(shared, not_global) == _stock_form_sass(glob, not_global) == _stock_form_sass(auto, not_global)
     )
     assert len(_stock_form_sass(shared, not_global)) == 5  # vLLM's v1, v2, reduce; the grouped v1 x4 and x2
+    # a sequence longer than the launch's max_seq_len would write past its rows of the buffer: the
+    # global kernels stop the launch there (a trap), the shared ones fault as stock's form does
+    grouped = lambda symbol: "kvpatch_grouped" in symbol  # noqa: E731
+    traps = {symbol: any(i.startswith("BPT.TRAP") for i in sass) for symbol, sass in
+             _stock_form_sass(glob, grouped).items()}  # fmt: skip
+    assert len(traps) == 4 and all(trap == ("_global_" in symbol) for symbol, trap in traps.items()), traps

@@ -90,15 +90,20 @@ def parse_rules(items: list[str] | tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def _spelled(names: Any) -> str:
+    """Setting names as users write them in a file or on the command line: ``min-group``."""
+    return ", ".join(n.replace("_", "-") for n in names)
+
+
 def _rule_settings(name: str, value: Any) -> dict[str, Any]:
     if isinstance(value, str):
         value = parse_override(value)
     if not isinstance(value, dict):
-        raise UsageError(f"invalid {name} settings {value!r}: a table of {', '.join(OVERRIDABLE)}, 'off' or 'none'")
+        raise UsageError(f"invalid {name} settings {value!r}: a table of {_spelled(OVERRIDABLE)}, 'off' or 'none'")
     value = {str(k).replace("-", "_"): v for k, v in value.items()}
     bad = sorted(set(value) - set(OVERRIDABLE))
     if bad:
-        raise UsageError(f"{name} cannot override {', '.join(bad)} (only {', '.join(OVERRIDABLE)})")
+        raise UsageError(f"{name} cannot override {_spelled(bad)} (only {_spelled(OVERRIDABLE)})")
     if "off" in value and value["off"] is not True:
         if value["off"] is not False:
             raise UsageError(f"invalid {name} off {value['off']!r}: expected true")
@@ -107,8 +112,8 @@ def _rule_settings(name: str, value: Any) -> dict[str, Any]:
                              "kernels on (e.g. issue = \"call\"), or 'none' to drop the rule")  # fmt: skip
         del value["off"]
     if value.get("off") and set(value) - {"off", *GROUPING}:
-        raise UsageError(f"{name}: 'off' takes no other settings but group and group-min-ctas (off is about the "
-                         "prefetch; the grouped form runs without one)")  # fmt: skip
+        raise UsageError(f"{name}: 'off' takes no other settings but the grouped form's ({_spelled(GROUPING)}; "
+                         "off is about the prefetch, and the grouped form runs without one)")  # fmt: skip
     return value
 
 

@@ -156,17 +156,17 @@ def check(s: Setting, value: Any) -> Any:
 
 def _integer(s: Setting, value: Any, over: str) -> int:
     """An int, or a string of one (one sign at most: '+-5' is no number); floats (2.5, and
-    2.0 too) and bools are refused (these messages name the setting as its field is named)."""
+    2.0 too) and bools are refused; messages name the setting as users write it (``min-ctas``)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     text = value.strip() if isinstance(value, str) else ""
     digits = text[1:] if text[:1] in ("+", "-") and not s.auto else text  # 'auto' or bytes: no sign
     if isinstance(value, str) and ascii_digits(digits):
         if len(digits.lstrip("0")) > 12:  # no bound here is anywhere near 12 digits
-            raise UsageError(f"invalid {s.name} {short(value)}: {over}")
+            raise UsageError(f"invalid {s.label} {short(value)}: {over}")
         return int(text)
     what = f"use 'auto' or a number of {s.unit or 'units'}" if s.auto else "expected an integer"
-    raise UsageError(f"invalid {s.name} {short(value)}: {what}")
+    raise UsageError(f"invalid {s.label} {short(value)}: {what}")
 
 
 def marker_words(settings: Iterable[Setting], cfg: Any) -> list[str]:

@@ -82,9 +82,10 @@ def test_a_base_group_reaches_an_off_rule_of_the_shipped_table_that_groups(monke
 @pytest.mark.parametrize(
     "rules, message",
     [
-        ({"bf16/80/32": "off,lookahead=2"}, "'off' takes no other settings but group"),
+        ({"bf16/80/32": "off,lookahead=2"}, "'off' takes no other settings but the grouped form's \\(group, group-min"),
         ({"bf16/80/32": "off,group=3"}, "invalid group 3"),
-        ({"bf16/80/32": "placement=end"}, "cannot override placement"),
+        ({"bf16/80/32": "placement=end"}, "cannot override placement \\(only lookahead, size, align, cache-hint"),
+        ({"bf16/80/32": {"min_kv-mib": 1, "grup": 4}}, "cannot override grup \\(only .*, min-kv-mib, "),
         ({"bf16/80/32": {"off": "yes"}}, "expected true"),
         ({"bf16/80/32": {"off": False}}, "'off = false' alone changes nothing"),
         ({"bf16/80/32": "lookahead=0"}, "invalid lookahead 0"),

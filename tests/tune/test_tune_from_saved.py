@@ -70,7 +70,7 @@ def test_tune_from_several_merges_them(tmp_path: Path) -> None:
         ({"only": ["fp16/80"]}, "pick no tuned instantiation"),
         ({"only": ["fp16/128/16/auto/v2"]}, "invalid --only 'fp16/128/16/auto/v2'"),
         ({"only": ["fp17"]}, "invalid selector 'fp17'"),
-        ({"grid": ["min-ctas=1,x"]}, "invalid min_ctas 'x'"),
+        ({"grid": ["min-ctas=1,x"]}, "invalid min-ctas 'x'"),
         ({"libs": ["stock=s.so:p"], "grid": ["min-group=2"]}, "with --lib the candidates"),
         ({"policy": "fastest"}, "invalid --policy"),
         ({"from_json": ["a.json"], "exclude": ["inline_cta_la1"]}, "use CANDIDATE@SELECTOR"),

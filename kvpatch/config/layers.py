@@ -102,7 +102,7 @@ def _rule_sources(cfg: PatchConfig, cli: dict[str, Any], file_values: dict[str, 
         else:
             where = "where a rule of yours meets the shipped table"
         if sel in table and table[sel] != items:
-            changed = [k for k in OVERRIDABLE if dict(table[sel]).get(k) != dict(items).get(k)]
+            changed = [k.replace("_", "-") for k in OVERRIDABLE if dict(table[sel]).get(k) != dict(items).get(k)]
             over = [
                 u for u in user if u != sel and Selector.parse(u).intersect(Selector.parse(sel)) == Selector.parse(sel)
             ]

@@ -38,6 +38,9 @@ def test_config_names_the_command_line_and_the_file(tmp_path: Path) -> None:
     assert lines["scope"] == 'scope = "cta"  # default'
     # the table's rules took the user's lookahead, and say so
     assert "lookahead changed by your settings" in proc.stdout
+    # a rule's change is named as users write the setting
+    ruled = run_cli("config", "--rule", "fp16/128=group-half-below=3", cwd=tmp_path)
+    assert "(group-half-below changed by rule fp16/128)" in ruled.stdout, ruled.stdout
     assert proc.stderr.startswith("note: lookahead=2 replaces the tuned value at ")
 
 

@@ -234,10 +234,20 @@ def _reading_sass(p: LibraryPlan) -> str:
             f"{len(configs)} configurations and their reduce kernels, {where}) to check the prefetch{slow}")  # fmt: skip
 
 
+#: How long the main thread sleeps at a time while the build's threads work. Linux hands a signal
+#: sent to the process to any of its threads; Python runs the handler (Ctrl-C's KeyboardInterrupt,
+#: SIGTERM's) in the main thread, and a main thread asleep in a wait without end would run it only
+#: once that wait ends: after a compile of minutes.
+WAKE_S = 0.2
+
+
 def _wait(futures: Iterable[concurrent.futures.Future], procs: Processes) -> None:
     """Wait for all; on the first failure stop the rest (nothing new starts) and re-raise it."""
     futures = list(futures)
-    done, pending = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+    while True:
+        done, pending = concurrent.futures.wait(futures, WAKE_S, return_when=concurrent.futures.FIRST_EXCEPTION)
+        if not pending or any(f.exception() is not None for f in done):
+            break
     failed = [f for f in futures if f in done and f.exception() is not None]
     if failed:
         for f in pending:

@@ -7,7 +7,9 @@ whether an interrupt stops the compiles already running and starts no new ones.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -94,3 +96,33 @@ def test_a_signal_stops_a_build_and_its_compiles_within_seconds(build_setup, sig
     pids = [int(p) for p in (marks / "pids").read_text().split()]
     assert pids and not [p for p in pids if _alive(p)]
     assert len(pids) <= 2  # no compile started after the signal (two run at a time)
+
+
+#: tgkill(2), which sends a signal to one thread of a process, by machine
+_TGKILL = {"x86_64": 234, "aarch64": 131}
+
+
+@pytest.mark.network
+@pytest.mark.skipif(platform.machine() not in _TGKILL, reason="tgkill's number is known for x86_64 and aarch64")
+def test_ctrl_c_that_lands_on_a_compile_thread_stops_the_build_too(build_setup) -> None:
+    """Linux hands a signal sent to a process to any of its threads. Before: one delivered to a
+    thread waiting on a compile left the main thread asleep until that compile ended (a minute
+    here). After: the main thread wakes often enough to run Ctrl-C's handler within seconds."""
+    work, env, marks = build_setup
+    proc = _kvpatch("build", "--all", "--jobs", "2", cwd=work, env=env)
+    deadline = time.time() + 60
+    while not (marks / "pids").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert (marks / "pids").exists(), "no compile started"
+    time.sleep(0.3)
+    threads = sorted(int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid)
+    assert threads, "the build runs its compiles from threads of their own"
+    libc = ctypes.CDLL(None, use_errno=True)
+    t0 = time.time()
+    assert libc.syscall(_TGKILL[platform.machine()], proc.pid, threads[-1], signal.SIGINT) == 0
+    _, err = proc.communicate(timeout=30)
+    assert time.time() - t0 < 10
+    assert proc.returncode == 130
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        "error: kvpatch build: interrupted (Ctrl-C)"
+    ]

@@ -68,9 +68,13 @@ def _on_signal(signum: int, frame: object) -> None:
 
 
 def _install_signals() -> None:
+    """SIGTERM and SIGHUP end a command as Ctrl-C does. One this process started with ignored stays
+    ignored (``nohup`` ignores SIGHUP so that a build outlives the terminal; Python leaves an ignored
+    SIGINT ignored too, as in a shell's background job)."""
     for sig in (signal.SIGTERM, signal.SIGHUP):
         try:
-            signal.signal(sig, _on_signal)
+            if signal.getsignal(sig) != signal.SIG_IGN:
+                signal.signal(sig, _on_signal)
         except (ValueError, OSError):  # not the main thread, or not this platform
             pass
 

@@ -29,6 +29,15 @@ def kvpatch_env(cwd: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def signals_default() -> None:
+    """``preexec_fn`` of a child the test sends signals to: Ctrl-C, SIGTERM and SIGHUP as a user's
+    terminal leaves them. A shell that starts pytest in the background (``cmd &`` without job
+    control) makes children inherit SIGINT ignored, ``nohup`` SIGHUP; kvpatch, like Python, keeps
+    an ignored signal ignored."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def kvpatch(*args: str, cwd: Path, columns: int = 400, env: dict[str, str] | None = None,
             input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:  # fmt: skip
     """The console script in a new process."""

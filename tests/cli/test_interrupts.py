@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli.cli_helpers import KVPATCH, kvpatch_env, run_cli
+from cli.cli_helpers import KVPATCH, kvpatch_env, run_cli, signals_default
 from conftest import HEADER, STOCK, fixture_text, make_tree
 from source.source_helpers import IndexServer, send
 
@@ -35,13 +35,6 @@ def _slow_index(owner: IndexServer, h) -> None:
         send(h, 404, b"no")
 
 
-def _sigint_default() -> None:
-    """For a child the test sends SIGINT to: a shell that starts pytest in the background
-    (``cmd &`` without job control) makes children inherit SIGINT ignored, and Python then
-    installs no KeyboardInterrupt handler. A user's Ctrl-C at a terminal finds it default."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _interrupted_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
 
@@ -53,7 +46,7 @@ def test_ctrl_c_during_the_download_exits_130_with_one_line(tmp_path: Path, work
         env = kvpatch_env(work, KVPATCH_CACHE=str(cache), PIP_INDEX_URL=server.url + "/simple")
         proc = subprocess.Popen(
             [KVPATCH, "apply", "--vllm", "0.10.2", "--remote", str(tmp_path / "no-remote.git")],
-            cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default,
+            cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=signals_default,
         )  # fmt: skip
         try:
             assert server.started.wait(60), "the download never started"
@@ -91,7 +84,7 @@ def test_ctrl_c_during_a_subprocess_exits_130(tmp_path: Path, work: Path) -> Non
         "cli.run()\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=work, env=kvpatch_env(work), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, preexec_fn=signals_default)  # fmt: skip
     try:
         deadline = time.monotonic() + 60
         while not started.exists() and time.monotonic() < deadline:

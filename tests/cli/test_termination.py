@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli.cli_helpers import signals_default
 
 pytestmark = pytest.mark.slow
 
@@ -30,9 +31,9 @@ exec sleep 60
 """
 
 
-def _kvpatch(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen:
+def _kvpatch(*args: str, cwd: Path, env: dict[str, str], preexec=signals_default) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "kvpatch", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, preexec_fn=preexec)  # fmt: skip
 
 
 @pytest.fixture
@@ -125,4 +126,37 @@ def test_ctrl_c_that_lands_on_a_compile_thread_stops_the_build_too(build_setup) 
     assert proc.returncode == 130
     assert [line for line in err.splitlines() if line.startswith("error:")] == [
         "error: kvpatch build: interrupted (Ctrl-C)"
+    ]
+
+
+def _hangup_ignored() -> None:
+    """As ``nohup`` starts a command: SIGHUP ignored (the rest as a terminal leaves them)."""
+    signals_default()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+@pytest.mark.network
+def test_a_build_started_under_nohup_outlives_a_hangup(build_setup) -> None:
+    """Before: kvpatch replaced the SIGHUP that nohup ignores with its own handler, so closing the
+    terminal stopped a build started with ``nohup kvpatch build``. After: an ignored SIGHUP stays
+    ignored; SIGTERM still stops the build."""
+    work, env, marks = build_setup
+    proc = _kvpatch("build", "--all", "--jobs", "2", cwd=work, env=env, preexec=_hangup_ignored)
+    try:
+        deadline = time.time() + 60
+        while not (marks / "pids").exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert (marks / "pids").exists(), "no compile started"
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(2)
+        assert proc.poll() is None, proc.communicate()[1]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        "error: kvpatch build: terminated (SIGTERM)"
     ]

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from ..commands.choices import DECODE_LAYERS, DECODE_ROUNDS, DEFAULT_MODELS, MODELS
+from ..commands.choices import DECODE_LAYERS, DECODE_ROUNDS, DEFAULT_MODELS, MAX_CONTEXT, MODELS
 from ..errors import GpuCheckError
 from .base import ArchOpt, JsonOpt, TreeOpt, app, csv, cwd, io, json_target, progress
 
@@ -42,7 +42,9 @@ def bench_decode(
     ] = None,
     dtypes: Annotated[Optional[str], typer.Option(metavar="LIST", help="bf16,fp16 (default both).")] = None,
     batches: Annotated[Optional[str], typer.Option(metavar="LIST", help="Default 1,4,16,64.")] = None,
-    contexts: Annotated[Optional[str], typer.Option(metavar="LIST", help="Default 1024,4096,16384.")] = None,
+    contexts: Annotated[
+        Optional[str], typer.Option(metavar="LIST", help=f"Default 1024,4096,16384 (each 1 to {MAX_CONTEXT} tokens).")
+    ] = None,
     layers: Annotated[int, typer.Option(metavar="N", help="Decoder layers per step.")] = DECODE_LAYERS,
     rounds: Annotated[
         Optional[int],

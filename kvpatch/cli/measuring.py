@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from ..commands.choices import DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP, GRID_KEYS, TUNE_REPS
+from ..commands.choices import DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP, GRID_KEYS, MAX_CONTEXT, TUNE_REPS
 from ..errors import GpuCheckError
 from .base import ArchOpt, DeviceOpt, JsonOpt, LibOpt, TreeOpt, VariantInfoOpt, app, csv, cwd, io, json_target, progress
 
@@ -75,7 +75,10 @@ def validate(
     kernels: Annotated[Optional[str], typer.Option(metavar="LIST", help="v1,v2.")] = None,
     heads: Annotated[Optional[str], typer.Option(metavar="Q/KV,...", help="Query/KV head pairs, e.g. 8/2,4/4.")] = None,
     alibi: Annotated[Optional[str], typer.Option(metavar="on,off", help="ALiBi on, off or both.")] = None,
-    contexts: Annotated[Optional[str], typer.Option(metavar="LIST", help="Context lengths, e.g. 1,17,1500.")] = None,
+    contexts: Annotated[
+        Optional[str],
+        typer.Option(metavar="LIST", help=f"Context lengths, e.g. 1,17,1500 (each 1 to {MAX_CONTEXT} tokens)."),
+    ] = None,
     json_out: JsonOpt = None,
     device: DeviceOpt = "cuda",
 ) -> None:
@@ -131,7 +134,9 @@ def bench(
     quick: Annotated[bool, typer.Option("--quick", help="8 points instead of 24.")] = False,
     dtypes: Annotated[Optional[str], typer.Option(metavar="LIST", help="fp16,bf16 (default).")] = None,
     batches: Annotated[Optional[str], typer.Option(metavar="LIST", help="e.g. 1,4,16,64.")] = None,
-    contexts: Annotated[Optional[str], typer.Option(metavar="LIST", help="e.g. 1024,4096,16384.")] = None,
+    contexts: Annotated[
+        Optional[str], typer.Option(metavar="LIST", help=f"e.g. 1024,4096,16384 (each 1 to {MAX_CONTEXT} tokens).")
+    ] = None,
     heads: Annotated[
         Optional[str], typer.Option(metavar="Q/KV,...", help="Query/KV heads, e.g. 32/8 or 32/8,8/1.")
     ] = None,

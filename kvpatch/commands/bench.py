@@ -96,9 +96,9 @@ def bench_points(o: BenchOptions) -> tuple[list, str]:
         raise UsageError("no bench points: the options select none")
     if o.capture_len is not None:
         longest = max(p.context for p in pts)
-        if not 1 <= o.capture_len <= P.MAX_CAPTURE_LEN or o.capture_len < longest:
+        if not 1 <= o.capture_len <= P.MAX_CONTEXT or o.capture_len < longest:
             raise UsageError(f"--capture-len {o.capture_len}: choose {longest} (the longest context) to "
-                             f"{P.MAX_CAPTURE_LEN} tokens")  # fmt: skip
+                             f"{P.MAX_CONTEXT} tokens")  # fmt: skip
         pts = [replace(p, capture=o.capture_len) for p in pts]
     return pts, name
 

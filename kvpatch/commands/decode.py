@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 from ..errors import UsageError
 from ..fsutil import check_outputs
 from ..gpu.defaults import DECODE_LAYERS, DECODE_ROUNDS
+from ..gpu.points import check_contexts
 from ..progress import QUIET, Progress
 from ..source.workspace import protected_paths
 from .common import (
@@ -116,12 +117,9 @@ def check(o: DecodeOptions) -> tuple[list[str], list[str], list[int], list[int],
     if bad:
         raise UsageError(f"invalid dtype {bad[0]!r}: {' or '.join(DTYPES)}")
     batches, contexts = list(o.batches or DEFAULT_BATCHES), list(o.contexts or DEFAULT_CONTEXTS)
-    if (
-        any(v < 1 for v in (*batches, *contexts))
-        or o.layers < 1
-        or any(v is not None and v < 1 for v in (o.rounds, o.cycles))
-    ):
-        raise UsageError("--batches, --contexts, --layers, --rounds and --cycles must be >= 1")
+    if any(v < 1 for v in batches) or o.layers < 1 or any(v is not None and v < 1 for v in (o.rounds, o.cycles)):
+        raise UsageError("--batches, --layers, --rounds and --cycles must be >= 1")
+    check_contexts(contexts)
     if o.guard not in ("auto", "on", "off"):
         raise UsageError(f"invalid --guard {o.guard!r}: auto, on or off")
     wpf = weight_prefetch_of(o.prefetch)

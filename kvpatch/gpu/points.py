@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from ..errors import UsageError
 from .dispatch import cdiv, dispatched_kernel
@@ -53,9 +53,18 @@ TUNING_HEADS = ((32, 8), (32, 32), (64, 8))
 POINT_SETS = ("tuning", "headline", "heldout")
 
 
-#: The most tokens ``--capture-len`` sizes a launch for: 131072, the longest context of the models
-#: kvpatch knows (a typo, not a wish, is what it catches).
-MAX_CAPTURE_LEN = 1 << 17
+#: The most tokens a measured context, or a launch ``--capture-len`` sizes, may have: 131072, the
+#: longest context of the models kvpatch knows (a typo, not a wish, is what it catches: beyond
+#: int32's range a sequence's length cannot even be given to the kernels).
+MAX_CONTEXT = 1 << 17
+
+
+def check_contexts(contexts: Iterable[int], what: str = "--contexts") -> None:
+    """Every context 1 to :data:`MAX_CONTEXT` tokens, else a :class:`UsageError` naming ``what``."""
+    bad = [c for c in contexts if not 1 <= c <= MAX_CONTEXT]
+    if bad:
+        raise UsageError(f"{what} must be 1 to {MAX_CONTEXT} tokens (the longest context of the models kvpatch "
+                         f"knows), not {bad[0]}")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -156,8 +165,9 @@ def make_points(
         if d not in DTYPES:
             raise UsageError(f"unknown dtype {d!r}: choose from {', '.join(DTYPES)}")
     check_kv_cache_dtype(kv_cache_dtype)
-    if any(b < 1 for b in batches) or any(c < 1 for c in contexts):
-        raise UsageError("batches and contexts must be >= 1")
+    if any(b < 1 for b in batches):
+        raise UsageError("batches must be >= 1")
+    check_contexts(contexts)
     if head_size < 1 or block_size < 1:
         raise UsageError("head and block sizes must be >= 1")
     for d in dtypes:

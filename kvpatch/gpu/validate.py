@@ -33,6 +33,7 @@ from . import launch as L
 from .cases import ValidateCase
 from .dispatch import KERNELS, check_kernel
 from .inputs import DTYPES, KV_CACHE_DTYPES, cache_x, make_inputs
+from .points import check_contexts
 from .reference import max_alibi_bias, max_rel_l2_per_seq, ref_tolerance, reference_attention
 from .report import CaseResult, ValidateReport, VariantCheck
 
@@ -65,8 +66,7 @@ def _check(dtypes: Sequence[str], kv_cache_dtypes: Sequence[str], kernels: Seque
     for qh, kvh in heads:
         if qh < 1 or kvh < 1 or qh % kvh:
             raise UsageError(f"heads {qh}/{kvh}: need >= 1 KV head and a positive multiple of it as query heads")
-    if any(c < 1 for c in contexts):
-        raise UsageError("context lengths must be >= 1")
+    check_contexts(contexts)
 
 
 def validate_matrix(

@@ -54,6 +54,12 @@ def test_make_points_and_quick():
         P.make_points(dtypes=("fp8",))
     with pytest.raises(UsageError):
         P.make_points(num_heads=30, num_kv_heads=8)
+    # a context beyond the longest of the models kvpatch knows is a typo: refused before any GPU work
+    # (beyond int32's range it could not even be given to the kernels)
+    assert P.make_points(dtypes=("fp16",), batches=(1,), contexts=(P.MAX_CONTEXT,))[0].context == 131072
+    for bad in (0, P.MAX_CONTEXT + 1, 99999999999):
+        with pytest.raises(UsageError, match=f"--contexts must be 1 to 131072 tokens .*, not {bad}"):
+            P.make_points(contexts=(512, bad))
 
 
 def test_point_sets():

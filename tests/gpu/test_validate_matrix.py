@@ -26,7 +26,8 @@ def test_validate_matrix_trims_and_rejects():
     m = V.validate_matrix(dtypes=("fp16",), kv_cache_dtypes=("auto",), head_sizes=(128,), block_sizes=(16,),
                           kernels=("v2",), heads=((8, 2),), alibi=(False,), contexts=(1, 17))  # fmt: skip
     assert [c.context for c in m] == [1, 17]
-    for bad in ({"dtypes": ("fp64",)}, {"kernels": ("v3",)}, {"heads": ((8, 3),)}, {"contexts": (0,)}):
+    for bad in ({"dtypes": ("fp64",)}, {"kernels": ("v3",)}, {"heads": ((8, 3),)}, {"contexts": (0,)},
+                {"contexts": (17, 131073)}, {"contexts": (99999999999,)}):  # fmt: skip
         with pytest.raises(UsageError):
             V.validate_matrix(**bad)
 

@@ -7,7 +7,7 @@ import itertools
 from typing import Iterable, Sequence
 
 from ..dtypes import VLLM_BLOCK_SIZES, VLLM_HEAD_SIZES
-from .model import DTYPES, RULE_KERNELS, RULE_KV, PatchConfig, Selector
+from .model import DTYPES, GROUPING, RULE_KERNELS, RULE_KV, PatchConfig, Selector
 
 #: Settings that apply to every kernel that prefetches (no rule sets them).
 GLOBAL_SETTINGS = ("caches", "placement")
@@ -73,6 +73,8 @@ def unreached(cfg: PatchConfig, options: Iterable[str] = (), selectors: Iterable
         if not hits:
             why = (f"it selects no kernel vLLM builds (head sizes {', '.join(map(str, head_sizes))}; "
                    f"block sizes {', '.join(map(str, block_sizes))})")  # fmt: skip
+        elif all(kv != "auto" for _, _, _, kv, _ in hits) and set(dict(rules[key])) <= {*GROUPING, "off"}:
+            why = "it selects only fp8-cache kernels, which never take the grouped form"
         elif all(kv != "auto" for _, _, _, kv, _ in hits) and cfg.quantized != "prefetch":
             why = "it selects only fp8-cache kernels, which stay stock under quantized=skip (add --quantized prefetch)"
         else:

@@ -28,7 +28,10 @@ def test_a_rule_whose_kernels_more_specific_rules_of_the_users_decide_is_unreach
     (line,) = _warned(["fp16/64/16=lookahead=3", "fp16/64/16/*/v1=off", "fp16/64/16/*/v2=lookahead=2"])
     assert line.startswith("rule fp16/64/16 changes no kernel: more specific rules decide every kernel it selects")
     (line,) = _warned(["fp16/64/16/fp8/v1=lookahead=2"])
-    assert "only fp8-cache kernels" in line
+    assert line.endswith("only fp8-cache kernels, which stay stock under quantized=skip (add --quantized prefetch)")
+    # a rule that only groups them: no --quantized makes an fp8-cache kernel group
+    (line,) = _warned(["fp16/128/16/fp8/v1=group=4,group-min-ctas=1"])
+    assert line.endswith("only fp8-cache kernels, which never take the grouped form")
 
 
 def test_a_base_setting_every_prefetching_kernel_takes_from_a_users_rule_is_unreached() -> None:

@@ -18,6 +18,7 @@ from .defaults import DEFAULT_OVERRIDES, DEFAULT_TUNED_ON
 from .machine import Machine
 from .make import make_config, table_overrides
 from .model import DTYPES, OVERRIDABLE, PatchConfig, Selector
+from .settings import label
 
 COMMAND_LINE, CONFIG_FILE, TABLE, DEFAULT = "command line", "config file", "shipped table", "default"
 
@@ -102,7 +103,7 @@ def _rule_sources(cfg: PatchConfig, cli: dict[str, Any], file_values: dict[str, 
         else:
             where = "where a rule of yours meets the shipped table"
         if sel in table and table[sel] != items:
-            changed = [k.replace("_", "-") for k in OVERRIDABLE if dict(table[sel]).get(k) != dict(items).get(k)]
+            changed = [label(k) for k in OVERRIDABLE if dict(table[sel]).get(k) != dict(items).get(k)]
             over = [
                 u for u in user if u != sel and Selector.parse(u).intersect(Selector.parse(sel)) == Selector.parse(sel)
             ]

@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import UsageError, text_argument
 from .defaults import DEFAULT_OVERRIDES
 from .model import DTYPES, GROUPING, OVERRIDABLE, PAPER, PRESETS, SETTINGS, PatchConfig, Selector
-from .settings import check, short
+from .settings import check, label, short
 
 
 def make_config(**options: Any) -> PatchConfig:
@@ -91,8 +91,8 @@ def parse_rules(items: list[str] | tuple[str, ...]) -> dict[str, str]:
 
 
 def _spelled(names: Any) -> str:
-    """Setting names as users write them in a file or on the command line: ``min-group``."""
-    return ", ".join(n.replace("_", "-") for n in names)
+    """Setting names as users write them, joined: ``lookahead, min-group``."""
+    return ", ".join(map(label, names))
 
 
 def _rule_settings(name: str, value: Any) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import Iterable, Sequence
 
 from ..dtypes import VLLM_BLOCK_SIZES, VLLM_HEAD_SIZES
 from .model import DTYPES, GROUPING, RULE_KERNELS, RULE_KV, PatchConfig, Selector
+from .settings import label
 
 #: Settings that apply to every kernel that prefetches (no rule sets them).
 GLOBAL_SETTINGS = ("caches", "placement")
@@ -54,7 +55,7 @@ def unreached(cfg: PatchConfig, options: Iterable[str] = (), selectors: Iterable
         reached.update(o for o in options if o in GLOBAL_SETTINGS or o not in own)
     out = []
     for o in options:
-        flag = "--" + o.replace("_", "-")
+        flag = "--" + label(o)
         if o == "quantized":
             if cfg.quantized == "prefetch" and not fp8_prefetching:
                 out.append(f"{flag} prefetch changes no kernel: every fp8-cache kernel is off by its rules "
@@ -62,8 +63,8 @@ def unreached(cfg: PatchConfig, options: Iterable[str] = (), selectors: Iterable
         elif o not in reached and not prefetching:
             out.append(f"{flag} changes no kernel: no kernel prefetches under these rules")
         elif o not in reached:
-            out.append(f"{flag} changes no kernel: every kernel that prefetches takes {o.replace('_', '-')} from a "
-                       f"rule of its own (set it there, e.g. --rule 'fp16/64/16/auto/v1={o.replace('_', '-')}=...')")  # fmt: skip
+            out.append(f"{flag} changes no kernel: every kernel that prefetches takes {label(o)} from a "
+                       f"rule of its own (set it there, e.g. --rule 'fp16/64/16/auto/v1={label(o)}=...')")  # fmt: skip
     for sel in selectors:
         key = str(Selector.parse(sel))
         if key not in rules or key in decided:

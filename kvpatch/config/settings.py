@@ -23,6 +23,11 @@ FREE = "free"
 _DEFAULT = "default"
 
 
+def label(name: str) -> str:
+    """A setting's field name as users write it, in kvpatch.toml and as an option: ``min-group``."""
+    return name.replace("_", "-")
+
+
 @dataclass(frozen=True)
 class Tune:
     """That ``kvpatch tune`` may vary a setting (a ``--grid`` key), and how."""
@@ -98,7 +103,7 @@ class Setting:
     @property
     def label(self) -> str:
         """Its name as users write it: ``min-group``."""
-        return self.name.replace("_", "-")
+        return label(self.name)
 
     @property
     def word(self) -> str:

@@ -15,6 +15,7 @@ from ..errors import UsageError
 from .machine import Machine
 from .make import make_config
 from .model import DTYPES, PatchConfig
+from .settings import label
 
 #: A kvpatch.toml is a few kB; a larger input is not one.
 MAX_CONFIG_BYTES = 16 << 20
@@ -112,15 +113,15 @@ def dump_config(cfg: PatchConfig, tuned: Machine | None = None, *, sources: Any 
             tables.append((key, value))
             continue
         where = settings.get(key) if key not in DTYPES else rule_from.get(key, "no rule" if sources else None)
-        lines.append(f"{key.replace('_', '-')} = {_toml_value(value)}{note(where)}")
+        lines.append(f"{label(key)} = {_toml_value(value)}{note(where)}")
     for name, table in tables:
         lines.append("")
         lines.append(f"[kvpatch.{name}]" + note(rule_from.get(name) if name in DTYPES else None))
         if name == "rules":
-            lines += [f'"{sel}" = {{ ' + ", ".join(f"{k.replace('_', '-')} = {_toml_value(v)}" for k, v in items.items())
+            lines += [f'"{sel}" = {{ ' + ", ".join(f"{label(k)} = {_toml_value(v)}" for k, v in items.items())
                       + " }" + note(rule_from.get(sel)) for sel, items in table.items()]  # fmt: skip
             continue
-        lines += [f"{k.replace('_', '-')} = {_toml_value(v)}" for k, v in table.items()]
+        lines += [f"{label(k)} = {_toml_value(v)}" for k, v in table.items()]
     if tuned is not None:
         lines += ["", "[kvpatch.tuned]"] + [f"{k} = {_toml_string(v)}" for k, v in tuned.to_dict().items()]
     return "\n".join(lines) + "\n"

@@ -71,12 +71,13 @@ def unreached(cfg: PatchConfig, options: Iterable[str] = (), selectors: Iterable
             continue
         chosen = Selector.parse(key)
         hits = [kernel for kernel in kernels if chosen.matches(*kernel)]
+        only_fp8 = all(kv != "auto" for _, _, _, kv, _ in hits)
         if not hits:
             why = (f"it selects no kernel vLLM builds (head sizes {', '.join(map(str, head_sizes))}; "
                    f"block sizes {', '.join(map(str, block_sizes))})")  # fmt: skip
-        elif all(kv != "auto" for _, _, _, kv, _ in hits) and set(dict(rules[key])) <= {*GROUPING, "off"}:
+        elif only_fp8 and set(dict(rules[key])) <= {*GROUPING, "off"}:
             why = "it selects only fp8-cache kernels, which never take the grouped form"
-        elif all(kv != "auto" for _, _, _, kv, _ in hits) and cfg.quantized != "prefetch":
+        elif only_fp8 and cfg.quantized != "prefetch":
             why = "it selects only fp8-cache kernels, which stay stock under quantized=skip (add --quantized prefetch)"
         else:
             why = "more specific rules decide every kernel it selects (name the kernels, e.g. dtype/head/block/auto/v1)"

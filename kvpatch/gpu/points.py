@@ -59,11 +59,11 @@ POINT_SETS = ("tuning", "headline", "heldout")
 MAX_CONTEXT = 1 << 17
 
 
-def check_contexts(contexts: Iterable[int], what: str = "--contexts") -> None:
-    """Every context 1 to :data:`MAX_CONTEXT` tokens, else a :class:`UsageError` naming ``what``."""
+def check_contexts(contexts: Iterable[int]) -> None:
+    """Every context 1 to :data:`MAX_CONTEXT` tokens, else a :class:`UsageError`."""
     bad = [c for c in contexts if not 1 <= c <= MAX_CONTEXT]
     if bad:
-        raise UsageError(f"{what} must be 1 to {MAX_CONTEXT} tokens (the longest context of the models kvpatch "
+        raise UsageError(f"--contexts must be 1 to {MAX_CONTEXT} tokens (the longest context of the models kvpatch "
                          f"knows), not {bad[0]}")  # fmt: skip
 
 

@@ -246,9 +246,9 @@ def _wait(futures: Iterable[concurrent.futures.Future], procs: Processes) -> Non
     futures = list(futures)
     while True:
         done, pending = concurrent.futures.wait(futures, WAKE_S, return_when=concurrent.futures.FIRST_EXCEPTION)
-        if not pending or any(f.exception() is not None for f in done):
+        failed = [f for f in futures if f in done and f.exception() is not None]
+        if failed or not pending:
             break
-    failed = [f for f in futures if f in done and f.exception() is not None]
     if failed:
         for f in pending:
             f.cancel()

@@ -31,9 +31,20 @@ exec sleep 60
 """
 
 
-def _kvpatch(*args: str, cwd: Path, env: dict[str, str], preexec=signals_default) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "kvpatch", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=preexec)  # fmt: skip
+def _compiling(work: Path, env: dict[str, str], marks: Path, preexec=signals_default) -> subprocess.Popen:
+    """``kvpatch build --all`` started in ``work``, once its first compile runs."""
+    proc = subprocess.Popen([sys.executable, "-m", "kvpatch", "build", "--all", "--jobs", "2"], cwd=work, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec)  # fmt: skip
+    deadline = time.time() + 60
+    while not (marks / "pids").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert (marks / "pids").exists(), "no compile started"
+    time.sleep(0.3)
+    return proc
+
+
+def _errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
 
 
 @pytest.fixture
@@ -81,18 +92,13 @@ def _alive(pid: int) -> bool:
                                               (signal.SIGHUP, 129, "terminated (SIGHUP)")])  # fmt: skip
 def test_a_signal_stops_a_build_and_its_compiles_within_seconds(build_setup, sig: int, code: int, words: str) -> None:
     work, env, marks = build_setup
-    proc = _kvpatch("build", "--all", "--jobs", "2", cwd=work, env=env)
-    deadline = time.time() + 60
-    while not (marks / "pids").exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.1)
-    assert (marks / "pids").exists(), "no compile started"
-    time.sleep(0.3)
+    proc = _compiling(work, env, marks)
     t0 = time.time()
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     assert time.time() - t0 < 10
     assert proc.returncode == code
-    assert [line for line in err.splitlines() if line.startswith("error:")] == [f"error: kvpatch build: {words}"]
+    assert _errors(err) == [f"error: kvpatch build: {words}"]
     time.sleep(0.5)
     pids = [int(p) for p in (marks / "pids").read_text().split()]
     assert pids and not [p for p in pids if _alive(p)]
@@ -110,12 +116,7 @@ def test_ctrl_c_that_lands_on_a_compile_thread_stops_the_build_too(build_setup) 
     thread waiting on a compile left the main thread asleep until that compile ended (a minute
     here). After: the main thread wakes often enough to run Ctrl-C's handler within seconds."""
     work, env, marks = build_setup
-    proc = _kvpatch("build", "--all", "--jobs", "2", cwd=work, env=env)
-    deadline = time.time() + 60
-    while not (marks / "pids").exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.1)
-    assert (marks / "pids").exists(), "no compile started"
-    time.sleep(0.3)
+    proc = _compiling(work, env, marks)
     threads = sorted(int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid)
     assert threads, "the build runs its compiles from threads of their own"
     libc = ctypes.CDLL(None, use_errno=True)
@@ -124,9 +125,7 @@ def test_ctrl_c_that_lands_on_a_compile_thread_stops_the_build_too(build_setup) 
     _, err = proc.communicate(timeout=30)
     assert time.time() - t0 < 10
     assert proc.returncode == 130
-    assert [line for line in err.splitlines() if line.startswith("error:")] == [
-        "error: kvpatch build: interrupted (Ctrl-C)"
-    ]
+    assert _errors(err) == ["error: kvpatch build: interrupted (Ctrl-C)"]
 
 
 def _hangup_ignored() -> None:
@@ -141,13 +140,8 @@ def test_a_build_started_under_nohup_outlives_a_hangup(build_setup) -> None:
     terminal stopped a build started with ``nohup kvpatch build``. After: an ignored SIGHUP stays
     ignored; SIGTERM still stops the build."""
     work, env, marks = build_setup
-    proc = _kvpatch("build", "--all", "--jobs", "2", cwd=work, env=env, preexec=_hangup_ignored)
+    proc = _compiling(work, env, marks, preexec=_hangup_ignored)
     try:
-        deadline = time.time() + 60
-        while not (marks / "pids").exists() and time.time() < deadline and proc.poll() is None:
-            time.sleep(0.1)
-        assert (marks / "pids").exists(), "no compile started"
-        time.sleep(0.3)
         proc.send_signal(signal.SIGHUP)
         time.sleep(2)
         assert proc.poll() is None, proc.communicate()[1]
@@ -157,6 +151,4 @@ def test_a_build_started_under_nohup_outlives_a_hangup(build_setup) -> None:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 143
-    assert [line for line in err.splitlines() if line.startswith("error:")] == [
-        "error: kvpatch build: terminated (SIGTERM)"
-    ]
+    assert _errors(err) == ["error: kvpatch build: terminated (SIGTERM)"]

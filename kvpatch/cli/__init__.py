@@ -5,12 +5,13 @@ Exit codes: 0 success; 1 other failure; 2 invalid parameters or configuration; 3
 could not be fetched (unknown, unsupported, no network); 4 the source cannot be patched
 (sites not found, local edits, failed re-parse); 5 build or tool failure, or a missing tool
 (also: no GPU); 6 a GPU check failed (bit mismatch); 130 interrupted (Ctrl-C), 143 SIGTERM,
-129 SIGHUP. The codes live with the error types, kvpatch/errors.py. Errors are one line on
+129 SIGHUP; 141 the reader of the output went away (``kvpatch sites | head -1``). The codes live with the error types, kvpatch/errors.py. Errors are one line on
 stderr, ``error: kvpatch COMMAND: ...`` (``--debug`` adds the traceback).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -97,12 +98,52 @@ def _command_name(argv: list[str]) -> str:
 
 
 def _one_line(message: str, code: int) -> NoReturn:
-    """Print ``error: kvpatch COMMAND: message`` (user text escaped, never read as markup) and exit."""
+    """Print ``error: kvpatch COMMAND: message`` (user text escaped, never read as markup) and exit
+    (with ``code`` even where stderr's reader has gone: the code is then all the caller gets)."""
     text = re.sub(r"[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]+", " ", str(message)).strip() or "failed"
     command = _command_name(sys.argv[1:])
     where = f"kvpatch {command}: " if command else ""
-    io.err.print(f"[red]error:[/] {escape(where + text)}", highlight=False, soft_wrap=True)
+    try:
+        io.err.print(f"[red]error:[/] {escape(where + text)}", highlight=False, soft_wrap=True)
+    except (OSError, SystemExit) as e:  # rich turns a broken pipe into SystemExit(1)
+        if not _pipe_closed(e):
+            raise
+        _write_nowhere()
     sys.exit(code)
+
+
+#: The reader of stdout or stderr went away (``kvpatch sites | head -1``): the command ends as
+#: a program that leaves SIGPIPE at its default does, silently, with what a shell reports for that.
+EXIT_PIPE_CLOSED = 128 + signal.SIGPIPE
+
+
+def _pipe_closed(e: BaseException | None) -> bool:
+    """Whether ``e``, or what it was raised from or while handling, is a write to a pipe no one
+    reads (the CLI library and rich turn one into ``SystemExit(1)`` while handling it)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError) and e.errno == errno.EPIPE:
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _write_nowhere() -> None:
+    """Point stdout and stderr at /dev/null, so that nothing more (Python's own flush at exit
+    included) writes to a pipe no one reads."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(null, stream.fileno())
+        except (OSError, ValueError, AttributeError):  # no descriptor (a stream a test swapped in)
+            pass
+    os.close(null)
+
+
+def _pipe_gone() -> NoReturn:
+    _write_nowhere()
+    sys.exit(EXIT_PIPE_CLOSED)
 
 
 def _os_error(e: OSError) -> str:
@@ -133,6 +174,11 @@ def run() -> None:
     _install_signals()
     try:
         code = app(standalone_mode=False)
+        sys.stdout.flush()  # what is still buffered, while a closed pipe can still be told apart
+    except SystemExit as e:
+        if _pipe_closed(e):
+            _pipe_gone()
+        raise
     except KeyboardInterrupt:  # outside the command (typer converts one inside it), or a signal
         _interrupted()
     except KvpatchError as e:
@@ -144,6 +190,8 @@ def run() -> None:
     except typer.Exit as e:
         code = e.exit_code
     except OSError as e:  # the file system said no (permissions, read-only, disk full)
+        if _pipe_closed(e):
+            _pipe_gone()
         if DEBUG["on"]:
             raise
         problem = machine_problem(e)  # a full disk (exit 1) or a path too long (exit 2), said so

@@ -33,7 +33,8 @@ app = typer.Typer(
     help="Patch vLLM's PagedAttention decode kernel with an L2 bulk prefetch of the next KV block; "
     "prefetch weights into L2 while HBM idles.",
     epilog="Exit codes: 0 ok, 2 bad parameters, 3 fetch failed, 4 cannot patch, 5 build or tool failure "
-    "(no GPU too), 6 GPU check failed, 130 interrupted (143 SIGTERM, 129 SIGHUP), 1 other.",
+    "(no GPU too), 6 GPU check failed, 130 interrupted (143 SIGTERM, 129 SIGHUP), 141 output's reader gone, "
+    "1 other.",
 )
 
 #: Columns a console narrower than this (``COLUMNS=0``, a tiny terminal) is drawn with.

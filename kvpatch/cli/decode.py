@@ -180,7 +180,6 @@ def bench_decode_sweep(
     ] = True,
 ) -> None:
     """GPU, for maintainers: measure the weight prefetch's windows on the decode step, pick them per batch, bench the pick with every control."""
-    import json as _json
 
     from ..commands import decode as D
     from ..fsutil import write_atomic
@@ -193,7 +192,9 @@ def bench_decode_sweep(
 
     def load(name: str):
         try:
-            return _json.loads((out / name).read_text(encoding="utf-8"))
+            from ..fsutil import parse_json
+
+            return parse_json((out / name).read_bytes())
         except (OSError, ValueError):
             return None
 

@@ -64,7 +64,7 @@ def enable(
         tree=tree, cwd=cwd(), arch=arch, jobs=jobs, release=release, directory=directory, build=build
     )
     bundle = directory if directory is not None else P.bundle_dir()
-    check_report_output(json_out, opts.cwd, tree=tree, protected={"the plugin's bundle": bundle})
+    check_report_output(json_out, opts.cwd, tree=tree, protected={"the plugin's bundle (--dir)": bundle})
     with progress() as p:
         report = P.enable(opts, progress=p)
     if not emit_json(json_out, {"directory": str(report.directory), "manifest": report.manifest.to_dict(),
@@ -96,6 +96,7 @@ def status(
     from ..commands import plugin as P
     from ..render import status_lines
 
+    check_report_output(json_out, cwd(), protected={"the plugin's bundle (--dir)": directory})
     decision = P.status(directory, gpus=gpus)
     if not emit_json(json_out, decision.to_dict()):
         _print(status_lines(decision))
@@ -117,6 +118,7 @@ def check(
     from ..commands import plugin as P
     from ..render import check_lines
 
+    check_report_output(json_out, cwd())
     report = P.check(reps=reps, graphs=graphs)
     if not emit_json(json_out, report.to_dict()):
         _print(check_lines(report))

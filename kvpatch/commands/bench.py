@@ -16,7 +16,6 @@ from ..errors import UsageError
 from ..fsutil import check_outputs
 from ..gpu.defaults import DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP
 from ..progress import QUIET, Progress
-from ..source.workspace import protected_paths
 from .common import (
     LibraryOptions,
     build_libraries,
@@ -24,6 +23,7 @@ from .common import (
     check_kernel_sizes,
     check_sources,
     input_files,
+    kept_paths,
     prebuilt,
     require_device,
     write_if,
@@ -112,7 +112,7 @@ def run(o: BenchOptions, *, progress: Progress = QUIET) -> BenchReport:
 
     check_bench_options(reps=o.reps, warmup=o.warmup, rounds=o.rounds, warm=o.warm, cold=o.cold,
                         kernels=o.kernels)  # fmt: skip
-    check_outputs(json=o.json_out, plot=o.plot, inputs=input_files(o), protected=protected_paths(o.cwd))
+    check_outputs(json=o.json_out, plot=o.plot, inputs=input_files(o), protected=kept_paths(o.cwd))
     check_sources(o)
     require_device(o.device)
     if o.libs:

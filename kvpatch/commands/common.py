@@ -8,7 +8,6 @@ configurations come from a ``--variant-info`` JSON beside them, ``stock`` is the
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -52,14 +51,12 @@ def load_variant_info(path: Optional[Path]) -> dict[str, Any]:
     """``{name: marker-or-dict}`` from a JSON file (``scripts/gpu_prepare.py`` writes ``variants.json``)."""
     if path is None:
         return {}
-    from ..fsutil import read_input
+    from ..fsutil import parse_json, read_input
 
     try:
-        data = json.loads(read_input(path, "--variant-info", limit=64 << 20))
-    except (ValueError, RecursionError) as e:
-        raise UsageError(
-            f"cannot read --variant-info {path}: {str(e).splitlines()[0][:120] or 'nested too deeply'}"
-        ) from None
+        data = parse_json(read_input(path, "--variant-info", limit=64 << 20))
+    except ValueError as e:
+        raise UsageError(f"cannot read --variant-info {path}: {str(e).splitlines()[0][:120]}") from None
     if not isinstance(data, dict):
         raise UsageError(f"--variant-info {path}: expected a JSON object of name -> configuration")
     return {str(k): (v if isinstance(v, dict) else {"marker": v}) for k, v in data.items()}
@@ -271,7 +268,7 @@ def local_machine(*, arch: str | None = None) -> Machine:
 
 __all__ = [
     "QUIET", "Libraries", "LibraryOptions", "Progress", "build_libraries", "built", "check_arch", "check_device",
-    "check_directory", "check_input_file", "check_kernel_sizes", "check_lib_files", "load_variant_info",
+    "check_directory", "check_input_file", "check_kernel_sizes", "check_lib_files", "kept_paths", "load_variant_info",
     "local_machine", "parse_bools", "parse_heads", "parse_libs", "prebuilt", "require_device", "write_if",
 ]  # fmt: skip
 
@@ -285,15 +282,25 @@ def check_report_output(
     protected: Optional[dict[str, Any]] = None,
 ) -> None:
     """``--json PATH`` checked before the command does any work: writable, and none of the
-    files kvpatch keeps (its state directory, the tree's header and lock: of ``tree`` if
-    given, else of the last apply here), of the command's ``inputs`` or of its own
-    ``protected`` ones (a bundle's directory). ``-`` (stdout) and None pass."""
+    files kvpatch keeps (:func:`kept_paths`: of ``tree`` if given, else of the last apply here),
+    of the command's ``inputs`` or of its own ``protected`` ones (a ``--dir`` bundle). ``-``
+    (stdout) and None pass."""
     if json_value is None or json_value == "-":
         return
     from ..fsutil import check_outputs
     from ..source.tree import Tree
-    from ..source.workspace import protected_paths
 
     target = Tree((cwd / tree) if not tree.is_absolute() else tree) if tree is not None else None
-    keep = {**protected_paths(cwd, target), **(protected or {})}
+    keep = {**kept_paths(cwd, target), **{k: v for k, v in (protected or {}).items() if v is not None}}
     check_outputs(json=json_value, inputs={k: v for k, v in (inputs or {}).items() if v is not None}, protected=keep)
+
+
+def kept_paths(cwd: Path, tree: Any = None) -> dict[str, Path]:
+    """What no output of a command run in ``cwd`` may overwrite, by what it is: the workspace's
+    files (:func:`kvpatch.source.workspace.protected_paths`: ``.kvpatch/``, the tree's header and
+    lock) and this environment's plugin bundle (its folder: the manifest and the library vLLM
+    loads). For :func:`kvpatch.fsutil.check_outputs`'s ``protected``."""
+    from ..source.workspace import protected_paths
+    from ..vllm_plugin.bundle import bundle_dir
+
+    return {**protected_paths(cwd, tree), "the plugin's bundle": bundle_dir()}

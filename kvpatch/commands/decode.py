@@ -21,7 +21,6 @@ from ..fsutil import check_outputs
 from ..gpu.defaults import DECODE_LAYERS, DECODE_ROUNDS
 from ..gpu.points import check_contexts
 from ..progress import QUIET, Progress
-from ..source.workspace import protected_paths
 from .common import (
     LibraryOptions,
     build_libraries,
@@ -30,6 +29,7 @@ from .common import (
     check_input_file,
     check_lib_files,
     input_files,
+    kept_paths,
     parse_libs,
     require_device,
 )
@@ -129,7 +129,7 @@ def check(o: DecodeOptions) -> tuple[list[str], list[str], list[int], list[int],
         raise UsageError(
             "--tail needs a weight-tail library named 'tail' (--lib tail=...: scripts/gpu_decode.sh --prepare builds one)"
         )
-    check_outputs(json=o.json_out, plot=o.plot, text=o.text, inputs=input_files(o), protected=protected_paths(o.cwd))
+    check_outputs(json=o.json_out, plot=o.plot, text=o.text, inputs=input_files(o), protected=kept_paths(o.cwd))
     check_lib_files(specs)
     check_input_file(o.prefetch_lib, "--prefetch-lib")
     return models, dtypes, batches, contexts, wpf, specs, tail

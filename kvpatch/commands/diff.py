@@ -9,7 +9,8 @@ from typing import Optional
 from ..errors import PatchError, UsageError
 from ..patch import read_header
 from ..progress import QUIET, Progress
-from ..source.workspace import check_no_local_edits, protected_paths, unified_diff
+from ..source.workspace import check_no_local_edits, unified_diff
+from .common import kept_paths
 from .tree import resolve, state_mismatch, state_or_none
 
 
@@ -36,7 +37,7 @@ def check_output(output: Path, tree: Optional[Path], cwd: Path) -> None:
         target = resolve(tree, cwd)
     except UsageError:
         target = None
-    check_outputs(output=output, protected=protected_paths(cwd, target))
+    check_outputs(output=output, protected=kept_paths(cwd, target))
 
 
 def run(o: DiffOptions, *, progress: Progress = QUIET) -> DiffReport:

@@ -187,6 +187,8 @@ def disable(directory: Optional[Path] = None) -> tuple[Path, bool]:
     from ..vllm_plugin import bundle_dir, remove_bundle
 
     where = directory if directory is not None else bundle_dir()
+    if where.exists() and not where.is_dir():
+        raise UsageError(f"--dir {where}: not a directory")
     return where, remove_bundle(where)
 
 

@@ -44,11 +44,9 @@ class ServingBenchOptions:
 def _model_source(o: ServingBenchOptions) -> tuple[Path | None, Any]:
     """(a model directory, None) or (None, a model shape): checked before anything starts."""
     from ..decode.models import MODELS
+    from ..fsutil import expand_home
 
-    try:
-        path = Path(o.model).expanduser()
-    except RuntimeError:  # '~user' naming no user
-        path = Path(o.model)
+    path = expand_home(o.model, f"--model {o.model}")
     path = path if path.is_absolute() else o.cwd / path
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -71,8 +69,10 @@ def _context(o: ServingBenchOptions, workloads: Sequence[Any], path: Path | None
     if shape is not None:
         limit = shape.max_position
     else:
+        from ..fsutil.files import parse_json
+
         try:
-            limit = json.loads((path / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings")
+            limit = parse_json((path / "config.json").read_bytes()).get("max_position_embeddings")
         except (OSError, ValueError, AttributeError):
             limit = None  # vLLM reads it and says what is wrong
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
@@ -148,6 +148,7 @@ def bench(o: ServingBenchOptions, *, progress: Progress = QUIET) -> dict[str, An
     from ..gpu.env import require_cuda
     from ..serving import ServingOptions, make_workloads, run_bench
     from ..serving.options import engine_dtype
+    from .common import kept_paths
 
     dtype_torch = engine_dtype(o.dtype)
     workloads = make_workloads(o.input_len, o.output_len, o.batch_sizes, o.workloads)
@@ -160,7 +161,8 @@ def bench(o: ServingBenchOptions, *, progress: Progress = QUIET) -> dict[str, An
     if raw is not None and raw.exists() and not raw.is_dir():
         raise UsageError(f"--raw {raw}: not a directory")
     json_file = o.json_path if o.json_path not in (None, "-") else None
-    check_outputs(json=json_file, protected={"the --raw folder": raw} if raw else None)
+    bundles = {f"the --bundle {a.name} folder": a.bundle for a in checked.arms if a.bundle is not None}
+    check_outputs(json=json_file, protected={**kept_paths(o.cwd), **bundles, "the --raw folder": raw})
     preflight()
     require_cuda()
     temporary = raw is None

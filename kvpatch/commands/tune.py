@@ -19,8 +19,7 @@ from ..fsutil import check_outputs, write_atomic, write_both
 from ..gpu.defaults import DEFAULT_ROUNDS, TUNE_REPS
 from ..progress import QUIET, Progress
 from ..source.includes import check_tree_files
-from ..source.workspace import protected_paths
-from .common import Libraries, LibraryOptions, built, check_sources, input_files, local_machine, prebuilt
+from .common import Libraries, LibraryOptions, built, check_sources, input_files, kept_paths, local_machine, prebuilt
 
 if TYPE_CHECKING:
     from ..tune.report import TuneReport
@@ -105,7 +104,7 @@ def run(o: TuneOptions, *, progress: Progress = QUIET) -> TuneReport:
         raise UsageError(f"invalid --dtype {bad[0]!r}: tune measures {', '.join(P.TUNING_DTYPES)}")
     T.tuned_instantiations(o.dtypes, o.only)  # checks --only
     grids = T.parse_grids(o.grid)
-    check_outputs(output=o.output, json=o.json_out, inputs=input_files(o), protected=protected_paths(o.cwd))
+    check_outputs(output=o.output, json=o.json_out, inputs=input_files(o), protected=kept_paths(o.cwd))
     if o.from_json:
         if o.grid or o.dtypes or o.only:
             raise UsageError("--grid, --dtype and --only choose what to measure; --from measures nothing")
@@ -182,7 +181,7 @@ def read_tune_json(path: Path) -> dict:
     one, is nested too deeply, or would decompress past :data:`MAX_TUNE_JSON`."""
     import zlib
 
-    from ..fsutil import read_input
+    from ..fsutil import parse_json, read_input
 
     raw = read_input(path, "tune JSON", limit=MAX_TUNE_JSON)
     if raw[:2] == b"\x1f\x8b":
@@ -194,11 +193,9 @@ def read_tune_json(path: Path) -> dict:
         if len(raw) > MAX_TUNE_JSON or d.unconsumed_tail:
             raise UsageError(f"cannot read tune JSON {path}: it decompresses to more than {MAX_TUNE_JSON >> 20} MiB")
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+        data = parse_json(raw)
+    except ValueError as e:  # not JSON, not UTF-8, nested too deeply
         raise UsageError(f"cannot read tune JSON {path}: {str(e).splitlines()[0][:120]}") from None
-    except RecursionError:
-        raise UsageError(f"cannot read tune JSON {path}: nested too deeply") from None
     if not isinstance(data, dict):
         raise UsageError(f"{path} is not a kvpatch tune JSON")
     return data

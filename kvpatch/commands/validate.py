@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Optional
 from ..errors import GpuCheckError, UsageError
 from ..fsutil import check_outputs
 from ..progress import QUIET, Progress
-from ..source.workspace import protected_paths
 from .common import (
     Libraries,
     LibraryOptions,
@@ -27,6 +26,7 @@ from .common import (
     check_kernel_sizes,
     check_sources,
     input_files,
+    kept_paths,
     prebuilt,
     require_device,
     write_if,
@@ -140,7 +140,7 @@ def run(o: ValidateOptions, *, progress: Progress = QUIET) -> ValidateOutcome:
         if not (o.upstream_timeout > 0 and math.isfinite(o.upstream_timeout)):
             raise UsageError(f"--upstream-timeout must be > 0 seconds, not {o.upstream_timeout:g}")
     cases, name, sampling = validate_cases(o)
-    check_outputs(json=o.json_out, inputs=input_files(o), protected=protected_paths(o.cwd))
+    check_outputs(json=o.json_out, inputs=input_files(o), protected=kept_paths(o.cwd))
     check_sources(o)
     require_device(o.device)
     if o.libs:

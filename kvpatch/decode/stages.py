@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from ..fsutil.files import parse_json
 from .options import DEFAULT_WINDOWS, MiB, WeightPrefetch
 
 
@@ -180,6 +181,6 @@ def _window(d: Mapping[str, Any]) -> Any:
 
 def _load(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return parse_json(path.read_bytes())
     except (OSError, ValueError):
         return None

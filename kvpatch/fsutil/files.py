@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import re
 import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from ..errors import UsageError
 
@@ -328,6 +329,26 @@ def read_input(path: str | os.PathLike[str], what: str, *, limit: int | None = N
         raise UsageError(f"{what} {shown}: {e}") from None
     except OSError as e:
         raise UsageError(f"cannot read {what} {shown}: {e.strerror or e}") from None
+
+
+def expand_home(text: str, what: str) -> Path:
+    """``Path(text)`` with a leading ``~`` or ``~user`` expanded; a one-line :class:`UsageError`
+    naming ``what`` where it names no home directory on this machine (Python raises a bare
+    RuntimeError there)."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        raise UsageError(f"{what}: its '~' names no home directory on this machine") from None
+
+
+def parse_json(text: str | bytes) -> Any:
+    """JSON text (or UTF-8 bytes) -> its value; ValueError for anything that is not JSON, text
+    nested too deeply included (the parser recurses: a few thousand ``[`` are a RecursionError,
+    which no caller's ``except ValueError`` expects) and bytes that are not UTF-8."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 from ..errors import BuildError
 from ..fsutil import hold_lock, machine_problem, problem_in_text, write_atomic, write_if_different
-from ..fsutil.files import file_digest
+from ..fsutil.files import file_digest, parse_json
 from ..progress import QUIET, Progress
 from .toolchain import Inspector, Toolchain, first_error
 
@@ -121,7 +121,7 @@ def load_cached(p: LibraryPlan) -> tuple[Any | None, str]:
     when there is one whose library is missing, truncated or changed.
     """
     try:
-        result = p.read_result(json.loads(p.result_path.read_text(encoding="utf-8")))
+        result = p.read_result(parse_json(p.result_path.read_bytes()))
     except (OSError, ValueError, KeyError, TypeError):
         return None, ""
     try:

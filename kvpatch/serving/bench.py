@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ..errors import BuildError, GpuCheckError, UsageError
-from ..fsutil.files import write_atomic
+from ..fsutil.files import parse_json, write_atomic
 from ..gpu.stats import median
 from ..progress import QUIET, Progress
 from .engine import Worker, run_slot
@@ -34,7 +34,7 @@ def saved_runs(options: ServingOptions, folder: Path, slots: list[Slot]) -> dict
     manifest = folder / MANIFEST
     if manifest.exists():
         try:
-            theirs = json.loads(manifest.read_text(encoding="utf-8")).get("fingerprint")
+            theirs = parse_json(manifest.read_bytes()).get("fingerprint")
         except (OSError, ValueError, AttributeError):
             theirs = None
         if theirs not in ours:
@@ -46,7 +46,7 @@ def saved_runs(options: ServingOptions, folder: Path, slots: list[Slot]) -> dict
         if not p.exists():
             continue
         try:
-            rec = json.loads(p.read_text(encoding="utf-8"))
+            rec = parse_json(p.read_bytes())
         except (OSError, ValueError):
             continue  # damaged: run it again
         if isinstance(rec, dict) and rec.get("fingerprint") in ours and not rec.get("problems"):
@@ -67,7 +67,7 @@ def _spec_models(folder: Path) -> set[str]:
     paths = set()
     for spec in folder.glob("*.spec.json"):
         try:
-            model = json.loads(spec.read_text(encoding="utf-8")).get("model")
+            model = parse_json(spec.read_bytes()).get("model")
         except (OSError, ValueError, AttributeError):
             continue
         if isinstance(model, str):

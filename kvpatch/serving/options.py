@@ -103,13 +103,13 @@ class Arm:
     @property
     def env(self) -> dict[str, str]:
         """What the engine's environment adds: the plugin's kill switch for vLLM's arms, the
-        bundle's folder for an arm of another bundle."""
+        bundle's folder for kvpatch's arms (absolute: the engines run in another directory)."""
         from ..vllm_plugin import ENV_DISABLE
-        from ..vllm_plugin.bundle import ENV_DIR
+        from ..vllm_plugin.bundle import ENV_DIR, bundle_dir
 
         if self.kernels == "vllm":
             return {ENV_DISABLE: "1"}
-        return {ENV_DIR: self.bundle} if self.bundle is not None else {}
+        return {ENV_DIR: self.bundle if self.bundle is not None else str(bundle_dir())}
 
     def identity(self) -> dict[str, str]:
         """What the fingerprint hashes: an arm of another bundle by its kernels, not its path."""
@@ -131,6 +131,7 @@ MAX_BUNDLES = 3
 def bundle_arm(text: str, cwd: Path, taken: Sequence[str] = ()) -> Arm:
     """``'grouped=./bundle-g4'`` (``--bundle NAME=DIR``) -> the arm that runs that bundle's
     kernels; UsageError in one line for a bad name, a name in ``taken``, or no readable bundle."""
+    from ..fsutil import expand_home
     from ..vllm_plugin.bundle import BundleError, read_bundle
 
     name, sep, folder = text.partition("=")
@@ -141,7 +142,7 @@ def bundle_arm(text: str, cwd: Path, taken: Sequence[str] = ()) -> Arm:
         raise UsageError(f"--bundle {text!r}: a name of lower-case letters, digits and '-' (at most 32)")
     if name in {a.name for a in ARMS} or name in taken:
         raise UsageError(f"--bundle {text!r}: the name {name!r} is taken")
-    path = Path(folder.strip()).expanduser()
+    path = expand_home(folder.strip(), f"--bundle {text}")
     path = (path if path.is_absolute() else cwd / path).resolve()
     try:
         manifest = read_bundle(path, missing_ok=False)

@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..errors import FetchError, KvpatchError, UsageError
-from ..fsutil import hold_lock, machine_problem, problem_in_text, read_regular, write_atomic
+from ..fsutil import expand_home, hold_lock, machine_problem, problem_in_text, read_regular, write_atomic
 from . import git as gitcmd
 from .releases import HEADER, LAST, SUPPORTED, carries_header, normalize_version, release_tag, release_tuple
 from .repo import _clone, _git_reason, _make_repo, git_executable, require_git  # noqa: F401
@@ -61,11 +61,7 @@ def cache_root() -> Path:
     relative one is taken relative to the current directory, now). Creates nothing."""
     env = os.environ.get("KVPATCH_CACHE")
     if env:
-        try:
-            path = Path(env).expanduser()
-        except RuntimeError:  # '~user' naming no user, or no home directory to expand '~' to
-            raise UsageError(f"KVPATCH_CACHE={env}: its '~' names no home directory on this machine") from None
-        return _absolute(path, f"KVPATCH_CACHE={env}")
+        return _absolute(expand_home(env, f"KVPATCH_CACHE={env}"), f"KVPATCH_CACHE={env}")
     return _absolute(Path(platformdirs.user_cache_dir("kvpatch")), "the user cache directory")
 
 

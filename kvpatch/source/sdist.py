@@ -11,7 +11,6 @@ files and odd names, and uses tarfile's ``data`` filter. A full disk is said as 
 from __future__ import annotations
 
 import hashlib
-import json
 import lzma
 import math
 import os
@@ -30,6 +29,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from ..errors import FetchError
+from ..fsutil.files import parse_json
 from ..fsutil.problems import machine_problem
 
 _HTTP_TIMEOUT = 60.0
@@ -151,7 +151,7 @@ def _local_packages(index: str) -> list:
     base = folder.as_uri() + "/"
     try:
         if (folder / "index.json").is_file():
-            data = json.loads((folder / "index.json").read_bytes())
+            data = parse_json((folder / "index.json").read_bytes())
             if not isinstance(data, dict):
                 raise ValueError("the JSON page is not an object")
             data.setdefault("name", "vllm")

@@ -46,7 +46,7 @@ class State:
     def load(cwd: Path) -> State | None:
         path = State.path(cwd)
         try:
-            data = json.loads(fsutil.read_regular(path).decode("utf-8"))
+            data = fsutil.parse_json(fsutil.read_regular(path))
         except FileNotFoundError:
             return None
         except IsADirectoryError:
@@ -56,11 +56,8 @@ class State:
                                "'kvpatch apply' again") from None  # fmt: skip
         except OSError as e:
             raise KvpatchError(f"cannot read {path}: {e.strerror or e}") from None
-        except ValueError as e:  # not UTF-8 / not JSON
+        except ValueError as e:  # not UTF-8, not JSON, nested too deeply
             raise KvpatchError(f"corrupt {path} ({str(e).splitlines()[0][:80]}); delete it and run "
-                               "'kvpatch apply' again") from None  # fmt: skip
-        except RecursionError:
-            raise KvpatchError(f"corrupt {path} (JSON nested too deep); delete it and run "
                                "'kvpatch apply' again") from None  # fmt: skip
         ok = (
             isinstance(data, dict)

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping
 from .. import dtypes as D
 from ..abi import ABI_VERSION, config_label
 from ..errors import KvpatchError
-from ..fsutil.files import file_digest, read_regular
+from ..fsutil.files import file_digest, parse_json, read_regular
 from .schema import OPS
 
 #: Overrides :func:`bundle_dir` (tests; an environment whose prefix is read-only).
@@ -49,9 +49,11 @@ class BundleError(KvpatchError):
 
 
 def bundle_dir() -> Path:
-    """Where this Python environment's bundle lives (nothing is created)."""
+    """Where this Python environment's bundle lives (nothing is created): absolute, a relative
+    ``$KVPATCH_PLUGIN_DIR`` taken from the current directory now (a process started elsewhere
+    with the same environment must find the same folder)."""
     env = os.environ.get(ENV_DIR)
-    return Path(env) if env else Path(sys.prefix) / "share" / "kvpatch" / "vllm-plugin"
+    return Path(os.path.abspath(env)) if env else Path(sys.prefix) / "share" / "kvpatch" / "vllm-plugin"
 
 
 @dataclass(frozen=True)
@@ -254,8 +256,8 @@ def read_bundle(
             return None
         raise BundleError(f"cannot read {path}: {e}") from None
     try:
-        return Manifest.from_dict(json.loads(text))
-    except (ValueError, BundleError) as e:  # json.JSONDecodeError is a ValueError
+        return Manifest.from_dict(parse_json(text))
+    except (ValueError, BundleError) as e:  # not JSON, nested too deeply included
         if damaged_ok:
             return None
         why = e.args[0] if isinstance(e, BundleError) else f"not JSON ({e})"
@@ -268,7 +270,11 @@ def remove_bundle(directory: str | os.PathLike[str] | None = None) -> bool:
     two, then the directory if nothing else is in it. Only what a valid manifest names is
     touched: no manifest is nothing to remove (False); a damaged one is :class:`BundleError`."""
     out = Path(directory) if directory is not None else bundle_dir()
-    m = read_bundle(out, missing_ok=True)
+    try:
+        m = read_bundle(out, missing_ok=True)
+    except BundleError as e:
+        raise BundleError(f"{e}; nothing removed (only what a valid manifest names is): 'kvpatch plugin enable' "
+                          f"replaces it, or delete {out / MANIFEST} yourself") from None  # fmt: skip
     if m is None:
         return False
     if not _LIBRARY_NAME.fullmatch(m.library):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..abi import ABI_VERSION, AbiError
-from .bundle import BundleError, bundle_dir, describe_missing, file_digest, missing_configs, read_bundle
+from .bundle import MANIFEST, BundleError, bundle_dir, describe_missing, file_digest, missing_configs, read_bundle
 from .schema import OPS, scales_by_value, schema_mismatch
 
 #: The kill switch: set (to anything but '', '0', 'false', 'no', 'off') to keep vLLM's kernels.
@@ -211,7 +211,7 @@ def evaluate(target: Target, *, probe_gpu: bool = False) -> tuple[Decision, Read
     try:
         m = read_bundle(where)
     except BundleError as e:
-        return refuse(str(e), f"{_ENABLE_HOW} again, or 'kvpatch plugin disable'")
+        return refuse(str(e), f"{_ENABLE_HOW} again (it replaces the manifest), or delete {Path(where) / MANIFEST}")
     if m is None:
         return replace(base, reason=f"not enabled (no bundle at {where})", fix=_ENABLE_HOW), None
     base = replace(base, release=m.vllm_release, header_revision=m.header_revision, marker=m.marker,

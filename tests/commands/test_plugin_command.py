@@ -159,6 +159,30 @@ def test_disable_removes_the_bundle_and_then_has_nothing_to_remove(tmp_path):
     assert r.returncode == 0 and "nothing to remove" in r.stdout
 
 
+def test_a_damaged_manifest_says_what_does_remove_it(tmp_path):
+    """status's fix for a damaged manifest is what works: enable again, or delete the file (before,
+    it said 'kvpatch plugin disable', which refuses a damaged manifest by design)."""
+    where = tmp_path / "bundle"
+    where.mkdir()
+    (where / "bundle.json").write_text("{")
+    r = _kvpatch("plugin", "status", "--dir", str(where), cwd=tmp_path)
+    assert r.returncode == 1 and f"or delete {where / 'bundle.json'}" in r.stdout, r.stdout
+    assert "plugin disable" not in r.stdout
+    r = _kvpatch("plugin", "disable", "--dir", str(where), cwd=tmp_path)
+    assert r.returncode == 1 and f"delete {where / 'bundle.json'} yourself" in r.stderr
+    assert (where / "bundle.json").read_text() == "{"
+
+
+def test_disable_of_a_dir_that_is_a_file_is_a_usage_error(tmp_path):
+    (tmp_path / "file").write_text("x")
+    r = _kvpatch("plugin", "disable", "--dir", str(tmp_path / "file"), cwd=tmp_path)
+    assert (
+        r.returncode == 2
+        and r.stderr.startswith("error: kvpatch plugin disable: --dir ")
+        and "not a directory" in r.stderr
+    )
+
+
 def test_check_without_vllm_is_one_line_exit_2(tmp_path, monkeypatch):
     monkeypatch.setattr(P, "installed_vllm", lambda: None)
     with pytest.raises(UsageError, match="vLLM is not installed"):

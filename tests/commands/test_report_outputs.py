@@ -43,3 +43,35 @@ def test_plugin_enable_never_writes_its_report_into_the_bundle(applied, work, tm
     assert_one_line_error(run_cli("plugin", "enable", "--dir", str(bundle), "--json", str(bundle / "bundle.json"),
                                   cwd=work), 2, "the plugin's bundle")  # fmt: skip
     assert not bundle.exists()
+
+
+def test_no_command_writes_its_output_into_the_environments_bundle_or_kvpatchs_state(applied, work, tmp_path):
+    """The plugin's bundle (``$KVPATCH_PLUGIN_DIR``) is kept by every command that writes a file,
+    as ``.kvpatch/`` is: before, ``plugin status --json`` and ``plugin check --json`` wrote over
+    ``bundle.json`` or ``state.json`` (vLLM then refused the bundle and ``disable`` could not
+    remove it), and ``plugin bench``, ``bench``, ``validate``, ``bench-decode``, ``tune`` and
+    ``diff`` checked only the workspace."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    manifest = bundle / "bundle.json"
+    manifest.write_text('{"format": 1}\n')
+    state = work / ".kvpatch" / "state.json"
+    before = {p: p.read_bytes() for p in (manifest, state)}
+    env = {"KVPATCH_PLUGIN_DIR": str(bundle)}
+    commands = [["plugin", "status", "--json"], ["plugin", "check", "--json"], ["plugin", "bench", "--json"],
+                ["bench", "--json"], ["validate", "--json"], ["bench-decode", "--json"], ["tune", "-o"],
+                ["diff", "-o"], ["build", "--json"], ["sites", "--json"]]  # fmt: skip
+    for command in commands:
+        for target, why in ((manifest, "the plugin's bundle"), (state, "kvpatch's state directory")):
+            proc = run_cli(*command, str(target), cwd=work, env=env)
+            assert_one_line_error(proc, 2, why)
+    assert {p: p.read_bytes() for p in before} == before
+
+
+def test_plugin_status_keeps_the_bundle_its_dir_names(work, tmp_path):
+    bundle = tmp_path / "elsewhere"
+    bundle.mkdir()
+    (bundle / "bundle.json").write_text("{}\n")
+    proc = run_cli("plugin", "status", "--dir", str(bundle), "--json", str(bundle / "bundle.json"), cwd=work)
+    assert_one_line_error(proc, 2, "the plugin's bundle")
+    assert (bundle / "bundle.json").read_text() == "{}\n"

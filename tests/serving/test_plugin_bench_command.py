@@ -40,14 +40,26 @@ from kvpatch.render import serving_lines
         (["--bundle", "g=nowhere"], "--bundle g: no bundle at"),
         (["--bundle", "g=FILE"], "--bundle g: cannot read"),
         (["--bundle", "a=x", "--bundle", "b=x", "--bundle", "c=x", "--bundle", "d=x"], "at most 3"),
+        (["--bundle", "g=DEEP"], "--bundle g: damaged manifest"),
+        (["--bundle", "g=~no-such-user-kvpatch/b"], "its '~' names no home directory"),
+        (["--model", "~no-such-user-kvpatch/m"], "its '~' names no home directory"),
     ],
 )
 def test_bad_options_are_one_line_before_anything_runs(tmp_path, args, needle):
     (tmp_path / "FILE").write_text("x")
     (tmp_path / "SMALL").mkdir()
     (tmp_path / "SMALL" / "config.json").write_text(json.dumps({"max_position_embeddings": 2048}))
+    (tmp_path / "DEEP").mkdir()
+    (tmp_path / "DEEP" / "bundle.json").write_text("[" * 5000 + "]" * 5000)  # 10 kB that Python's parser recurses on
     proc = run_cli("plugin", "bench", *args, cwd=tmp_path)
     assert_one_line_error(proc, 2, needle)
+
+
+def test_a_model_config_nested_too_deeply_is_no_traceback(tmp_path):
+    """Its positions cannot be read: the engine is left to say what is wrong (here: no vLLM)."""
+    (tmp_path / "DEEP").mkdir()
+    (tmp_path / "DEEP" / "config.json").write_text("[" * 5000 + "]" * 5000)
+    assert_one_line_error(run_cli("plugin", "bench", "--model", "DEEP", cwd=tmp_path), 2)
 
 
 def test_the_context_defaults_to_8192_tokens_or_the_models_positions_if_fewer(tmp_path):

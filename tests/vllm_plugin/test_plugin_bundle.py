@@ -24,6 +24,17 @@ def test_bundle_dir(monkeypatch, tmp_path):
     assert bundle_dir() == tmp_path / "x" and not (tmp_path / "x").exists()
 
 
+def test_a_relative_bundle_dir_is_the_folder_it_names_from_here(monkeypatch, tmp_path):
+    """``KVPATCH_PLUGIN_DIR=bundle``: the folder below the current directory, as an absolute path
+    (the serving benchmark's engines, started in another directory, get the same folder)."""
+    from kvpatch.serving.options import KVPATCH
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KVPATCH_PLUGIN_DIR", "bundle")
+    assert bundle_dir() == tmp_path / "bundle"
+    assert KVPATCH.env == {"KVPATCH_PLUGIN_DIR": str(tmp_path / "bundle")}
+
+
 def test_write_read_replace_remove(tmp_path):
     d = S.make_bundle(tmp_path / "b", library_bytes=b"first")
     m = read_bundle(d)
@@ -48,7 +59,7 @@ def test_read_bundle_errors(tmp_path):
     with pytest.raises(BundleError, match="no bundle"):
         read_bundle(tmp_path, missing_ok=False)
     for text, why in [("[]", "not a JSON object"), ("{", "not JSON"), ('{"format": 2}', "format 2"),
-                      ('{"format": 1}', "lacks 'kernel_set'")]:  # fmt: skip
+                      ('{"format": 1}', "lacks 'kernel_set'"), ("[" * 5000 + "]" * 5000, "nested too deeply")]:  # fmt: skip
         (tmp_path / MANIFEST).write_text(text)
         with pytest.raises(BundleError, match=why) as e:
             read_bundle(tmp_path)
@@ -147,8 +158,12 @@ def test_remove_touches_only_what_a_valid_manifest_names(tmp_path):
     assert not remove_bundle(d)
     assert sorted(p.name for p in d.iterdir()) == sorted(keep)
     (d / MANIFEST).write_text("{")
-    with pytest.raises(BundleError, match="damaged manifest"):
+    with pytest.raises(BundleError, match="damaged manifest") as e:
         remove_bundle(d)
+    assert (
+        f"nothing removed (only what a valid manifest names is): 'kvpatch plugin enable' replaces it, or delete {d / MANIFEST} yourself"
+        in str(e.value)
+    )
     assert sorted(p.name for p in d.iterdir()) == sorted([*keep, MANIFEST])
     b = S.make_bundle(tmp_path / "b")
     raw = json.loads((b / MANIFEST).read_text())

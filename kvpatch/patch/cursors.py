@@ -35,10 +35,12 @@ def line_break_before(p: Parsed, offset: int) -> int:
 
 
 def after_trailing_comment(p: Parsed, offset: int) -> int:
-    """``offset``, moved past comments that follow it on the same line.
+    """``offset``, moved past comments and blanks that follow it on the same line.
 
     Code inserted at ``offset`` starts with a newline; a trailing ``// note`` after
-    the statement would otherwise end up after kvpatch's last line.
+    the statement would otherwise end up after kvpatch's last line, and trailing
+    blanks would end up on the line of its end marker (whose comment token runs to the
+    end of the line: a revert would take them with it).
     """
     data, i = p.data, offset
     while True:
@@ -55,6 +57,8 @@ def after_trailing_comment(p: Parsed, offset: int) -> int:
             i = close + 2
             offset = i
             continue
+        if i == len(data) or data.startswith(b"\n", i) or data.startswith(b"\r\n", i):
+            return i  # only blanks up to the line's end: they stay on the statement's line
         return offset
 
 

@@ -64,7 +64,10 @@ def injections(p: Parsed) -> list[Injection]:
             label = text[len(END) :].strip()
             if label != open_[1]:
                 raise PatchError(_broken(p, f"kvpatch markers do not match at line {tok.location.line}"))
-            found.append(Injection(open_[0], tok.extent.end.offset, open_[1], open_[2]))
+            end = tok.extent.end.offset  # a line comment's token runs to the line's end: not its blanks
+            while end > tok.extent.start.offset and p.data[end - 1 : end] in (b" ", b"\t"):
+                end -= 1
+            found.append(Injection(open_[0], end, open_[1], open_[2]))
             open_ = None
     if open_ is not None:
         raise PatchError(_broken(p, f"unterminated '{BEGIN} {open_[1]}' marker"))

@@ -318,6 +318,48 @@ def test_trailing_comment_at_the_insertion_point(name: str, old: str, new: str, 
     assert unpatch(patched, header_path)[0] == stock
 
 
+@pytest.mark.parametrize(
+    "name, old, new, crlf",
+    [
+        ("default", "block_table[block_idx]);\n\n", "block_table[block_idx]); \t\n\n", False),
+        ("default", "block_table[block_idx]);\n\n", "block_table[block_idx]); /* c */ \n\n", False),
+        ("default", "block_table[block_idx]);\n\n", "block_table[block_idx]);  \n\n", True),
+        ("placement-end-scope-kv-head", "                : 0;\n    }\n  }\n\n  float acc",
+         "                : 0;\n    }  \n  }\n\n  float acc", False),
+        ("paper", "for (int j = 0; j < HEAD_SIZE / x; j++) {\n", "for (int j = 0; j < HEAD_SIZE / x; j++) { \n", False),
+    ],
+    ids=["after-block-number", "after-a-block-comment", "crlf", "end-of-body", "paper-inner-brace"],
+)  # fmt: skip
+def test_trailing_blanks_at_the_insertion_point_stay_on_their_line(name: str, old: str, new: str, crlf: bool,
+                                                                   header_path: str) -> None:  # fmt: skip
+    """Blanks after the statement kvpatch inserts after stay where they were: before, they ended up
+    after the region's end marker, whose comment runs to the line's end, so that a second apply
+    found its region changed (exit 4) and a revert took the blanks with it."""
+    stock = fixture_text()
+    assert stock.count(old) == 1
+    stock = stock.replace(old, new)
+    line = new.split("\n")[0] + "\n"
+    if crlf:
+        stock, line = stock.replace("\n", "\r\n"), line.replace("\n", "\r\n")
+    cfg = make_config(**CONFIGS[name])
+    patched = patch(stock, header_path, cfg).patched
+    assert line in patched  # the statement's line, its blanks and its end, whole
+    assert patch(patched, header_path, cfg).patched == patched
+    assert unpatch(patched, header_path)[0] == stock
+
+
+def test_blanks_after_an_end_marker_are_the_headers_own(header_path: str) -> None:
+    """A header patched with blanks after a region's end marker (as kvpatch wrote them before it
+    kept them on the statement's line) reverts with the blanks in place: the region ends at its
+    marker's text, not at the end of the marker's line."""
+    stock = fixture_text()
+    patched = patch(stock, header_path, make_config(**CONFIGS["default"])).patched
+    assert patched.count("// kvpatch:end key\n") == 1
+    written_before = patched.replace("// kvpatch:end key\n", "// kvpatch:end key \t\n")
+    blanks_kept = stock.replace("block_table[block_idx]);\n\n", "block_table[block_idx]); \t\n\n")
+    assert unpatch(written_before, header_path)[0] == blanks_kept
+
+
 # --------------------------------------------------------------------------- validation
 
 

@@ -25,6 +25,7 @@ from ..fsutil.files import write_atomic
 from ..jit.library import kill_group
 from ..progress import QUIET, Progress
 from ..vllm_plugin import ENV_DISABLE, kernels_logged
+from ..vllm_plugin.bundle import ENV_DIR
 from .options import ServingOptions
 from .schedule import Slot
 from .worker import PROGRESS
@@ -51,6 +52,9 @@ def engine_env(slot: Slot, base: dict[str, str], worker: Worker) -> dict[str, st
     env.update(ENGINE_ENV)
     env.update(dict(worker.extra_env))
     env.update(slot.arm.env)
+    where = env.get(ENV_DIR)
+    if where and not os.path.isabs(where):  # engines run in the --raw folder: the bundle this process means
+        env[ENV_DIR] = os.path.abspath(where)
     return env
 
 

@@ -103,13 +103,13 @@ class Arm:
     @property
     def env(self) -> dict[str, str]:
         """What the engine's environment adds: the plugin's kill switch for vLLM's arms, the
-        bundle's folder for kvpatch's arms (absolute: the engines run in another directory)."""
+        bundle's folder for an arm of another bundle."""
         from ..vllm_plugin import ENV_DISABLE
-        from ..vllm_plugin.bundle import ENV_DIR, bundle_dir
+        from ..vllm_plugin.bundle import ENV_DIR
 
         if self.kernels == "vllm":
             return {ENV_DISABLE: "1"}
-        return {ENV_DIR: self.bundle if self.bundle is not None else str(bundle_dir())}
+        return {ENV_DIR: self.bundle} if self.bundle is not None else {}
 
     def identity(self) -> dict[str, str]:
         """What the fingerprint hashes: an arm of another bundle by its kernels, not its path."""

@@ -4,6 +4,7 @@ needed only to import the package's test helpers and for ``parse_schema``)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -27,12 +28,15 @@ def test_bundle_dir(monkeypatch, tmp_path):
 def test_a_relative_bundle_dir_is_the_folder_it_names_from_here(monkeypatch, tmp_path):
     """``KVPATCH_PLUGIN_DIR=bundle``: the folder below the current directory, as an absolute path
     (the serving benchmark's engines, started in another directory, get the same folder)."""
-    from kvpatch.serving.options import KVPATCH
+    from kvpatch.serving import ARMS, Worker
+    from kvpatch.serving.engine import engine_env
+    from kvpatch.serving.schedule import schedule
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("KVPATCH_PLUGIN_DIR", "bundle")
     assert bundle_dir() == tmp_path / "bundle"
-    assert KVPATCH.env == {"KVPATCH_PLUGIN_DIR": str(tmp_path / "bundle")}
+    kvpatch_start = schedule(ARMS, 1)[0]
+    assert engine_env(kvpatch_start, dict(os.environ), Worker())["KVPATCH_PLUGIN_DIR"] == str(tmp_path / "bundle")
 
 
 def test_write_read_replace_remove(tmp_path):

@@ -132,14 +132,19 @@ def cwd() -> Path:
     return Path.cwd()
 
 
-def csv(text: Optional[str], kind: Any = str) -> Optional[list]:
-    """``'a,b'`` (or ``;``-separated) -> a list; None stays None."""
+def csv(text: Optional[str], kind: Any = str, *, empty: bool = False) -> Optional[list]:
+    """``'a,b'`` (or ``;``-separated) -> a list; None (not given) stays None. A list given empty
+    (``--dtypes ''``, an unset shell variable) is a one-line error unless ``empty`` says it means
+    something: it must not quietly become the default."""
     if text is None:
         return None
     try:
-        return [kind(x.strip()) for x in text.replace(";", ",").split(",") if x.strip()]
+        items = [kind(x.strip()) for x in text.replace(";", ",").split(",") if x.strip()]
     except ValueError:
         raise UsageError(f"invalid list {text!r}") from None
+    if not items and not empty:
+        raise UsageError(f"an empty list {text!r}: give at least one value")
+    return items
 
 
 def json_target(value: Optional[str]) -> tuple[Optional[Path], bool]:

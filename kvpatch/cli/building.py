@@ -42,8 +42,9 @@ def build(
     check_report_output(json_out, opts.cwd, tree=tree)
     with progress() as p:
         report = B.run(opts, progress=p)
-    if report.result is None:
-        io.err.print(f"vLLM's build finished in {report.full_seconds:.0f} s", highlight=False)
+    if report.result is None:  # --full: vLLM's own build, whose report is its time
+        if not emit_json(json_out, {"kind": "vllm-build", "seconds": report.full_seconds}):
+            io.err.print(f"vLLM's build finished in {report.full_seconds:.0f} s", highlight=False)
         return
     result = report.result
     if not emit_json(json_out, result.to_dict()):

@@ -131,7 +131,7 @@ def bench_decode(
     micro: Annotated[bool, typer.Option("--micro", help="Also run the GEMM-after-idle micro-benchmark.")] = False,
     json_out: JsonOpt = None,
     plot: Annotated[
-        Optional[Path], typer.Option("--plot", metavar="FILE", help="Write a PNG of the speedups here.")
+        Optional[Path], typer.Option("--plot", metavar="FILE", help="Draw the speedups into FILE: .png, .pdf or .svg.")
     ] = None,
     text: Annotated[
         Optional[Path], typer.Option("--text", metavar="FILE", help="Also write the table (as printed) here.")

@@ -91,8 +91,8 @@ def validate(
     opts = V.ValidateOptions(
         tree=tree, cwd=cwd(), arch=arch, libs=lib, variant_info=variant_info, quick=quick, full=full, paper=paper,
         seed=seed, dtypes=csv(dtypes), kv_cache_dtypes=csv(kv), head_sizes=csv(head_sizes, int),
-        block_sizes=csv(block_sizes, int), kernels=csv(kernels), heads=parse_heads(heads) if heads else None,
-        alibi=parse_bools(alibi) if alibi else None, contexts=csv(contexts, int), upstream=upstream,
+        block_sizes=csv(block_sizes, int), kernels=csv(kernels), heads=parse_heads(heads) if heads is not None else None,
+        alibi=parse_bools(alibi) if alibi is not None else None, contexts=csv(contexts, int), upstream=upstream,
         matrix=matrix, upstream_dir=upstream_dir, upstream_shard=upstream_shard, upstream_timeout=upstream_timeout,
         workers=workers, json_out=path, device=device,
     )  # fmt: skip
@@ -119,7 +119,7 @@ def bench(
     ] = None,
     json_out: JsonOpt = None,
     plot: Annotated[
-        Optional[Path], typer.Option("--plot", metavar="FILE", help="Write a PNG of the speedups here.")
+        Optional[Path], typer.Option("--plot", metavar="FILE", help="Draw the speedups into FILE: .png, .pdf or .svg.")
     ] = None,
     variant: Annotated[
         list[str],
@@ -131,7 +131,9 @@ def bench(
     control: Annotated[
         bool, typer.Option("--control/--no-control", help="Include the prefetch-never-runs control (when building).")
     ] = False,
-    quick: Annotated[bool, typer.Option("--quick", help="8 points instead of 24.")] = False,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="A set of 8 points instead of 24 (alone: not with --set or shape options).")
+    ] = False,
     dtypes: Annotated[Optional[str], typer.Option(metavar="LIST", help="fp16,bf16 (default).")] = None,
     batches: Annotated[Optional[str], typer.Option(metavar="LIST", help="e.g. 1,4,16,64.")] = None,
     contexts: Annotated[
@@ -180,15 +182,14 @@ def bench(
 ) -> None:
     """GPU: time stock, the paper preset and the patched kernels side by side (warm and cold)."""
     from ..commands import bench as B
-    from ..commands.choices import variant_configs
     from ..commands.common import parse_heads
     from ..render import print_bench
 
     path, to_stdout = json_target(json_out)
     opts = B.BenchOptions(
-        tree=tree, cwd=cwd(), arch=arch, libs=lib, variant_info=variant_info, variants=variant_configs(variant),
+        tree=tree, cwd=cwd(), arch=arch, libs=lib, variant_info=variant_info, variants=variant,
         paper=paper, control=control, point_set=point_set, quick=quick, dtypes=csv(dtypes),
-        batches=csv(batches, int), contexts=csv(contexts, int), heads=parse_heads(heads) if heads else None,
+        batches=csv(batches, int), contexts=csv(contexts, int), heads=parse_heads(heads) if heads is not None else None,
         head_sizes=csv(head_sizes, int), block_sizes=csv(block_sizes, int), kv_cache_dtypes=csv(kv), seed=seed,
         capture_len=capture_len, kernels=csv(kernels) or ["v1", "v2"], reps=reps, rounds=rounds, warmup=warmup, warm=warm, cold=cold,
         check=check, aa=aa, json_out=path, plot=plot, device=device,
@@ -204,7 +205,14 @@ def bench(
 @app.command()
 def tune(
     tree: TreeOpt = None,
-    arch: ArchOpt = "9.0a",
+    arch: Annotated[
+        Optional[str],
+        typer.Option(
+            "--arch",
+            metavar="ARCHS",
+            help="TORCH_CUDA_ARCH_LIST syntax: 9.0a, 9.0, '8.0;9.0a', 9.0+PTX (default 9.0a; not with --from).",
+        ),
+    ] = None,
     lib: Annotated[
         list[str],
         typer.Option(
@@ -236,10 +244,14 @@ def tune(
             "--quick", help="Bench batch 2/32 x context 512/12288 of the tuning set (144 points) instead of 324."
         ),
     ] = False,
-    reps: Annotated[int, typer.Option(metavar="N", help="Timed launches per point, candidate and round.")] = TUNE_REPS,
+    reps: Annotated[
+        Optional[int],
+        typer.Option(metavar="N", help=f"Timed launches per point, candidate and round (default {TUNE_REPS})."),
+    ] = None,
     rounds: Annotated[
-        int, typer.Option(metavar="N", help="Interleaved rounds (the spread a verdict uses).")
-    ] = DEFAULT_ROUNDS,
+        Optional[int],
+        typer.Option(metavar="N", help=f"Interleaved rounds (the spread a verdict uses; default {DEFAULT_ROUNDS})."),
+    ] = None,
     policy: Annotated[
         str,
         typer.Option(

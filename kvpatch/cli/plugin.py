@@ -138,7 +138,11 @@ def bench(
     ] = "llama-3.1-8b",
     dtype: Annotated[str, typer.Option("--dtype", metavar="DTYPE", help="fp16 or bf16.")] = "bf16",
     batch_sizes: Annotated[
-        str, typer.Option(metavar="B,B", help="Batch sizes of the main rows (requests generated at once).")
+        str,
+        typer.Option(
+            metavar="B,B",
+            help="Batch sizes of the main rows (requests generated at once; '' for none: the --workload rows only).",
+        ),
     ] = "1,8,32,64",
     input_len: Annotated[int, typer.Option(metavar="N", help="Prompt tokens per request in the main rows.")] = 512,
     output_len: Annotated[int, typer.Option(metavar="N", help="Generated tokens per request in the main rows.")] = 512,
@@ -204,7 +208,7 @@ def bench(
     from .base import csv
 
     opts = S.ServingBenchOptions(
-        model=model, dtype=dtype, batch_sizes=csv(batch_sizes, int) or [], input_len=input_len, output_len=output_len,
+        model=model, dtype=dtype, batch_sizes=csv(batch_sizes, int, empty=True) or [], input_len=input_len, output_len=output_len,
         workloads=list(workload), bundles=list(bundle), starts=starts, dummy_weights=dummy_weights, raw=raw, budget_s=budget,
         engine_timeout_s=engine_timeout, gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
         json_path=json_out, cwd=cwd(),

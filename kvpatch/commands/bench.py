@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
+from ..config import variant_configs
 from ..errors import UsageError
 from ..fsutil import check_outputs
 from ..gpu.defaults import DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class BenchOptions(LibraryOptions):
-    variants: dict[str, Any] = field(default_factory=dict)  # extra NAME -> PatchConfig (when building)
+    variants: list[str] = field(default_factory=list)  # --variant NAME=config.toml (when building)
     paper: bool = True
     control: bool = False
     point_set: Optional[str] = None
@@ -69,7 +70,9 @@ def bench_points(o: BenchOptions) -> tuple[list, str]:
 
     shape_given = any(v is not None for v in (o.dtypes, o.batches, o.contexts, o.heads, o.head_sizes,
                                               o.block_sizes, o.kv_cache_dtypes))  # fmt: skip
-    if o.quick and o.point_set is None and not shape_given:
+    if o.quick and (o.point_set is not None or shape_given):
+        raise UsageError("--quick is a point set of its own (8 points): give it alone, or --set and the shape options")
+    if o.quick:
         pts, name = P.quick_points(), "quick"
     elif o.point_set is not None or not shape_given:
         name = o.point_set or "headline"
@@ -112,7 +115,15 @@ def run(o: BenchOptions, *, progress: Progress = QUIET) -> BenchReport:
 
     check_bench_options(reps=o.reps, warmup=o.warmup, rounds=o.rounds, warm=o.warm, cold=o.cold,
                         kernels=o.kernels)  # fmt: skip
+    extra = variant_configs(o.variants)
+    if extra and o.libs:
+        raise UsageError("--variant builds a configuration from the tree, --lib runs prebuilt libraries: give the "
+                         "variant's library as one more --lib")  # fmt: skip
     check_outputs(json=o.json_out, plot=o.plot, inputs=input_files(o), protected=kept_paths(o.cwd))
+    if o.plot is not None:
+        from ..gpu.plot import plot_format
+
+        plot_format(o.plot)
     check_sources(o)
     require_device(o.device)
     if o.libs:
@@ -121,7 +132,7 @@ def run(o: BenchOptions, *, progress: Progress = QUIET) -> BenchReport:
         from .tree import resolve, variants_for  # the build side (git, libclang) only when building
 
         variants = variants_for(resolve(o.tree, o.cwd), o.cwd, progress, paper=o.paper, control=o.control,
-                                extra=o.variants)  # fmt: skip
+                                extra=extra)  # fmt: skip
         libs = build_libraries(o.tree, o.cwd, o.arch, variants, progress,
                                dtypes=sorted({p.dtype for p in points}), head_sizes=sorted({p.head_size for p in points}),
                                block_sizes=sorted({p.block_size for p in points}),

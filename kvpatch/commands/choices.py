@@ -5,7 +5,6 @@ commands (and the rendering) alone.
 
 from __future__ import annotations
 
-from ..config import variant_configs
 from ..config.model import SETTINGS
 from ..config.settings import Setting
 from ..decode.models import MODELS
@@ -16,5 +15,5 @@ from ..tune.grid import GRID_KEYS
 
 __all__ = [
     "DECODE_LAYERS", "DECODE_ROUNDS", "DEFAULT_MODELS", "DEFAULT_REPS", "DEFAULT_ROUNDS", "DEFAULT_WARMUP",
-    "GRID_KEYS", "MAX_CONTEXT", "MODELS", "SETTINGS", "Setting", "TUNE_REPS", "variant_configs",
+    "GRID_KEYS", "MAX_CONTEXT", "MODELS", "SETTINGS", "Setting", "TUNE_REPS",
 ]  # fmt: skip

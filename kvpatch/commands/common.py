@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ..config import Machine
+from ..config import Machine, variant_files
 from ..errors import UsageError
 from ..fsutil import write_atomic
 from ..gpu import launch as L
@@ -100,7 +100,8 @@ def build_libraries(tree: Optional[Path], cwd: Path, arch: str, variants: list, 
 
 def input_files(o: Any) -> dict[str, Path]:
     """The files a command reads that its outputs must never name: ``--lib`` libraries,
-    ``--variant-info``, ``--libs-file``, ``tune --from`` JSONs, ``--prefetch-lib``."""
+    ``--variant-info``, ``--libs-file``, ``tune --from`` JSONs, ``--prefetch-lib``, ``--variant``
+    configurations."""
     out: dict[str, Path] = {}
     for spec in parse_libs(getattr(o, "libs", []) or []):
         out[f"--lib {spec.name}"] = Path(spec.path)
@@ -110,6 +111,8 @@ def input_files(o: Any) -> dict[str, Path]:
             out["--" + name.replace("_", "-")] = Path(value)
     for path in getattr(o, "from_json", []) or []:
         out[f"--from {path}"] = Path(path)
+    for name, path in variant_files(getattr(o, "variants", []) or []).items():
+        out[f"--variant {name}"] = path
     return out
 
 
@@ -241,15 +244,20 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
         q_heads, kv_heads = out[-1]
         if q_heads < 1 or kv_heads < 1 or q_heads % kv_heads:
             raise UsageError(f"invalid heads {part!r}: KV heads >= 1 and query heads a positive multiple of them")
+    if not out:
+        raise UsageError(f"invalid heads {text!r}: give at least one QUERY/KV, e.g. 32/8")
     return out
 
 
 def parse_bools(text: str) -> list[bool]:
     m = {"on": True, "off": False, "true": True, "false": False, "1": True, "0": False}
     try:
-        return [m[x.strip().lower()] for x in text.split(",") if x.strip()]
+        values = [m[x.strip().lower()] for x in text.split(",") if x.strip()]
     except KeyError as e:
         raise UsageError(f"invalid on/off list {text!r}: {e}") from None
+    if not values:
+        raise UsageError(f"an empty on/off list {text!r}: give on, off or both")
+    return values
 
 
 def local_machine(*, arch: str | None = None) -> Machine:

@@ -12,6 +12,7 @@ plot; the CLI writes the text).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional
@@ -125,11 +126,15 @@ def check(o: DecodeOptions) -> tuple[list[str], list[str], list[int], list[int],
     wpf = weight_prefetch_of(o.prefetch)
     specs = library_specs(o.libs, o.libs_file)
     tail = tail_of(o.tail)
-    if tail is not None and specs and "tail" not in {s.name for s in specs}:
+    if tail is not None and "tail" not in {s.name for s in specs}:  # a build from the tree makes none
         raise UsageError(
             "--tail needs a weight-tail library named 'tail' (--lib tail=...: scripts/gpu_decode.sh --prepare builds one)"
         )
     check_outputs(json=o.json_out, plot=o.plot, text=o.text, inputs=input_files(o), protected=kept_paths(o.cwd))
+    if o.plot is not None:
+        from ..gpu.plot import plot_format
+
+        plot_format(o.plot)
     check_lib_files(specs)
     check_input_file(o.prefetch_lib, "--prefetch-lib")
     return models, dtypes, batches, contexts, wpf, specs, tail
@@ -234,7 +239,7 @@ def run_sweep(o: SweepOptions, *, progress: Progress = QUIET) -> dict[str, Any]:
     specs = library_specs(o.libs, o.libs_file)
     if "stock" not in {s.name for s in specs}:
         raise UsageError(f"the sweep needs a library 'stock', got {', '.join(s.name for s in specs) or 'none'}")
-    if not o.budget > 0:
+    if not (o.budget > 0 and math.isfinite(o.budget)):
         raise UsageError(f"--budget must be > 0 seconds, not {o.budget:g}")
     stages = list(o.stages or SHARES)
     bad = sorted(set(stages) - set(SHARES))
@@ -242,7 +247,8 @@ def run_sweep(o: SweepOptions, *, progress: Progress = QUIET) -> dict[str, Any]:
         raise UsageError(f"unknown sweep stage(s) {', '.join(bad)}: {', '.join(SHARES)}")
     check_lib_files(specs)
     check_input_file(o.prefetch_lib, "--prefetch-lib")
-    check_directory("--out", o.out)
+    check_directory("--out", o.out)  # its files: none an input, none in what kvpatch keeps
+    check_outputs(out=o.out / "sweep.json", inputs=input_files(o), protected=kept_paths(Path.cwd()))
     require_device("cuda")
     from ..decode.sweep import run_sweep as sweep
     from ..gpu.launch import load_libs

@@ -19,7 +19,17 @@ from ..fsutil import check_outputs, write_atomic, write_both
 from ..gpu.defaults import DEFAULT_ROUNDS, TUNE_REPS
 from ..progress import QUIET, Progress
 from ..source.includes import check_tree_files
-from .common import Libraries, LibraryOptions, built, check_sources, input_files, kept_paths, local_machine, prebuilt
+from .common import (
+    Libraries,
+    LibraryOptions,
+    built,
+    check_arch,
+    check_sources,
+    input_files,
+    kept_paths,
+    local_machine,
+    prebuilt,
+)
 
 if TYPE_CHECKING:
     from ..tune.report import TuneReport
@@ -28,13 +38,16 @@ if TYPE_CHECKING:
 @dataclass
 class TuneOptions(LibraryOptions):
     """``libs``: stock + one library per candidate, their configurations from the
-    ``variant_info`` markers; empty: build the grid's candidates from ``tree``."""
+    ``variant_info`` markers; empty: build the grid's candidates from ``tree``. ``arch``,
+    ``reps`` and ``rounds`` are None unless given (``--from`` refuses them): then
+    :data:`DEFAULT_ARCH`, ``TUNE_REPS`` and ``DEFAULT_ROUNDS``."""
 
+    arch: Optional[str] = None
     output: Path = Path("kvpatch.toml")
     json_out: Optional[Path] = None
     quick: bool = False
-    reps: int = TUNE_REPS
-    rounds: int = DEFAULT_ROUNDS
+    reps: Optional[int] = None
+    rounds: Optional[int] = None
     policy: str = "strict"
     fallback: str = "off"
     jobs: Optional[int] = None
@@ -48,6 +61,10 @@ class TuneOptions(LibraryOptions):
     dtypes: list[str] = field(default_factory=list)
     #: measure only the tuned instantiations these selectors (dtype[/head[/block]]) pick
     only: list[str] = field(default_factory=list)
+
+
+#: The arch tune builds for (or records, with ``--lib``) when ``--arch`` is not given: every GPU command's.
+DEFAULT_ARCH = LibraryOptions.arch
 
 
 def tune_build_spec(root: Path, variants: list, arch: str, kv_cache_dtypes: Sequence[str] = ("auto",),
@@ -64,29 +81,43 @@ def tune_build_spec(root: Path, variants: list, arch: str, kv_cache_dtypes: Sequ
                        kv_cache_dtypes=list(kv_cache_dtypes))  # fmt: skip
 
 
-def _prebuilt_candidates(o: TuneOptions) -> tuple[Libraries, dict[str, Any]]:
+def _prebuilt_candidates(o: TuneOptions, loader: Any = None) -> tuple[Libraries, dict[str, Any]]:
+    """The ``--lib`` libraries (loaded by ``loader``, default :func:`~kvpatch.commands.common.prebuilt`'s)
+    and the candidates' configurations from their markers: one-line UsageError without a
+    'stock', a candidate or a configuration for each. ``loader=_no_load`` checks, loading nothing."""
     from ..tune import candidate_configs
 
-    libs = prebuilt(o.libs, o.variant_info)
-    if "stock" not in libs.libs:
-        raise UsageError("kvpatch tune --lib: one library must be named 'stock'")
+    libs = prebuilt(o.libs, o.variant_info, loader=loader)
+    if "stock" not in libs.info:
+        raise UsageError("--lib: one library must be named 'stock'")
     configs = {}
     for name, info in libs.info.items():
         try:
             configs.update(candidate_configs({name: info}))
         except UsageError:
-            raise UsageError(
-                f"kvpatch tune --lib: no configuration for {name!r} (give --variant-info with its marker)"
-            ) from None
+            raise UsageError(f"--lib: no configuration for {name!r} (give --variant-info with its marker)") from None
     if not configs:
-        raise UsageError("kvpatch tune --lib: give stock and at least one candidate")
+        raise UsageError("--lib: give stock and at least one candidate")
     return libs, configs
+
+
+def _no_load(specs: Any) -> dict[str, Any]:
+    """A :func:`~kvpatch.commands.common.prebuilt` loader that loads nothing: the options checked
+    before the GPU is looked for."""
+    return {}
+
+
+def _measuring_options(o: TuneOptions) -> list[tuple[str, bool]]:
+    """What only a tune that builds and measures uses, as (option, whether it was given): ``--from`` refuses them."""
+    return [("--tree", o.tree is not None), ("--arch", o.arch is not None), ("--lib", bool(o.libs)),
+            ("--variant-info", o.variant_info is not None), ("--grid", bool(o.grid)), ("--dtype", bool(o.dtypes)),
+            ("--only", bool(o.only)), ("--quick", o.quick), ("--reps", o.reps is not None),
+            ("--rounds", o.rounds is not None), ("--jobs", o.jobs is not None)]  # fmt: skip
 
 
 def run(o: TuneOptions, *, progress: Progress = QUIET) -> TuneReport:
     """``kvpatch tune``: build (or load) the candidates, validate, bench on the tuning set, write the best."""
     from .. import tune as T
-    from ..arch import parse_arch_list
     from ..gpu import points as P
     from ..gpu.env import require_cuda
     from ..source.releases import revision_of
@@ -95,7 +126,7 @@ def run(o: TuneOptions, *, progress: Progress = QUIET) -> TuneReport:
         raise UsageError(f"invalid --policy {o.policy!r}: choose {', '.join(T.POLICIES)}")
     if o.fallback not in T.FALLBACKS:
         raise UsageError(f"invalid --fallback {o.fallback!r}: choose {', '.join(T.FALLBACKS)}")
-    if o.reps < 1 or o.rounds < 1:
+    if (o.reps is not None and o.reps < 1) or (o.rounds is not None and o.rounds < 1):
         raise UsageError("--reps and --rounds must be >= 1")
     if o.jobs is not None and o.jobs < 1:
         raise UsageError(f"--jobs must be >= 1, not {o.jobs}")
@@ -106,9 +137,13 @@ def run(o: TuneOptions, *, progress: Progress = QUIET) -> TuneReport:
     grids = T.parse_grids(o.grid)
     check_outputs(output=o.output, json=o.json_out, inputs=input_files(o), protected=kept_paths(o.cwd))
     if o.from_json:
-        if o.grid or o.dtypes or o.only:
-            raise UsageError("--grid, --dtype and --only choose what to measure; --from measures nothing")
+        ignored = [name for name, given in _measuring_options(o) if given]
+        if ignored:
+            raise UsageError(f"{', '.join(ignored)}: --from measures nothing (it chooses again from the saved "
+                             "measurements, with --exclude, --policy and --fallback)")  # fmt: skip
         return _rechoose_command(o)
+    o = replace(o, arch=DEFAULT_ARCH if o.arch is None else o.arch, reps=TUNE_REPS if o.reps is None else o.reps,
+                rounds=DEFAULT_ROUNDS if o.rounds is None else o.rounds)  # fmt: skip
     if o.exclude:
         raise UsageError("--exclude works with --from (a saved tune JSON)")
     if o.libs and o.grid:
@@ -116,6 +151,9 @@ def run(o: TuneOptions, *, progress: Progress = QUIET) -> TuneReport:
     check_sources(o)
     if not o.libs and not T.candidates(None, grids):
         raise UsageError("the --grid yields no candidate (min-kv-mib pairs only with issue=call)")
+    if o.libs:
+        _prebuilt_candidates(o, loader=_no_load)  # 'stock', the candidates and their markers
+    arch = ",".join(a.code for a in check_arch(o.arch))
     require_cuda()
     tree = None
     if o.libs:
@@ -135,7 +173,6 @@ def run(o: TuneOptions, *, progress: Progress = QUIET) -> TuneReport:
         spec = tune_build_spec(target.root, variants, o.arch, dtypes=o.dtypes or None, only=o.only)
         libs = built(B.build(spec, jobs=o.jobs, progress=progress), variants)
         flags, version, tree = None, revision_of(header.stock), str(target.root)
-    arch = ",".join(a.code for a in parse_arch_list(o.arch))
     here = local_machine(arch=arch)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     machine = replace(here, flags=_semantic_flags(flags) or here.flags,
@@ -153,16 +190,20 @@ def _rechoose_command(o: TuneOptions) -> Any:
     """``kvpatch tune --from tune.json [--from more.json]``: the saved measurements (merged,
     per kernel the last run's), chosen again; writes the same files."""
     from .. import tune as T
-    from ..config import Machine
 
-    runs = [read_tune_json(path) for path in map(Path, o.from_json)]
+    paths = list(map(Path, o.from_json))
+    runs = [read_tune_json(path) for path in paths]
+    if len(runs) > 1:  # each file checked as it is alone, before any is merged (merging drops rows)
+        for path, data in zip(paths, runs):
+            try:
+                T.rechoose(data, policy=o.policy, fallback=o.fallback)
+            except UsageError as e:
+                raise UsageError(f"--from {path}: {e}") from None
     data = runs[0] if len(runs) == 1 else T.merge_tune_data(runs)
     names = ", ".join(
         f"{Path(p).parent.name}/{Path(p).name}" if Path(p).parent.name else Path(p).name for p in o.from_json
     )
-    machine = (
-        Machine.from_dict(data["machine"], f"machine in {names}") if isinstance(data.get("machine"), dict) else None
-    )
+    machine = T.saved_machine(data, f"machine in {names}")
     if machine is not None:
         extra = f"chosen again from {names}, policy {o.policy}" + (
             f", excluding {', '.join(o.exclude)}" if o.exclude else ""
@@ -178,10 +219,13 @@ MAX_TUNE_JSON = 1 << 30
 
 def read_tune_json(path: Path) -> dict:
     """A saved tune JSON (gzipped or not), bounded: one-line UsageError for a file that is not
-    one, is nested too deeply, or would decompress past :data:`MAX_TUNE_JSON`."""
+    one, is nested too deeply, would decompress past :data:`MAX_TUNE_JSON`, is a gzip stream cut
+    short or followed by anything (garbage, a second member), or records a machine
+    :func:`kvpatch.tune.saved_machine` refuses: every ``--from`` file, before any is merged."""
     import zlib
 
     from ..fsutil import parse_json, read_input
+    from ..tune import saved_machine
 
     raw = read_input(path, "tune JSON", limit=MAX_TUNE_JSON)
     if raw[:2] == b"\x1f\x8b":
@@ -192,12 +236,18 @@ def read_tune_json(path: Path) -> dict:
             raise UsageError(f"cannot read tune JSON {path}: corrupt gzip ({e})") from None
         if len(raw) > MAX_TUNE_JSON or d.unconsumed_tail:
             raise UsageError(f"cannot read tune JSON {path}: it decompresses to more than {MAX_TUNE_JSON >> 20} MiB")
+        if not d.eof:
+            raise UsageError(f"cannot read tune JSON {path}: the gzip stream is cut short (a truncated file)")
+        if d.unused_data:
+            raise UsageError(f"cannot read tune JSON {path}: {len(d.unused_data)} bytes follow the gzip stream "
+                             "(a second member or garbage)")  # fmt: skip
     try:
         data = parse_json(raw)
     except ValueError as e:  # not JSON, not UTF-8, nested too deeply
         raise UsageError(f"cannot read tune JSON {path}: {str(e).splitlines()[0][:120]}") from None
     if not isinstance(data, dict):
         raise UsageError(f"{path} is not a kvpatch tune JSON")
+    saved_machine(data, f"machine in {path}")
     return data
 
 

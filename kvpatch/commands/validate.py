@@ -127,6 +127,9 @@ def run(o: ValidateOptions, *, progress: Progress = QUIET) -> ValidateOutcome:
     outcome = ValidateOutcome()
     check_device(o.device)
     check_kernel_sizes(o.head_sizes, o.block_sizes)
+    for flag, value in (("--upstream-dir", o.upstream_dir), ("--workers", o.workers)):
+        if value is not None and not o.upstream:
+            raise UsageError(f"{flag} needs --upstream")
     if o.upstream_dir is not None:
         check_directory("--upstream-dir", o.upstream_dir)
     if not o.matrix and not o.upstream:
@@ -140,8 +143,13 @@ def run(o: ValidateOptions, *, progress: Progress = QUIET) -> ValidateOutcome:
         if not (o.upstream_timeout > 0 and math.isfinite(o.upstream_timeout)):
             raise UsageError(f"--upstream-timeout must be > 0 seconds, not {o.upstream_timeout:g}")
     cases, name, sampling = validate_cases(o)
-    check_outputs(json=o.json_out, inputs=input_files(o), protected=kept_paths(o.cwd))
+    check_outputs(json=o.json_out, inputs=input_files(o),
+                  protected={**kept_paths(o.cwd), "the --upstream-dir folder": o.upstream_dir})  # fmt: skip
     check_sources(o)
+    if o.upstream:  # vLLM's own test is the tree's: the tree, even with --lib, before the GPU is looked for
+        from .tree import resolve
+
+        upstream_tree = resolve(o.tree, o.cwd).root
     require_device(o.device)
     if o.libs:
         libs = prebuilt(o.libs, o.variant_info)
@@ -173,7 +181,7 @@ def run(o: ValidateOptions, *, progress: Progress = QUIET) -> ValidateOutcome:
         outcome.report = V.run_validate(libs.libs, cases, o.seed, device=o.device, progress=each, env=env,
                                         matrix_name=name, sampling=sampling, strict=o.full)  # fmt: skip
     if o.upstream:
-        outcome.upstream = _upstream(o, libs, progress)
+        outcome.upstream = _upstream(o, upstream_tree, libs, progress)
     if o.json_out is not None:
         from ..gpu.report import dumps
 
@@ -195,13 +203,11 @@ def upstream_shard(o: ValidateOptions) -> Optional[tuple[int, int]]:
     return parse_shard(o.upstream_shard)
 
 
-def _upstream(o: ValidateOptions, libs: Libraries, progress: Progress) -> Any:
+def _upstream(o: ValidateOptions, tree: Path, libs: Libraries, progress: Progress) -> Any:
     import tempfile
 
     from ..gpu.upstream import UpstreamError, run_upstream
-    from .tree import resolve
 
-    tree = Path(o.tree) if o.tree is not None else resolve(None, o.cwd).root
     out = o.upstream_dir or Path(tempfile.mkdtemp(prefix="kvpatch-upstream-"))
     out.mkdir(parents=True, exist_ok=True)
     try:

@@ -43,7 +43,15 @@ from .model import (
     Selector,
 )  # fmt: skip
 from .reach import unreached
-from .toml import RESERVED_VARIANTS, dump_config, load_config_file, read_config_file, variant_configs
+from .toml import (
+    RESERVED_VARIANTS,
+    check_variant_name,
+    dump_config,
+    load_config_file,
+    read_config_file,
+    variant_configs,
+    variant_files,
+)
 
 __all__ = [
     "CACHES", "CACHE_HINTS", "CHOICES", "DEFAULT_OVERRIDES", "DEFAULT_TUNED_ON", "DTYPES", "ISSUES", "LOGITS", "MAX_ALIGN",
@@ -52,4 +60,6 @@ __all__ = [
     "SCOPES", "Selector", "config_and_tuned", "config_from_marker", "differences", "dump_config",
     "load_config_file", "make_config", "parse_override", "parse_rules", "read_config_file", "unreached",
     "variant_configs",
+    "variant_files",
+    "check_variant_name",
 ]  # fmt: skip

@@ -7,6 +7,7 @@ errors for what TOML or kvpatch refuses), :func:`dump_config` writes what it rea
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -143,19 +144,34 @@ def _toml_string(value: str) -> str:
 #: The variants ``kvpatch bench`` names itself (stock, the tree's patch, the presets; the A/A
 #: twin, ``stock-aa``, is no identifier).
 RESERVED_VARIANTS = ("stock", "patched", "paper", "control")
+#: A variant's name: part of C symbols and file names (ASCII letters, digits and '_', first a letter).
+VARIANT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+
+
+def check_variant_name(name: str) -> str:
+    """``name`` if it can name a variant, else a one-line :class:`UsageError`."""
+    if not VARIANT_NAME.fullmatch(name):
+        raise UsageError(f"invalid variant name {name!r}: use ASCII letters, digits and '_', first a letter")
+    return name
+
+
+def variant_files(variant: list[str]) -> dict[str, Path]:
+    """``--variant NAME=config.toml`` items -> {name: its file}, each name checked once."""
+    files: dict[str, Path] = {}
+    for item in variant:
+        name, sep, path = item.partition("=")
+        if not sep or not path:
+            raise UsageError(f"invalid --variant {item!r}: use NAME=config.toml")
+        check_variant_name(name)
+        if name in RESERVED_VARIANTS:
+            raise UsageError(f"invalid --variant {item!r}: {name!r} is one of bench's own variants "
+                             f"({', '.join(RESERVED_VARIANTS)}); pick another name")  # fmt: skip
+        if name in files:
+            raise UsageError(f"--variant {name} given twice")
+        files[name] = Path(path)
+    return files
 
 
 def variant_configs(variant: list[str]) -> dict[str, PatchConfig]:
     """``--variant NAME=config.toml`` items -> {name: configuration}."""
-    extra: dict[str, PatchConfig] = {}
-    for item in variant:
-        name, sep, path = item.partition("=")
-        if not sep or not name.isidentifier():
-            raise UsageError(f"invalid --variant {item!r}: use NAME=config.toml")
-        if name in RESERVED_VARIANTS:
-            raise UsageError(f"invalid --variant {item!r}: {name!r} is one of bench's own variants "
-                             f"({', '.join(RESERVED_VARIANTS)}); pick another name")  # fmt: skip
-        if name in extra:
-            raise UsageError(f"--variant {name} given twice")
-        extra[name] = make_config(**load_config_file(Path(path)))
-    return extra
+    return {name: make_config(**load_config_file(path)) for name, path in variant_files(variant).items()}

@@ -154,9 +154,9 @@ class DecodeReport:
             fontsize=10,
         )
         fig.tight_layout()
-        fig.savefig(str(path), dpi=120)
-        plt.close(fig)
-        return str(path)
+        from ..gpu.plot import save_figure
+
+        return save_figure(fig, path)
 
 
 def env_facts(env: dict[str, Any]) -> dict[str, Any]:

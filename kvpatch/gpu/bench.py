@@ -47,12 +47,10 @@ from .dispatch import KERNELS, PARTITION_SIZE
 from .env import SmiSampler, collect_env, nvidia_smi_query
 from .flush import L2Flush
 from .inputs import make_generator, make_inputs, make_kv_pool
+from .launch import AA
 from .points import BenchPoint, point_set, pool_blocks
 from .report import STOCK_MARKER
 from .timing import Timer, adaptive_reps, l2_bytes_of, measure_copy_bandwidth, time_interleaved
-
-#: The A/A control's variant name (it runs the baseline's code, and records stock's marker).
-AA = "stock-aa"
 
 
 def default_points() -> list[BenchPoint]:

@@ -174,12 +174,19 @@ def parse_lib_spec(spec: str) -> LibSpec:
     return LibSpec(name.strip(), path, prefix.strip())
 
 
+#: The A/A control's name: the baseline's kernels timed again as one more variant (``bench --aa``),
+#: stock's decode step captured again (``bench-decode``). No library may take it.
+AA = "stock-aa"
+
+
 def check_lib_name(name: str) -> str:
     """A library's name is a table column, a JSON key and part of derived names
-    (``stock-aa``, ``NAME+wpf``): letters, digits, ``_``, ``.`` and ``-``, first a letter
-    or digit (:class:`~kvpatch.errors.UsageError` otherwise)."""
+    (:data:`AA`, ``NAME+wpf``): letters, digits, ``_``, ``.`` and ``-``, first a letter
+    or digit, and not :data:`AA` (:class:`~kvpatch.errors.UsageError` otherwise)."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
         raise UsageError(f"invalid library name {name!r}: use letters, digits, '_', '.' and '-'")
+    if name == AA:
+        raise UsageError(f"a library is named {AA!r}, the A/A control's name: rename it")
     return name
 
 

@@ -13,6 +13,40 @@ import json
 import os
 from typing import Any
 
+from ..errors import UsageError
+
+#: What ``--plot`` draws, by the file's ending: formats matplotlib writes without a display.
+PLOT_FORMATS = ("png", "pdf", "svg")
+
+
+def plot_format(path: str | os.PathLike[str]) -> str:
+    """The format ``path``'s ending names (one of :data:`PLOT_FORMATS`), else a one-line
+    :class:`UsageError`: checked before the run, not found out after it."""
+    suffix = os.path.splitext(os.fspath(path))[1].lower().lstrip(".")
+    if suffix not in PLOT_FORMATS:
+        raise UsageError(f"--plot {os.fspath(path)!r}: give a file ending in "
+                         f"{', '.join('.' + f for f in PLOT_FORMATS)}")  # fmt: skip
+    return suffix
+
+
+def save_figure(fig: Any, path: str | os.PathLike[str]) -> str:
+    """Write a figure to ``path`` in the format its ending names, as every output is written (in
+    one rename, through links), and close it."""
+    import io
+
+    from ..fsutil import write_atomic
+
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format=plot_format(path), dpi=120)
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+    write_atomic(path, buf.getvalue())
+    return str(path)
+
+
 #: Speedup ticks on the log axis (matplotlib shows those inside the data's range).
 Y_TICKS = (0.25, 0.33, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
 
@@ -136,6 +170,4 @@ def plot_bench(report: Any, path: str | os.PathLike[str], *, title: str | None =
         fontsize=11,
     )
     fig.tight_layout(rect=(0, 0, 0.92, 0.95))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return str(path)
+    return save_figure(fig, path)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from ..arch import Arch, parse_arch_list
+from ..config.toml import check_variant_name
 from ..dtypes import KV_CACHE_ALIASES, KV_CACHE_DTYPES, QUERY_DTYPES, VLLM_BLOCK_SIZES, VLLM_HEAD_SIZES
 from ..errors import PatchError, UsageError
 from ..fsutil import FileTooLargeError, NotRegularFileError, machine_problem, read_regular
@@ -28,8 +29,6 @@ DEFAULT_BLOCK_SIZES = (16,)
 DEFAULT_KV_CACHE_DTYPES = ("auto",)
 #: The launcher file whose dispatch names the head and block sizes vLLM instantiates.
 VLLM_LAUNCHER = "csrc/attention/paged_attention_v1.cu"
-
-_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -200,8 +199,7 @@ def _check_variants(variants: tuple[Variant, ...]) -> None:
         raise UsageError("nothing to build: no variant given")
     names = [v.name for v in variants]
     for name in names:
-        if not _NAME_RE.fullmatch(name):
-            raise UsageError(f"invalid variant name {name!r}: use letters, digits and '_'")
+        check_variant_name(name)
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise UsageError(f"variant name(s) given twice: {', '.join(dup)}")

@@ -53,11 +53,11 @@ from .grid import (
 )  # fmt: skip
 from .report import TuneReport
 from .run import run_tune, tune_validate_matrix
-from .saved import merge_tune_data, parse_exclusions, rechoose
+from .saved import merge_tune_data, parse_exclusions, rechoose, saved_machine
 
 __all__ = [
     "FALLBACKS", "GRID", "GRID_KEYS", "POLICIES", "Pick", "Score", "TuneReport", "candidate_configs",
     "candidate_name", "candidates", "choose", "combine", "merge_tune_data", "parse_exclusions", "parse_grid",
-    "parse_grids", "rechoose", "run_tune", "score", "tune_validate_matrix", "tuned_instantiations",
+    "parse_grids", "rechoose", "run_tune", "saved_machine", "score", "tune_validate_matrix", "tuned_instantiations",
     "validation_failures",
 ]  # fmt: skip

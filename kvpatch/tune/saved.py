@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any, Iterable, Sequence
 
 from ..config.machine import FIELDS as MACHINE_FACTS
+from ..config.machine import Machine
 from ..errors import UsageError
 from .choose import row_kernel, score
 from .grid import candidate_configs
@@ -23,6 +24,14 @@ def parse_exclusions(items: Iterable[str]) -> list[tuple[str, str]]:
             raise UsageError(f"invalid --exclude {item!r}: use CANDIDATE@SELECTOR, e.g. 'inline_*@bf16/256/16/auto/v1'")
         out.append((cand.strip(), sel.strip()))
     return out
+
+
+def saved_machine(data: dict, where: str) -> Machine | None:
+    """A saved tune JSON's ``machine``, checked as ``[kvpatch.tuned]`` is (:meth:`Machine.from_dict`:
+    a table of known facts, each a string; a one-line UsageError naming ``where`` otherwise);
+    None where the run recorded none."""
+    raw = data.get("machine")
+    return None if raw is None else Machine.from_dict(raw, where)
 
 
 def merge_tune_data(runs: Sequence[dict]) -> dict:
@@ -56,16 +65,17 @@ def merge_tune_data(runs: Sequence[dict]) -> dict:
                 info[name] = vi
     except (KeyError, TypeError, AttributeError, ValueError):
         raise UsageError("not a kvpatch tune JSON (no bench data, variant info or validation results)") from None
-    machines = [d.get("machine") for d in runs if isinstance(d.get("machine"), dict)]
-    seen = {tuple(m.get(f) for f in MACHINE_FACTS) for m in machines}
+    machines = [saved_machine(d, f"machine of tune JSON {i + 1}") for i, d in enumerate(runs)]
+    machines = [m for m in machines if m is not None]
+    seen = {tuple(getattr(m, f) for f in MACHINE_FACTS) for m in machines}
     if len(seen) > 1:
         raise UsageError("the tune JSONs were tuned on different machines (" + " / ".join(
             ", ".join(str(x) for x in fs if x) for fs in sorted(seen, key=str)) + "): tune each machine on its own")  # fmt: skip
     last = runs[-1]
-    machine = last.get("machine")
+    machine = None
     if machines:
-        notes = list(dict.fromkeys(str(m["note"]) for m in machines if m.get("note")))
-        machine = {**machines[-1], **({"note": " + ".join(notes)} if notes else {})}
+        notes = list(dict.fromkeys(m.note for m in machines if m.note))
+        machine = (replace(machines[-1], note=" + ".join(notes)) if notes else machines[-1]).to_dict()
     bench = {**last["bench"], "results": results, "variant_info": info,
              "merged_from": [{"kernels": sorted(k for k, j in owner.items() if j == i),
                               "seconds": d["bench"].get("seconds"), "env": d["bench"].get("env")}

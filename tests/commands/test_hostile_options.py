@@ -41,13 +41,40 @@ def no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     (["build", "--tree", "{tree}", "--arch", "3.5"], "invalid arch '3.5'"),
     (["plugin", "enable", "--tree", "{tree}", "--arch", "3.5", "--release", "0.10.2"], "invalid arch '3.5'"),
     (["plugin", "enable", "--tree", "{tree}", "--dir", "/etc/passwd", "--build"], "/etc/passwd is not a directory"),
+    # a name the build would refuse, refused before: ASCII letters, digits and '_'
+    (["bench", "--tree", "{tree}", "--variant", "caf\u00e9={toml}"], "invalid variant name 'caf\u00e9'"),
+    (["bench", "--tree", "{tree}", "--variant", "_x={toml}"], "invalid variant name '_x'"),
+    (["bench", "--tree", "{tree}", "--variant", "mine={toml}", "--json", "{toml}"], "is --variant mine"),
+    (["bench", "--lib", "stock={lib}:p", "--variant", "mine={toml}"], "--variant builds a configuration"),
+    # the A/A twin's name, taken by a library: refused where the libraries are parsed, not by the run
+    (["bench", "--lib", "stock={lib}:p", "--lib", "stock-aa={lib}:q", "--aa"], "the A/A control's name"),
+    (["bench-decode", "--lib", "stock={lib}:p", "--lib", "stock-aa={lib}:q"], "the A/A control's name"),
+    (["bench", "--lib", "stock={lib}:p", "--plot", "out.txt"], "--plot 'out.txt': give a file ending in .png"),
+    (["bench-decode", "--lib", "stock={lib}:p", "--plot", "noext"], "--plot 'noext': give a file ending in .png"),
+    (["bench-decode", "--tree", "{tree}", "--tail", "8"], "--tail needs a weight-tail library named 'tail'"),
+    (["validate", "--lib", "stock={lib}:p", "--upstream", "--no-matrix", "--tree", "/nonexistent"], "/nonexistent"),
+    (["validate", "--lib", "stock={lib}:p", "--upstream-dir", "up"], "--upstream-dir needs --upstream"),
+    (["validate", "--lib", "stock={lib}:p", "--workers", "2"], "--workers needs --upstream"),
+    (["validate", "--lib", "stock={lib}:p", "--upstream", "--upstream-dir", "up", "--json", "up"], "--upstream-dir"),
+    # a list given empty (an unset shell variable) is not the default
+    (["bench", "--lib", "stock={lib}:p", "--kernels", ""], "an empty list ''"),
+    (["bench", "--lib", "stock={lib}:p", "--dtypes", " , "], "an empty list ' , '"),
+    (["bench", "--lib", "stock={lib}:p", "--heads", ""], "invalid heads ''"),
+    (["validate", "--lib", "stock={lib}:p", "--alibi", ""], "an empty on/off list"),
+    (["bench-decode", "--lib", "stock={lib}:p", "--models", ""], "an empty list ''"),
+    (["build", "--tree", "{tree}", "--head-sizes", ""], "an empty list ''"),
+    (["bench", "--lib", "stock={lib}:p", "--quick", "--set", "heldout"], "--quick is a point set of its own"),
+    (["bench-decode-sweep", "--lib", "stock={lib}:p", "--budget", "inf"], "--budget must be > 0 seconds"),
+    (["bench-decode-sweep", "--lib", "stock={lib}:p", "--out", ".kvpatch"], "kvpatch's state directory"),
 ])  # fmt: skip
 def test_every_option_is_checked_before_torch_the_gpu_or_nvcc(args: list[str], needle: str, tmp_path: Path,
                                                               no_torch: None) -> None:  # fmt: skip
     lib = tmp_path / "lib.so"
     lib.write_bytes(b"\x7fELF not really")
     tree = make_tree(tmp_path / "vllm", fixture_text(), commit=False)
-    argv = [a.format(lib=lib, tree=tree) for a in args]
+    toml = tmp_path / "mine.toml"
+    toml.write_text("lookahead = 2\n")
+    argv = [a.format(lib=lib, tree=tree, toml=toml) for a in args]
     work = tmp_path / "work"
     work.mkdir()
     assert_one_line_error(run_cli(*argv, cwd=work, env={"PATH": "/nonexistent"}), 2, needle)

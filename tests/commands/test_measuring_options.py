@@ -32,7 +32,7 @@ def test_a_bad_output_path_fails_before_any_work(args: list[str], needle: str, t
     (["bench", "--warmup", "-1"], "warmup >= 0"),
     (["bench", "--kernels", "v3"], "unknown kernel 'v3'"),
     (["bench", "--no-warm", "--no-cold"], "neither warm nor cold"),
-    (["validate", "--workers", "0"], "--workers must be >= 1"),
+    (["validate", "--upstream", "--workers", "0"], "--workers must be >= 1"),
     (["validate", "--contexts", "99999999999"], "--contexts must be 1 to 131072 tokens"),
     (["bench", "--contexts", "512,131073"], "--contexts must be 1 to 131072 tokens"),
     (["bench-decode", "--lib", "stock=a.so:p", "--contexts", "0"], "--contexts must be 1 to 131072 tokens"),

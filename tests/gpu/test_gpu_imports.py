@@ -4,6 +4,7 @@ GPU side of each command runs without the build side."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -84,6 +85,11 @@ def test_commands_on_prebuilt_libraries_need_no_libclang(tmp_path, command):
         run()
     """)
     args = [command, "--lib", f"stock={lib}:kvpatch_stock", "--lib", f"v={lib}:kvpatch_v"]
+    if command == "tune":  # a candidate's configuration is its marker: checked before the GPU is
+        from kvpatch.config import make_config
+
+        (tmp_path / "variants.json").write_text(json.dumps({"v": make_config(lookahead=2).marker()}))
+        args += ["--variant-info", str(tmp_path / "variants.json")]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, env=env,
                        cwd=tmp_path)  # fmt: skip

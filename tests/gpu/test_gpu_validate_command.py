@@ -40,7 +40,8 @@ def test_validate_cases_from_options():
 
 @pytest.mark.parametrize("opts, message", [
     (dict(matrix=False), "--no-matrix leaves nothing to do"),
-    (dict(workers=0), "--workers must be >= 1"),
+    (dict(upstream=True, workers=0), "--workers must be >= 1"),
+    (dict(workers=2), "--workers needs --upstream"),
     (dict(upstream_shard="1/2"), "--upstream-shard needs --upstream"),
     (dict(upstream=True, upstream_shard="3/2"), "invalid shard"),
     (dict(upstream_timeout=5.0), "--upstream-timeout needs --upstream"),

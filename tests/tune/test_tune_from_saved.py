@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli.cli_helpers import assert_one_line_error, run_cli
 from tune_helpers import saved_report, saved_run
 
 from kvpatch.commands.tune import TuneOptions, run
@@ -65,6 +66,14 @@ def test_tune_from_several_merges_them(tmp_path: Path) -> None:
         ({"from_json": ["a.json"], "grid": ["min-group=2"]}, "--from measures nothing"),
         ({"from_json": ["a.json"], "dtypes": ["fp16"]}, "--from measures nothing"),
         ({"from_json": ["a.json"], "only": ["fp16/128/16"]}, "--from measures nothing"),
+        ({"from_json": ["a.json"], "quick": True}, "--quick: --from measures nothing"),
+        ({"from_json": ["a.json"], "reps": 20}, "--reps: --from measures nothing"),
+        ({"from_json": ["a.json"], "rounds": 3}, "--rounds: --from measures nothing"),
+        ({"from_json": ["a.json"], "jobs": 4}, "--jobs: --from measures nothing"),
+        ({"from_json": ["a.json"], "arch": "9.0a"}, "--arch: --from measures nothing"),
+        ({"from_json": ["a.json"], "libs": ["stock=a.json:p"]}, "--lib: --from measures nothing"),
+        ({"from_json": ["a.json"], "variant_info": Path("a.json")}, "--variant-info: --from measures nothing"),
+        ({"from_json": ["a.json"], "tree": Path(".")}, "--tree: --from measures nothing"),
         ({"exclude": ["a@b"]}, "--exclude works with --from"),
         ({"dtypes": ["fp32"]}, "invalid --dtype 'fp32'"),
         ({"only": ["fp16/80"]}, "pick no tuned instantiation"),
@@ -83,6 +92,27 @@ def test_tune_refuses_what_it_would_ignore(tmp_path: Path, options: dict, messag
     with pytest.raises(UsageError, match=message.replace("*", r"\*")) as e:
         run(TuneOptions(cwd=tmp_path, output=tmp_path / "k.toml", **options))
     assert "\n" not in str(e.value) and not (tmp_path / "k.toml").exists()
+
+
+def test_tune_from_refuses_the_measuring_options_given_on_the_command_line(tmp_path: Path) -> None:
+    """Before: --from used none of --arch, --variant-info, --tree, --lib, --quick, --reps, --rounds
+    or --jobs and said nothing (exit 0, even for --arch 5.0 and files that do not exist). After:
+    each given is named in one line, exit 2, as --grid, --dtype and --only were; their defaults
+    are not 'given' (a plain --from still works), an explicit default value is."""
+    (tmp_path / "t.json").write_text(json.dumps(saved_report()))
+    (tmp_path / "fake.so").write_bytes(b"")
+    tune = ["tune", "--from", "t.json", "-o", "k.toml"]
+    proc = run_cli(*tune, "--arch", "5.0", "--variant-info", "/nonexistent", "--tree", "/nonexistent", "--lib",
+                   "stock=fake.so:p", cwd=tmp_path)  # fmt: skip
+    assert_one_line_error(proc, 2, "--tree, --arch, --lib, --variant-info: --from measures nothing")
+    proc = run_cli(*tune, "--quick", "--reps", "20", "--rounds", "3", "--jobs", "2", "--arch", "9.0a", cwd=tmp_path)
+    assert_one_line_error(proc, 2, "--arch, --quick, --reps, --rounds, --jobs: --from measures nothing")
+    assert not (tmp_path / "k.toml").exists()
+    # what --from uses: the outputs, --exclude, --policy, --fallback
+    ok = run_cli(*tune, "--exclude", "inline_*@bf16/256/16/auto/v1", "--policy", "geomean", "--fallback", "base",
+                 "--json", "again.json", cwd=tmp_path)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert (tmp_path / "k.toml").exists() and (tmp_path / "again.json").exists()
 
 
 @pytest.mark.slow

@@ -1,19 +1,23 @@
-"""``kvpatch tune --from``'s input and outputs: saved measurements that are damaged are refused
-in one line (exit 2) and nothing is written; both outputs are checked before either is
+"""``kvpatch tune --from``'s input and outputs: saved measurements that are damaged (in any of
+several files, or a gzip stream cut short or followed by more) are refused in one line (exit 2)
+and nothing is written; both outputs are checked before either is
 written, and written both or neither; names from the file are printed literally."""
 
 from __future__ import annotations
 
 import copy
+import gzip
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from cli.cli_helpers import ROOT, assert_one_line_error, run_cli
-from tune_helpers import saved_report
+from tune_helpers import saved_report, saved_run
 
+from kvpatch.commands.tune import read_tune_json
 from kvpatch.errors import UsageError
 
 
@@ -114,3 +118,67 @@ def test_an_output_to_dev_stdout_appends_to_the_redirected_log(tmp_path: Path) -
     assert proc.returncode == 0
     log = (tmp_path / "run.log").read_text()
     assert log.startswith("OLD LOG\n[kvpatch]") and "wrote /dev/stdout" in log
+
+
+#: A real saved tune JSON (tune-28's): tests copy it, never change it.
+REAL_TUNE_JSON = ROOT / "benchmarks" / "evidence" / "bounded-table" / "tune.json.gz"
+
+
+def _real_with_machine(tmp_path: Path, name: str, machine: object) -> None:
+    data = json.loads(gzip.decompress(REAL_TUNE_JSON.read_bytes()))
+    data["machine"] = machine if not isinstance(machine, dict) else {**data["machine"], **machine}
+    (tmp_path / name).write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("machine, needle", [
+    ({"gpu": ["NVIDIA H200"]}, "invalid machine in bad.json gpu ['NVIDIA H200']: expected a string"),
+    ({"gpu": {"name": "NVIDIA H200"}}, "invalid machine in bad.json gpu {'name': 'NVIDIA H200'}: expected a string"),
+    ("NVIDIA H200", "invalid machine in bad.json: expected a table"),
+])  # fmt: skip
+def test_a_hostile_machine_in_any_of_several_tune_jsons_is_one_line(tmp_path: Path, machine: object,
+                                                                     needle: str) -> None:  # fmt: skip
+    """Before: with several --from files the machines were compared before their values were
+    checked: a list or a table as the GPU was a traceback (unhashable type), exit 1, where one
+    --from bad.json alone was exit 2. After: every file is checked as one alone is, first or last."""
+    shutil.copy(REAL_TUNE_JSON, tmp_path / "tune.json.gz")
+    _real_with_machine(tmp_path, "bad.json", machine)
+    for order in (["tune.json.gz", "bad.json"], ["bad.json", "tune.json.gz"], ["bad.json"]):
+        args = [a for name in order for a in ("--from", name)]
+        assert_one_line_error(run_cli("tune", *args, "-o", "k.toml", cwd=tmp_path), 2, needle)
+    assert not (tmp_path / "k.toml").exists()
+
+
+def test_a_damaged_tune_json_is_refused_among_several_even_where_a_later_one_remeasured_it(tmp_path: Path) -> None:
+    """Before: merging kept each kernel's rows from the last file that measured it and checked
+    only those: a file whose damaged rows a later file re-measured was used without a word. After:
+    each file is checked as one --from alone checks it, and the error names the file."""
+    old = saved_run({"inline_cta_la1": {"fp16/128/16/auto/v2": [1.5, 1.4]}})
+    old["bench"]["results"][0]["variants"]["inline_cta_la1"]["speedup"] = "fast"
+    new = saved_run({"inline_cta_la1": {"fp16/128/16/auto/v2": [1.3, 1.2]}})
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    proc = run_cli("tune", "--from", "old.json", "--from", "new.json", "-o", "k.toml", cwd=tmp_path)
+    assert_one_line_error(proc, 2, "--from old.json: the tune JSON's bench results are not")
+    assert not (tmp_path / "k.toml").exists()
+    ok = run_cli("tune", "--from", "new.json", "--from", "new.json", "-o", "k.toml", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+
+
+@pytest.mark.parametrize("how, needle", [
+    ("without its last 8 bytes (CRC and size)", "gzip stream is cut short"),
+    ("cut in half", "gzip stream is cut short"),
+    ("with garbage after it", "7 bytes follow the gzip stream"),
+    ("with a second gzip member", "bytes follow the gzip stream"),
+])  # fmt: skip
+def test_a_gzip_that_does_not_end_or_has_bytes_after_it_is_refused(tmp_path: Path, how: str, needle: str) -> None:
+    """Before: `gzip -t` said 'unexpected end of file', tune --from chose from it, exit 0 (and
+    ignored anything after the stream). After: one line, exit 2, nothing written."""
+    raw = REAL_TUNE_JSON.read_bytes()
+    damaged = {"without its last 8 bytes (CRC and size)": raw[:-8], "cut in half": raw[: len(raw) // 2],
+               "with garbage after it": raw + b"garbage", "with a second gzip member": raw + gzip.compress(b"{}")}[how]  # fmt: skip
+    (tmp_path / "t.json.gz").write_bytes(damaged)
+    proc = run_cli("tune", "--from", "t.json.gz", "-o", "k.toml", cwd=tmp_path)
+    assert_one_line_error(proc, 2, "cannot read tune JSON t.json.gz", needle)
+    assert not (tmp_path / "k.toml").exists()
+    (tmp_path / "t.json.gz").write_bytes(raw)  # the whole file: read
+    assert read_tune_json(tmp_path / "t.json.gz")["machine"]["gpu"] == "NVIDIA H200"

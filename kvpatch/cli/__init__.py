@@ -11,6 +11,7 @@ stderr, ``error: kvpatch COMMAND: ...`` (``--debug`` adds the traceback).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -171,6 +172,8 @@ def run() -> None:
     for name in ("stdout", "stderr"):  # started with the stream closed (cmd >&-): write nowhere, do not crash
         if getattr(sys, name) is None:
             setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115 - lives as long as the process
+        with contextlib.suppress(AttributeError, ValueError):  # a stream that cannot encode a path (LANG=C, ascii)
+            getattr(sys, name).reconfigure(errors="backslashreplace")  # shows it escaped, never a traceback
     _install_signals()
     try:
         code = app(standalone_mode=False)

@@ -177,7 +177,7 @@ def diff(
     from ..commands import diff as D
     from ..fsutil import write_atomic
 
-    if output is not None and str(output) != "-":
+    if output is not None:
         D.check_output(output, tree, cwd())  # before the diff: not a file kvpatch keeps, writable
     with progress() as p:
         report = D.run(D.DiffOptions(tree=tree, cwd=cwd()), progress=p)

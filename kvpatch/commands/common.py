@@ -291,16 +291,20 @@ def check_report_output(
 ) -> None:
     """``--json PATH`` checked before the command does any work: writable, and none of the
     files kvpatch keeps (:func:`kept_paths`: of ``tree`` if given, else of the last apply here),
-    of the command's ``inputs`` or of its own ``protected`` ones (a ``--dir`` bundle). ``-``
-    (stdout) and None pass."""
-    if json_value is None or json_value == "-":
+    of the command's ``inputs`` or of its own ``protected`` ones (a ``--dir`` bundle); ``-``:
+    stdout, where the shell made it a file (:func:`kvpatch.fsutil.check_stdout`). None passes."""
+    if json_value is None:
         return
-    from ..fsutil import check_outputs
+    from ..fsutil import check_outputs, check_stdout
     from ..source.tree import Tree
 
     target = Tree((cwd / tree) if not tree.is_absolute() else tree) if tree is not None else None
     keep = {**kept_paths(cwd, target), **{k: v for k, v in (protected or {}).items() if v is not None}}
-    check_outputs(json=json_value, inputs={k: v for k, v in (inputs or {}).items() if v is not None}, protected=keep)
+    read = {k: v for k, v in (inputs or {}).items() if v is not None}
+    if json_value == "-":
+        check_stdout("json", inputs=read, protected=keep)
+    else:
+        check_outputs(json=json_value, inputs=read, protected=keep)
 
 
 def kept_paths(cwd: Path, tree: Any = None) -> dict[str, Path]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import UsageError
 from .defaults import DEFAULT_OVERRIDES, DEFAULT_TUNED_ON
 from .machine import Machine
 from .make import make_config, table_overrides
@@ -53,8 +54,14 @@ def resolve(config_file: Path | None, **options: Any) -> Resolved:
     values, tuned = read_config_file(config_file) if config_file else ({}, None)
     file_values = dict(values)
     given = {k: v for k, v in options.items() if v is not None}
-    if isinstance(values.get("rules"), dict) and isinstance(given.get("rules"), dict):
-        given["rules"] = {**values["rules"], **given["rules"]}  # --rule adds to the file's rules
+    cli_rules = _by_selector(given["rules"]) if isinstance(given.get("rules"), dict) else {}
+    cli_dtypes = {d for d in DTYPES if d in given or d in cli_rules}
+    for d in cli_dtypes:  # a dtype's table on the command line (--fp16, --rule fp16=...) replaces the file's
+        values.pop(d, None)
+    if isinstance(values.get("rules"), dict):  # each rule by what it selects, however it is spelled
+        values["rules"] = {k: v for k, v in _by_selector(values["rules"]).items() if k not in cli_dtypes}
+        if cli_rules:
+            given["rules"] = {**values["rules"], **cli_rules}  # --rule adds to the file's rules, over them
     values.update(given)
     cfg = make_config(**values)
     inherits = cfg.preset == "default" and values.get("inherit_rules", True) is True
@@ -65,6 +72,18 @@ def resolve(config_file: Path | None, **options: Any) -> Resolved:
     return Resolved(cfg, tuned, _setting_sources(cfg, given, file_values),
                     _rule_sources(cfg, options, file_values, inherits),
                     table_overrides(**values) if inherits else {})  # fmt: skip
+
+
+def _by_selector(rules: dict[str, Any]) -> dict[str, Any]:
+    """Rules keyed by what they select (``fp16/128/*`` and ``fp16/0128`` are ``fp16/128``); one
+    layer naming a selection twice is a one-line error."""
+    out: dict[str, Any] = {}
+    for k, v in rules.items():
+        key = str(Selector.parse(k))
+        if key in out:
+            raise UsageError(f"rule {key} given twice")
+        out[key] = v
+    return out
 
 
 def _setting_sources(cfg: PatchConfig, cli: dict[str, Any], file_values: dict[str, Any]) -> dict[str, str]:
@@ -91,7 +110,7 @@ def _rule_sources(cfg: PatchConfig, cli: dict[str, Any], file_values: dict[str, 
     }
     file_rules |= {d for d in DTYPES if file_values.get(d) is not None}
     table = dict(DEFAULT_OVERRIDES) if inherits else {}
-    user = [s for s in (*cli_rules, *file_rules) if s not in DTYPES]
+    user = sorted({s for s in (*cli_rules, *file_rules) if s not in DTYPES})
     out = {}
     for sel, items in cfg.overrides:
         if sel in cli_rules:

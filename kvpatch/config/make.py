@@ -96,6 +96,9 @@ def _spelled(names: Any) -> str:
 
 
 def _rule_settings(name: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, str) and not value.strip():  # never 'none': that drops the shipped table's rule
+        raise UsageError(f"{name} has no settings (an unset shell variable?): give settings, 'off', or 'none' to drop "
+                         "the table's rule")  # fmt: skip
     if isinstance(value, str):
         value = parse_override(value)
     if not isinstance(value, dict):

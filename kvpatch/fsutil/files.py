@@ -112,6 +112,10 @@ def _write_in_place(path: str | os.PathLike[str], raw: bytes) -> None:
         view = memoryview(raw)
         while view:
             view = view[os.write(fd, view) :]
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror, os.fspath(path)) from None  # said with the path, as elsewhere
     finally:
         os.close(fd)
 

@@ -4,6 +4,7 @@ input, or a protected file (the tree's header, kvpatch's own state), however it 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 import tempfile
@@ -26,8 +27,13 @@ def output_problem(path: str | os.PathLike[str]) -> str | None:
         return "an empty path"
     if text == "-":
         return "'-' (stdout) is not supported here: give a file name (or /dev/stdout)"
-    if open_descriptor(text) is not None:
-        return None
+    fd = open_descriptor(text)
+    if fd is not None:  # written through the descriptor: it must be open, for writing
+        try:
+            mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+        except OSError:
+            return f"descriptor {fd} is not open"
+        return None if mode in (os.O_WRONLY, os.O_RDWR) else f"descriptor {fd} is open for reading only"
     try:
         st = os.stat(text)
     except (FileNotFoundError, NotADirectoryError):
@@ -118,6 +124,17 @@ def _within(path: PathArg, folder: PathArg) -> bool:
 def _shown(path: PathArg) -> str:
     text = os.fspath(path)
     return repr(text if len(text) <= 120 else text[:117] + "...")
+
+
+def check_stdout(option: str, *, inputs: Named = None, protected: Named = None) -> None:
+    """``OPTION -`` (stdout) checked as a named output is: where the shell made stdout a file
+    (``kvpatch diff -o - >> header``), it may not be an input or a protected file. A closed
+    stdout names no file (what is written there goes nowhere)."""
+    try:
+        os.fstat(1)
+    except OSError:
+        return
+    check_outputs(inputs=inputs, protected=protected, **{option: "/dev/stdout"})
 
 
 def check_outputs(*, inputs: Named = None, protected: Named = None, **paths: PathArg | None) -> None:

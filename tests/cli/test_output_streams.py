@@ -101,3 +101,51 @@ def test_an_apply_whose_readers_have_gone_leaves_the_header_whole(tmp_path: Path
     assert kvpatch("apply", "--tree", str(tree), cwd=work).returncode == 0
     assert kvpatch("revert", cwd=work).returncode == 0 and header.read_text() == stock
     assert sorted(p.name for p in header.parent.iterdir() if p.name.endswith(".tmp")) == []
+
+
+def test_an_output_through_a_descriptor_must_be_one_open_for_writing(tmp_path: Path) -> None:
+    """``--json /dev/fd/9`` with no descriptor 9, or ``/dev/stdin``: exit 2 before the header is
+    touched (before, the header was patched, then the report failed: exit 1)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    tree = make_tree(tmp_path / "vllm", fixture_text())
+    header = tree / "csrc" / "attention" / "attention_kernels.cuh"
+    stock = header.read_bytes()
+    for path, why in (
+        ("/dev/fd/9", "descriptor 9 is not open"),
+        ("/dev/stdin", "descriptor 0 is open for reading only"),
+    ):
+        proc = subprocess.run([KVPATCH, "apply", "--tree", str(tree), "--json", path], cwd=work, env=kvpatch_env(work),
+                              input="", capture_output=True, text=True, timeout=120)  # fmt: skip  # stdin: a pipe's read end
+        assert proc.returncode == 2 and why in proc.stderr, (path, proc.stderr)
+        assert header.read_bytes() == stock and not (work / ".kvpatch" / "state.json").exists()
+
+
+def test_dash_is_the_file_the_shell_made_stdout_and_is_checked_as_one(tmp_path: Path) -> None:
+    """``diff -o - >> header`` and ``sites --json - >> .kvpatch/state.json`` are refused as
+    ``-o header`` is (before, the diff was appended to the header)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    tree = make_tree(tmp_path / "vllm", fixture_text())
+    assert kvpatch("apply", "--tree", str(tree), cwd=work).returncode == 0
+    header, state = tree / "csrc" / "attention" / "attention_kernels.cuh", work / ".kvpatch" / "state.json"
+    before = {p: p.read_bytes() for p in (header, state)}
+    for args, target, why in ((["diff", "-o", "-"], header, "the tree's header"),
+                              (["sites", "--json", "-"], state, "kvpatch's state directory")):  # fmt: skip
+        with open(target, "ab") as out:
+            proc = subprocess.run([KVPATCH, *args], cwd=work, env=kvpatch_env(work), stdout=out,
+                                  stderr=subprocess.PIPE, text=True, timeout=120)  # fmt: skip
+        assert proc.returncode == 2 and why in proc.stderr, (args, proc.stderr)
+    assert {p: p.read_bytes() for p in before} == before
+    assert kvpatch("diff", "-o", "-", cwd=work).stdout.startswith("diff --git")  # a pipe: written as before
+
+
+def test_a_stdout_that_cannot_encode_a_path_shows_it_escaped(tmp_path: Path) -> None:
+    """A stdout in ASCII (``LANG=C`` on some systems) and a tree named ``tü``: the path is shown
+    escaped, never a traceback after the header was written."""
+    work = tmp_path / "work"
+    work.mkdir()
+    tree = make_tree(tmp_path / "t\u00fc", fixture_text())
+    proc = kvpatch("apply", "--tree", str(tree), cwd=work, env={"PYTHONIOENCODING": "ascii"})
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-500:]
+    assert "t\\xfc" in proc.stdout

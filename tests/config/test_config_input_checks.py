@@ -136,7 +136,36 @@ def test_an_empty_value_from_an_unset_variable_is_refused_not_read_as_something(
     assert_one_line_error(proc, 2, "--rule 'fp16/128/16=' has no settings", "'fp16/128/16=none' to drop")
     proc = run_cli(command, "--config", "", cwd=tmp_path)
     assert_one_line_error(proc, 2, "--config is empty")
+    for dtype in ("--fp16", "--bf16", "--fp32"):  # before: read as 'none', the dtype's shipped table dropped
+        assert_one_line_error(run_cli(command, dtype, "", cwd=tmp_path), 2, "has no settings", "'none' to drop")
+    (tmp_path / "rules.toml").write_text('[kvpatch.rules]\n"fp16/128" = ""\n')
+    proc = run_cli(command, "--config", str(tmp_path / "rules.toml"), cwd=tmp_path)
+    assert_one_line_error(proc, 2, "fp16/128 has no settings")
     assert not (tmp_path / ".kvpatch").exists()  # no workspace, no state: nothing was applied
+
+
+@pytest.mark.parametrize(
+    ("file_rule", "cli"),
+    [
+        ('"fp16/128/*" = { lookahead = 7 }', ["--rule", "fp16/128=lookahead=5"]),
+        ('"fp16/0128" = { lookahead = 7 }', ["--rule", "fp16/128=lookahead=5"]),
+        ('"fp16" = { lookahead = 7 }', ["--fp16", "lookahead=5"]),
+        ('"fp16/*" = { lookahead = 7 }', ["--rule", "fp16=lookahead=5"]),
+    ],
+    ids=["star", "zero-padded", "dtype-rule-vs---fp16", "dtype-star-vs-rule"],
+)
+def test_a_command_line_rule_is_stronger_than_the_files_however_either_is_spelled(file_rule, cli, tmp_path):
+    """The command line's rule replaces the file's rule for the same kernels (before: 'given twice',
+    exit 2, when the two were spelled differently); one file naming a selection twice is still
+    refused."""
+    (tmp_path / "k.toml").write_text(f"[kvpatch.rules]\n{file_rule}\n")
+    proc = run_cli("config", "--config", str(tmp_path / "k.toml"), *cli, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "lookahead = 5" in proc.stdout and "lookahead = 7" not in proc.stdout
+    (tmp_path / "twice.toml").write_text(
+        '[kvpatch.rules]\n"fp16/128/*" = { lookahead = 7 }\n"fp16/0128" = { lookahead = 5 }\n'
+    )
+    assert_one_line_error(run_cli("config", "--config", str(tmp_path / "twice.toml"), cwd=tmp_path), 2, "given twice")
 
 
 def test_the_python_api_refuses_what_is_not_text_with_a_kvpatch_error():

@@ -8,7 +8,9 @@ This module is the one place that knows the C signatures: the parameter tables
 below (name and C type, in order) give the ctypes prototypes, and
 :func:`load` / :class:`LauncherLibrary` is the one ctypes binding of a library.
 It imports the standard library only (no torch): the callers pass raw device
-pointers, ints and floats.
+pointers, ints and floats. :func:`open_library` is the one ``ctypes.CDLL`` of a library file
+kvpatch is given (this module's, the prefetch kernel's, a weight-tail library's), and
+:func:`c_argument` the one check of an int before ctypes takes it.
 
 Exported by every library (``<prefix>`` is the variant's symbol prefix):
 
@@ -30,10 +32,13 @@ optional here (a library without it is still this ABI):
 from __future__ import annotations
 
 import ctypes
+import operator
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
-from .errors import BuildError
+from .errors import BuildError, KvpatchError, UsageError
 
 ABI_VERSION = 1
 
@@ -75,6 +80,53 @@ def argtypes(params: tuple[tuple[str, str], ...]) -> list[Any]:
     return [ctype(t) for _, t in params]
 
 
+#: The values each C type takes, as ``(low, high + 1, in words)``: what :func:`c_argument` lets through.
+C_RANGES = {
+    "int": (-(2**31), 2**31, "a 32-bit int"),
+    "long long": (-(2**63), 2**63, "a 64-bit int"),
+    "void*": (0, 2**64, "an address (an int from 0 to 2**64-1)"),
+}
+
+
+def c_argument(value: Any, c_type: str, what: str) -> int:
+    """``value`` as an argument of C type ``c_type`` (``int``, ``long long``, ``void*``): an int (a
+    numpy or torch integer too; no bool, float or string) within that type's range, else a
+    one-line :class:`UsageError` naming ``what``. ctypes would wrap it, truncate it or pass
+    the address of a Python buffer instead."""
+    low, high, words = C_RANGES[c_type]
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        n = operator.index(value)
+    except TypeError:
+        raise UsageError(f"{what} must be {words}, not {value!r}") from None
+    if not low <= n < high:
+        raise UsageError(f"{what} must be {words}, not {value!r}")
+    return n
+
+
+def open_library(path: str | os.PathLike[str], what: str, error: type[KvpatchError]) -> ctypes.CDLL:
+    """``ctypes.CDLL`` of the regular file at ``path`` (``what`` names it in errors). A path that
+    is not a regular file (a directory, a FIFO, a socket, a device) is a one-line
+    :class:`UsageError` before ``dlopen`` sees it: ``dlopen`` of a FIFO blocks forever. A missing
+    file, or one ``dlopen`` refuses, is ``error`` in one line. A relative path is the file under
+    the working directory (``dlopen`` would search the library path for a bare name)."""
+    from .fsutil import file_kind
+
+    shown = os.fspath(path)
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError) as e:
+        why = "no such file" if isinstance(e, FileNotFoundError) else getattr(e, "strerror", None) or str(e)
+        raise error(f"cannot load {what} {shown}: {why}") from None
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"{what} {shown!r} is {file_kind(mode)}, not a library file")
+    try:
+        return ctypes.CDLL(os.path.abspath(path))
+    except OSError as e:
+        raise error(f"cannot load {what} {shown}: {e}") from None
+
+
 class AbiError(BuildError, RuntimeError):
     """A library that cannot be used: not loadable, wrong prefix, or another ABI version (exit 5, as a
     build that failed; still a RuntimeError for the callers that catch one)."""
@@ -97,10 +149,7 @@ class LauncherLibrary:
     def __init__(self, path: str | Path, prefix: str) -> None:
         self.path = Path(path)
         self.prefix = prefix
-        try:
-            self._lib = ctypes.CDLL(str(self.path))
-        except OSError as e:
-            raise AbiError(f"cannot load {self.path}: {e}") from None
+        self._lib = open_library(self.path, "the launcher library", AbiError)
         #: What ``<prefix>_abi_version()`` returned (equal to :data:`ABI_VERSION`).
         self.abi_version = int(self._fn("abi_version", [], ctypes.c_int)())
         if self.abi_version != ABI_VERSION:

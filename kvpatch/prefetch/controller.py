@@ -220,18 +220,34 @@ class PrefetchController:
         ``hint``: this window's eviction hint (over the controller's ``hint``).
 
         Raises ``ValueError`` for a tensor not on the controller's device or a window
-        added twice, and what :func:`weight_ranges` raises (non-positive cap ...).
+        added twice, and what :func:`weight_ranges` raises (non-positive cap ...);
+        :class:`UsageError` for a point or layer that is not hashable, a ``merge`` that is not
+        a bool, ``cap_bytes`` beside a mapping (its caps are the caps), and for no tensors or
+        no batches (a window that would never launch).
         """
         from .kernel import check_launch
 
         _check_grid(grid)
         check_launch(hint=hint)
+        if not isinstance(merge, bool):
+            raise UsageError(f"merge must be True or False, not {merge!r}")
+        key = (point, layer)
+        try:
+            hash(key)
+        except TypeError:
+            raise UsageError(
+                f"prefetch window {key!r}: point and layer must be hashable (a str, an int, a tuple)"
+            ) from None
+        if cap_bytes is not None and isinstance(batches, Mapping):
+            raise UsageError(f"prefetch window {key}: cap_bytes={cap_bytes!r} beside batches={{batch: cap}}: "
+                             "give each batch its cap in the mapping")  # fmt: skip
         if not self.enabled:
             return
-        key = (point, layer)
         if key in self._tables:
             raise ValueError(f"prefetch window {key} was already added; tables are immutable")
         tensors = tuple(tensor_list(tensors, f"prefetch window {key}"))
+        if not tensors:
+            raise UsageError(f"prefetch window {key}: no tensors (a window that would never launch)")
         wrong = sorted({_device_name(t) for t in tensors if _device_name(t) != self.device})
         if wrong:
             on = ", ".join(wrong)
@@ -249,6 +265,10 @@ class PrefetchController:
             raise ValueError(f"prefetch window {key}: {what}, not {batches!r}")
         else:
             caps = {count(b, f"prefetch window {key}: batch", minimum=1): cap_bytes for b in batches}
+        if not caps:
+            raise UsageError(
+                f"prefetch window {key}: batches {batches!r} names no batch (a window that would never launch)"
+            )
         shared: dict[int | None, RangeTable | None] = {}
         tables: dict[int | None, RangeTable] = {}
         for batch, cap in sorted(caps.items(), key=lambda kv: (kv[0] is not None, kv[0] or 0)):
@@ -301,8 +321,16 @@ class PrefetchController:
 
     def hinted_ranges(self, hints: Iterable[str] = ("evict_last",), batch: int | None = None) -> list[tuple[int, int]]:
         """The ranges that forks at ``batch`` (None: at any batch) prefetch with one of
-        ``hints``, each byte once, sorted by address."""
-        wanted = set(hints)
+        ``hints`` (a list of hint names: UsageError for a str or an unknown name), each byte
+        once, sorted by address."""
+        from .kernel import HINTS
+
+        if isinstance(hints, (str, bytes)) or not isinstance(hints, Iterable):
+            raise UsageError(f"hinted_ranges: hints must be a list of hint names (['evict_last']), not {hints!r}")
+        wanted = list(hints)
+        unknown = [h for h in wanted if h not in HINTS]
+        if unknown:
+            raise UsageError(f"hinted_ranges: unknown hint {unknown[0]!r}: choose from {', '.join(HINTS)}")
         spans: list[tuple[int, int]] = []
         for key, buckets in self._tables.items():
             tables = [self.table(*key, batch)] if batch is not None else list(buckets.values())

@@ -13,14 +13,26 @@ class TorchCudaAPI:
     """The stream/event/table operations the controller needs, over ``torch.cuda``."""
 
     def normalize(self, device: Any) -> str:
+        """``'cuda:N'`` for ``device`` (``'cuda'``, ``'cuda:N'``, an index N or a ``torch.device``);
+        UsageError for anything else, a device that is not CUDA, or no such CUDA GPU."""
         import torch
 
-        d = torch.device(device)
+        if isinstance(device, int) and not isinstance(device, bool) and device >= 0:
+            device = f"cuda:{device}"  # torch takes an index as the accelerator's, and fails without one
+        try:
+            if isinstance(device, bool) or not isinstance(device, (str, torch.device)):
+                raise TypeError
+            d = torch.device(device)
+        except (RuntimeError, TypeError, ValueError):
+            raise UsageError(f"PrefetchController: device must be 'cuda', 'cuda:N', an index or a torch.device, "
+                             f"not {device!r}") from None  # fmt: skip
         if d.type != "cuda":
             raise UsageError(f"PrefetchController needs a CUDA device, not {d}")
         if not torch.cuda.is_available():
             raise UsageError(f"PrefetchController: no CUDA GPU visible to torch {torch.__version__} (pass enabled=False "
                              "to run without the prefetch)")  # fmt: skip
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise UsageError(f"PrefetchController: no CUDA GPU {d}: torch sees {torch.cuda.device_count()}")
         return f"cuda:{d.index if d.index is not None else torch.cuda.current_device()}"
 
     def capability(self, device: str) -> tuple[int, int]:

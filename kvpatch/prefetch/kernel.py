@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..abi import c_argument, open_library
 from ..arch import Arch, parse_arch_list
 from ..config import MAX_SIZE
 from ..errors import BuildError, UsageError
@@ -190,10 +191,7 @@ class PrefetchLibrary:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        try:
-            self._lib = ctypes.CDLL(str(self.path))
-        except OSError as e:
-            raise BuildError(f"cannot load the L2 prefetch library {self.path}: {e}") from None
+        self._lib = open_library(self.path, "the L2 prefetch library", BuildError)
         version = self._fn("kvpatch_l2_prefetch_abi_version", [], ctypes.c_int)()
         if version != PREFETCH_ABI_VERSION:
             raise BuildError(
@@ -247,14 +245,13 @@ class PrefetchLibrary:
         """Launch on the stream whose ``cudaStream_t`` is ``stream_ptr``; raise on error.
         ``threads`` per CTA, ``chunk`` bytes per bulk prefetch and the eviction ``hint``
         override the built-in defaults for this launch (checked by :func:`check_launch`)."""
-        if not (-(2**31) <= int(rows) < 2**31 and -(2**31) <= int(grid) < 2**31):  # ctypes would wrap them
-            raise UsageError(f"prefetch launch: rows {rows} and grid {grid} must fit a 32-bit int")
+        table_ptr, rows, grid, stream_ptr = _launch_args(table_ptr, rows, grid, stream_ptr)
         if threads is None and chunk is None and hint is None:
-            rc = self._launch(table_ptr, int(rows), int(grid), stream_ptr)
+            rc = self._launch(table_ptr, rows, grid, stream_ptr)
         else:
             check_launch(threads, chunk, hint)
             code = -1 if hint is None else HINT_CODES[hint]
-            rc = self._launch_ex(table_ptr, int(rows), int(grid), int(threads or 0), int(chunk or 0), code, stream_ptr)
+            rc = self._launch_ex(table_ptr, rows, grid, int(threads or 0), int(chunk or 0), code, stream_ptr)
         if rc != 0:
             raise RuntimeError(f"kvpatch_l2_prefetch failed: {self._error_string(rc).decode()} (error {rc})")
 
@@ -272,17 +269,25 @@ class PrefetchLibrary:
             )
         if mode not in MODES:
             raise UsageError(f"unknown prefetch mode {mode!r}: choose one of {', '.join(MODES)}")
-        if not (-(2**31) <= int(rows) < 2**31 and -(2**31) <= int(grid) < 2**31):
-            raise UsageError(f"prefetch launch: rows {rows} and grid {grid} must fit a 32-bit int")
+        table_ptr, rows, grid, stream_ptr = _launch_args(table_ptr, rows, grid, stream_ptr)
         check_launch(threads, chunk, hint)
         code = -1 if hint is None else HINT_CODES[hint]
-        rc = self._run(
-            table_ptr, int(rows), int(grid), int(threads or 0), int(chunk or 0), code, MODES[mode], stream_ptr
-        )
+        rc = self._run(table_ptr, rows, grid, int(threads or 0), int(chunk or 0), code, MODES[mode], stream_ptr)
         if rc != 0:
             raise RuntimeError(
                 f"kvpatch_l2_prefetch_run ({mode}) failed: {self._error_string(rc).decode()} (error {rc})"
             )
+
+
+def _launch_args(table_ptr: Any, rows: Any, grid: Any, stream_ptr: Any) -> tuple[int, int, int, int]:
+    """A launch's table address, rows, grid and ``cudaStream_t`` as the C launchers take them
+    (:func:`kvpatch.abi.c_argument`: ints, never wrapped by ctypes; UsageError otherwise)."""
+    return (
+        c_argument(table_ptr, "void*", "prefetch launch: table_ptr"),
+        c_argument(rows, "int", "prefetch launch: rows"),
+        c_argument(grid, "int", "prefetch launch: grid"),
+        c_argument(stream_ptr, "void*", "prefetch launch: stream_ptr"),
+    )
 
 
 def load_prefetch_library(

@@ -29,6 +29,7 @@ import shutil
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from ..abi import c_argument, open_library
 from ..errors import BuildError, UsageError
 from .kernel import HINT_CODES
 
@@ -43,10 +44,7 @@ class WeightTail:
 
     def __init__(self, path: str | os.PathLike[str], prefix: str) -> None:
         self.path, self.prefix = Path(path), prefix
-        try:
-            lib = ctypes.CDLL(str(self.path))
-        except OSError as e:
-            raise BuildError(f"cannot load {self.path}: {e}") from None
+        lib = open_library(self.path, "the weight-tail library", BuildError)
         try:
             self._set = getattr(lib, f"{prefix}_{SETTER}")
             max_rows = getattr(lib, f"{prefix}_{MAX_ROWS}")
@@ -69,8 +67,9 @@ class WeightTail:
         """Fill the table: ``rows`` of (key cache address, weight address, bytes); asynchronous
         on ``stream`` (a ``cudaStream_t``; never one being captured). Raises UsageError for rows
         the kernels cannot take, RuntimeError for a CUDA error."""
-        rows = tuple(tuple(int(x) for x in r) for r in rows)
+        rows = tuple(_row(r) for r in rows)
         check_rows(rows, self.max_rows)
+        stream = c_argument(stream, "void*", "weight-tail stream")
         if hint not in HINT_CODES:
             raise UsageError(f"unknown hint {hint!r}: choose one of {', '.join(HINT_CODES)}")
         if isinstance(chunk, bool) or not isinstance(chunk, int) or not 16 <= chunk <= 1_048_560 or chunk % 16:
@@ -85,6 +84,12 @@ class WeightTail:
     def clear(self, stream: int = 0) -> None:
         """An empty table: the kernels' tails do nothing."""
         self.set((), stream=stream)
+
+
+def _row(row: Sequence[int]) -> tuple[int, ...]:
+    """One row's values as the setter's ``long long`` table takes them (ints: UsageError otherwise)."""
+    row = tuple(row)
+    return tuple(c_argument(x, "long long", f"weight-tail row {row!r}: each value") for x in row)
 
 
 def check_rows(rows: Sequence[Sequence[int]], max_rows: int) -> None:

@@ -194,3 +194,63 @@ def logging_controller(device="cuda:0", **kw):
     and launch lands in ``api.log``."""
     api = LoggingAPI(device=device)
     return PrefetchController(device, library=LoggingLibrary(api.log), api=api, **kw), api
+
+
+# --------------------------------------------------------------------------- what C receives
+
+
+class FakeCLibrary:
+    """What ``ctypes.CDLL`` gives for a prefetch library (``prefix=None``) or a weight-tail library
+    (its ``prefix``): the launchers and the table setter are ctypes function pointers to Python
+    callbacks, so each argument goes through ctypes' conversion exactly as it would on its way to
+    C, and ``calls`` holds what the C side receives; the functions without arguments are plain
+    Python. ``path`` is what ``ctypes.CDLL`` was given."""
+
+    def __init__(self, path, prefix=None):
+        import ctypes
+
+        self.path, self.calls = path, []
+        c_int, c_ll, c_ptr = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
+
+        def c_function(name, *argtypes):
+            def body(*args):
+                self.calls.append((name, *args))
+                return 0
+
+            setattr(self, name, ctypes.CFUNCTYPE(c_int, *argtypes)(body))
+
+        if prefix is None:
+            self.kvpatch_l2_prefetch_abi_version = lambda: 2
+            self.kvpatch_l2_prefetch_config = lambda: b"chunk=4096,line=128,hint=evict_last,threads=32,demote"
+            self.kvpatch_l2_prefetch_error_string = lambda code: b"error"
+            c_function("kvpatch_l2_prefetch", c_ptr, c_int, c_int, c_ptr)
+            c_function("kvpatch_l2_prefetch_ex", c_ptr, c_int, c_int, c_int, c_ll, c_int, c_ptr)
+            c_function("kvpatch_l2_prefetch_run", c_ptr, c_int, c_int, c_int, c_ll, c_int, c_int, c_ptr)
+        else:
+
+            def set_table(rows, count, hint, chunk, stream):  # the rows as the C side reads them
+                table = ctypes.cast(rows, ctypes.POINTER(c_ll))[: 3 * count] if count > 0 else []
+                self.calls.append(("set", tuple(table), count, hint, chunk, stream))
+                return 0
+
+            setattr(
+                self,
+                f"{prefix}_set_weight_prefetch",
+                ctypes.CFUNCTYPE(c_int, c_ptr, c_int, c_int, c_ll, c_ptr)(set_table),
+            )
+            setattr(self, f"{prefix}_weight_tail_max_rows", lambda: 4)
+
+
+def fake_cdll(monkeypatch, prefix=None):
+    """``ctypes.CDLL`` replaced by one that gives a :class:`FakeCLibrary`; returns the list of the
+    libraries it gave."""
+    import ctypes
+
+    made = []
+
+    def cdll(path, *args, **kwargs):
+        made.append(FakeCLibrary(path, prefix))
+        return made[-1]
+
+    monkeypatch.setattr(ctypes, "CDLL", cdll)
+    return made

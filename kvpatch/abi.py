@@ -34,7 +34,6 @@ from __future__ import annotations
 import ctypes
 import operator
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -111,16 +110,16 @@ def open_library(path: str | os.PathLike[str], what: str, error: type[KvpatchErr
     :class:`UsageError` before ``dlopen`` sees it: ``dlopen`` of a FIFO blocks forever. A missing
     file, or one ``dlopen`` refuses, is ``error`` in one line. A relative path is the file under
     the working directory (``dlopen`` would search the library path for a bare name)."""
-    from .fsutil import file_kind
+    from .fsutil import NotRegularFileError, stat_regular
 
     shown = os.fspath(path)
     try:
-        mode = os.stat(path).st_mode
+        stat_regular(path)
+    except NotRegularFileError as e:
+        raise UsageError(f"{what} {shown!r} is {e.kind}, not a library file") from None
     except (OSError, ValueError) as e:
         why = "no such file" if isinstance(e, FileNotFoundError) else getattr(e, "strerror", None) or str(e)
         raise error(f"cannot load {what} {shown}: {why}") from None
-    if not stat.S_ISREG(mode):
-        raise UsageError(f"{what} {shown!r} is {file_kind(mode)}, not a library file")
     try:
         return ctypes.CDLL(os.path.abspath(path))
     except OSError as e:

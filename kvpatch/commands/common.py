@@ -143,17 +143,16 @@ def check_input_file(path: Optional[str | Path], option: str) -> None:
     if path is None:
         return
     import os
-    import stat
 
-    from ..fsutil import file_kind
+    from ..fsutil import NotRegularFileError, stat_regular
 
     try:
-        mode = os.stat(path).st_mode
+        stat_regular(path)
+    except NotRegularFileError as e:
+        raise UsageError(f"{option} {os.fspath(path)!r} is {e.kind}, not a library file") from None
     except (OSError, ValueError) as e:
         why = "no such file" if isinstance(e, FileNotFoundError) else getattr(e, "strerror", None) or str(e)
         raise UsageError(f"{option} {os.fspath(path)!r}: {why}") from None
-    if not stat.S_ISREG(mode):
-        raise UsageError(f"{option} {os.fspath(path)!r} is {file_kind(mode)}, not a library file")
 
 
 #: The oldest GPU generation vLLM builds its attention kernels for (compute capability 7.0).

@@ -93,11 +93,11 @@ class WeightPrefetch:
     priority: str | int = "high"
 
     def __post_init__(self) -> None:
+        from ..prefetch.controller import check_grid
         from ..prefetch.kernel import check_launch
 
         check_launch(self.threads, self.chunk, self.hint)
-        if self.grid is not None and (isinstance(self.grid, bool) or not isinstance(self.grid, int) or self.grid < 1):
-            raise UsageError(f"prefetch grid must be a positive number of CTAs, not {self.grid!r}")
+        check_grid(self.grid)
         if self.fork not in FORK_POINTS:
             raise UsageError(f"unknown fork point {self.fork!r}: choose one of {', '.join(FORK_POINTS)}")
         if self.join not in JOIN_POINTS:

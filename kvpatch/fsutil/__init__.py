@@ -25,6 +25,7 @@ from .files import (  # noqa: F401
     remove_stale_temps,
     resolve_target,
     stage,
+    stat_regular,
     write_atomic,
     write_both,
     write_if_different,

@@ -154,6 +154,16 @@ def file_kind(mode: int) -> str:
     return "not a file"
 
 
+def stat_regular(path: str | os.PathLike[str]) -> os.stat_result:
+    """``os.stat`` of the regular file at ``path`` (symlinks followed): an OSError where there is
+    none (FileNotFoundError, ...), :class:`NotRegularFileError` for a directory, FIFO, socket or
+    device (a library loaded from a FIFO blocks ``dlopen`` forever)."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFileError(path, file_kind(st.st_mode))
+    return st
+
+
 def read_regular(path: str | os.PathLike[str], *, limit: int | None = None) -> bytes:
     """The bytes of the regular file at ``path``; see :func:`read_regular_with_stat`."""
     return read_regular_with_stat(path, limit=limit)[0]

@@ -85,7 +85,7 @@ class RangeTable:
         return int(self.table.data_ptr()) if self.rows else 0
 
 
-def _check_grid(grid: Any) -> int | None:
+def check_grid(grid: Any) -> int | None:
     """A launch grid: None (the default) or a number of CTAs, 1 .. 2**31-1 (the launcher
     takes an int; UsageError otherwise)."""
     if grid is not None and (isinstance(grid, bool) or not isinstance(grid, int) or not 1 <= grid < 2**31):
@@ -142,7 +142,7 @@ class PrefetchController:
         from .kernel import check_launch
 
         check_launch(threads, chunk, hint)
-        self.grid = _check_grid(grid)
+        self.grid = check_grid(grid)
         if not isinstance(enabled, bool):  # 'false' from an environment variable is truthy
             raise UsageError(f"enabled must be True or False, not {enabled!r}")
         if not isinstance(zero_bytes, bool):
@@ -227,7 +227,7 @@ class PrefetchController:
         """
         from .kernel import check_launch
 
-        _check_grid(grid)
+        check_grid(grid)
         check_launch(hint=hint)
         if not isinstance(merge, bool):
             raise UsageError(f"merge must be True or False, not {merge!r}")

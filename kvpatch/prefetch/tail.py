@@ -111,6 +111,8 @@ def second_copy(path: str | os.PathLike[str], dest: str | os.PathLike[str]) -> P
     """A copy of the library at ``dest`` (a file or a folder): loaded from there it is a
     second instance, with a table of its own."""
     src, out = Path(path), Path(dest)
+    if os.fspath(dest).endswith(os.sep) and not out.is_dir():  # meant as a folder: never a file of its name
+        raise UsageError(f"no folder {os.fspath(dest)!r} for the second copy of {src}")
     if out.is_dir():
         out = out / f"{src.stem}-copy{src.suffix}"
     if out.resolve() == src.resolve():

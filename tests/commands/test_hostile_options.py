@@ -65,6 +65,8 @@ def no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     (["build", "--tree", "{tree}", "--head-sizes", ""], "an empty list ''"),
     (["bench", "--lib", "stock={lib}:p", "--quick", "--set", "heldout"], "--quick is a point set of its own"),
     (["bench-decode-sweep", "--lib", "stock={lib}:p", "--budget", "inf"], "--budget must be > 0 seconds"),
+    (["bench-decode", "--lib", "stock={lib}:p", "--grid", "2147483648"], "from 1 to 2**31-1"),
+    (["bench-decode", "--lib", "stock={lib}:p", "--wpf", "grid=2147483648"], "from 1 to 2**31-1"),
     (["bench-decode-sweep", "--lib", "stock={lib}:p", "--out", ".kvpatch"], "kvpatch's state directory"),
 ])  # fmt: skip
 def test_every_option_is_checked_before_torch_the_gpu_or_nvcc(args: list[str], needle: str, tmp_path: Path,

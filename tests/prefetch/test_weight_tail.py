@@ -223,3 +223,16 @@ def test_the_tail_library_exports_its_setter_and_checks_its_rows(tail_build, tmp
     assert copy.read_bytes() == Path(tail.library).read_bytes() and copy != Path(tail.library)
     with pytest.raises(Exception, match="not a weight-tail build"):
         WeightTail(tail_build.variants[0].library, tail_build.variants[0].prefix)
+
+
+def test_a_second_copy_into_a_folder_that_is_not_there_is_refused(tmp_path):
+    """``second_copy(lib, 'nodir/')``: the trailing '/' says a folder; before, a file named
+    ``nodir`` was written."""
+    from kvpatch.prefetch.tail import second_copy
+
+    lib = tmp_path / "libtail.so"
+    lib.write_bytes(b"\x7fELF")
+    with pytest.raises(UsageError, match="no folder"):
+        second_copy(lib, f"{tmp_path / 'nodir'}/")
+    assert not (tmp_path / "nodir").exists()
+    assert second_copy(lib, tmp_path / "copy.so").read_bytes() == b"\x7fELF"

@@ -53,7 +53,7 @@ def test_an_output_naming_an_input_is_refused(how: str, saved: Path, tmp_path: P
 
 
 def test_an_output_as_an_open_descriptor_of_an_input_is_refused(saved: Path) -> None:
-    fd = os.open(saved, os.O_RDONLY)
+    fd = os.open(saved, os.O_RDWR)  # writable: refused for naming the input, not for its mode
     try:
         _refused("--from", output=f"/dev/fd/{fd}", inputs={"--from": saved})
     finally:

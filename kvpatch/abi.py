@@ -110,16 +110,10 @@ def open_library(path: str | os.PathLike[str], what: str, error: type[KvpatchErr
     :class:`UsageError` before ``dlopen`` sees it: ``dlopen`` of a FIFO blocks forever. A missing
     file, or one ``dlopen`` refuses, is ``error`` in one line. A relative path is the file under
     the working directory (``dlopen`` would search the library path for a bare name)."""
-    from .fsutil import NotRegularFileError, stat_regular
+    from .fsutil import check_library_file
 
     shown = os.fspath(path)
-    try:
-        stat_regular(path)
-    except NotRegularFileError as e:
-        raise UsageError(f"{what} {shown!r} is {e.kind}, not a library file") from None
-    except (OSError, ValueError) as e:
-        why = "no such file" if isinstance(e, FileNotFoundError) else getattr(e, "strerror", None) or str(e)
-        raise error(f"cannot load {what} {shown}: {why}") from None
+    check_library_file(path, what, lambda why: error(f"cannot load {what} {shown}: {why}"))
     try:
         return ctypes.CDLL(os.path.abspath(path))
     except OSError as e:

@@ -144,15 +144,9 @@ def check_input_file(path: Optional[str | Path], option: str) -> None:
         return
     import os
 
-    from ..fsutil import NotRegularFileError, stat_regular
+    from ..fsutil import check_library_file
 
-    try:
-        stat_regular(path)
-    except NotRegularFileError as e:
-        raise UsageError(f"{option} {os.fspath(path)!r} is {e.kind}, not a library file") from None
-    except (OSError, ValueError) as e:
-        why = "no such file" if isinstance(e, FileNotFoundError) else getattr(e, "strerror", None) or str(e)
-        raise UsageError(f"{option} {os.fspath(path)!r}: {why}") from None
+    check_library_file(path, option, lambda why: UsageError(f"{option} {os.fspath(path)!r}: {why}"))
 
 
 #: The oldest GPU generation vLLM builds its attention kernels for (compute capability 7.0).

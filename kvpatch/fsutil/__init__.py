@@ -13,6 +13,7 @@ from .files import (  # noqa: F401
     FileTooLargeError,
     NotRegularFileError,
     Staged,
+    check_library_file,
     expand_home,
     file_digest,
     file_kind,

@@ -22,7 +22,7 @@ import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from ..errors import UsageError
 
@@ -162,6 +162,21 @@ def stat_regular(path: str | os.PathLike[str]) -> os.stat_result:
     if not stat.S_ISREG(st.st_mode):
         raise NotRegularFileError(path, file_kind(st.st_mode))
     return st
+
+
+def check_library_file(path: str | os.PathLike[str], what: str, missing: Callable[[str], Exception]) -> None:
+    """``path`` names a regular file a library can be loaded from (``what`` names it): a directory,
+    FIFO, socket or device is a one-line :class:`UsageError`; a missing or unreadable file raises
+    ``missing(why)``, ``why`` being "no such file" or the system's reason (each caller says it its
+    way: a usage error, or a library that cannot be loaded)."""
+    try:
+        stat_regular(path)
+    except NotRegularFileError as e:
+        raise UsageError(f"{what} {os.fspath(path)!r} is {e.kind}, not a library file") from None
+    except (OSError, ValueError) as e:
+        raise missing(
+            "no such file" if isinstance(e, FileNotFoundError) else getattr(e, "strerror", None) or str(e)
+        ) from None
 
 
 def read_regular(path: str | os.PathLike[str], *, limit: int | None = None) -> bytes:

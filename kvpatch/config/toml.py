@@ -129,13 +129,17 @@ def dump_config(cfg: PatchConfig, tuned: Machine | None = None, *, sources: Any 
 
 
 def _toml_string(value: str) -> str:
-    """A TOML basic string (quotes, backslashes and control characters escaped)."""
+    """A TOML basic string in ASCII: quotes, backslashes, control characters and every character
+    beyond ASCII escaped (``\\u00e9``), so that the file reads back the same whatever encoding the
+    stream it went through had (``kvpatch config > f`` under ``LANG=C``)."""
     out = []
     for ch in value:
         if ch in '"\\':
             out.append("\\" + ch)
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F or 0x80 <= ord(ch) <= 0xFFFF:
             out.append(f"\\u{ord(ch):04x}")
+        elif ord(ch) > 0xFFFF:
+            out.append(f"\\U{ord(ch):08x}")
         else:
             out.append(ch)
     return '"' + "".join(out) + '"'

@@ -7,6 +7,7 @@ import os
 import stat
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,17 @@ def test_apply_warns_on_the_command_line_when_the_machine_differs(tmp_path: Path
     (work / "k.toml").write_text("[kvpatch]\nlookahead = 2\n")
     proc = kvpatch("apply", "--tree", str(tree), "--force", "--config", "k.toml")
     assert proc.returncode == 0 and "warning: tuned" not in proc.stderr and "tuned on" not in proc.stdout
+
+
+def test_a_record_beyond_ascii_reads_back_through_any_stream(tmp_path: Path) -> None:
+    """``kvpatch config > kvpatch.toml`` under an ASCII stdout (``LANG=C``): the note's 'é' and '😀'
+    are written as TOML escapes, not as '\\xe9' (which TOML does not read), and read back the same."""
+    from cli.cli_helpers import kvpatch
+
+    note = 'H200 \u00e9 \U0001f600 "quoted"\n'
+    (tmp_path / "in.toml").write_text(dump_config(make_config(), replace(H200, note=note)), encoding="utf-8")
+    proc = kvpatch("config", "--config", str(tmp_path / "in.toml"), cwd=tmp_path, env={"PYTHONIOENCODING": "ascii"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.isascii() and "\\u00e9" in proc.stdout and "\\U0001f600" in proc.stdout
+    (tmp_path / "out.toml").write_text(proc.stdout, encoding="ascii")
+    assert read_config_file(tmp_path / "out.toml")[1].note == note

@@ -70,7 +70,7 @@ def _context(o: ServingBenchOptions, workloads: Sequence[Any], path: Path | None
     if shape is not None:
         limit = shape.max_position
     else:
-        from ..fsutil.files import parse_json
+        from ..fsutil.reading import parse_json
 
         try:
             limit = parse_json((path / "config.json").read_bytes()).get("max_position_embeddings")

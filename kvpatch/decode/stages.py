@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..fsutil.files import parse_json
+from ..fsutil.reading import parse_json
 from .options import DEFAULT_WINDOWS, MiB, WeightPrefetch
 
 

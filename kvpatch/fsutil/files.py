@@ -6,25 +6,21 @@ a link) and a reader never sees a partial file; on any failure the old file is l
 it was and the temporary file is removed. A path that names a device, pipe or socket
 (``/dev/stdout``, ``/dev/null``) is written in place: there is nothing to replace, and
 renaming over it would clobber the device node; a FIFO nobody reads fails after
-:data:`FIFO_WAIT` seconds instead of blocking forever. :func:`read_regular` reads an
-input only if it is a regular file (a FIFO, socket or device could block or never end). ``write_if_different`` skips the write
-when the content is already there (build inputs keep their mtimes).
+:data:`FIFO_WAIT` seconds instead of blocking forever. ``write_if_different`` skips the write
+when the content is already there (build inputs keep their mtimes). Reading: :mod:`.reading`.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import re
 import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
-
-from ..errors import UsageError
+from typing import Iterable
 
 
 def resolve_target(path: Path) -> Path:
@@ -116,104 +112,6 @@ def _write_in_place(path: str | os.PathLike[str], raw: bytes) -> None:
         if e.filename is not None:
             raise
         raise OSError(e.errno, e.strerror, os.fspath(path)) from None  # said with the path, as elsewhere
-    finally:
-        os.close(fd)
-
-
-# --------------------------------------------------------------------------- reading
-
-
-#: The most :func:`read_regular` reads by default (a header is ~40 kB, a state file less).
-READ_LIMIT = 64 << 20
-
-
-class NotRegularFileError(OSError):
-    """A path that names a FIFO, socket or device where a regular file is read; ``kind``
-    says which ("a FIFO")."""
-
-    def __init__(self, path: str | os.PathLike[str], kind: str) -> None:
-        super().__init__(errno.EINVAL, f"is {kind}, not a regular file", os.fspath(path))
-        self.kind = kind
-
-
-class FileTooLargeError(OSError):
-    """A file larger than the reader's limit."""
-
-    def __init__(self, path: str | os.PathLike[str], size: int, limit: int) -> None:
-        super().__init__(errno.EFBIG, f"is {size} bytes, more than the {limit} bytes kvpatch reads", os.fspath(path))
-        self.size, self.limit = size, limit
-
-
-def file_kind(mode: int) -> str:
-    """What a ``st_mode`` is, in words: "a regular file", "a FIFO", "a directory" ..."""
-    for test, kind in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symlink")):  # fmt: skip
-        if test(mode):
-            return kind
-    return "not a file"
-
-
-def stat_regular(path: str | os.PathLike[str]) -> os.stat_result:
-    """``os.stat`` of the regular file at ``path`` (symlinks followed): an OSError where there is
-    none (FileNotFoundError, ...), :class:`NotRegularFileError` for a directory, FIFO, socket or
-    device (a library loaded from a FIFO blocks ``dlopen`` forever)."""
-    st = os.stat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise NotRegularFileError(path, file_kind(st.st_mode))
-    return st
-
-
-def check_library_file(path: str | os.PathLike[str], what: str, missing: Callable[[str], Exception]) -> None:
-    """``path`` names a regular file a library can be loaded from (``what`` names it): a directory,
-    FIFO, socket or device is a one-line :class:`UsageError`; a missing or unreadable file raises
-    ``missing(why)``, ``why`` being "no such file" or the system's reason (each caller says it its
-    way: a usage error, or a library that cannot be loaded)."""
-    try:
-        stat_regular(path)
-    except NotRegularFileError as e:
-        raise UsageError(f"{what} {os.fspath(path)!r} is {e.kind}, not a library file") from None
-    except (OSError, ValueError) as e:
-        raise missing(
-            "no such file" if isinstance(e, FileNotFoundError) else getattr(e, "strerror", None) or str(e)
-        ) from None
-
-
-def read_regular(path: str | os.PathLike[str], *, limit: int | None = None) -> bytes:
-    """The bytes of the regular file at ``path``; see :func:`read_regular_with_stat`."""
-    return read_regular_with_stat(path, limit=limit)[0]
-
-
-def read_regular_with_stat(path: str | os.PathLike[str], *, limit: int | None = None) -> tuple[bytes, os.stat_result]:
-    """The bytes of the regular file at ``path`` (symlinks followed), never blocking, and
-    its ``fstat`` (the file those bytes came from: device, inode, mtime).
-
-    Anything else is refused before it is opened for reading: FileNotFoundError,
-    IsADirectoryError, :class:`NotRegularFileError` (FIFO, socket, device: reading
-    could block forever or never end), :class:`FileTooLargeError` beyond ``limit``
-    (default :data:`READ_LIMIT`). It is opened non-blocking and checked again on the
-    descriptor, so a file swapped for a FIFO in between cannot block either.
-    """
-    limit = READ_LIMIT if limit is None else limit
-    mode = os.stat(path).st_mode
-    if stat.S_ISDIR(mode):
-        raise IsADirectoryError(errno.EISDIR, "Is a directory", os.fspath(path))
-    if not stat.S_ISREG(mode):
-        raise NotRegularFileError(path, file_kind(mode))
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotRegularFileError(path, file_kind(st.st_mode))
-        if st.st_size > limit:
-            raise FileTooLargeError(path, st.st_size, limit)
-        chunks, size = [], 0
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:  # grew while read
-                raise FileTooLargeError(path, size, limit)
-        return b"".join(chunks), st
     finally:
         os.close(fd)
 
@@ -341,64 +239,3 @@ def write_both(first: str | os.PathLike[str], first_data: str | bytes,
         staged.commit()
     finally:
         staged.discard()
-
-
-def read_input(path: str | os.PathLike[str], what: str, *, limit: int | None = None) -> bytes:
-    """The bytes of an input file the user named (a config, a saved JSON, a list of libraries):
-    :func:`read_regular`, with every way it is not one as a one-line :class:`UsageError`
-    (missing, a directory, not a regular file, unreadable, larger than ``limit``)."""
-    shown = os.fspath(path)
-    try:
-        return read_regular(path, limit=limit)
-    except FileNotFoundError:
-        raise UsageError(f"{what} not found: {shown}") from None
-    except IsADirectoryError:
-        raise UsageError(f"{what} {shown} is a directory") from None
-    except (NotRegularFileError, FileTooLargeError) as e:
-        raise UsageError(f"{what} {shown}: {e}") from None
-    except OSError as e:
-        raise UsageError(f"cannot read {what} {shown}: {e.strerror or e}") from None
-
-
-def expand_home(text: str, what: str) -> Path:
-    """``Path(text)`` with a leading ``~`` or ``~user`` expanded; a one-line :class:`UsageError`
-    naming ``what`` where it names no home directory on this machine (Python raises a bare
-    RuntimeError there)."""
-    try:
-        return Path(text).expanduser()
-    except RuntimeError:
-        raise UsageError(f"{what}: its '~' names no home directory on this machine") from None
-
-
-def parse_json(text: str | bytes) -> Any:
-    """JSON text (or UTF-8 bytes) -> its value; ValueError for anything that is not JSON, text
-    nested too deeply included (the parser recurses: a few thousand ``[`` are a RecursionError,
-    which no caller's ``except ValueError`` expects) and bytes that are not UTF-8."""
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
-
-
-def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:
-    """``(size in bytes, sha256 hex)`` of a regular file, read in chunks: how kvpatch names a
-    library's contents (the build cache, the plugin's bundle). Anything else (a FIFO, a
-    device: a read that blocks or never ends) is :class:`NotRegularFileError`, found on the
-    descriptor of a non-blocking open before anything is read."""
-    import hashlib
-
-    h = hashlib.sha256()
-    size = 0
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(errno.EISDIR, "Is a directory", os.fspath(path))
-        if not stat.S_ISREG(mode):
-            raise NotRegularFileError(path, file_kind(mode))
-        while chunk := os.read(fd, 1 << 20):
-            h.update(chunk)
-            size += len(chunk)
-    finally:
-        os.close(fd)
-    return size, h.hexdigest()

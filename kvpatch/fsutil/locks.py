@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .files import NotRegularFileError, file_kind
+from .reading import NotRegularFileError, file_kind
 
 #: What a lock file says about itself (written into it once, when it is empty).
 LOCK_NOTE = ("This is a kvpatch lock file. A kvpatch command holds a lock (flock) on it while it changes "

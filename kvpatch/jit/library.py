@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 from ..errors import BuildError
 from ..fsutil import hold_lock, machine_problem, problem_in_text, write_atomic, write_if_different
-from ..fsutil.files import file_digest, parse_json
+from ..fsutil.reading import file_digest, parse_json
 from ..progress import QUIET, Progress
 from .toolchain import Inspector, Toolchain, first_error
 

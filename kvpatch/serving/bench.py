@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ..errors import BuildError, GpuCheckError, UsageError
-from ..fsutil.files import parse_json, write_atomic
+from ..fsutil.files import write_atomic
+from ..fsutil.reading import parse_json
 from ..gpu.stats import median
 from ..progress import QUIET, Progress
 from .engine import Worker, run_slot

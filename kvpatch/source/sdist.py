@@ -29,8 +29,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from ..errors import FetchError
-from ..fsutil.files import parse_json
 from ..fsutil.problems import machine_problem
+from ..fsutil.reading import parse_json
 
 _HTTP_TIMEOUT = 60.0
 _CHUNK = 1 << 16

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping
 from .. import dtypes as D
 from ..abi import ABI_VERSION, config_label
 from ..errors import KvpatchError
-from ..fsutil.files import file_digest, parse_json, read_regular
+from ..fsutil.reading import file_digest, parse_json, read_regular
 from .schema import OPS
 
 #: Overrides :func:`bundle_dir` (tests; an environment whose prefix is read-only).

@@ -98,7 +98,7 @@ def test_read_header_refuses_before_opening(tmp_path: Path, monkeypatch: pytest.
 
 def test_an_enormous_header_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tree = make_tree(tmp_path / "vllm", fixture_text())
-    monkeypatch.setattr(fsutil.files, "READ_LIMIT", 1000)
+    monkeypatch.setattr(fsutil.reading, "READ_LIMIT", 1000)
     with pytest.raises(PatchError, match="bytes"):
         Tree(tree).read_header()
 

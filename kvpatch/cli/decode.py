@@ -182,7 +182,7 @@ def bench_decode_sweep(
     """GPU, for maintainers: measure the weight prefetch's windows on the decode step, pick them per batch, bench the pick with every control."""
 
     from ..commands import decode as D
-    from ..fsutil import write_atomic
+    from ..fsutil import parse_json, write_atomic
     from ..render.decode import sweep_summary, sweep_text
 
     opts = D.SweepOptions(libs=lib, libs_file=libs_file, out=out, budget=budget, prefetch_lib=prefetch_lib,
@@ -192,8 +192,6 @@ def bench_decode_sweep(
 
     def load(name: str):
         try:
-            from ..fsutil import parse_json
-
             return parse_json((out / name).read_bytes())
         except (OSError, ValueError):
             return None

@@ -146,17 +146,17 @@ def run(o: ValidateOptions, *, progress: Progress = QUIET) -> ValidateOutcome:
     check_outputs(json=o.json_out, inputs=input_files(o),
                   protected={**kept_paths(o.cwd), "the --upstream-dir folder": o.upstream_dir})  # fmt: skip
     check_sources(o)
-    if o.upstream:  # vLLM's own test is the tree's: the tree, even with --lib, before the GPU is looked for
-        from .tree import resolve
+    from .tree import resolve
 
-        upstream_tree = resolve(o.tree, o.cwd).root
+    # the tree: to build from, and vLLM's own test's (even with --lib), before the GPU is looked for
+    target = resolve(o.tree, o.cwd) if o.upstream or not o.libs else None
     require_device(o.device)
     if o.libs:
         libs = prebuilt(o.libs, o.variant_info)
     else:
-        from .tree import resolve, variants_for  # the build side (git, libclang) only when building
+        from .tree import variants_for  # the build side (git, libclang) only when building
 
-        variants = variants_for(resolve(o.tree, o.cwd), o.cwd, progress, paper=o.paper)
+        variants = variants_for(target, o.cwd, progress, paper=o.paper)
         if o.upstream:  # vLLM's test needs its own sizes: build vLLM's full set
             libs = build_libraries(o.tree, o.cwd, o.arch, variants, progress, all_kernels=True)
         else:
@@ -181,7 +181,7 @@ def run(o: ValidateOptions, *, progress: Progress = QUIET) -> ValidateOutcome:
         outcome.report = V.run_validate(libs.libs, cases, o.seed, device=o.device, progress=each, env=env,
                                         matrix_name=name, sampling=sampling, strict=o.full)  # fmt: skip
     if o.upstream:
-        outcome.upstream = _upstream(o, upstream_tree, libs, progress)
+        outcome.upstream = _upstream(o, target.root, libs, progress)
     if o.json_out is not None:
         from ..gpu.report import dumps
 

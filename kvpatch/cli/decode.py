@@ -123,7 +123,11 @@ def bench_decode(
     ] = "auto",
     prefetch_lib: Annotated[
         Optional[Path],
-        typer.Option("--prefetch-lib", metavar="FILE", help="A built prefetch library (default: build one)."),
+        typer.Option(
+            "--prefetch-lib",
+            metavar="FILE",
+            help="A built weight-prefetch library (default: build one where an arm prefetches weights).",
+        ),
     ] = None,
     cold: Annotated[
         bool, typer.Option("--cold", help="Flush L2 (read+write >= 2x L2, then read) before every step.")

@@ -57,6 +57,12 @@ def prefetch_library_for(prefetch_library: Any, device: Any) -> Any:
     return load_prefetch_library(prefetch_library, capability=tuple(torch.cuda.get_device_capability(device)))
 
 
+def needs_prefetch_library(arms: Sequence[Arm]) -> bool:
+    """Whether an arm launches the weight-prefetch library: its weight-prefetch arms (the zero-byte
+    twin too), and its in-kernel arms, whose ``evict_last`` lines the guard demotes through it."""
+    return any(a.wpf is not None or a.tail is not None for a in arms)
+
+
 def cuda_device(device: Any) -> Any:
     """``device`` as a CUDA device with an index; :class:`BuildError` without a GPU."""
     import torch
@@ -75,7 +81,7 @@ def decode_env(device: Any, pf_lib: Any, libs: Mapping[str, Any]) -> dict[str, A
 
     env = collect_env(str(device))
     env["l2_bytes"] = l2_bytes_of(device)
-    env["prefetch_library"] = {"path": str(pf_lib.path), "config": pf_lib.config}
+    env["prefetch_library"] = None if pf_lib is None else {"path": str(pf_lib.path), "config": pf_lib.config}
     env["attention_libraries"] = {k: {"path": str(getattr(v, "path", "")), "prefix": getattr(v, "prefix", ""),
                                       "configs": list(getattr(v, "configs", ()))} for k, v in libs.items()}  # fmt: skip
     return env
@@ -155,7 +161,10 @@ def run_bench_decode(
     missing = sorted({a.library for a in arms} - set(libs))
     if missing:
         raise UsageError(f"arms use libraries not given: {', '.join(missing)}")
-    pf_lib = prefetch_library_for(prefetch_library, dev)
+    # built or loaded only where an arm launches it (or one is given): a run without weight
+    # prefetch needs neither its build nor what the build needs
+    use_pf = prefetch_library is not None or needs_prefetch_library(arms)
+    pf_lib = prefetch_library_for(prefetch_library, dev) if use_pf else None
     tails = weight_tails({a.library: libs[a.library] for a in arms if a.tail is not None})
     lacking = sorted({a.library for a in arms if a.tail is not None} - set(tails))
     if lacking:

@@ -84,6 +84,24 @@ def test_without_evict_last_there_is_no_guard_and_guard_off_is_honoured(cpu):
     assert not report.points[0]["guard"]["on"] and report.points[0]["carryover"] is not None
 
 
+def test_a_run_without_weight_prefetch_neither_builds_nor_loads_the_prefetch_library(cpu, monkeypatch):
+    """No arm prefetches weights (``--cap off``): the prefetch library is not asked for (a machine
+    without what its build needs still times the attention libraries); a weight-prefetch arm, or a
+    library given, asks for it."""
+    libs, pf, _ = cpu
+    asked = []
+    monkeypatch.setattr(BENCH, "prefetch_library_for", lambda lib, dev: asked.append(lib) or pf)
+    off = WeightPrefetch.parse("cap=off")  # what --cap off gives
+    assert off.off()
+    report = _run({"stock": libs["stock"], "patched": libs["patched"]}, weight_prefetch=off)
+    assert asked == [] and report.env["prefetch_library"] is None
+    assert report.variants == ["stock", "stock-aa", "patched"] and report.summary()["all_identical"]
+    _run({"stock": libs["stock"]}, weight_prefetch=off, prefetch_library="given.so")
+    assert asked == ["given.so"]
+    _run({"stock": libs["stock"]}, weight_prefetch=WeightPrefetch(), attention=False)
+    assert asked == ["given.so", None]
+
+
 def _run(libs, **kw):
     return BENCH.run_bench_decode(libs, models=["llama-3.2-1b"], dtypes=["bf16"], batches=[4], contexts=[32], layers=2,
                                   rounds=1, cycles=1, **kw)  # fmt: skip

@@ -88,7 +88,7 @@ def test_launcher_calls_the_kernel_as_the_release_wants(tree_0102):
     assert (
         """\
   if (dtype == 0 && kv_cache_dtype == 0 && a.head_size == 128 && a.block_size == 16)
-    return launch_v2<uint16_t, uint16_t, 128, 16, vllm::Fp8KVCacheDataType::kAuto>(a);
+    return launch_v2<uint16_t, uint16_t, 128, 16, vllm::Fp8KVCacheDataType::kAuto>(a, dtype, kv_cache_dtype);
   return kNotBuilt;
 """
         in src

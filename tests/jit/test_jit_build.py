@@ -297,7 +297,7 @@ def test_group_ctas_per_sm_compiles_the_grouped_kernels_to_fit_that_many_ctas_on
     rule = "group=4,group-min-ctas=256"
     rules = {"free": rule, "bounded": rule + ",group-ctas-per-sm=4", "whole": rule + ",group-half-below=0",
              "fit": rule + ",group-fit-ctas=4"}  # fmt: skip
-    free, bounded, whole, fit = _build_ruled(tree_0102, build_cache, "bf16/128/16", rules, "bf16", [128])
+    free, bounded, whole, fit = _build_ruled(tree_0102, build_cache, "fp16/256/16", rules, "fp16", [256])
     # v1 also with half the group: the launcher's choice where shared memory (a long context's
     # logits) leaves room for one CTA of the full group on an SM; v2 never needs it
     forms = [("v1", 2), ("v1", 4), ("v2", 4)]

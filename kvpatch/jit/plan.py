@@ -239,8 +239,8 @@ def launcher_sources(
     num_threads: int = 128,
     partition_size: int = 512,
 ) -> list[str]:
-    """The launcher translation units of one variant (shard 0 first; it holds the API): vLLM's
-    form, then the grouped form's launchers of the same configurations where the header has it."""
+    """The launcher translation units of one variant: vLLM's form (shard 0 first: the API), then
+    the grouped form's launchers of the same configurations where the header has it."""
     shards = max(1, -(-len(configs) // CONFIGS_PER_SHARD))
     common = dict(
         variant=variant.name,
@@ -262,21 +262,11 @@ def launcher_sources(
         # group > 1 in some kernel's settings: the header's grouped form, launched where it applies
         grouped=GROUPED_SYMBOL in variant.header,
     )
-    # vLLM's form first (shard 0 holds the API), then, where the header has the grouped form, its
-    # launchers for the same configurations in translation units of their own
+    # vLLM's form, then (grouped header) the grouped form's launchers in units of their own
     roles = ("form", "grouped") if common["grouped"] else ("form",)
-    return [
-        render(
-            "build/launcher.cu.j2",
-            role=role,
-            shard=i,
-            configs=[c.template_context() for c in configs[i::shards]],
-            **common,
-        )  # fmt: skip
-        + "\n"
-        for role in roles
-        for i in range(shards)
-    ]
+    per_shard = [[c.template_context() for c in configs[i::shards]] for i in range(shards)]
+    return [render("build/launcher.cu.j2", role=r, shard=i, configs=per_shard[i], **common) + "\n"
+            for r in roles for i in range(shards)]  # fmt: skip
 
 
 def stub_headers() -> dict[str, str]:

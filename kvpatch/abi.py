@@ -87,19 +87,25 @@ C_RANGES = {
 }
 
 
+def exact_int(value: Any) -> int | None:
+    """``value`` as an int where it is one (a numpy or torch integer too), else None: never a
+    bool, a float or a string (what ctypes and the launch tables would wrap, truncate or misread)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def c_argument(value: Any, c_type: str, what: str) -> int:
     """``value`` as an argument of C type ``c_type`` (``int``, ``long long``, ``void*``): an int (a
     numpy or torch integer too; no bool, float or string) within that type's range, else a
     one-line :class:`UsageError` naming ``what``. ctypes would wrap it, truncate it or pass
     the address of a Python buffer instead."""
     low, high, words = C_RANGES[c_type]
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        n = operator.index(value)
-    except TypeError:
-        raise UsageError(f"{what} must be {words}, not {value!r}") from None
-    if not low <= n < high:
+    n = exact_int(value)
+    if n is None or not low <= n < high:
         raise UsageError(f"{what} must be {words}, not {value!r}")
     return n
 

@@ -285,19 +285,16 @@ def check_report_output(
     """``--json PATH`` checked before the command does any work: writable, and none of the
     files kvpatch keeps (:func:`kept_paths`: of ``tree`` if given, else of the last apply here),
     of the command's ``inputs`` or of its own ``protected`` ones (a ``--dir`` bundle); ``-``:
-    stdout, where the shell made it a file (:func:`kvpatch.fsutil.check_stdout`). None passes."""
+    stdout, where the shell made it a file (:func:`kvpatch.fsutil.check_output`). None passes."""
     if json_value is None:
         return
-    from ..fsutil import check_outputs, check_stdout
+    from ..fsutil import check_output
     from ..source.tree import Tree
 
     target = Tree((cwd / tree) if not tree.is_absolute() else tree) if tree is not None else None
     keep = {**kept_paths(cwd, target), **{k: v for k, v in (protected or {}).items() if v is not None}}
     read = {k: v for k, v in (inputs or {}).items() if v is not None}
-    if json_value == "-":
-        check_stdout("json", inputs=read, protected=keep)
-    else:
-        check_outputs(json=json_value, inputs=read, protected=keep)
+    check_output("json", json_value, inputs=read, protected=keep)
 
 
 def kept_paths(cwd: Path, tree: Any = None) -> dict[str, Path]:

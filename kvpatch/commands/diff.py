@@ -31,16 +31,13 @@ def check_output(output: Path, tree: Optional[Path], cwd: Path) -> None:
     """``diff -o FILE`` checked before the diff is made: writable, and none of the files kvpatch
     keeps (its state, the tree's header and lock; a tree that cannot be resolved is the diff's
     own error, said when it runs)."""
-    from ..fsutil import check_outputs, check_stdout
+    from ..fsutil import check_output
 
     try:
         target = resolve(tree, cwd)
     except UsageError:
         target = None
-    if str(output) == "-":
-        check_stdout("output", protected=kept_paths(cwd, target))
-    else:
-        check_outputs(output=output, protected=kept_paths(cwd, target))
+    check_output("output", output, protected=kept_paths(cwd, target))
 
 
 def run(o: DiffOptions, *, progress: Progress = QUIET) -> DiffReport:

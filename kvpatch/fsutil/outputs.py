@@ -126,15 +126,18 @@ def _shown(path: PathArg) -> str:
     return repr(text if len(text) <= 120 else text[:117] + "...")
 
 
-def check_stdout(option: str, *, inputs: Named = None, protected: Named = None) -> None:
-    """``OPTION -`` (stdout) checked as a named output is: where the shell made stdout a file
-    (``kvpatch diff -o - >> header``), it may not be an input or a protected file. A closed
-    stdout names no file (what is written there goes nowhere)."""
-    try:
-        os.fstat(1)
-    except OSError:
-        return
-    check_outputs(inputs=inputs, protected=protected, **{option: "/dev/stdout"})
+def check_output(option: str, path: PathArg, *, inputs: Named = None, protected: Named = None) -> None:
+    """One output of an option that takes ``-`` for stdout, checked as :func:`check_outputs` checks
+    it; ``-`` too: where the shell made stdout a file (``kvpatch diff -o - >> header``), it may not
+    be an input or a protected file. A closed stdout names no file (what is written there goes
+    nowhere)."""
+    if os.fspath(path) == "-":
+        try:
+            os.fstat(1)
+        except OSError:
+            return
+        path = "/dev/stdout"
+    check_outputs(inputs=inputs, protected=protected, **{option: path})
 
 
 def check_outputs(*, inputs: Named = None, protected: Named = None, **paths: PathArg | None) -> None:

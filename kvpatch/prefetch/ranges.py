@@ -19,8 +19,9 @@ extra bytes at either end belong to the same block.
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Iterable, Sequence
+
+from ..abi import exact_int
 
 #: Every range starts and ends on a multiple of this (``cp.async.bulk`` needs 16).
 ALIGN = 16
@@ -84,12 +85,9 @@ def _cover(covered: list[tuple[int, int]], span: tuple[int, int]) -> list[tuple[
 def count(value: Any, what: str, *, minimum: int) -> int:
     """An int (a numpy or torch integer too; no bool, float or string) >= ``minimum``
     (ValueError otherwise): batch sizes and byte counts are never rounded here."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        n = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{what} must be an int, not {value!r}") from None
+    n = exact_int(value)
+    if n is None:
+        raise ValueError(f"{what} must be an int, not {value!r}")
     if n < minimum:
         raise ValueError(f"{what} must be {'positive' if minimum == 1 else f'>= {minimum}'}, not {n}")
     return n

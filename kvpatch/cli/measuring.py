@@ -309,14 +309,23 @@ def tune(
             help="Measure only the tuned instantiations this selector picks (dtype[/head[/block]], e.g. fp16/128/16; repeatable); the others come out off.",
         ),
     ] = [],  # noqa: B006
+    incumbent: Annotated[
+        Optional[str],
+        typer.Option(
+            "--incumbent",
+            metavar="NAME",
+            help="The configuration to improve on: each kernel where it qualifies keeps its settings unless a qualifying candidate is never slower than it at a tuning point (beyond the rounds' spread) and faster in geomean (its interval above 1.00). With --lib or --from, one of their candidates; when building, the tree's own configuration (the shipped table, or your kvpatch.toml), built as candidate NAME.",
+        ),
+    ] = None,
 ) -> None:
-    """GPU: per kernel (v1, v2) of the tuned instantiations, sweep candidate settings, keep the fastest bit-identical one never slower than stock (else off); write kvpatch.toml with the machine it was tuned on."""
+    """GPU: per kernel (v1, v2) of the tuned instantiations, sweep candidate settings, keep the fastest bit-identical one never slower than stock (else off; with --incumbent, never slower than it); write kvpatch.toml with the machine it was tuned on."""
     from ..commands import tune as T
     from ..render import tune_table
 
     opts = T.TuneOptions(tree=tree, cwd=cwd(), arch=arch, libs=lib, variant_info=variant_info, output=output,
                          json_out=json_target(json_out)[0], quick=quick, reps=reps, rounds=rounds, policy=policy, fallback=fallback,
-                         jobs=jobs, from_json=from_json, exclude=exclude, grid=grid, dtypes=dtype, only=only)  # fmt: skip
+                         jobs=jobs, from_json=from_json, exclude=exclude, grid=grid, dtypes=dtype, only=only,
+                         incumbent=incumbent)  # fmt: skip
     with progress() as p:
         report = T.run(opts, progress=p)
     io.out.print(tune_table(report))

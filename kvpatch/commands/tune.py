@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
+from ..config.toml import check_variant_name
 from ..errors import UsageError
 from ..fsutil import check_outputs, write_atomic, write_both
 from ..gpu.defaults import DEFAULT_ROUNDS, TUNE_REPS
@@ -61,6 +62,9 @@ class TuneOptions(LibraryOptions):
     dtypes: list[str] = field(default_factory=list)
     #: measure only the tuned instantiations these selectors (dtype[/head[/block]]) pick
     only: list[str] = field(default_factory=list)
+    #: the configuration to improve on (:func:`kvpatch.tune.choose`): a ``--lib`` or ``--from``
+    #: candidate; when building, the tree's own configuration, built as a candidate of this name
+    incumbent: Optional[str] = None
 
 
 #: The arch tune builds for (or records, with ``--lib``) when ``--arch`` is not given: every GPU command's.
@@ -148,11 +152,16 @@ def run(o: TuneOptions, *, progress: Progress = QUIET) -> TuneReport:
         raise UsageError("--exclude works with --from (a saved tune JSON)")
     if o.libs and o.grid:
         raise UsageError("--grid builds candidates; with --lib the candidates are the libraries given")
+    if not o.libs and o.incumbent is not None:
+        check_variant_name(o.incumbent)
+        if o.incumbent == "stock" or o.incumbent in T.candidates(None, grids):
+            raise UsageError(f"--incumbent {o.incumbent!r} names stock or one of the grid's candidates: "
+                             "name the tree's configuration apart")  # fmt: skip
     check_sources(o)
     if not o.libs and not T.candidates(None, grids):
         raise UsageError("the --grid yields no candidate (min-kv-mib pairs only with issue=call)")
     if o.libs:
-        _prebuilt_candidates(o, loader=_no_load)  # 'stock', the candidates and their markers
+        _check_incumbent(o.incumbent, _prebuilt_candidates(o, loader=_no_load)[1], "a --lib candidate")
     arch = ",".join(a.code for a in check_arch(o.arch))
     require_cuda()
     tree = None
@@ -168,7 +177,10 @@ def run(o: TuneOptions, *, progress: Progress = QUIET) -> TuneReport:
         target = resolve(o.tree, o.cwd)
         check_tree_files(target.root)
         header = read_header(target.read_header(), str(target.header))
-        configs = T.candidates(tree_config(target, o.cwd, progress, header), grids)
+        current = tree_config(target, o.cwd, progress, header)
+        configs = T.candidates(current, grids)
+        if o.incumbent is not None:
+            configs[o.incumbent] = current
         variants = B.patched_variants(header.stock, str(target.header), configs)
         spec = tune_build_spec(target.root, variants, o.arch, dtypes=o.dtypes or None, only=o.only)
         libs = built(B.build(spec, jobs=o.jobs, progress=progress), variants)
@@ -178,10 +190,10 @@ def run(o: TuneOptions, *, progress: Progress = QUIET) -> TuneReport:
     machine = replace(here, flags=_semantic_flags(flags) or here.flags,
                       note=f"{when}, vLLM {version or '?'}, tuning set"
                       + (f" ({', '.join([*o.dtypes, *o.only])})" if o.dtypes or o.only else "")
-                      + f", policy {o.policy}")  # fmt: skip
+                      + f", policy {o.policy}" + (f", against {o.incumbent}" if o.incumbent else ""))  # fmt: skip
     report = T.run_tune(libs.libs, configs, quick=o.quick, reps=o.reps, rounds=o.rounds, policy=o.policy,
                         fallback=o.fallback, progress=progress.say, variant_info=libs.info, machine=machine,
-                        dtypes=o.dtypes, only=o.only)  # fmt: skip
+                        dtypes=o.dtypes, only=o.only, incumbent=o.incumbent)  # fmt: skip
     report.tree = tree
     return _write_tune(o, report)
 
@@ -205,11 +217,18 @@ def _rechoose_command(o: TuneOptions) -> Any:
     )
     machine = T.saved_machine(data, f"machine in {names}")
     if machine is not None:
-        extra = f"chosen again from {names}, policy {o.policy}" + (
-            f", excluding {', '.join(o.exclude)}" if o.exclude else ""
-        )
+        extra = (f"chosen again from {names}, policy {o.policy}" + (f", against {o.incumbent}" if o.incumbent else "")
+                 + (f", excluding {', '.join(o.exclude)}" if o.exclude else ""))  # fmt: skip
         machine = replace(machine, note="; ".join(x for x in (machine.note, extra) if x))
-    return _write_tune(o, T.rechoose(data, policy=o.policy, fallback=o.fallback, exclude=o.exclude, machine=machine))
+    report = T.rechoose(data, policy=o.policy, fallback=o.fallback, exclude=o.exclude, machine=machine,
+                        incumbent=o.incumbent)  # fmt: skip
+    return _write_tune(o, report)
+
+
+def _check_incumbent(name: Optional[str], configs: dict[str, Any], what: str) -> None:
+    """``--incumbent``, if given, names one of ``configs`` (UsageError naming ``what`` otherwise)."""
+    if name is not None and name not in configs:
+        raise UsageError(f"--incumbent {name!r} is not {what} ({', '.join(sorted(configs)) or 'none'})")
 
 
 #: A saved tune JSON larger than this (on disk, or decompressed) is not one kvpatch wrote: the

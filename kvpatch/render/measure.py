@@ -188,18 +188,27 @@ def print_upstream(report: UpstreamReport, console: Console, *, limit: int = 20)
 def tune_table(report: TuneReport, top: int = 3) -> Table:
     """Per tuned instantiation: what was picked, and the best candidates (dispatched kernel, warm + cold);
     'slower' counts the points where a candidate ran its own code, '(+k stock code)' those where it ran
-    stock's (the noise floor, not held against it)."""
-    table = Table(title=f"kvpatch tune (policy {report.policy}): per instantiation, the pick and the best candidates")
-    for col in ("instantiation", "picked", "candidate", "bit-identical", "slower", "worst", "geomean [interval]"):
-        table.add_column(col)
+    stock's (the noise floor, not held against it); with an incumbent, it is shown too, and each
+    candidate against it."""
+    against = f", against {report.incumbent}" if report.incumbent else ""
+    table = Table(title=f"kvpatch tune (policy {report.policy}{escape(against)}): per instantiation, the pick and "
+                  "the best candidates")  # fmt: skip
+    cols = ["instantiation", "picked", "candidate", "bit-identical", "slower", "worst", "geomean [interval]"]
+    for col in cols + ([f"over {report.incumbent}: slower, geomean [interval]"] if report.incumbent else []):
+        table.add_column(escape(col))
     for inst, pick in report.picks.items():
-        for i, s in enumerate(pick.ranked[:top]):
+        held = [s for s in pick.ranked if s.name == report.incumbent]
+        for i, s in enumerate(pick.ranked[:top] + tuple(h for h in held if h not in pick.ranked[:top])):
             lo, hi = s.geomean_interval
-            table.add_row(escape(inst) if i == 0 else "", escape(pick.name) if i == 0 else "", escape(s.name),
-                          ("NO" if not s.bit_identical else "yes, excluded" if s.excluded else "yes"),
-                          f"{s.slower}" + (f" (+{s.slower_stock_code} stock code)" if s.slower_stock_code else ""),
-                          f"{s.worst:.3f}",
-                          f"{s.geomean:.3f} [{lo:.3f}..{hi:.3f}]")  # fmt: skip
+            row = [escape(inst) if i == 0 else "", escape(pick.name) if i == 0 else "", escape(s.name),
+                   ("NO" if not s.bit_identical else "yes, excluded" if s.excluded else "yes"),
+                   f"{s.slower}" + (f" (+{s.slower_stock_code} stock code)" if s.slower_stock_code else ""),
+                   f"{s.worst:.3f}", f"{s.geomean:.3f} [{lo:.3f}..{hi:.3f}]"]  # fmt: skip
+            if report.incumbent:
+                v = report.versus_incumbent(inst, s)
+                row.append("-" if v is None else f"{v.slower}, {v.geomean:.3f} [{v.geomean_interval[0]:.3f}.."
+                           f"{v.geomean_interval[1]:.3f}]")  # fmt: skip
+            table.add_row(*row)
     return table
 
 

@@ -21,7 +21,10 @@ same loop but schedule it differently, and measure differently. The pieces, pure
   point where it ran stock's (the kernel off, its grouped form not taken) times stock
   against itself, the noise floor, and is counted apart --; the qualifying one with
   the best geomean wins, else the kernel is ``off`` (compiled as stock).
-  Policy ``geomean`` drops the per-point condition.
+  Policy ``geomean`` drops the per-point condition. With an *incumbent* (a candidate, e.g.
+  the configuration in use), a kernel where it qualifies keeps it unless a qualifying
+  candidate beats it (:func:`versus`): at no tuning point slower than the incumbent
+  beyond the rounds' spread, and faster in geomean (interval above 1.00).
 * :func:`combine` writes the picks as one configuration: the base settings, a rule
   per tuned instantiation (or one per kernel where v1 and v2 differ), and ``off``
   for every instantiation it did not measure (the ``fallback``), since nothing says
@@ -38,7 +41,7 @@ The modules: :mod:`.grid` (the candidates), :mod:`.choose` (score, choose, combi
 measurements, no GPU) and :mod:`.run` (the GPU run).
 """
 
-from .choose import Pick, Score, choose, combine, score, validation_failures
+from .choose import Pick, Score, Versus, choose, combine, score, validation_failures, versus
 from .grid import (
     FALLBACKS,
     GRID,
@@ -59,5 +62,5 @@ __all__ = [
     "FALLBACKS", "GRID", "GRID_KEYS", "POLICIES", "Pick", "Score", "TuneReport", "candidate_configs",
     "candidate_name", "candidates", "choose", "combine", "merge_tune_data", "parse_exclusions", "parse_grid",
     "parse_grids", "rechoose", "run_tune", "saved_machine", "score", "tune_validate_matrix", "tuned_instantiations",
-    "validation_failures",
+    "validation_failures", "Versus", "versus",
 ]  # fmt: skip

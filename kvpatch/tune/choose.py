@@ -12,7 +12,7 @@ from ..config.model import GROUPING
 from ..errors import UsageError
 from ..gpu.bench_report import stock_code_of
 from ..gpu.points import kernel_selector
-from ..gpu.stats import SLOWER, geomean
+from ..gpu.stats import SLOWER, geomean, verdict
 from .grid import FALLBACKS, GRID, GRID_KEYS, POLICIES
 
 
@@ -54,6 +54,10 @@ class Score:
     slower_stock_code: int = 0
     #: points where the candidate ran stock's own code (of ``speedups``)
     stock_points: int = 0
+    #: per point (as ``speedups``): the bench result row it was measured in (its index in the
+    #: report), and whether the candidate ran its own code there: what :func:`versus` pairs
+    rows: tuple[int, ...] = ()
+    own: tuple[bool, ...] = ()
 
     @property
     def only_stock(self) -> bool:
@@ -106,8 +110,8 @@ def score(bench: dict, failures: dict[str, set[str]]) -> list[Score]:
     where the candidate ran stock's own code (what :func:`~kvpatch.gpu.bench_report.stock_code_of`
     says from its marker and the launch the bench checked) is counted apart, not as slower."""
     stock_code = stock_code_of(bench.get("variant_info") or {}, bench["baseline"])
-    acc: dict[tuple[str, str], list[tuple[dict, bool]]] = {}
-    for r in bench["results"]:
+    acc: dict[tuple[str, str], list[tuple[dict, bool, int]]] = {}
+    for index, r in enumerate(bench["results"]):
         if not r["dispatched"]:
             continue
         fields = row_fields(r)
@@ -116,18 +120,19 @@ def score(bench: dict, failures: dict[str, set[str]]) -> list[Score]:
         for name, timing in r["variants"].items():
             if name != bench["baseline"]:
                 own = stock_code(name, *fields, timing.get("grouped")) is not True
-                acc.setdefault((name, inst), []).append((timing, own))
+                acc.setdefault((name, inst), []).append((timing, own, index))
     out = []
     for (name, inst), rows in sorted(acc.items()):
-        timings = [t for t, _ in rows]
+        timings = [t for t, _, _ in rows]
         per_round = [tuple(_speedup(x) for x in (t.get("speedup_rounds") or ())) for t in timings]
         n_rounds = min(len(r) for r in per_round) if per_round else 0
         rounds = tuple(tuple(r[i] for r in per_round) for i in range(n_rounds))
-        slow = [own for t, own in rows if t.get("verdict") == SLOWER]
+        slow = [own for t, own, _ in rows if t.get("verdict") == SLOWER]
         out.append(Score(name, inst, tuple(_speedup(t["speedup"]) for t in timings),
                          inst not in failures.get(name, set()), sum(slow), rounds,
                          slower_stock_code=len(slow) - sum(slow),
-                         stock_points=sum(not own for _, own in rows)))  # fmt: skip
+                         stock_points=sum(not own for _, own, _ in rows),
+                         rows=tuple(i for _, _, i in rows), own=tuple(own for _, own, _ in rows)))  # fmt: skip
     return out
 
 
@@ -149,6 +154,45 @@ def _check_selector(text: str) -> None:
 
 
 @dataclass(frozen=True)
+class Versus:
+    """One candidate against another (the incumbent) on one kernel, point by point in the same
+    rounds: each point's interval is min..max over rounds of the ratio of their speedups over
+    stock in that round (stock's time cancels: the incumbent's median over the candidate's, the
+    bench's own interval), and its verdict the bench's (:func:`~kvpatch.gpu.stats.verdict`).
+    Without two rounds of both, a point has its one ratio: any ratio below 1.00 is slower."""
+
+    #: points whose interval lies below 1.00, but where both ran stock's own code (stock against itself)
+    slower: int
+    geomean: float
+    geomean_interval: tuple[float, float]
+    points: int
+
+    @property
+    def beats(self) -> bool:
+        """Faster than the incumbent: no point slower and the geomean's interval above 1.00."""
+        return bool(self.points) and not self.slower and self.geomean_interval[0] > 1.0
+
+
+def versus(challenger: Score, incumbent: Score) -> Versus:
+    """``challenger`` against ``incumbent`` (:class:`Versus`) at the bench rows both were measured in."""
+    where = {row: j for j, row in enumerate(incumbent.rows)}
+    pairs = [(i, where[row]) for i, row in enumerate(challenger.rows) if row in where]
+    n = min(len(challenger.rounds), len(incumbent.rounds))
+    per_round = [[challenger.rounds[r][i] / incumbent.rounds[r][j] for i, j in pairs] for r in range(n)]
+    ratios = [challenger.speedups[i] / incumbent.speedups[j] for i, j in pairs]
+    slower = 0
+    for k, (i, j) in enumerate(pairs):
+        lo, hi = (min(r[k] for r in per_round), max(r[k] for r in per_round)) if n >= 2 else (ratios[k], ratios[k])
+        if verdict(lo, hi) == SLOWER and (challenger.own[i] or incumbent.own[j]):
+            slower += 1
+    if not pairs:
+        return Versus(0, math.nan, (math.nan, math.nan), 0)
+    g = geomean(ratios)
+    interval = (min(map(geomean, per_round)), max(map(geomean, per_round))) if n >= 2 else (g, g)
+    return Versus(slower, g, interval, len(pairs))
+
+
+@dataclass(frozen=True)
 class Pick:
     """What :func:`choose` decided for one kernel: the winner (None: ``off``) and the ranking."""
 
@@ -161,8 +205,10 @@ class Pick:
         return self.winner.name if self.winner is not None else "off"
 
 
-def choose(scores: Iterable[Score], policy: str = "strict") -> dict[str, Pick]:
-    """Per kernel, the best qualifying candidate (see the module docstring), or off."""
+def choose(scores: Iterable[Score], policy: str = "strict", incumbent: str | None = None) -> dict[str, Pick]:
+    """Per kernel, the best qualifying candidate (see the module docstring), or off. With an
+    ``incumbent`` (a candidate's name) that qualifies on a kernel, it stays there unless a
+    qualifying candidate :attr:`Versus.beats` it (then the best of those)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}: choose {', '.join(POLICIES)}")
     by_inst: dict[str, list[Score]] = {}
@@ -172,6 +218,9 @@ def choose(scores: Iterable[Score], policy: str = "strict") -> dict[str, Pick]:
     for inst, ss in sorted(by_inst.items()):
         ranked = tuple(sorted(ss, key=Score.key))
         ok = sorted((s for s in ss if s.qualifies(policy)), key=lambda s: (-s.geomean, -s.worst))
+        held = next((s for s in ok if s.name == incumbent), None)
+        if held is not None:
+            ok = [s for s in ok if s is not held and versus(s, held).beats] + [held]
         picks[inst] = Pick(inst, ok[0] if ok else None, ranked)
     return picks
 

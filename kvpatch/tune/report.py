@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import PatchConfig
-from .choose import Pick
+from .choose import Pick, Score, Versus, versus
 
 
 @dataclass
@@ -25,16 +25,24 @@ class TuneReport:
     #: candidate name -> the kernels ``--exclude`` ruled it out of (kept apart from ``failures``:
     #: an excluded candidate was bit-identical, and reads so when its JSON is chosen from again)
     exclusions: dict[str, set[str]] = field(default_factory=dict)
+    #: the candidate each kernel kept unless another beat it (:func:`~kvpatch.tune.choose`), if any
+    incumbent: str | None = None
 
     @property
     def picked(self) -> dict[str, str]:
         return {inst: p.name for inst, p in self.picks.items()}
+
+    def versus_incumbent(self, inst: str, s: Score) -> Versus | None:
+        """``s`` against the incumbent on kernel ``inst`` (None: no incumbent measured there, or ``s`` is it)."""
+        held = next((x for x in self.picks[inst].ranked if x.name == self.incumbent), None)
+        return None if held is None or s is held else versus(s, held)
 
     def to_json(self) -> dict:
         return {
             "config": self.config.to_toml_dict(),
             "marker": self.config.marker(),
             "policy": self.policy,
+            "incumbent": self.incumbent,
             "picked": self.picked,
             "alternatives": self.alternatives,
             "machine": self.machine.to_dict() if self.machine is not None else None,
@@ -52,6 +60,7 @@ class TuneReport:
                         "geomean": s.geomean,
                         "geomean_interval": list(s.geomean_interval),
                         "qualifies": s.qualifies(self.policy),
+                        **_versus_json(self.versus_incumbent(inst, s)),
                     }
                     for s in p.ranked
                 ]
@@ -59,6 +68,14 @@ class TuneReport:
             },  # fmt: skip
             "bench": self.bench,
         }
+
+
+def _versus_json(v: Versus | None) -> dict:
+    """A ranking entry's comparison with the incumbent (nothing where there is none)."""
+    if v is None:
+        return {}
+    return {"versus_incumbent": {"slower": v.slower, "geomean": v.geomean,
+                                 "geomean_interval": list(v.geomean_interval), "beats": v.beats}}  # fmt: skip
 
 
 def load_sets(data: dict, key: str) -> dict[str, set[str]]:

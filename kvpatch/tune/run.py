@@ -28,10 +28,11 @@ def tune_validate_matrix(instantiations: Iterable[tuple[str, int, int]]) -> list
 
 def run_tune(libs: dict, configs: dict[str, PatchConfig], *, quick: bool, reps: int, rounds: int,
              policy: str = "strict", fallback: str = "off", progress=None, variant_info: dict | None = None,
-             machine: Any = None, dtypes: Iterable[str] = (), only: Iterable[str] = ()) -> TuneReport:  # fmt: skip
+             machine: Any = None, dtypes: Iterable[str] = (), only: Iterable[str] = (),
+             incumbent: str | None = None) -> TuneReport:  # fmt: skip
     """Validate, bench on the tuning set and choose, on a GPU; ``libs`` holds 'stock' and
     one library per candidate (``quick``: batch 2/32 x context 512/12288 of the tuning set;
-    ``dtypes``, ``only``: only the points of :func:`tuned_instantiations`)."""
+    ``dtypes``, ``only``: only the points of :func:`tuned_instantiations`; ``incumbent``: see :func:`choose`)."""
     from ..gpu import bench as Bn
     from ..gpu import points as P
     from ..gpu import validate as V
@@ -48,13 +49,18 @@ def run_tune(libs: dict, configs: dict[str, PatchConfig], *, quick: bool, reps: 
     bench = Bn.run_bench(libs, points, reps=reps, rounds=rounds, kernels=("dispatched",), variant_info=variant_info,
                          point_set_name="tuning", progress=progress)  # fmt: skip
     data = bench.to_dict()
-    return report_of(score(data, failures), configs, failures, data, policy=policy, fallback=fallback, machine=machine)
+    return report_of(score(data, failures), configs, failures, data, policy=policy, fallback=fallback, machine=machine,
+                     incumbent=incumbent)  # fmt: skip
 
 
 def report_of(scores: list[Score], configs: dict[str, PatchConfig], failures: dict[str, set[str]], bench: dict, *,
-            policy: str, fallback: str, machine: Any, exclusions: dict[str, set[str]] | None = None) -> TuneReport:  # fmt: skip
-    """Choose under ``policy``, combine, and note what each other policy would have written."""
-    picks = choose(scores, policy)
+            policy: str, fallback: str, machine: Any, exclusions: dict[str, set[str]] | None = None,
+            incumbent: str | None = None) -> TuneReport:  # fmt: skip
+    """Choose under ``policy`` (against ``incumbent``, if named), combine, and note what each other
+    policy would have written."""
+    picks = choose(scores, policy, incumbent)
     config = combine(picks, configs, fallback=fallback)
-    alternatives = {p: combine(choose(scores, p), configs, fallback=fallback).marker() for p in POLICIES if p != policy}
-    return TuneReport(config, picks, policy, failures, machine, alternatives, bench, exclusions=exclusions or {})
+    alternatives = {p: combine(choose(scores, p, incumbent), configs, fallback=fallback).marker()
+                    for p in POLICIES if p != policy}  # fmt: skip
+    return TuneReport(config, picks, policy, failures, machine, alternatives, bench, exclusions=exclusions or {},
+                      incumbent=incumbent)  # fmt: skip

@@ -90,13 +90,14 @@ def merge_tune_data(runs: Sequence[dict]) -> dict:
 
 
 def rechoose(data: dict, *, policy: str = "strict", fallback: str = "off", exclude: Iterable[str] = (),
-             machine: Any = None) -> TuneReport:  # fmt: skip
+             machine: Any = None, incumbent: str | None = None) -> TuneReport:  # fmt: skip
     """A :class:`TuneReport` from a saved tune JSON (:meth:`TuneReport.to_json`): the same bench
     data and validation results, chosen again under ``policy``/``fallback``, with the
     ``exclude`` patterns (:func:`parse_exclusions`) ruled out -- e.g. what ``validate --upstream``
     or the held-out set found on a kernel after tune ran. An excluded candidate is never picked
     and keeps its measured bit-identity; the report's ``exclusions`` (with those the saved JSON
-    already had) record it apart from the validation failures."""
+    already had) record it apart from the validation failures. ``incumbent``: a candidate of the
+    data that each kernel keeps unless another beats it (:func:`~kvpatch.tune.choose`)."""
     import fnmatch
 
     try:
@@ -117,6 +118,9 @@ def rechoose(data: dict, *, policy: str = "strict", fallback: str = "off", exclu
     unknown = sorted({s.name for s in scores} - set(configs))
     if unknown:
         raise UsageError(f"the tune JSON measured {', '.join(map(repr, unknown))} but has no configuration for it")
+    if incumbent is not None and incumbent not in {s.name for s in scores}:
+        raise UsageError(f"--incumbent {incumbent!r} is not a candidate the tune JSON measured "
+                         f"({', '.join(sorted({s.name for s in scores}))})")  # fmt: skip
     for cand, sel in parse_exclusions(exclude):
         hits = {
             i
@@ -128,6 +132,5 @@ def rechoose(data: dict, *, policy: str = "strict", fallback: str = "off", exclu
         for i in hits:
             exclusions.setdefault(scores[i].name, set()).add(scores[i].selector)
     scores = [replace(s, excluded=True) if s.selector in exclusions.get(s.name, ()) else s for s in scores]
-    return report_of(
-        scores, configs, failures, bench, policy=policy, fallback=fallback, machine=machine, exclusions=exclusions
-    )
+    return report_of(scores, configs, failures, bench, policy=policy, fallback=fallback, machine=machine,
+                     exclusions=exclusions, incumbent=incumbent)  # fmt: skip

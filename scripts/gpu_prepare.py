@@ -42,6 +42,8 @@ from kvpatch.cli.base import TerminalProgress  # noqa: E402
 from kvpatch.commands.common import local_machine  # noqa: E402
 from kvpatch.commands.tune import tune_build_spec  # noqa: E402
 from kvpatch.config import load_config_file, make_config  # noqa: E402
+from kvpatch.config.toml import check_variant_name  # noqa: E402
+from kvpatch.errors import UsageError  # noqa: E402
 from kvpatch.render import build_table  # noqa: E402
 from kvpatch.source.fetch import fetch_release  # noqa: E402
 from kvpatch.source.releases import HEADER, revision_of  # noqa: E402
@@ -73,6 +75,12 @@ def main() -> None:
         default=[],
         help="with --tune: kvpatch tune's --grid (e.g. 'min-group=2;min-ctas=1,1024'; repeatable: the union)",
     )
+    ap.add_argument(
+        "--incumbent",
+        metavar="NAME",
+        help="with --tune: also build the configuration in use (--config, or kvpatch's default) as candidate NAME, "
+        "for kvpatch tune --incumbent NAME",
+    )
     ap.add_argument("--dtype", action="append", default=[], help="with --tune: build only this dtype's instantiations")
     ap.add_argument(
         "--only",
@@ -95,6 +103,13 @@ def main() -> None:
         "instantiations with auto and fp8 caches (what the held-out set runs)",
     )
     args = ap.parse_args()
+    if args.incumbent is not None:
+        try:
+            if not args.tune or args.incumbent == "stock":
+                raise UsageError("--incumbent goes with --tune and names a candidate other than stock")
+            check_variant_name(args.incumbent)
+        except UsageError as e:
+            ap.error(str(e))
 
     console = Console(stderr=True)
     tree = args.tree.resolve() if args.tree else fetch_release(args.vllm, console=console)
@@ -109,7 +124,12 @@ def main() -> None:
         from kvpatch.tune import candidates, parse_grids
 
         grids = parse_grids(args.grid)
-        specs = [tune_build_spec(tree, B.patched_variants(stock, str(path), candidates(default, grids)), args.arch,
+        configs = candidates(default, grids)
+        if args.incumbent:
+            if args.incumbent in configs:
+                ap.error(f"--incumbent {args.incumbent!r} names one of the grid's candidates")
+            configs[args.incumbent] = default
+        specs = [tune_build_spec(tree, B.patched_variants(stock, str(path), configs), args.arch,
                                  dtypes=args.dtype or None, only=args.only)]  # fmt: skip
         small = {}
     else:

@@ -23,7 +23,7 @@
 # report counts what finished, marked cut),
 # HEADLINE_REPS / HELDOUT_REPS (50 / 30), ROUNDS (3), HEADLINE_KERNELS (v1,v2 or dispatched),
 # HELDOUT_NAMES (the libraries the held-out bench and the decode stage compare; default stock,patched), DECODE_ROUNDS (5),
-# TUNE_REPS (20), TUNE_DTYPES (tune --dtype: e.g. fp16; default every tuned dtype), TUNE_ONLY (tune --only, comma-separated: e.g. fp16/128/16,fp16/256/16), TUNE_QUICK=1 (tune --quick: 144 of the 324 tuning points),
+# TUNE_REPS (20), TUNE_DTYPES (tune --dtype: e.g. fp16; default every tuned dtype), TUNE_ONLY (tune --only, comma-separated: e.g. fp16/128/16,fp16/256/16), TUNE_QUICK=1 (tune --quick: 144 of the 324 tuning points), TUNE_INCUMBENT (tune --incumbent NAME: a library built by gpu_prepare.py --tune --incumbent NAME),
 # AA=1 (both benches also time stock against itself: bench --aa, variant stock-aa),
 # UNPACK (where .so.xz libraries are unpacked; default /tmp/kvpatch-libs: never under OUT, whose
 # files the device tool brings back), PACK=1 (end with OUT holding one file, gpu-run.tgz, of all
@@ -158,6 +158,7 @@ if has tune; then
     QUICK=(); [[ "${TUNE_QUICK:-0}" == 1 ]] && QUICK=(--quick)
     TD=${TUNE_DTYPES:-}; for d in ${TD//,/ }; do QUICK+=(--dtype "$d"); done
     TO=${TUNE_ONLY:-}; for d in ${TO//,/ }; do QUICK+=(--only "$d"); done
+    [[ -n "${TUNE_INCUMBENT:-}" ]] && QUICK+=(--incumbent "$TUNE_INCUMBENT")
     say "tune: $(( ${#ALL[@]} / 2 )) libraries (stock + candidates), validate per kernel, bench the tuning set"
     "${KV[@]}" tune "${ALL[@]}" "${INFO[@]}" "${QUICK[@]}" --reps "${TUNE_REPS:-20}" --rounds "$ROUNDS" \
         -o "$OUT/kvpatch.toml" --json "$OUT/tune.json" > "$OUT/tune.log" 2>&1

@@ -4,11 +4,13 @@ configuration (pure)."""
 from __future__ import annotations
 
 import math
+import reprlib
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 from ..config import DTYPES, RULE_KERNELS, PatchConfig, Selector, make_config
 from ..config.model import GROUPING
+from ..dtypes import KV_CACHE_DTYPES
 from ..errors import UsageError
 from ..gpu.bench_report import stock_code_of
 from ..gpu.points import kernel_selector
@@ -95,9 +97,14 @@ class Score:
 
 def row_fields(row: dict) -> tuple[str, int, int, str, str]:
     """(dtype, head size, block size, KV-cache dtype, kernel) of one saved bench result row (a
-    point saved before head, block or cache were recorded is head 128, block 16, auto cache)."""
+    point saved before head, block or cache were recorded is head 128, block 16, auto cache);
+    ValueError for a row kvpatch's bench does not write (a size that is no int, a cache dtype
+    it does not know)."""
     p = row["point"]
-    return p["dtype"], p.get("head_size", 128), p.get("block_size", 16), p.get("kv_cache_dtype", "auto"), row["kernel"]
+    head, block, kv = p.get("head_size", 128), p.get("block_size", 16), p.get("kv_cache_dtype", "auto")
+    if not all(type(x) is int for x in (head, block)) or kv not in KV_CACHE_DTYPES:
+        raise ValueError(f"invalid point {reprlib.repr(p)}")
+    return p["dtype"], head, block, kv, row["kernel"]
 
 
 def row_kernel(row: dict) -> str:
@@ -112,6 +119,8 @@ def score(bench: dict, failures: dict[str, set[str]]) -> list[Score]:
     stock_code = stock_code_of(bench.get("variant_info") or {}, bench["baseline"])
     acc: dict[tuple[str, str], list[tuple[dict, bool, int]]] = {}
     for index, r in enumerate(bench["results"]):
+        if not isinstance(r["dispatched"], bool):
+            raise ValueError(f"invalid dispatched {reprlib.repr(r['dispatched'])}")
         if not r["dispatched"]:
             continue
         fields = row_fields(r)

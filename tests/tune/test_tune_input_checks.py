@@ -40,6 +40,14 @@ def _damaged(how: str) -> dict:
             r["point"]["dtype"] = "*"
     elif how == "bad kernel":
         results[0]["kernel"] = "v1/x"
+    elif how == "unknown cache dtype":  # was read as fp8: the pick written for a kernel never measured
+        for r in results:
+            r["point"]["kv_cache_dtype"] = "fp9"
+    elif how == "head size as text":
+        for r in results:
+            r["point"]["head_size"] = "256"
+    elif how == "dispatched as text":  # "false" was dispatched
+        results[1]["dispatched"] = "false"
     elif how == "no info for a candidate":
         del data["bench"]["variant_info"]["call_cta_la1"]
     elif how == "failures as a string":
@@ -57,6 +65,9 @@ def _damaged(how: str) -> dict:
     ("string rounds", "bench results are not"),
     ("wildcard dtype", "bench results are not"),
     ("bad kernel", "bench results are not"),
+    ("unknown cache dtype", "bench results are not"),
+    ("head size as text", "bench results are not"),
+    ("dispatched as text", "bench results are not"),
     ("no info for a candidate", "has no configuration for it"),
     ("failures as a string", "not a kvpatch tune JSON"),
     ("no results", "nothing to choose from"),

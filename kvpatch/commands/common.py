@@ -98,12 +98,12 @@ def build_libraries(tree: Optional[Path], cwd: Path, arch: str, variants: list, 
     return built(jit.build(spec, progress=progress), variants)
 
 
-def input_files(o: Any) -> dict[str, Path]:
-    """The files a command reads that its outputs must never name: ``--lib`` libraries,
-    ``--variant-info``, ``--libs-file``, ``tune --from`` JSONs, ``--prefetch-lib``, ``--variant``
-    configurations."""
+def input_files(o: Any, specs: Sequence[L.LibSpec] = ()) -> dict[str, Path]:
+    """The files a command reads that its outputs must never name: ``--lib`` libraries (and
+    ``specs``, those a ``--libs-file`` names), ``--variant-info``, ``--libs-file``, ``tune --from``
+    JSONs, ``--prefetch-lib``, ``--variant`` configurations."""
     out: dict[str, Path] = {}
-    for spec in parse_libs(getattr(o, "libs", []) or []):
+    for spec in [*parse_libs(getattr(o, "libs", []) or []), *specs]:
         out[f"--lib {spec.name}"] = Path(spec.path)
     for name in ("variant_info", "libs_file", "prefetch_lib"):
         value = getattr(o, name, None)
@@ -119,12 +119,12 @@ def input_files(o: Any) -> dict[str, Path]:
 def check_sources(o: LibraryOptions) -> None:
     """What a GPU command runs on, checked before the GPU is: the ``--lib`` specs (files
     that exist), or the tree to build from and the arch to build for."""
-    from .tree import resolve
+    from .tree import resolve_source
 
     specs = check_lib_files(parse_libs(o.libs))
     if not specs:
         check_arch(o.arch)
-        resolve(o.tree, o.cwd)
+        resolve_source(o.tree, o.cwd)
     if o.variant_info is not None:
         load_variant_info(o.variant_info)
 

@@ -96,7 +96,10 @@ def library_specs(libs: list[str], libs_file: Optional[Path]) -> list:
             text = read_input(libs_file, "--libs-file", limit=1 << 20).decode("utf-8")
         except UnicodeDecodeError:
             raise UsageError(f"--libs-file {libs_file} is not UTF-8") from None
-        items += [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        listed = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        if not listed:
+            raise UsageError(f"--libs-file {libs_file} names no library (NAME=PATH.so:PREFIX lines)")
+        items += listed
     specs = parse_libs(items)
     if specs and "stock" not in [s.name for s in specs]:
         raise UsageError("--lib: one library must be named 'stock' (the baseline)")
@@ -130,7 +133,7 @@ def check(o: DecodeOptions) -> tuple[list[str], list[str], list[int], list[int],
         raise UsageError(
             "--tail needs a weight-tail library named 'tail' (--lib tail=...: scripts/gpu_decode.sh --prepare builds one)"
         )
-    check_outputs(json=o.json_out, plot=o.plot, text=o.text, inputs=input_files(o), protected=kept_paths(o.cwd))
+    check_outputs(json=o.json_out, plot=o.plot, text=o.text, inputs=input_files(o, specs), protected=kept_paths(o.cwd))
     if o.plot is not None:
         from ..gpu.plot import plot_format
 
@@ -176,10 +179,10 @@ def run(o: DecodeOptions, *, progress: Progress = QUIET) -> DecodeReport:
     models, dtypes, batches, contexts, wpf, specs, tail = check(o)
     target = None
     if not specs:  # the tree to build from, and the arch, checked before the GPU is
-        from .tree import resolve  # (not on prebuilt libraries: a GPU machine may lack what fetching needs)
+        from .tree import resolve_source  # (not on prebuilt libraries: a GPU machine may lack what fetching needs)
 
         check_arch(o.arch)
-        target = resolve(o.tree, o.cwd)
+        target = resolve_source(o.tree, o.cwd)
     require_device("cuda")
     from ..decode.bench import run_bench_decode
     from ..decode.micro import run_micro_gemm
@@ -248,7 +251,7 @@ def run_sweep(o: SweepOptions, *, progress: Progress = QUIET) -> dict[str, Any]:
     check_lib_files(specs)
     check_input_file(o.prefetch_lib, "--prefetch-lib")
     check_directory("--out", o.out)  # its files: none an input, none in what kvpatch keeps
-    check_outputs(out=o.out / "sweep.json", inputs=input_files(o), protected=kept_paths(Path.cwd()))
+    check_outputs(out=o.out / "sweep.json", inputs=input_files(o, specs), protected=kept_paths(Path.cwd()))
     require_device("cuda")
     from ..decode.sweep import run_sweep as sweep
     from ..gpu.launch import load_libs

@@ -42,6 +42,16 @@ def resolve(tree: Path | None, cwd: Path) -> Tree:
     return resolve_tree(tree, cwd)
 
 
+def resolve_source(tree: Path | None, cwd: Path) -> Tree:
+    """:func:`resolve`, and a tree a build can read (vLLM's header there): what a command that
+    builds checks before nvcc, torch or a GPU is looked for."""
+    from ..jit import check_vllm_tree
+
+    target = resolve(tree, cwd)
+    check_vllm_tree(target.root)
+    return target
+
+
 def fetch_tree(version: str, cwd: Path, remote: str | None, progress: Progress) -> Tree:
     """The release's private checkout under ``cwd/.kvpatch/`` (call under the workspace lock)."""
     from ..source.fetch import fetch_release, release_tag

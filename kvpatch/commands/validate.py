@@ -146,10 +146,10 @@ def run(o: ValidateOptions, *, progress: Progress = QUIET) -> ValidateOutcome:
     check_outputs(json=o.json_out, inputs=input_files(o),
                   protected={**kept_paths(o.cwd), "the --upstream-dir folder": o.upstream_dir})  # fmt: skip
     check_sources(o)
-    from .tree import resolve
+    from .tree import resolve_source
 
     # the tree: to build from, and vLLM's own test's (even with --lib), before the GPU is looked for
-    target = resolve(o.tree, o.cwd) if o.upstream or not o.libs else None
+    target = resolve_source(o.tree, o.cwd) if o.upstream or not o.libs else None
     require_device(o.device)
     if o.libs:
         libs = prebuilt(o.libs, o.variant_info)

@@ -48,6 +48,7 @@ from .spec import (
     KernelConfig,
     Variant,
     check_jobs,
+    check_vllm_tree,
     make_spec,
     patched_variants,
     vllm_kernel_set,
@@ -57,7 +58,7 @@ from .toolchain import Inspector, Toolchain, find_cuda_tool, find_inspector, fin
 __all__ = [
     "Arch", "BuildResult", "BuildSpec", "HEADER", "Inspector", "KERNELS", "KernelConfig", "KernelInfo",
     "KernelSignature", "PREFETCH_SASS", "Param", "StepTime", "TORCH_STUBS", "Toolchain", "Variant",
-    "VariantPlan", "VariantResult", "build", "build_libraries", "call_arguments", "check_jobs", "compile_flags", "demangle",
+    "VariantPlan", "VariantResult", "build", "build_libraries", "call_arguments", "check_jobs", "check_vllm_tree", "compile_flags", "demangle",
     "describe_kernel", "find_cuda_tool", "find_inspector", "find_nvcc", "full_build_command",
     "kernel_signatures", "launcher_sources", "make_spec", "parse_arch_list", "parse_ptxas_log",
     "patched_variants", "plan", "run_full_build", "scale_by_value", "scan_sass", "source_closure",

@@ -12,8 +12,8 @@ from typing import Mapping, Sequence
 from ..arch import Arch
 from ..errors import BuildError, UsageError
 from ..progress import QUIET, Progress
-from .spec import check_jobs
-from .toolchain import find_nvcc, first_error
+from .spec import check_jobs, check_vllm_tree
+from .toolchain import first_error, toolchain, validate_archs
 
 
 def full_build_command(
@@ -53,9 +53,11 @@ def full_build_command(
 
 def run_full_build(tree: str | Path, archs: Sequence[Arch], jobs: int | None, *, progress: Progress = QUIET) -> float:
     """Run :func:`full_build_command`, streaming its output (one ``progress`` line per line
-    of it); returns the seconds it took."""
+    of it); returns the seconds it took. A tree without vLLM's attention header (exit 2) or an
+    arch this nvcc cannot compile for (exit 5) is refused first: pip runs the tree's setup.py."""
+    check_vllm_tree(tree)  # the tree, and the archs nvcc compiles for, before pip runs anything there
+    validate_archs(archs, toolchain())
     argv, env = full_build_command(tree, archs, jobs)
-    find_nvcc()
     settings = f"TORCH_CUDA_ARCH_LIST={env['TORCH_CUDA_ARCH_LIST']}, MAX_JOBS={env['MAX_JOBS']}"
     progress.say(f"$ {' '.join(argv)}  ({settings})")
     start = time.perf_counter()

@@ -4,6 +4,7 @@ from user options by :func:`make_spec`."""
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,6 +133,15 @@ class BuildSpec:
         )
 
 
+def check_vllm_tree(tree: str | os.PathLike[str]) -> Path:
+    """``tree`` as a Path, if it holds vLLM's attention header: a tree a build can read (one line,
+    exit 2, otherwise: before nvcc, torch or a GPU is looked for)."""
+    tree = Path(tree)
+    if not (tree / HEADER).is_file():
+        raise UsageError(f"{tree} is not a vLLM source tree: {HEADER} is missing")
+    return tree
+
+
 def make_spec(
     tree: str | Path,
     variants: Iterable[Variant],
@@ -153,9 +163,7 @@ def make_spec(
     ``paged_attention_v1.cu``, see :func:`vllm_kernel_set`): the kernels support no
     others, and nvcc would otherwise be the one to say so.
     """
-    tree = Path(tree)
-    if not (tree / HEADER).is_file():
-        raise UsageError(f"{tree} is not a vLLM source tree: {HEADER} is missing")
+    tree = check_vllm_tree(tree)
     variants = tuple(variants)
     if check_variants:  # False: the options checked first, the variants given later
         _check_variants(variants)

@@ -68,6 +68,17 @@ def no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     (["bench-decode", "--lib", "stock={lib}:p", "--grid", "2147483648"], "from 1 to 2**31-1"),
     (["bench-decode", "--lib", "stock={lib}:p", "--wpf", "grid=2147483648"], "from 1 to 2**31-1"),
     (["bench-decode-sweep", "--lib", "stock={lib}:p", "--out", ".kvpatch"], "kvpatch's state directory"),
+    # a directory that is not a vLLM tree: refused as build refuses it, before the GPU is looked for
+    (["validate", "--tree", "{notree}"], "is not a vLLM source tree"),
+    (["bench", "--tree", "{notree}"], "is not a vLLM source tree"),
+    (["tune", "--tree", "{notree}"], "is not a vLLM source tree"),
+    (["bench-decode", "--tree", "{notree}"], "is not a vLLM source tree"),
+    (["validate", "--lib", "stock={lib}:p", "--upstream", "--tree", "{notree}"], "is not a vLLM source tree"),
+    (["build", "--full", "--tree", "{notree}"], "is not a vLLM source tree"),
+    # a library named in a --libs-file is an input like one given with --lib
+    (["bench-decode", "--libs-file", "{libsfile}", "--json", "{lib}"], "is --lib stock"),
+    (["bench-decode", "--libs-file", "{libsfile}", "--text", "{lib}"], "is --lib stock"),
+    (["bench-decode", "--libs-file", "{comments}"], "names no library"),
 ])  # fmt: skip
 def test_every_option_is_checked_before_torch_the_gpu_or_nvcc(args: list[str], needle: str, tmp_path: Path,
                                                               no_torch: None) -> None:  # fmt: skip
@@ -76,7 +87,14 @@ def test_every_option_is_checked_before_torch_the_gpu_or_nvcc(args: list[str], n
     tree = make_tree(tmp_path / "vllm", fixture_text(), commit=False)
     toml = tmp_path / "mine.toml"
     toml.write_text("lookahead = 2\n")
-    argv = [a.format(lib=lib, tree=tree, toml=toml) for a in args]
+    notree = tmp_path / "notree"
+    notree.mkdir()
+    (notree / "setup.py").write_text("raise SystemExit('ran')\n")
+    libsfile = tmp_path / "libs.txt"
+    libsfile.write_text(f"# one library\nstock={lib}:p\n")
+    comments = tmp_path / "comments.txt"
+    comments.write_text("# nothing here\n\n")
+    argv = [a.format(lib=lib, tree=tree, toml=toml, notree=notree, libsfile=libsfile, comments=comments) for a in args]
     work = tmp_path / "work"
     work.mkdir()
     assert_one_line_error(run_cli(*argv, cwd=work, env={"PATH": "/nonexistent"}), 2, needle)

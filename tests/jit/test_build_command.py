@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 
 import pytest
-from jit_helpers import kernel, variant_result
+from jit_helpers import have_nvcc, kernel, variant_result
 from rich.console import Console
 
 from kvpatch.commands import build as Bc
@@ -110,3 +110,18 @@ def test_the_grouped_forms_kernels_have_rows_of_their_own_and_a_failed_one_says_
     lines = [line for line in out.getvalue().splitlines() if "sm_90a" in line]
     assert [c.strip() for c in lines[0].split("│")[1:-1]][-2:] == ["2", "1 FAIL"], out.getvalue()
     assert "grouped v2 bf16/128/16 x4" in lines[1] and "FAIL" in lines[1]
+
+
+@pytest.mark.skipif(not have_nvcc(), reason="nvcc not found on PATH (set CUDA_HOME or PATH)")
+def test_full_checks_the_arch_with_nvcc_before_pip_runs_the_trees_setup(tmp_path, monkeypatch):
+    """Before: --full handed TORCH_CUDA_ARCH_LIST=99.0 to pip, which ran the tree's setup.py; a
+    plain build refuses it in a second. After: refused the same way, nothing run."""
+    from kvpatch.errors import BuildError
+    from kvpatch.jit import HEADER
+
+    tree = tmp_path / "vllm"
+    (tree / HEADER).parent.mkdir(parents=True)
+    (tree / HEADER).write_text("// a header\n")
+    monkeypatch.setattr("kvpatch.jit.full.full_build_command", lambda *a, **k: pytest.fail("pip was to run"))
+    with pytest.raises(BuildError, match="cannot compile for 99.0"):
+        Bc.run(Bc.BuildOptions(tree=tree, cwd=tmp_path, full=True, arch="99.0"))

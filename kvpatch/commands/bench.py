@@ -70,6 +70,8 @@ def bench_points(o: BenchOptions) -> tuple[list, str]:
 
     shape_given = any(v is not None for v in (o.dtypes, o.batches, o.contexts, o.heads, o.head_sizes,
                                               o.block_sizes, o.kv_cache_dtypes))  # fmt: skip
+    P.check_batches(o.batches or ())
+    P.check_contexts(o.contexts or ())
     if o.quick and (o.point_set is not None or shape_given):
         raise UsageError("--quick is a point set of its own (8 points): give it alone, or --set and the shape options")
     if o.quick:

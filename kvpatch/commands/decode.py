@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from ..errors import UsageError
 from ..fsutil import check_outputs
-from ..gpu.defaults import DECODE_LAYERS, DECODE_ROUNDS
-from ..gpu.points import check_contexts
+from ..gpu.defaults import DECODE_LAYERS, DECODE_ROUNDS, MAX_DECODE_LAYERS
+from ..gpu.points import check_batches, check_contexts
 from ..progress import QUIET, Progress
 from .common import (
     LibraryOptions,
@@ -121,8 +121,11 @@ def check(o: DecodeOptions) -> tuple[list[str], list[str], list[int], list[int],
     if bad:
         raise UsageError(f"invalid dtype {bad[0]!r}: {' or '.join(DTYPES)}")
     batches, contexts = list(o.batches or DEFAULT_BATCHES), list(o.contexts or DEFAULT_CONTEXTS)
-    if any(v < 1 for v in batches) or o.layers < 1 or any(v is not None and v < 1 for v in (o.rounds, o.cycles)):
-        raise UsageError("--batches, --layers, --rounds and --cycles must be >= 1")
+    if o.layers < 1 or any(v is not None and v < 1 for v in (o.rounds, o.cycles)):
+        raise UsageError("--layers, --rounds and --cycles must be >= 1")
+    if o.layers > MAX_DECODE_LAYERS:
+        raise UsageError(f"--layers must be at most {MAX_DECODE_LAYERS}, not {o.layers}")
+    check_batches(batches)
     check_contexts(contexts)
     if o.guard not in ("auto", "on", "off"):
         raise UsageError(f"invalid --guard {o.guard!r}: auto, on or off")

@@ -13,3 +13,6 @@ TUNE_REPS = 20
 #: enough for 16k x 64) and interleaved rounds (its speedup interval is min..max over them).
 DECODE_LAYERS = 8
 DECODE_ROUNDS = 5
+#: The most layers ``--layers`` may ask a step for: 128 (Llama-3.1-405B has 126); a typo, not a
+#: wish, is what it catches.
+MAX_DECODE_LAYERS = 128

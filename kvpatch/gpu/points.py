@@ -59,6 +59,18 @@ POINT_SETS = ("tuning", "headline", "heldout")
 MAX_CONTEXT = 1 << 17
 
 
+#: The most sequences a measured batch may have: 1024, vLLM's largest ``max_num_seqs`` in common use
+#: (its default is 256); a typo, not a wish, is what it catches.
+MAX_BATCH = 1024
+
+
+def check_batches(batches: Iterable[int], option: str = "--batches") -> None:
+    """Every batch 1 to :data:`MAX_BATCH` sequences, else a :class:`UsageError` naming ``option``."""
+    bad = [b for b in batches if not 1 <= b <= MAX_BATCH]
+    if bad:
+        raise UsageError(f"{option} must be 1 to {MAX_BATCH} sequences, not {bad[0]}")
+
+
 def check_contexts(contexts: Iterable[int]) -> None:
     """Every context 1 to :data:`MAX_CONTEXT` tokens, else a :class:`UsageError`."""
     bad = [c for c in contexts if not 1 <= c <= MAX_CONTEXT]
@@ -165,8 +177,7 @@ def make_points(
         if d not in DTYPES:
             raise UsageError(f"unknown dtype {d!r}: choose from {', '.join(DTYPES)}")
     check_kv_cache_dtype(kv_cache_dtype)
-    if any(b < 1 for b in batches):
-        raise UsageError("batches must be >= 1")
+    check_batches(batches)
     check_contexts(contexts)
     if head_size < 1 or block_size < 1:
         raise UsageError("head and block sizes must be >= 1")

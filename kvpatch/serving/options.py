@@ -20,9 +20,10 @@ from typing import Any, Sequence
 from .. import dtypes as D
 from ..config.model import ascii_digits
 from ..errors import UsageError
+from ..gpu.points import MAX_BATCH
 
-#: Bounds a workload must stay within (a typo, not a wish, is what they catch).
-MAX_BATCH = 1024
+#: Bounds a workload must stay within (a typo, not a wish, is what they catch); a batch's is the
+#: kernel bench's.
 MAX_TOKENS = 1 << 17
 MAX_STARTS = 50
 #: vLLM's default ``max_seq_len_to_capture``: its V0 engine captures decode graphs for sequences up

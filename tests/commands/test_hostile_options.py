@@ -68,6 +68,11 @@ def no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     (["bench-decode", "--lib", "stock={lib}:p", "--grid", "2147483648"], "from 1 to 2**31-1"),
     (["bench-decode", "--lib", "stock={lib}:p", "--wpf", "grid=2147483648"], "from 1 to 2**31-1"),
     (["bench-decode-sweep", "--lib", "stock={lib}:p", "--out", ".kvpatch"], "kvpatch's state directory"),
+    # sizes beyond what any run holds: a typo, refused before a build (a traceback after it, before)
+    (["bench", "--lib", "stock={lib}:p", "--batches", "99999999999"], "--batches must be 1 to 1024 sequences"),
+    (["bench", "--lib", "stock={lib}:p", "--set", "heldout", "--batches", "0"], "--batches must be 1 to 1024"),
+    (["bench-decode", "--lib", "stock={lib}:p", "--batches", "4096"], "--batches must be 1 to 1024 sequences"),
+    (["bench-decode", "--lib", "stock={lib}:p", "--layers", "99999999"], "--layers must be at most 128"),
     # a directory that is not a vLLM tree: refused as build refuses it, before the GPU is looked for
     (["validate", "--tree", "{notree}"], "is not a vLLM source tree"),
     (["bench", "--tree", "{notree}"], "is not a vLLM source tree"),

@@ -9,7 +9,9 @@ The modules: :mod:`.files` (writing), :mod:`.reading` (reading what kvpatch is g
 from .files import (  # noqa: F401
     FIFO_WAIT,
     STALE_AFTER,
+    STOPPING,
     Staged,
+    deferred_signals,
     is_temp_name,
     open_descriptor,
     remove_stale_temps,

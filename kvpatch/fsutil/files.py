@@ -12,15 +12,18 @@ when the content is already there (build inputs keep their mtimes). Reading: :mo
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import re
+import signal
 import stat
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 
 def resolve_target(path: Path) -> Path:
@@ -119,6 +122,32 @@ def _write_in_place(path: str | os.PathLike[str], raw: bytes) -> None:
 # --------------------------------------------------------------------------- writing in two steps
 
 
+#: The signals that stop kvpatch (Ctrl-C, ``kill``, a closed terminal): held back while files
+#: that change together are renamed into place.
+STOPPING = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+@contextlib.contextmanager
+def deferred_signals() -> Iterator[None]:
+    """Run the block with :data:`STOPPING` signals noted, not acted on; the first one noted is
+    raised again when it ends (its handler runs then: Ctrl-C's KeyboardInterrupt, a SIGTERM's
+    exit). For renames that must all happen or none: an interrupt between two of them would
+    leave the files out of step. Python runs signal handlers in the main thread only, so
+    elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in STOPPING}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if noted:
+            signal.raise_signal(noted[0])
+
+
 class Staged:
     """A file written beside its target, not yet renamed over it (see :func:`stage`)."""
 
@@ -135,15 +164,18 @@ class Staged:
         Path(self.tmp).unlink(missing_ok=True)
 
 
-def stage(path: str | os.PathLike[str], data: str | bytes, *, mode: int | None = None) -> Staged:
+def stage(path: str | os.PathLike[str], data: str | bytes, *, mode: int | None = None,
+          follow: bool = True) -> Staged:  # fmt: skip
     """The first half of :func:`write_atomic`: ``data`` written and synced to a temporary
     file beside the resolved target, renamed over it only by :meth:`Staged.commit`.
+    ``follow=False``: a symlink at ``path`` is replaced, never written through (kvpatch's
+    own files: a link planted there must not aim kvpatch's writes at another file).
 
     Lets a caller write two files as one step: stage the second, write the first,
     commit the second; a full disk fails while staging, before anything changed.
     """
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    target = resolve_target(Path(path))
+    target = resolve_target(Path(path)) if follow else resolve_target(Path(path).parent) / Path(path).name
     if target.is_dir():
         raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -226,16 +258,26 @@ def write_if_different(path: str | os.PathLike[str], data: str | bytes) -> bool:
 
 def write_both(first: str | os.PathLike[str], first_data: str | bytes,
                second: str | os.PathLike[str], second_data: str | bytes) -> None:  # fmt: skip
-    """Write two files as one step: the second is staged (a full disk fails here, before
-    anything changed), the first written, then the second renamed into place. A device
-    or pipe (``/dev/null``) is written in place, as :func:`write_atomic` does."""
+    """Write two files as one step: both are staged (a full disk fails here, before anything
+    changed), then renamed into place, the first first, with Ctrl-C and SIGTERM held back
+    between (:func:`deferred_signals`). A device or pipe (``/dev/null``) is written in place,
+    as :func:`write_atomic` does."""
     if _in_place(second):
         write_atomic(first, first_data)
         write_atomic(second, second_data)
         return
     staged = stage(second, second_data)
+    first_staged = None
     try:
-        write_atomic(first, first_data)
-        staged.commit()
+        if _in_place(first):  # a stream: written as it is, not one of two renames
+            write_atomic(first, first_data)
+            staged.commit()
+        else:
+            first_staged = stage(first, first_data)
+            with deferred_signals():  # both renames, or an interrupt before either
+                first_staged.commit()
+                staged.commit()
     finally:
         staged.discard()
+        if first_staged is not None:
+            first_staged.discard()

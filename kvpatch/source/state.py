@@ -35,8 +35,9 @@ class State:
         return json.dumps(self.__dict__, indent=2) + "\n"
 
     def save(self, cwd: Path) -> None:
-        """Replace the state file (whatever is there: a FIFO is replaced, never written into)."""
-        staged = stage(State.path(cwd), self.text())
+        """Replace the state file (whatever is there: a FIFO or a symlink is replaced, never
+        written into or through)."""
+        staged = stage(State.path(cwd), self.text(), follow=False)
         try:
             staged.commit()
         finally:

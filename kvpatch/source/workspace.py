@@ -26,7 +26,7 @@ from typing import Callable, Iterator
 
 from .. import fsutil
 from ..errors import BuildError, KvpatchError, PatchError
-from ..fsutil import Staged, stage, write_atomic
+from ..fsutil import Staged, deferred_signals, stage, write_atomic
 from . import git as gitcmd
 from .releases import HEADER
 from .state import LOCK_FILE, STATE_DIR, STATE_FILE, State, resolve_tree  # noqa: F401  (kept importable from here)
@@ -208,24 +208,26 @@ def _write_header_and_state(tree: Tree, old: str, new: str | None, state: State 
     remove_stale_temps(tree, cwd)
     if changing:
         check_header_writable(tree, force_write=force_write)
-    staged: Staged | None = stage(State.path(cwd), state.text()) if state is not None else None
+    staged: Staged | None = stage(State.path(cwd), state.text(), follow=False) if state is not None else None
     header: Staged | None = None
     try:
         if changing:
             header = _stage_header(tree, new)
             _check_unchanged(tree, old, seen)
-            try:
-                header.commit()
-            except OSError as e:
-                raise _write_failed(tree, e) from None
-        if staged is not None:
-            try:
-                staged.commit()
-            except BaseException:
-                if changing:
-                    with contextlib.suppress(Exception):
-                        write_atomic(tree.header, old)
-                raise
+        with deferred_signals():  # an interrupt between the two renames would leave them out of step
+            if header is not None:
+                try:
+                    header.commit()
+                except OSError as e:
+                    raise _write_failed(tree, e) from None
+            if staged is not None:
+                try:
+                    staged.commit()
+                except BaseException:
+                    if changing:
+                        with contextlib.suppress(Exception):
+                            write_atomic(tree.header, old)
+                    raise
     finally:
         for pending in (header, staged):
             if pending is not None:

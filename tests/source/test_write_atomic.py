@@ -84,3 +84,67 @@ def test_symlinked_header_is_patched_at_its_target(tmp_path: Path) -> None:
     assert real.read_text() == golden_text("default")
     assert run_cli("revert", cwd=work).returncode == 0
     assert (tree / HEADER).is_symlink() and real.read_text() == fixture_text(STOCK)
+
+
+def _interrupt_after_first_rename(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Ctrl-C (a real SIGINT to this process) right after the first of two renames."""
+    import signal
+
+    from kvpatch.fsutil import Staged
+
+    done: list[Path] = []
+    commit = Staged.commit
+
+    def commit_then_interrupt(self: Staged) -> Path:
+        target = commit(self)
+        done.append(target)
+        if len(done) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return target
+
+    monkeypatch.setattr(Staged, "commit", commit_then_interrupt)
+    return done
+
+
+def test_ctrl_c_between_two_renames_of_write_both_lands_after_both(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Before: Ctrl-C right after the first rename left the first new and the second old. After:
+    the interrupt is held back until both are in place, then raised."""
+    first, second = tmp_path / "kvpatch.toml", tmp_path / "t.json"
+    first.write_text("old\n")
+    second.write_text("old\n")
+    done = _interrupt_after_first_rename(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        write_both(first, "new\n", second, "new\n")
+    assert len(done) == 2 and first.read_text() == "new\n" and second.read_text() == "new\n"
+
+
+@pytest.mark.slow  # applies (libclang)
+def test_ctrl_c_between_the_header_and_the_state_leaves_them_in_step(tmp_path: Path, work: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Before: Ctrl-C right after the header's rename left a patched header and no state (diff,
+    revert and sites then said 'no tree'). After: both are written, then the interrupt lands."""
+    from kvpatch.commands import apply as A
+    from kvpatch.source.state import State
+
+    tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
+    done = _interrupt_after_first_rename(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        A.run(A.ApplyOptions(tree=tree, cwd=work))
+    assert len(done) == 2
+    assert "kvpatch:begin" in (tree / HEADER).read_text()
+    assert State.load(work) is not None and Path(State.load(work).tree) == tree.resolve()
+
+
+@pytest.mark.slow  # applies (libclang)
+def test_apply_replaces_a_symlinked_state_file_and_never_writes_through_it(tmp_path: Path, work: Path) -> None:
+    """Before: a .kvpatch/state.json planted as a link made apply overwrite the file it pointed at."""
+    precious = tmp_path / "precious.txt"
+    precious.write_text("mine\n")
+    (work / ".kvpatch").mkdir()
+    (work / ".kvpatch" / "state.json").symlink_to(precious)
+    tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
+    assert run_cli("apply", "--tree", str(tree), cwd=work).returncode == 0
+    assert precious.read_text() == "mine\n"
+    state = work / ".kvpatch" / "state.json"
+    assert not state.is_symlink() and '"tree"' in state.read_text()

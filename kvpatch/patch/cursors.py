@@ -78,13 +78,18 @@ def strip_wrappers(node: ci.Cursor) -> ci.Cursor:
 
 
 def operator(p: Parsed, node: ci.Cursor) -> str | None:
-    """The operator spelling of a binary operator node (token between its operands)."""
+    """The operator spelling of a binary operator node (the first token after its left operand).
+    Only the tokens from there to the node's end are read: in ``a + b + c + ...`` a node's left
+    operand is the rest of the sum, and reading every token of every node was quadratic."""
     kids = list(node.get_children())
     if len(kids) != 2:
         return None
-    lhs_end = kids[0].extent.end.offset
-    for tok in node.get_tokens():
-        if tok.kind != ci.TokenKind.COMMENT and tok.extent.start.offset >= lhs_end:
+    lhs_end = kids[0].extent.end
+    if lhs_end.file is None or node.extent.end.file is None:
+        return None
+    after = ci.SourceRange.from_locations(lhs_end, node.extent.end)
+    for tok in p.tu.get_tokens(extent=after):
+        if tok.kind != ci.TokenKind.COMMENT and tok.extent.start.offset >= lhs_end.offset:
             return tok.spelling
     return None
 
@@ -119,12 +124,38 @@ def indent_at(p: Parsed, offset: int) -> str:
     return prefix.decode() if prefix.strip() == b"" else ""
 
 
+def is_sum(p: Parsed, node: ci.Cursor) -> bool:
+    return node.kind == K.BINARY_OPERATOR and operator(p, node) == "+"
+
+
+def span(node: ci.Cursor) -> tuple[int, int]:
+    """The node's extent as byte offsets."""
+    return node.extent.start.offset, node.extent.end.offset
+
+
+def left_sums(p: Parsed, node: ci.Cursor) -> set[tuple[int, int]]:
+    """The spans of the sum ``node`` and of the sums down its left side: ``a + b + c`` is
+    ``(a + b) + c``, so those hold its first terms (where the whole sum is no tile address,
+    none of them is either)."""
+    out = set()
+    while is_sum(p, node):
+        out.add(span(node))
+        node = strip_wrappers(next(iter(node.get_children())))
+    return out
+
+
 def flatten_sum(p: Parsed, node: ci.Cursor) -> list[ci.Cursor]:
-    node = strip_wrappers(node)
-    if node.kind == K.BINARY_OPERATOR and operator(p, node) == "+":
-        lhs, rhs = node.get_children()
-        return flatten_sum(p, lhs) + flatten_sum(p, rhs)
-    return [node]
+    """The terms of ``a + b + ...`` left to right (wrappers looked through), without recursion:
+    a sum of a thousand terms nests a thousand deep."""
+    terms, stack = [], [node]
+    while stack:
+        here = strip_wrappers(stack.pop())
+        if is_sum(p, here):
+            lhs, rhs = here.get_children()
+            stack += [rhs, lhs]
+        else:
+            terms.append(here)
+    return terms
 
 
 # --------------------------------------------------------------------------- locating

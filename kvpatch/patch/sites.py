@@ -33,11 +33,13 @@ from .cursors import (
     flatten_sum,
     in_main_file,
     indent_at,
+    left_sums,
     line_break_before,
     operator,
     own_line_break,
     ref_name,
     refs,
+    span,
     strip_wrappers,
     text_of,
     walk,
@@ -182,9 +184,11 @@ def _block_loop(p: Parsed, node: ci.Cursor) -> _Loop | None:
 def _tile_address(p: Parsed, loop: _Loop, cache: str) -> tuple[str, str, frozenset[str]]:
     """(block stride, head offset) from ``cache + number * stride + head terms ...``."""
     declared_inside = {c.spelling for c in walk(loop.body) if c.kind == K.VAR_DECL}
+    read: set[tuple[int, int]] = set()  # each sum once: not again the sums down its left side
     for node in walk(loop.body):
-        if node.kind != K.BINARY_OPERATOR or operator(p, node) != "+":
+        if node.kind != K.BINARY_OPERATOR or span(node) in read or operator(p, node) != "+":
             continue
+        read |= left_sums(p, node)
         terms = flatten_sum(p, node)
         if ref_name(terms[0]) != cache:
             continue

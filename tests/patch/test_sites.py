@@ -245,3 +245,23 @@ def test_gqa_names_when_the_head_index_is_itself_a_quotient(header_path: str) ->
     assert text != fixture_text()
     sites = find_sites(text, header_path)
     assert (sites.head_var, sites.queries_per_kv_var) == ("head_idx", "num_queries_per_kv")
+
+
+@pytest.mark.parametrize("terms", [3, 2000])
+def test_a_sum_of_thousands_of_terms_in_a_loop_is_read_once_and_the_sites_stay(terms: int, header_path: str) -> None:
+    """Before: each nested '+' of a long sum was flattened again and read token by token (a
+    sum of 1050 terms ran for minutes), and past Python's stack the flattening recursed into
+    libclang's callback, which swallowed the RecursionError and cut the AST short. After:
+    each sum is read once, without recursion, in about a second."""
+    from conftest import in_thread
+
+    stock = fixture_text(STOCK)
+    at = stock.index("static_cast<int64_t>(block_table[block_idx]);") + len(
+        "static_cast<int64_t>(block_table[block_idx]);"
+    )
+    long_sum = "\n    const int64_t zz = physical_block_number" + " + 0" * terms + ";"  # a sum, not the tile's
+    text = stock[:at] + long_sum + stock[at:]
+    found: list = []
+    finished, error = in_thread(lambda: found.append(find_sites(text, header_path)), timeout=60)
+    assert finished and error is None, error
+    assert names(found[0]) == names(find_sites(stock, header_path))

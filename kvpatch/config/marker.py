@@ -11,8 +11,8 @@ from .model import DTYPES, SETTINGS, PatchConfig, Selector
 
 #: A switch's marker word -> its setting (the word alone means on).
 _SWITCHES = {s.word: s.name for s in SETTINGS if s.kind == "bool"}
-#: A marker word -> its setting, for ``word=value``.
-_KEYS = {s.word: s.name for s in SETTINGS if s.kind != "bool"}
+#: A marker word -> its setting, for ``word=value`` (and the preset's own word).
+_KEYS = {**{s.word: s.name for s in SETTINGS if s.kind != "bool"}, "preset": "preset"}
 
 
 def config_from_marker(text: str) -> PatchConfig:
@@ -38,14 +38,14 @@ def config_from_marker(text: str) -> PatchConfig:
                 rules[str(Selector.parse(selector))] = settings
             continue
         key, eq, value = word.partition("=")
-        name = _KEYS.get(key, key)
-        if not eq or name in options:
+        name = _KEYS.get(key)  # a word marker() never writes (rules=, fp16=, inherit-rules=) is none of them
+        if not eq or name is None or name in options:
             raise UsageError(f"not a kvpatch marker: {text[:80]!r}")
         options[name] = value
     if options.get("preset") == "paper":
         cfg = make_config(**options)
     else:
         cfg = make_config(**options, **dtypes, rules=rules, inherit_rules=False)
-    if cfg.marker() != " ".join(text.split()):
+    if cfg.marker() != text.strip(" "):  # single spaces, as marker() writes them
         raise UsageError(f"not a kvpatch marker: {text[:80]!r}")
     return cfg

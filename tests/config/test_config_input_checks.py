@@ -184,3 +184,22 @@ def test_the_python_api_refuses_what_is_not_text_with_a_kvpatch_error():
         config_from_marker(None)
     with pytest.raises(UsageError, match="the header must be text .*not bytes"):
         patch(b"//", "h.cuh", None)
+
+
+@pytest.mark.parametrize("text", [
+    "rules=none", "inherit_rules=true", "inherit-rules=true", "fp16=off", "bf16=none", "fp32=x",
+    "lookahead=1\tsize=auto",  # a tab: marker() writes single spaces
+    "lookahead=1\u00a0size=auto",
+    "lookahead=1\u2028size=auto",
+])  # fmt: skip
+def test_a_marker_holding_words_marker_never_writes_is_refused_as_one(text: str) -> None:
+    """Before: the words make_config takes apart from the settings (rules, the dtypes) reached it
+    twice, a TypeError (a hand-edited header's marker: a traceback from sites, diff, apply,
+    revert); other blanks than one space passed. After: not a kvpatch marker."""
+    from kvpatch.config import config_from_marker, make_config
+    from kvpatch.errors import UsageError
+
+    with pytest.raises(UsageError, match="not a kvpatch marker"):
+        config_from_marker(text)
+    cfg = make_config()
+    assert config_from_marker(cfg.marker()) == cfg

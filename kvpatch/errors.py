@@ -6,6 +6,10 @@ the error carries; anything else is a bug and shows a traceback with ``--debug``
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+T = TypeVar("T")
+
 
 class KvpatchError(Exception):
     """A failure a user can act on: bad input, missing tool, unpatchable source."""
@@ -53,4 +57,12 @@ def text_argument(value: object, what: str) -> str:
     (the public functions that parse text say so instead of failing deep inside on ``None`` or bytes)."""
     if not isinstance(value, str):
         raise UsageError(f"{what} must be text (str), not {type(value).__name__}")
+    return value
+
+
+def typed_argument(value: T, cls: type, what: str) -> T:
+    """``value`` if it is a ``cls``; else a :class:`UsageError` naming ``what``, the class asked
+    for and the type given (as :func:`text_argument`, for the pipeline's own objects)."""
+    if not isinstance(value, cls):
+        raise UsageError(f"{what} must be a {cls.__name__}, not {type(value).__name__}")
     return value

@@ -14,7 +14,7 @@ import functools
 from dataclasses import dataclass
 
 from ..config import PatchConfig, config_from_marker
-from ..errors import PatchError, UsageError, text_argument
+from ..errors import PatchError, UsageError, text_argument, typed_argument
 from .cursors import walk
 from .edits import Edit, apply
 from .interrupts import interruptible
@@ -101,6 +101,7 @@ class Result:
 def patch_header(header: Header, cfg: PatchConfig) -> Result:
     """Inject ``cfg`` into the header's stock text, replacing any earlier injection, and
     :func:`verify` the result."""
+    typed_argument(header, Header, "the header")
     edits = plan(header.sites, cfg)
     patched = apply(header.stock_parsed.data, edits)
     verify(header.stock_parsed, patched, cfg)
@@ -109,6 +110,7 @@ def patch_header(header: Header, cfg: PatchConfig) -> Result:
 
 def patch(text: str, header_path: str, cfg: PatchConfig) -> Result:
     """:func:`patch_header` of :func:`read_header`: the text patched with ``cfg``."""
+    typed_argument(cfg, PatchConfig, "the configuration")  # before the parse
     return patch_header(read_header(text, header_path), cfg)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import PatchError
+from ..errors import PatchError, typed_argument
 from .edits import Edit
 from .libclang import ci
 from .parse import Parsed
@@ -41,6 +41,7 @@ def _broken(p: Parsed, what: str) -> str:
 
 def injections(p: Parsed) -> list[Injection]:
     """kvpatch's marker pairs in the parsed header, from its comment tokens."""
+    typed_argument(p, Parsed, "the parsed header")
     found: list[Injection] = []
     open_: tuple[int, str, str] | None = None
     for tok in p.tu.get_tokens(extent=p.tu.cursor.extent):

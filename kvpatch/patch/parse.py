@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from ..dtypes import QUERY_DTYPES
-from ..errors import UsageError
+from ..errors import UsageError, text_argument
 from ..source.includes import included_files
 from .libclang import ci
 
@@ -182,12 +182,19 @@ def parse_header(text: str, header_path: str) -> Parsed:
     which itself never needs to be on disk. A path that is not UTF-8 is refused (libclang
     takes UTF-8 paths only).
     """
+    text_argument(text, "the header")
+    text_argument(header_path, "the header's path")
     try:
         header_path.encode("utf-8")
     except UnicodeEncodeError:
         raise UsageError(f"the header's path {header_path!r} is not UTF-8: libclang reads UTF-8 paths only; "
                          "move the tree (or run kvpatch) under a UTF-8 path") from None  # fmt: skip
-    data = text.encode("utf-8")
+    if not os.path.basename(header_path) or "\0" in header_path or os.path.isdir(header_path):
+        raise UsageError(f"the header's path {header_path!r} names no file")
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate (text decoded with surrogateescape, or made so)
+        raise UsageError(f"the header is not UTF-8 text: {e.reason} at character {e.start}") from None
     tree = [(os.fsencode(name), body) for name, body in included_files(header_path, data, include_dirs(header_path))]
     unsaved = [(header_path, text), *tree, *_virtual_files()]
     index = ci.Index.create()

@@ -7,7 +7,7 @@ from typing import Callable
 
 from ..config import LOGITS, PatchConfig, Selector
 from ..dtypes import QUERY_DTYPES
-from ..errors import PatchError
+from ..errors import PatchError, typed_argument
 from ..templating import render
 from .edits import Edit
 from .sites import ALIBI_PARAM, Site, Sites
@@ -103,6 +103,8 @@ def _insertion(offset: int, body: str, what: str, newline: str = "\n") -> Edit:
 
 def plan(sites: Sites, cfg: PatchConfig) -> list[Edit]:
     """The insertions that inject ``cfg`` into a stock header with these sites."""
+    typed_argument(sites, Sites, "the sites")
+    typed_argument(cfg, PatchConfig, "the configuration")
     edits: list[Edit] = []
     chosen: list[Site] = [s for s in sites if (s.kind == "key" and cfg.k) or
                           (s.kind == "value" and cfg.v)]  # fmt: skip

@@ -38,7 +38,7 @@ CASES: list[Any] = [
                  "A/A", id="aa-name", marks=needs_torch),
     pytest.param(lambda: P.make_points(dtypes=("fp8",)), "unknown dtype", id="points-dtype"),
     pytest.param(lambda: P.make_points(num_heads=30, num_kv_heads=8), "heads 30/8", id="points-heads"),
-    pytest.param(lambda: P.make_points(batches=(0,)), ">= 1", id="points-batch"),
+    pytest.param(lambda: P.make_points(batches=(0,)), "must be 1 to 1024 sequences", id="points-batch"),
     pytest.param(lambda: P.make_points(head_size=0), ">= 1", id="points-head-size"),
     pytest.param(lambda: P.point_set("everything"), "unknown point set", id="point-set"),
     pytest.param(lambda: V.validate_matrix(dtypes=("fp64",)), "unknown dtype", id="matrix-dtype"),

@@ -170,7 +170,7 @@ def test_a_command_line_rule_is_stronger_than_the_files_however_either_is_spelle
 
 def test_the_python_api_refuses_what_is_not_text_with_a_kvpatch_error():
     """None or bytes where text is expected: a UsageError naming the argument, not an AttributeError."""
-    from kvpatch.config import config_from_marker, parse_override, parse_rules
+    from kvpatch.config import config_from_marker, make_config, parse_override, parse_rules
     from kvpatch.errors import UsageError
     from kvpatch.patch.header import patch
 
@@ -183,7 +183,7 @@ def test_the_python_api_refuses_what_is_not_text_with_a_kvpatch_error():
     with pytest.raises(UsageError, match="a configuration marker must be text"):
         config_from_marker(None)
     with pytest.raises(UsageError, match="the header must be text .*not bytes"):
-        patch(b"//", "h.cuh", None)
+        patch(b"//", "h.cuh", make_config())
 
 
 @pytest.mark.parametrize("text", [

@@ -21,7 +21,7 @@ from conftest import GOLDEN, STOCK, fixture_text, golden_text, make_tree
 
 from kvpatch.commands import apply as apply_command
 from kvpatch.config import make_config
-from kvpatch.errors import PatchError
+from kvpatch.errors import PatchError, UsageError
 from kvpatch.patch import Edit, apply, find_sites, patch, plan, unpatch
 from kvpatch.source.releases import HEADER
 from kvpatch.source.workspace import unified_diff
@@ -230,10 +230,33 @@ def test_apply_refuses_overlapping_edits(es: list[Edit]) -> None:
         apply("abcdef", es)
 
 
-@pytest.mark.parametrize("edit", [Edit(7, 0, "x"), Edit(4, 3, ""), Edit(-1, 0, "x")])
+@pytest.mark.parametrize("edit", [Edit(7, 0, "x"), Edit(4, 3, "")])
 def test_apply_refuses_edits_outside_the_text(edit: Edit) -> None:
     with pytest.raises(PatchError, match="outside the text"):
         apply("abcdef", [edit])
+
+
+@pytest.mark.parametrize("fields", [(-1, 0, "x"), (5, -3, "X"), (1.0, 0, "X"), (True, 0, "X"), (1, 0, None),
+                                    (1, 0, b"x")])  # fmt: skip
+def test_an_edit_that_cannot_be_applied_is_refused_when_it_is_made(fields: tuple) -> None:
+    """Before: Edit(5, -3, "X") applied to "abcdefgh" gave "abcdeXcdefgh" (a negative length
+    copied bytes); a float offset or None text failed deep in apply. After: a UsageError."""
+    with pytest.raises(UsageError, match="an edit's"):
+        Edit(*fields)
+
+
+@pytest.mark.parametrize("data, edits, error, message", [
+    ("é", [Edit(1, 0, "x")], PatchError, "splits a character"),  # inside 'é' (two bytes)
+    ("é!", [Edit(0, 1, "e")], PatchError, "splits a character"),  # ends inside it
+    (b"\xff", [], UsageError, "not UTF-8"),
+    ("a\udcff", [], UsageError, "not UTF-8"),  # a lone surrogate: no UTF-8 at all
+    (None, [], UsageError, "takes text"),
+    ("ab", [(1, 0, "x")], UsageError, "a list of Edit"),
+    ("ab", None, UsageError, "a list of Edit"),
+])  # fmt: skip
+def test_apply_refuses_text_and_edits_it_cannot_apply(data, edits, error, message) -> None:
+    with pytest.raises(error, match=message):
+        apply(data, edits)
 
 
 def test_plan_is_insertions_at_the_site_offsets(stock: str, header_path: str) -> None:

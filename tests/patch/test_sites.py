@@ -10,7 +10,7 @@ from patch_helpers import injected_regions
 
 from kvpatch.config import make_config
 from kvpatch.errors import PatchError
-from kvpatch.patch import Sites, find_sites, patch, unpatch
+from kvpatch.patch import Sites, find_sites, injections, patch, patch_header, plan, unpatch
 
 #: What every fixture header must give, whatever its layout.
 KERNEL_NAMES = {
@@ -265,3 +265,26 @@ def test_a_sum_of_thousands_of_terms_in_a_loop_is_read_once_and_the_sites_stay(t
     finished, error = in_thread(lambda: found.append(find_sites(text, header_path)), timeout=60)
     assert finished and error is None, error
     assert names(found[0]) == names(find_sites(stock, header_path))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda t, h: find_sites(t[:100] + "\udcff" + t[100:], h), "the header is not UTF-8 text"),
+    (lambda t, h: find_sites(None, h), "the header must be text"),
+    (lambda t, h: find_sites(t.encode(), h), "the header must be text"),
+    (lambda t, h: find_sites(t, None), "the header's path must be text"),
+    (lambda t, h: find_sites(t, ""), "names no file"),
+    (lambda t, h: find_sites(t, "\0"), "names no file"),
+    (lambda t, h: find_sites(t, "/"), "names no file"),  # libclang printed a crash dump for it
+    (lambda t, h: patch(t, h, None), "the configuration must be a PatchConfig"),
+    (lambda t, h: patch(t, h, "lookahead=2"), "the configuration must be a PatchConfig"),
+    (lambda t, h: plan(None, make_config()), "the sites must be a Sites"),
+    (lambda t, h: patch_header(None, make_config()), "the header must be a Header"),
+    (lambda t, h: injections(None), "the parsed header must be a Parsed"),
+])  # fmt: skip
+def test_the_pipelines_entry_points_refuse_what_they_cannot_take(call, message: str, header_path: str) -> None:
+    """Before: a UnicodeEncodeError, an AttributeError (after a whole parse, for a configuration
+    that is none), libclang's TranslationUnitLoadError. After: a UsageError saying what is wrong."""
+    from kvpatch.errors import UsageError
+
+    with pytest.raises(UsageError, match=message):
+        call(fixture_text(STOCK), header_path)

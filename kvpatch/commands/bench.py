@@ -121,7 +121,7 @@ def run(o: BenchOptions, *, progress: Progress = QUIET) -> BenchReport:
     if extra and o.libs:
         raise UsageError("--variant builds a configuration from the tree, --lib runs prebuilt libraries: give the "
                          "variant's library as one more --lib")  # fmt: skip
-    check_outputs(json=o.json_out, plot=o.plot, inputs=input_files(o), protected=kept_paths(o.cwd))
+    check_outputs(json=o.json_out, plot=o.plot, inputs=input_files(o), protected=kept_paths(o.cwd, o.tree))
     if o.plot is not None:
         from ..gpu.plot import plot_format
 

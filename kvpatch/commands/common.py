@@ -299,10 +299,14 @@ def check_report_output(
 
 def kept_paths(cwd: Path, tree: Any = None) -> dict[str, Path]:
     """What no output of a command run in ``cwd`` may overwrite, by what it is: the workspace's
-    files (:func:`kvpatch.source.workspace.protected_paths`: ``.kvpatch/``, the tree's header and
-    lock) and this environment's plugin bundle (its folder: the manifest and the library vLLM
-    loads). For :func:`kvpatch.fsutil.check_outputs`'s ``protected``."""
+    files (:func:`kvpatch.source.workspace.protected_paths`: ``.kvpatch/``, the tree's header,
+    lock, sources and git directory) and this environment's plugin bundle (its folder: the manifest and the library vLLM
+    loads). ``tree``: a Tree, or a ``--tree`` path (else the last apply's here). For
+    :func:`kvpatch.fsutil.check_outputs`'s ``protected``."""
+    from ..source.tree import Tree
     from ..source.workspace import protected_paths
     from ..vllm_plugin.bundle import bundle_dir
 
+    if isinstance(tree, (str, Path)):  # a --tree as given: where it points, resolved or not
+        tree = Tree(cwd / tree)
     return {**protected_paths(cwd, tree), "the plugin's bundle": bundle_dir()}

@@ -136,7 +136,9 @@ def check(o: DecodeOptions) -> tuple[list[str], list[str], list[int], list[int],
         raise UsageError(
             "--tail needs a weight-tail library named 'tail' (--lib tail=...: scripts/gpu_decode.sh --prepare builds one)"
         )
-    check_outputs(json=o.json_out, plot=o.plot, text=o.text, inputs=input_files(o, specs), protected=kept_paths(o.cwd))
+    check_outputs(
+        json=o.json_out, plot=o.plot, text=o.text, inputs=input_files(o, specs), protected=kept_paths(o.cwd, o.tree)
+    )
     if o.plot is not None:
         from ..gpu.plot import plot_format
 

@@ -139,7 +139,7 @@ def run(o: TuneOptions, *, progress: Progress = QUIET) -> TuneReport:
         raise UsageError(f"invalid --dtype {bad[0]!r}: tune measures {', '.join(P.TUNING_DTYPES)}")
     T.tuned_instantiations(o.dtypes, o.only)  # checks --only
     grids = T.parse_grids(o.grid)
-    check_outputs(output=o.output, json=o.json_out, inputs=input_files(o), protected=kept_paths(o.cwd))
+    check_outputs(output=o.output, json=o.json_out, inputs=input_files(o), protected=kept_paths(o.cwd, o.tree))
     if o.from_json:
         ignored = [name for name, given in _measuring_options(o) if given]
         if ignored:

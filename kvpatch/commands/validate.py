@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..errors import GpuCheckError, UsageError
-from ..fsutil import check_outputs
+from ..fsutil import check_output_folder, check_outputs
 from ..progress import QUIET, Progress
 from .common import (
     Libraries,
@@ -144,7 +144,9 @@ def run(o: ValidateOptions, *, progress: Progress = QUIET) -> ValidateOutcome:
             raise UsageError(f"--upstream-timeout must be > 0 seconds, not {o.upstream_timeout:g}")
     cases, name, sampling = validate_cases(o)
     check_outputs(json=o.json_out, inputs=input_files(o),
-                  protected={**kept_paths(o.cwd), "the --upstream-dir folder": o.upstream_dir})  # fmt: skip
+                  protected={**kept_paths(o.cwd, o.tree), "the --upstream-dir folder": o.upstream_dir})  # fmt: skip
+    if o.upstream_dir is not None:
+        check_output_folder("--upstream-dir", o.upstream_dir, protected=kept_paths(o.cwd, o.tree))
     check_sources(o)
     from .tree import resolve_source
 

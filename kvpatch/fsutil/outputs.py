@@ -178,3 +178,12 @@ def check_outputs(*, inputs: Named = None, protected: Named = None, **paths: Pat
                 raise UsageError(f"{flag} {_shown(path)} is {where} ({os.fspath(kept)}): kvpatch never writes an "
                                  "output there; give another file")  # fmt: skip
         seen.append((flag, path))
+
+
+def check_output_folder(option: str, folder: PathArg, *, protected: Named = None) -> None:
+    """A folder a command writes files into (``--upstream-dir``): a one-line :class:`UsageError`
+    where it is, or lies inside, one of ``protected`` (as :func:`check_outputs` judges a file)."""
+    for label, kept in _named(protected, "a file kvpatch keeps"):
+        if _within(folder, kept):
+            raise UsageError(f"{option} {_shown(folder)} is inside {label} ({os.fspath(kept)}): kvpatch never "
+                             "writes there; give another folder")  # fmt: skip

@@ -44,8 +44,9 @@ __all__ = [
 
 def protected_paths(cwd: Path, tree: Tree | None = None) -> dict[str, Path]:
     """What no output of a command run in ``cwd`` may overwrite, by what it is: kvpatch's
-    state directory (``.kvpatch/``: the state, the lock, the checkouts; all of it) and
-    the tree's header (``tree``, else the tree the last apply here recorded, if any).
+    state directory (``.kvpatch/``: the state, the lock, the checkouts; all of it), and of the
+    tree (``tree``, else the tree the last apply here recorded, if any) its header, its sources
+    (``csrc/``: the files the header includes, which kvpatch reads) and its git directory.
     For :func:`kvpatch.fsutil.check_outputs`'s ``protected``."""
     paths = {f"kvpatch's state directory {STATE_DIR}/": cwd / STATE_DIR}
     if tree is None:
@@ -57,6 +58,8 @@ def protected_paths(cwd: Path, tree: Tree | None = None) -> dict[str, Path]:
     if tree is not None:
         paths["the tree's header"] = tree.header
         paths["the tree's lock"] = tree_lock_path(tree)
+        paths["the tree's sources (csrc/)"] = tree.root / "csrc"
+        paths["the tree's git directory"] = tree.root / ".git"
     return paths
 
 

@@ -80,6 +80,15 @@ def no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     (["bench-decode", "--tree", "{notree}"], "is not a vLLM source tree"),
     (["validate", "--lib", "stock={lib}:p", "--upstream", "--tree", "{notree}"], "is not a vLLM source tree"),
     (["build", "--full", "--tree", "{notree}"], "is not a vLLM source tree"),
+    # vLLM's test writes its files into --upstream-dir: never into what kvpatch keeps
+    (["validate", "--lib", "stock={lib}:p", "--upstream", "--tree", "{tree}", "--upstream-dir", ".kvpatch"],
+     "--upstream-dir '.kvpatch' is inside kvpatch's state directory"),
+    (["validate", "--lib", "stock={lib}:p", "--upstream", "--tree", "{tree}", "--upstream-dir", "{tree}/csrc/x"],
+     "is inside the tree's sources (csrc/)"),
+    # the --tree given, not only the last apply's, is what an output may not touch
+    (["bench", "--tree", "{tree}", "--json", "{tree}/csrc/attention/attention_kernels.cuh"], "the tree's header"),
+    (["tune", "--tree", "{tree}", "-o", "{tree}/csrc/x.toml"], "the tree's sources (csrc/)"),
+    (["bench-decode", "--tree", "{tree}", "--json", "{tree}/.git/x"], "the tree's git directory"),
     # a library named in a --libs-file is an input like one given with --lib
     (["bench-decode", "--libs-file", "{libsfile}", "--json", "{lib}"], "is --lib stock"),
     (["bench-decode", "--libs-file", "{libsfile}", "--text", "{lib}"], "is --lib stock"),

@@ -25,6 +25,27 @@ def test_apply_and_sites_never_write_their_report_over_the_header_the_state_or_t
     assert {p: p.read_bytes() for p in before} == before
 
 
+def test_no_output_lands_in_the_trees_sources_or_its_git_directory(applied, work, tmp_path):
+    """Before: ``apply --json TREE/csrc/attention/attention_utils.cuh`` replaced a file the header
+    includes (the next apply failed), ``diff -o`` emptied one, ``--json TREE/.git/config`` broke
+    the repository. After: refused like the header itself, one line, nothing written."""
+    included = applied / "csrc" / "attention" / "attention_utils.cuh"
+    included.write_text("// included\n")
+    git_config = applied / ".git" / "config"
+    before = {p: p.read_bytes() for p in (included, git_config)}
+    cases = [
+        (["apply", "--tree", str(applied), "--json", str(included)], "the tree's sources (csrc/)"),
+        (["diff", "--tree", str(applied), "-o", str(included)], "the tree's sources (csrc/)"),
+        (["sites", "--tree", str(applied), "--json", str(applied / "csrc" / "new.json")], "the tree's sources"),
+        (["apply", "--tree", str(applied), "--json", str(git_config)], "the tree's git directory"),
+    ]
+    for args, why in cases:
+        assert_one_line_error(run_cli(*args, cwd=work), 2, why)
+    assert {p: p.read_bytes() for p in before} == before and not (applied / "csrc" / "new.json").exists()
+    # beside the sources, in the checkout's root, an output is as welcome as anywhere
+    assert run_cli("diff", "--tree", str(applied), "-o", str(applied / "kvpatch.patch"), cwd=work).returncode == 0
+
+
 def test_an_unwritable_report_is_refused_before_the_work(applied, work, monkeypatch):
     """apply patches nothing and build compiles nothing when --json cannot be written."""
     from kvpatch import jit

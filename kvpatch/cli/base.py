@@ -157,14 +157,30 @@ def json_target(value: Optional[str]) -> tuple[Optional[Path], bool]:
     return Path(value), False
 
 
+def write_stdout(text: str) -> None:
+    """``text`` on stdout, all of it, or an error: a reader that goes away part way is EPIPE
+    (``run`` exits 141), never a silent exit 0 (Python's buffered stdout drops what a pipe did
+    not take of a large write: ``kvpatch diff | head -1`` exited 0 with the patch cut)."""
+    stream = sys.stdout
+    stream.flush()
+    try:
+        fd = stream.fileno()
+    except (AttributeError, ValueError, OSError):  # a stream without a descriptor (a test's)
+        stream.write(text)
+        stream.flush()
+        return
+    view = memoryview(text.encode(getattr(stream, "encoding", None) or "utf-8", errors="backslashreplace"))
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def emit_json(value: Optional[str], data: Any) -> bool:
     """Write ``data`` as ``--json`` asks (nothing without it); True when it went to stdout."""
     if value is None:
         return False
     text = json.dumps(data, indent=2) + "\n"
     if value == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        write_stdout(text)
         return True
     from ..fsutil import check_outputs, write_atomic
 

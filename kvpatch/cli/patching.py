@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
@@ -15,7 +14,7 @@ from rich.syntax import Syntax
 from ..commands.choices import SETTINGS, Setting
 from ..commands.common import check_report_output
 from ..errors import UsageError
-from .base import JsonOpt, TreeOpt, VllmOpt, app, cwd, emit_json, io, progress, warn
+from .base import JsonOpt, TreeOpt, VllmOpt, app, cwd, emit_json, io, progress, warn, write_stdout
 
 _RULE_HELP = ("Settings for the instantiations a selector picks: 'bf16/80/32=off', 'fp16/64=issue=call' "
               "(dtype[/head[/block[/kv[/kernel]]]], kernel v1 or v2, * for any; the most specific rule decides a "
@@ -185,7 +184,7 @@ def diff(
         warn(line)
     text = report.text
     if output is not None and str(output) == "-":
-        sys.stdout.write(text)
+        write_stdout(text)
         return
     if output is not None:
         write_atomic(output, text)
@@ -198,7 +197,7 @@ def diff(
     if io.out.is_terminal:
         io.out.print(Syntax(text, "diff", theme="ansi_dark", background_color="default"))
     else:
-        sys.stdout.write(text)
+        write_stdout(text)
 
 
 @app.command()
@@ -241,4 +240,4 @@ def show_config(
                            dtypes={"fp16": fp16, "bf16": bf16, "fp32": fp32}, rules=rule or [], untuned=untuned)  # fmt: skip
     with progress() as p:
         report = C.run(opts, progress=p)
-    sys.stdout.write(report.toml)
+    write_stdout(report.toml)

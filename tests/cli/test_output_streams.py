@@ -149,3 +149,25 @@ def test_a_stdout_that_cannot_encode_a_path_shows_it_escaped(tmp_path: Path) -> 
     proc = kvpatch("apply", "--tree", str(tree), cwd=work, env={"PYTHONIOENCODING": "ascii"})
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-500:]
     assert "t\\xfc" in proc.stdout
+
+
+@pytest.mark.slow  # a real release: a patch larger than a pipe holds
+def test_a_reader_that_goes_away_part_way_through_a_large_output_is_141_not_0(tmp_path: Path, vllm_release) -> None:
+    """``kvpatch diff | head -1`` on vLLM 0.10.2 (a 97 kB patch): the pipe took 64 kB, its reader
+    left, and Python's buffered stdout dropped the rest without an error: exit 0 with the patch
+    cut. Now every byte is written or the command ends as SIGPIPE would."""
+    import shutil
+
+    tree = tmp_path / "vllm"
+    shutil.copytree(vllm_release("0.10.2") / "csrc", tree / "csrc")
+    work = tmp_path / "work"
+    work.mkdir()
+    assert kvpatch("apply", "--tree", str(tree), cwd=work).returncode == 0
+    proc = subprocess.Popen([KVPATCH, "diff"], cwd=work, env=kvpatch_env(work), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.read(10) == b"diff --git"
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err) == (141, b"")
+    whole = subprocess.run([KVPATCH, "diff"], cwd=work, env=kvpatch_env(work), capture_output=True, timeout=120)
+    assert whole.returncode == 0 and len(whole.stdout) > 1 << 16

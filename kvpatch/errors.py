@@ -66,3 +66,10 @@ def typed_argument(value: T, cls: type, what: str) -> T:
     if not isinstance(value, cls):
         raise UsageError(f"{what} must be a {cls.__name__}, not {type(value).__name__}")
     return value
+
+
+def printable(text: str) -> str:
+    """``text`` for a terminal: each control character (ESC, BEL, a line break, DEL, C1) shown as
+    its escape (``\\x1b``), never acted on: a path or a value from a file must not move the
+    cursor, retitle the window or forge a line of kvpatch's own."""
+    return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in text)

@@ -23,7 +23,7 @@ import typer
 from rich.markup import escape
 
 from .. import __version__
-from ..errors import KvpatchError
+from ..errors import KvpatchError, printable
 from ..fsutil.problems import machine_problem
 from . import building, decode, measuring, patching, plugin  # noqa: F401,I001  (each registers its commands, in this order)
 from .base import DEBUG, app, io
@@ -101,7 +101,7 @@ def _command_name(argv: list[str]) -> str:
 def _one_line(message: str, code: int) -> NoReturn:
     """Print ``error: kvpatch COMMAND: message`` (user text escaped, never read as markup) and exit
     (with ``code`` even where stderr's reader has gone: the code is then all the caller gets)."""
-    text = re.sub(r"[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]+", " ", str(message)).strip() or "failed"
+    text = printable(re.sub(r"[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]+", " ", str(message)).strip()) or "failed"
     command = _command_name(sys.argv[1:])
     where = f"kvpatch {command}: " if command else ""
     try:

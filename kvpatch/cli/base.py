@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ..errors import UsageError
+from ..errors import UsageError, printable
 from ..progress import Progress
 
 app = typer.Typer(
@@ -123,9 +123,16 @@ def progress() -> Iterator[TerminalProgress]:
 
 
 def warn(line: str) -> None:
-    """One warning line on stderr (``warning: `` prefixed unless the line has it)."""
+    """One warning line on stderr (``warning: `` prefixed unless the line has it); control
+    characters shown as escapes (:func:`kvpatch.errors.printable`)."""
     text = line if line.startswith("warning:") else f"warning: {line}"
-    io.err.print(escape(text), highlight=False, soft_wrap=True)
+    io.err.print(escape(printable(text)), highlight=False, soft_wrap=True)
+
+
+def shown(value: object) -> str:
+    """A path or value of the user's in a printed line: markup escaped, control characters shown
+    as escapes (a newline in a file name must not forge a line of kvpatch's own)."""
+    return escape(printable(str(value)))
 
 
 def cwd() -> Path:

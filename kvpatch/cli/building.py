@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 
 from ..commands.common import check_report_output
-from .base import ArchOpt, JsonOpt, TreeOpt, app, csv, cwd, emit_json, io, progress, warn
+from .base import ArchOpt, JsonOpt, TreeOpt, app, csv, cwd, emit_json, io, progress, shown, warn
 
 
 @app.command()
@@ -50,7 +50,7 @@ def build(
     if not emit_json(json_out, result.to_dict()):
         io.out.print(build_table(result))
         for v in result.variants:
-            io.out.print(f"{escape(v.name)}: {escape(str(v.library))}", highlight=False)
+            io.out.print(f"{escape(v.name)}: {shown(v.library)}", highlight=False)
         if all_kernels:
             io.out.print("next: 'kvpatch plugin enable' puts the patched kernels into this environment's vLLM; "
                          "'kvpatch validate' and 'kvpatch bench' run them on a GPU", highlight=False)  # fmt: skip

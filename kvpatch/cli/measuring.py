@@ -6,11 +6,24 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.markup import escape
 
 from ..commands.choices import DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP, GRID_KEYS, MAX_CONTEXT, TUNE_REPS
 from ..errors import GpuCheckError
-from .base import ArchOpt, DeviceOpt, JsonOpt, LibOpt, TreeOpt, VariantInfoOpt, app, csv, cwd, io, json_target, progress
+from .base import (
+    ArchOpt,
+    DeviceOpt,
+    JsonOpt,
+    LibOpt,
+    TreeOpt,
+    VariantInfoOpt,
+    app,
+    csv,
+    cwd,
+    io,
+    json_target,
+    progress,
+    shown,
+)
 
 #: The settings ``tune --grid`` may vary, as its help names them.
 _GRID_KEYS = ", ".join(k.replace("_", "-") for k in GRID_KEYS)
@@ -330,11 +343,9 @@ def tune(
         report = T.run(opts, progress=p)
     io.out.print(tune_table(report))
     on = sum(1 for _, _, c in report.config.kernel_variants() if not c.off)
-    io.out.print(f"wrote {escape(str(output))}: {on} kernels prefetch; 'kvpatch config --config {escape(str(output))}' "
+    io.out.print(f"wrote {shown(output)}: {on} kernels prefetch; 'kvpatch config --config {shown(output)}' "
                  "prints it", highlight=False)  # fmt: skip
     if report.machine is not None:
-        io.out.print(f"tuned on: {escape(report.machine.describe())}", highlight=False)
+        io.out.print(f"tuned on: {shown(report.machine.describe())}", highlight=False)
     if report.tree:
-        io.out.print(
-            f"next: kvpatch apply --tree {escape(report.tree)} --config {escape(str(output))}", highlight=False
-        )
+        io.out.print(f"next: kvpatch apply --tree {shown(report.tree)} --config {shown(output)}", highlight=False)

@@ -14,7 +14,7 @@ from rich.syntax import Syntax
 from ..commands.choices import SETTINGS, Setting
 from ..commands.common import check_report_output
 from ..errors import UsageError
-from .base import JsonOpt, TreeOpt, VllmOpt, app, cwd, emit_json, io, progress, warn, write_stdout
+from .base import JsonOpt, TreeOpt, VllmOpt, app, cwd, emit_json, io, progress, shown, warn, write_stdout
 
 _RULE_HELP = ("Settings for the instantiations a selector picks: 'bf16/80/32=off', 'fp16/64=issue=call' "
               "(dtype[/head[/block[/kv[/kernel]]]], kernel v1 or v2, * for any; the most specific rule decides a "
@@ -79,15 +79,15 @@ def setting_options(command: Callable[..., None]) -> Callable[..., None]:
     """``command`` with its parameter ``settings`` replaced by one option per setting of the table
     (kvpatch.config.model.SETTINGS, through kvpatch.commands.choices, in its order; hidden settings have none); the command is
     called with their values as ``settings={name: value or None}``."""
-    shown = [s for s in SETTINGS if not s.hidden]
-    names = [s.name for s in shown]
+    visible = [s for s in SETTINGS if not s.hidden]
+    names = [s.name for s in visible]
     signature = inspect.signature(command, eval_str=True)
     params = list(signature.parameters.values())
     taken = set(names) & {p.name for p in params}
     if taken:
         raise TypeError(f"{command.__name__}: a parameter has a setting's name: {', '.join(sorted(taken))}")
     at = [p.name for p in params].index("settings")
-    params[at : at + 1] = [_setting_option(s) for s in shown]
+    params[at : at + 1] = [_setting_option(s) for s in visible]
 
     @functools.wraps(command)
     def with_settings(**kwargs: Any) -> None:
@@ -134,7 +134,7 @@ def apply(
     if emit_json(json_out, report.to_json()):
         return
     out = io.out
-    header = escape(str(report.tree.header))
+    header = shown(report.tree.header)
     if not report.changed:
         out.print(f"[green]already applied[/]: {header}", highlight=False)
     else:
@@ -143,7 +143,7 @@ def apply(
                                           if (s.kind == "key" and report.config.k) or (s.kind == "value" and report.config.v)}))  # fmt: skip
     out.print(escape(config_summary(report.config)), highlight=False)
     if report.tuned_on is not None:
-        out.print(f"tuned on: {escape(report.tuned_on.describe())}", highlight=False)
+        out.print(f"tuned on: {shown(report.tuned_on.describe())}", highlight=False)
     out.print("next: kvpatch diff  |  kvpatch build --arch 9.0a  |  kvpatch revert", highlight=False)
 
 
@@ -159,7 +159,7 @@ def sites(vllm: VllmOpt = None, tree: TreeOpt = None, json_out: JsonOpt = None) 
     if emit_json(json_out, report.to_json()):
         return
     found = report.sites
-    io.out.print(f"{escape(str(report.header))}: paged_attention_kernel at line {found.function_line}", highlight=False)
+    io.out.print(f"{shown(report.header)}: paged_attention_kernel at line {found.function_line}", highlight=False)
     io.out.print(sites_table(found, report.injected))
     if report.injected and not report.intact:
         warn("kvpatch's regions were changed after kvpatch wrote them")
@@ -188,8 +188,8 @@ def diff(
         return
     if output is not None:
         write_atomic(output, text)
-        shown = escape(str(output))
-        io.err.print(f"wrote {shown}" if text else f"wrote {shown} (empty: the tree is stock)", highlight=False)
+        where = shown(output)
+        io.err.print(f"wrote {where}" if text else f"wrote {where} (empty: the tree is stock)", highlight=False)
         return
     if not text:
         io.err.print("no changes: the header is stock")
@@ -215,9 +215,9 @@ def revert(
 
     with progress() as p:
         report = R.run(R.RevertOptions(tree=tree, cwd=cwd(), force=force, force_write=force_write), progress=p)
-    shown = escape(str(report.header))
+    where = shown(report.header)
     io.out.print(
-        f"[green]reverted[/] {shown}" if report.changed else f"nothing to revert: {shown} is stock", highlight=False
+        f"[green]reverted[/] {where}" if report.changed else f"nothing to revert: {where} is stock", highlight=False
     )
 
 

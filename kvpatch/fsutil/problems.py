@@ -16,7 +16,7 @@ from __future__ import annotations
 import errno
 import os
 
-from ..errors import KvpatchError, UsageError
+from ..errors import KvpatchError, UsageError, printable
 
 #: The errno values that are the machine's resources, and what to do about them.
 _FULL = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "this user's disk quota is used up"}
@@ -42,7 +42,7 @@ def shown_path(path: object) -> str:
     """A path for a one-line message: whole up to 200 characters, else its ends and its length."""
     if path is None:
         return "?"
-    text = os.fsdecode(path) if isinstance(path, (bytes, os.PathLike)) else str(path)
+    text = printable(os.fsdecode(path) if isinstance(path, (bytes, os.PathLike)) else str(path))
     return text if len(text) <= 200 else f"{text[:80]}...{text[-80:]} ({len(text)} characters)"
 
 

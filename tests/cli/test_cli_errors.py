@@ -107,3 +107,21 @@ def test_brackets_in_paths_and_values_are_shown_literally(tmp_path: Path, work: 
     empty.mkdir()
     assert_one_line_error(run_cli("apply", "--tree", str(empty), cwd=work), 4, f"{empty} has no {HEADER}")
     assert_one_line_error(run_cli("apply", "--tree", str(tree), "--caches", "[red]k", cwd=work), 2, "'[red]k'")
+
+
+def test_control_characters_in_paths_and_values_are_shown_as_escapes(tmp_path: Path, work: Path) -> None:
+    """Before: an escape sequence in a --tree or a [kvpatch.tuned] fact reached the terminal as it
+    was (retitling it, colouring what followed), and a newline in a file name printed a second,
+    forged line. After: each control character is shown as its escape."""
+    esc = "\x1b]0;TITLE\x07"
+    assert_one_line_error(run_cli("apply", "--tree", f"/no/such{esc}", cwd=work), 2, "\\x1b]0;TITLE\\x07")
+    tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
+    config = tmp_path / "k.toml"
+    config.write_text('[kvpatch.tuned]\ngpu = "NVIDIA H200"\nnvcc = "1.0\\nerror: forged \\u001b[31m"\n')
+    proc = run_cli("apply", "--tree", str(tree), "--config", str(config), cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout + proc.stderr and "\\x1b[31m" in proc.stdout
+    assert not any(line.startswith("error: forged") for line in (proc.stdout + proc.stderr).splitlines())
+    odd = tmp_path / "out\nerror: forged.patch"
+    proc = run_cli("diff", "-o", str(odd), cwd=work)
+    assert proc.returncode == 0 and odd.exists() and proc.stderr.count("\n") == 1, proc.stderr

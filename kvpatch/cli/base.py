@@ -212,6 +212,12 @@ JsonOpt = Annotated[
 ArchOpt = Annotated[
     str, typer.Option("--arch", metavar="ARCHS", help="TORCH_CUDA_ARCH_LIST syntax: 9.0a, 9.0, '8.0;9.0a', 9.0+PTX.")
 ]
+#: ``--arch`` of a command that builds unless given ``--lib`` (None: not given).
+BuildArchOpt = Annotated[
+    Optional[str],
+    typer.Option("--arch", metavar="ARCHS",
+                 help="TORCH_CUDA_ARCH_LIST syntax: 9.0a, 9.0, '8.0;9.0a', 9.0+PTX (default 9.0a; not with --lib)."),
+]  # fmt: skip
 LibOpt = Annotated[
     list[str],
     typer.Option("--lib", metavar="NAME=PATH.so:PREFIX",

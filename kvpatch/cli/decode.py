@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from ..commands.choices import DECODE_LAYERS, DECODE_ROUNDS, DEFAULT_MODELS, MAX_CONTEXT, MODELS
 from ..errors import GpuCheckError
-from .base import ArchOpt, JsonOpt, TreeOpt, app, csv, cwd, io, json_target, progress
+from .base import BuildArchOpt, JsonOpt, TreeOpt, app, csv, cwd, io, json_target, progress
 
 LibsFileOpt = Annotated[
     Optional[Path],
@@ -35,7 +35,7 @@ def bench_decode(
     ] = [],  # noqa: B006
     libs_file: LibsFileOpt = None,
     tree: TreeOpt = None,
-    arch: ArchOpt = "9.0a",
+    arch: BuildArchOpt = None,
     models: Annotated[
         Optional[str],
         typer.Option(metavar="LIST", help=f"A comma list of {','.join(MODELS)} (default {','.join(DEFAULT_MODELS)})."),

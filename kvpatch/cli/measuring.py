@@ -10,7 +10,7 @@ import typer
 from ..commands.choices import DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP, GRID_KEYS, MAX_CONTEXT, TUNE_REPS
 from ..errors import GpuCheckError
 from .base import (
-    ArchOpt,
+    BuildArchOpt,
     DeviceOpt,
     JsonOpt,
     LibOpt,
@@ -32,7 +32,7 @@ _GRID_KEYS = ", ".join(k.replace("_", "-") for k in GRID_KEYS)
 @app.command()
 def validate(
     tree: TreeOpt = None,
-    arch: ArchOpt = "9.0a",
+    arch: BuildArchOpt = None,
     lib: LibOpt = [],  # noqa: B006
     variant_info: VariantInfoOpt = None,
     quick: Annotated[bool, typer.Option("--quick", help="fp16/bf16, head 128, block 16 only (32 cases).")] = False,
@@ -123,7 +123,7 @@ def validate(
 @app.command()
 def bench(
     tree: TreeOpt = None,
-    arch: ArchOpt = "9.0a",
+    arch: BuildArchOpt = None,
     lib: LibOpt = [],  # noqa: B006
     variant_info: VariantInfoOpt = None,
     point_set: Annotated[

@@ -70,6 +70,8 @@ def bench_points(o: BenchOptions) -> tuple[list, str]:
 
     shape_given = any(v is not None for v in (o.dtypes, o.batches, o.contexts, o.heads, o.head_sizes,
                                               o.block_sizes, o.kv_cache_dtypes))  # fmt: skip
+    if o.point_set is not None and o.point_set not in P.POINT_SETS:  # '' too: an unset variable, not the default
+        raise UsageError(f"invalid --set {o.point_set!r}: {', '.join(P.POINT_SETS)}")
     P.check_batches(o.batches or ())
     P.check_contexts(o.contexts or ())
     if o.quick and (o.point_set is not None or shape_given):
@@ -135,7 +137,7 @@ def run(o: BenchOptions, *, progress: Progress = QUIET) -> BenchReport:
 
         variants = variants_for(resolve(o.tree, o.cwd), o.cwd, progress, paper=o.paper, control=o.control,
                                 extra=extra)  # fmt: skip
-        libs = build_libraries(o.tree, o.cwd, o.arch, variants, progress,
+        libs = build_libraries(o.tree, o.cwd, o.build_arch, variants, progress,
                                dtypes=sorted({p.dtype for p in points}), head_sizes=sorted({p.head_size for p in points}),
                                block_sizes=sorted({p.block_size for p in points}),
                                kv_cache_dtypes=sorted({p.kv_cache_dtype for p in points}))  # fmt: skip

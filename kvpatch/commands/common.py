@@ -19,18 +19,25 @@ from ..gpu import launch as L
 from ..gpu.report import STOCK_MARKER
 from ..progress import QUIET, Progress
 
+#: The arch a GPU command builds for when ``--arch`` is not given.
+DEFAULT_ARCH = "9.0a"
+
 
 @dataclass
 class LibraryOptions:
     """What validate, bench, tune and bench-decode share: the tree to build from (or prebuilt
     ``libs``, NAME=f.so:PREFIX, with their configurations in ``variant_info``), the working
-    directory and the arch."""
+    directory and the arch to build for (None: not given, :data:`DEFAULT_ARCH`)."""
 
     tree: Optional[Path] = None
     cwd: Path = field(default_factory=Path.cwd)
-    arch: str = "9.0a"
+    arch: Optional[str] = None
     libs: list[str] = field(default_factory=list)
     variant_info: Optional[Path] = None
+
+    @property
+    def build_arch(self) -> str:
+        return DEFAULT_ARCH if self.arch is None else self.arch
 
 
 @dataclass
@@ -116,17 +123,32 @@ def input_files(o: Any, specs: Sequence[L.LibSpec] = ()) -> dict[str, Path]:
     return out
 
 
-def check_sources(o: LibraryOptions) -> None:
+def check_sources(o: LibraryOptions, *, tree_read: bool = False, arch_read: bool = False) -> None:
     """What a GPU command runs on, checked before the GPU is: the ``--lib`` specs (files
-    that exist), or the tree to build from and the arch to build for."""
+    that exist; no ``--arch`` or ``--tree`` beside them, but those it reads: :func:`check_lib_or_tree`),
+    or the tree to build from and the arch to build for."""
     from .tree import resolve_source
 
     specs = check_lib_files(parse_libs(o.libs))
+    check_lib_or_tree(o, specs, tree_read=tree_read, arch_read=arch_read)
+    if o.variant_info is not None and not specs:
+        raise UsageError("--variant-info names the --lib libraries' configurations: give it with --lib")
     if not specs:
-        check_arch(o.arch)
+        check_arch(o.build_arch)
         resolve_source(o.tree, o.cwd)
     if o.variant_info is not None:
         load_variant_info(o.variant_info)
+
+
+def check_lib_or_tree(o: LibraryOptions, specs: Sequence[Any], *, tree_read: bool = False,
+                      arch_read: bool = False) -> None:  # fmt: skip
+    """``--lib`` runs what it names and builds nothing: an ``--arch`` or a ``--tree`` beside it
+    (but one the command reads anyway: validate --upstream's tree, the arch tune records) would
+    be ignored, so it is refused (one line, exit 2)."""
+    if specs and o.arch is not None and not arch_read:
+        raise UsageError("--arch builds for an arch; with --lib nothing is built: give the one or the other")
+    if specs and o.tree is not None and not tree_read:
+        raise UsageError("--tree builds from a tree; with --lib nothing is built: give the one or the other")
 
 
 def check_lib_files(specs: Sequence[L.LibSpec]) -> Sequence[L.LibSpec]:
@@ -269,7 +291,7 @@ def local_machine(*, arch: str | None = None) -> Machine:
 
 __all__ = [
     "QUIET", "Libraries", "LibraryOptions", "Progress", "build_libraries", "built", "check_arch", "check_device",
-    "check_directory", "check_input_file", "check_kernel_sizes", "check_lib_files", "kept_paths", "load_variant_info",
+    "DEFAULT_ARCH", "check_directory", "check_input_file", "check_kernel_sizes", "check_lib_files", "check_lib_or_tree", "kept_paths", "load_variant_info",
     "local_machine", "parse_bools", "parse_heads", "parse_libs", "prebuilt", "require_device", "write_if",
 ]  # fmt: skip
 

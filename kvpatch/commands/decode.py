@@ -29,6 +29,7 @@ from .common import (
     check_directory,
     check_input_file,
     check_lib_files,
+    check_lib_or_tree,
     input_files,
     kept_paths,
     parse_libs,
@@ -82,6 +83,8 @@ def weight_prefetch_of(prefetch: Mapping[str, Any]) -> Any:
     for k, v in given:
         if str(v).strip() == "" or any(c in str(v) for c in ";="):
             raise UsageError(f"invalid --{k} {str(v)!r}: one value (a whole configuration goes in --wpf)")
+    if prefetch.get("wpf") is not None and not str(prefetch["wpf"]).strip():  # an unset shell variable
+        raise UsageError("--wpf is empty: give a weight-prefetch configuration (KEY=VALUE;...)")
     base = WeightPrefetch.parse(prefetch["wpf"]) if prefetch.get("wpf") else None
     return WeightPrefetch.parse(";".join(f"{k}={v}" for k, v in given), base)
 
@@ -144,6 +147,7 @@ def check(o: DecodeOptions) -> tuple[list[str], list[str], list[int], list[int],
 
         plot_format(o.plot)
     check_lib_files(specs)
+    check_lib_or_tree(o, specs)
     check_input_file(o.prefetch_lib, "--prefetch-lib")
     return models, dtypes, batches, contexts, wpf, specs, tail
 
@@ -186,7 +190,7 @@ def run(o: DecodeOptions, *, progress: Progress = QUIET) -> DecodeReport:
     if not specs:  # the tree to build from, and the arch, checked before the GPU is
         from .tree import resolve_source  # (not on prebuilt libraries: a GPU machine may lack what fetching needs)
 
-        check_arch(o.arch)
+        check_arch(o.build_arch)
         target = resolve_source(o.tree, o.cwd)
     require_device("cuda")
     from ..decode.bench import run_bench_decode
@@ -204,7 +208,7 @@ def run(o: DecodeOptions, *, progress: Progress = QUIET) -> DecodeReport:
 
         variants = variants_for(target, o.cwd, progress)
         heads = sorted({model_shape(m).head_size for m in models})
-        libs = build_libraries(o.tree, o.cwd, o.arch, variants, progress, dtypes=dtypes, head_sizes=heads,
+        libs = build_libraries(o.tree, o.cwd, o.build_arch, variants, progress, dtypes=dtypes, head_sizes=heads,
                                block_sizes=[16], kv_cache_dtypes=["auto"]).libs  # fmt: skip
     if tail is not None:
         libs = with_tail_copy(dict(libs))

@@ -21,6 +21,7 @@ from ..gpu.defaults import DEFAULT_ROUNDS, TUNE_REPS
 from ..progress import QUIET, Progress
 from ..source.includes import check_tree_files
 from .common import (
+    DEFAULT_ARCH,
     Libraries,
     LibraryOptions,
     built,
@@ -65,10 +66,6 @@ class TuneOptions(LibraryOptions):
     #: the configuration to improve on (:func:`kvpatch.tune.choose`): a ``--lib`` or ``--from``
     #: candidate; when building, the tree's own configuration, built as a candidate of this name
     incumbent: Optional[str] = None
-
-
-#: The arch tune builds for (or records, with ``--lib``) when ``--arch`` is not given: every GPU command's.
-DEFAULT_ARCH = LibraryOptions.arch
 
 
 def tune_build_spec(root: Path, variants: list, arch: str, kv_cache_dtypes: Sequence[str] = ("auto",),
@@ -157,7 +154,9 @@ def run(o: TuneOptions, *, progress: Progress = QUIET) -> TuneReport:
         if o.incumbent == "stock" or o.incumbent in T.candidates(None, grids):
             raise UsageError(f"--incumbent {o.incumbent!r} names stock or one of the grid's candidates: "
                              "name the tree's configuration apart")  # fmt: skip
-    check_sources(o)
+    check_sources(o, arch_read=True)  # with --lib, the arch is recorded
+    if o.libs and o.jobs is not None:
+        raise UsageError("--jobs sets nvcc's processes; with --lib nothing is built")
     if not o.libs and not T.candidates(None, grids):
         raise UsageError("the --grid yields no candidate (min-kv-mib pairs only with issue=call)")
     if o.libs:

@@ -147,7 +147,7 @@ def run(o: ValidateOptions, *, progress: Progress = QUIET) -> ValidateOutcome:
                   protected={**kept_paths(o.cwd, o.tree), "the --upstream-dir folder": o.upstream_dir})  # fmt: skip
     if o.upstream_dir is not None:
         check_output_folder("--upstream-dir", o.upstream_dir, protected=kept_paths(o.cwd, o.tree))
-    check_sources(o)
+    check_sources(o, tree_read=o.upstream or o.full)  # both read vLLM's files in the tree
     from .tree import resolve_source
 
     # the tree: to build from, and vLLM's own test's (even with --lib), before the GPU is looked for
@@ -160,9 +160,9 @@ def run(o: ValidateOptions, *, progress: Progress = QUIET) -> ValidateOutcome:
 
         variants = variants_for(target, o.cwd, progress, paper=o.paper)
         if o.upstream:  # vLLM's test needs its own sizes: build vLLM's full set
-            libs = build_libraries(o.tree, o.cwd, o.arch, variants, progress, all_kernels=True)
+            libs = build_libraries(o.tree, o.cwd, o.build_arch, variants, progress, all_kernels=True)
         else:
-            libs = build_libraries(o.tree, o.cwd, o.arch, variants, progress,
+            libs = build_libraries(o.tree, o.cwd, o.build_arch, variants, progress,
                                    dtypes=sorted({c.dtype for c in cases}), head_sizes=sorted({c.head_size for c in cases}),
                                    block_sizes=sorted({c.block_size for c in cases}),
                                    kv_cache_dtypes=sorted({c.kv_cache_dtype for c in cases}))  # fmt: skip

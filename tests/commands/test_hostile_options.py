@@ -89,6 +89,17 @@ def no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     (["bench", "--tree", "{tree}", "--json", "{tree}/csrc/attention/attention_kernels.cuh"], "the tree's header"),
     (["tune", "--tree", "{tree}", "-o", "{tree}/csrc/x.toml"], "the tree's sources (csrc/)"),
     (["bench-decode", "--tree", "{tree}", "--json", "{tree}/.git/x"], "the tree's git directory"),
+    # with --lib nothing is built: a build's options beside it would be ignored
+    (["validate", "--lib", "stock={lib}:p", "--arch", "9.0a"], "--arch builds for an arch; with --lib nothing"),
+    (["bench", "--lib", "stock={lib}:p", "--arch", "garbage"], "--arch builds for an arch; with --lib nothing"),
+    (["bench-decode", "--lib", "stock={lib}:p", "--arch", "9.0a"], "--arch builds for an arch"),
+    (["bench", "--lib", "stock={lib}:p", "--tree", "{tree}"], "--tree builds from a tree; with --lib nothing"),
+    (["bench-decode", "--lib", "stock={lib}:p", "--tree", "{tree}"], "--tree builds from a tree"),
+    (["validate", "--lib", "stock={lib}:p", "--tree", "{tree}"], "--tree builds from a tree"),
+    (["tune", "--lib", "stock={lib}:p", "--tree", "{tree}"], "--tree builds from a tree"),
+    (["validate", "--variant-info", "{toml}"], "give it with --lib"),
+    (["bench", "--set", ""], "invalid --set ''"),
+    (["bench-decode", "--lib", "stock={lib}:p", "--wpf", ""], "--wpf is empty"),
     # a library named in a --libs-file is an input like one given with --lib
     (["bench-decode", "--libs-file", "{libsfile}", "--json", "{lib}"], "is --lib stock"),
     (["bench-decode", "--libs-file", "{libsfile}", "--text", "{lib}"], "is --lib stock"),

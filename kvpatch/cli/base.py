@@ -198,10 +198,27 @@ def emit_json(value: Optional[str], data: Any) -> bool:
 
 # --------------------------------------------------------------------------- option types
 
+
+def path_value(value: str | Path) -> Path:
+    """A path option's value (every one's ``parser``; a default comes as a Path): an empty one, an
+    unset shell variable, is refused rather than taken for the current directory (``--dir ''``
+    acted on it)."""
+    if isinstance(value, Path):
+        return value
+    if not value.strip():
+        raise typer.BadParameter("an empty path (an unset shell variable?): give a path")
+    return Path(value)
+
+
 VllmOpt = Annotated[Optional[str], typer.Option("--vllm", metavar="VERSION", help="vLLM release: v0.10.2 or 0.10.2.")]
 TreeOpt = Annotated[
     Optional[Path],
-    typer.Option("--tree", metavar="DIR", help="An existing vLLM checkout (default: the tree of the last apply here)."),
+    typer.Option(
+        "--tree",
+        metavar="DIR",
+        help="An existing vLLM checkout (default: the tree of the last apply here).",
+        parser=path_value,
+    ),
 ]
 JsonOpt = Annotated[
     Optional[str],
@@ -226,7 +243,7 @@ LibOpt = Annotated[
 VariantInfoOpt = Annotated[
     Optional[Path],
     typer.Option("--variant-info", metavar="FILE",
-                 help="With --lib: JSON {name: marker or {marker, compile_flags, ...}} recorded in the report."),
+                 help="With --lib: JSON {name: marker or {marker, compile_flags, ...}} recorded in the report.", parser=path_value),
 ]  # fmt: skip
 DeviceOpt = Annotated[str, typer.Option("--device", hidden=True, help="torch device (tests: cpu).")]
 

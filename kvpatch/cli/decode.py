@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from ..commands.choices import DECODE_LAYERS, DECODE_ROUNDS, DEFAULT_MODELS, MAX_CONTEXT, MODELS
 from ..errors import GpuCheckError
-from .base import BuildArchOpt, JsonOpt, TreeOpt, app, csv, cwd, io, json_target, progress
+from .base import BuildArchOpt, JsonOpt, TreeOpt, app, csv, cwd, io, json_target, path_value, progress
 
 LibsFileOpt = Annotated[
     Optional[Path],
@@ -19,6 +19,7 @@ LibsFileOpt = Annotated[
         "--libs-file",
         metavar="FILE",
         help="A file of NAME=PATH.so:PREFIX lines ('#' comments), as scripts/gpu_prepare.py writes libs.txt.",
+        parser=path_value,
     ),
 ]
 
@@ -127,6 +128,7 @@ def bench_decode(
             "--prefetch-lib",
             metavar="FILE",
             help="A built weight-prefetch library (default: build one where an arm prefetches weights).",
+            parser=path_value,
         ),
     ] = None,
     cold: Annotated[
@@ -135,10 +137,14 @@ def bench_decode(
     micro: Annotated[bool, typer.Option("--micro", help="Also run the GEMM-after-idle micro-benchmark.")] = False,
     json_out: JsonOpt = None,
     plot: Annotated[
-        Optional[Path], typer.Option("--plot", metavar="FILE", help="Draw the speedups into FILE: .png, .pdf or .svg.")
+        Optional[Path],
+        typer.Option(
+            "--plot", metavar="FILE", help="Draw the speedups into FILE: .png, .pdf or .svg.", parser=path_value
+        ),
     ] = None,
     text: Annotated[
-        Optional[Path], typer.Option("--text", metavar="FILE", help="Also write the table (as printed) here.")
+        Optional[Path],
+        typer.Option("--text", metavar="FILE", help="Also write the table (as printed) here.", parser=path_value),
     ] = None,
 ) -> None:
     """GPU: a model-shaped decode step (CUDA graph): stock, patched, and both with the L2 weight prefetch, beside its controls."""
@@ -172,10 +178,13 @@ def bench_decode_sweep(
     ] = [],  # noqa: B006
     libs_file: LibsFileOpt = None,
     out: Annotated[
-        Path, typer.Option("--out", metavar="DIR", help="Where sweep.json, sweep.txt and each stage's JSON go.")
+        Path,
+        typer.Option(
+            "--out", metavar="DIR", help="Where sweep.json, sweep.txt and each stage's JSON go.", parser=path_value
+        ),
     ] = Path("sweep-out"),
     budget: Annotated[float, typer.Option(metavar="SECONDS", help="For all stages (each stops at its share).")] = 420.0,
-    prefetch_lib: Annotated[Optional[Path], typer.Option("--prefetch-lib", metavar="FILE")] = None,
+    prefetch_lib: Annotated[Optional[Path], typer.Option("--prefetch-lib", metavar="FILE", parser=path_value)] = None,
     stages: Annotated[
         Optional[str], typer.Option(metavar="LIST", help="lead,micro,kernels,steps,final,guard_off (default all).")
     ] = None,

@@ -21,6 +21,7 @@ from .base import (
     cwd,
     io,
     json_target,
+    path_value,
     progress,
     shown,
 )
@@ -55,7 +56,12 @@ def validate(
     ] = True,
     upstream_dir: Annotated[
         Optional[Path],
-        typer.Option("--upstream-dir", metavar="DIR", help="Where --upstream writes its run dir, logs and records."),
+        typer.Option(
+            "--upstream-dir",
+            metavar="DIR",
+            help="Where --upstream writes its run dir, logs and records.",
+            parser=path_value,
+        ),
     ] = None,
     workers: Annotated[
         Optional[int],
@@ -132,7 +138,10 @@ def bench(
     ] = None,
     json_out: JsonOpt = None,
     plot: Annotated[
-        Optional[Path], typer.Option("--plot", metavar="FILE", help="Draw the speedups into FILE: .png, .pdf or .svg.")
+        Optional[Path],
+        typer.Option(
+            "--plot", metavar="FILE", help="Draw the speedups into FILE: .png, .pdf or .svg.", parser=path_value
+        ),
     ] = None,
     variant: Annotated[
         list[str],
@@ -240,10 +249,14 @@ def tune(
             "--variant-info",
             metavar="FILE",
             help="JSON of NAME -> {marker: ...}: the candidates' configurations (with --lib).",
+            parser=path_value,
         ),
     ] = None,
     output: Annotated[
-        Path, typer.Option("--output", "-o", metavar="FILE", help="Where to write the tuned configuration.")
+        Path,
+        typer.Option(
+            "--output", "-o", metavar="FILE", help="Where to write the tuned configuration.", parser=path_value
+        ),
     ] = Path("kvpatch.toml"),
     json_out: Annotated[
         Optional[str],
@@ -287,6 +300,7 @@ def tune(
             "--from",
             metavar="FILE",
             help="Choose again from a saved tune JSON (--json of an earlier tune; .gz too): no GPU, nothing built. Repeatable: each kernel from the last JSON that measured it (the runs must come from one machine).",
+            parser=path_value,
         ),
     ] = [],  # noqa: B006
     exclude: Annotated[

@@ -14,7 +14,7 @@ from rich.syntax import Syntax
 from ..commands.choices import SETTINGS, Setting
 from ..commands.common import check_report_output
 from ..errors import UsageError
-from .base import JsonOpt, TreeOpt, VllmOpt, app, cwd, emit_json, io, progress, shown, warn, write_stdout
+from .base import JsonOpt, TreeOpt, VllmOpt, app, cwd, emit_json, io, path_value, progress, shown, warn, write_stdout
 
 _RULE_HELP = ("Settings for the instantiations a selector picks: 'bf16/80/32=off', 'fp16/64=issue=call' "
               "(dtype[/head[/block[/kv[/kernel]]]], kernel v1 or v2, * for any; the most specific rule decides a "
@@ -169,7 +169,10 @@ def sites(vllm: VllmOpt = None, tree: TreeOpt = None, json_out: JsonOpt = None) 
 def diff(
     tree: TreeOpt = None,
     output: Annotated[
-        Optional[Path], typer.Option("--output", "-o", metavar="FILE", help="Write the patch to FILE ('-': stdout).")
+        Optional[Path],
+        typer.Option(
+            "--output", "-o", metavar="FILE", help="Write the patch to FILE ('-': stdout).", parser=path_value
+        ),
     ] = None,
 ) -> None:
     """Print what apply changed as a unified diff (a patch git apply / patch -p1 accept)."""

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from ..commands.common import check_report_output
-from .base import ArchOpt, JsonOpt, TreeOpt, app, cwd, emit_json, io, progress, warn
+from .base import ArchOpt, JsonOpt, TreeOpt, app, cwd, emit_json, io, path_value, progress, warn
 
 plugin_app = typer.Typer(
     no_args_is_help=True,
@@ -22,7 +22,7 @@ app.add_typer(plugin_app, name="plugin")
 DirOpt = Annotated[
     Optional[Path],
     typer.Option("--dir", metavar="DIR", help="The bundle's directory (default: $KVPATCH_PLUGIN_DIR, "
-                 "else <sys.prefix>/share/kvpatch/vllm-plugin; the plugin reads the same)."),
+                 "else <sys.prefix>/share/kvpatch/vllm-plugin; the plugin reads the same).", parser=path_value),
 ]  # fmt: skip
 
 
@@ -171,6 +171,7 @@ def bench(
         typer.Option(
             metavar="DIR",
             help="Keep every engine start's numbers and log here; run again with the same DIR to resume (default: a temporary folder, removed when the run completes).",
+            parser=path_value,
         ),
     ] = None,
     budget: Annotated[

@@ -125,3 +125,14 @@ def test_control_characters_in_paths_and_values_are_shown_as_escapes(tmp_path: P
     odd = tmp_path / "out\nerror: forged.patch"
     proc = run_cli("diff", "-o", str(odd), cwd=work)
     assert proc.returncode == 0 and odd.exists() and proc.stderr.count("\n") == 1, proc.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["diff", "--tree", ""], ["diff", "-o", ""], ["sites", "--tree", " "], ["plugin", "disable", "--dir", ""],
+    ["plugin", "enable", "--dir", ""], ["validate", "--upstream", "--upstream-dir", ""], ["tune", "--from", ""],
+    ["tune", "-o", ""], ["bench-decode", "--libs-file", ""], ["bench", "--plot", ""],
+])  # fmt: skip
+def test_an_empty_path_is_refused_not_taken_for_the_current_directory(args: list[str], work: Path) -> None:
+    """Before: '' (an unset shell variable) became '.': ``plugin disable --dir ''`` acted on the
+    current directory and exited 0. After: one line, exit 2, the option named."""
+    assert_one_line_error(run_cli(*args, cwd=work), 2, "Invalid value for '", args[-2], "an empty path")

@@ -88,10 +88,11 @@ C_RANGES = {
 
 
 def exact_int(value: Any) -> int | None:
-    """``value`` as an int where it is one (a numpy or torch integer too), else None: never a
-    bool, a float or a string (what ctypes and the launch tables would wrap, truncate or misread)."""
-    if isinstance(value, bool):
-        return None
+    """``value`` as an int where it is one (a numpy or torch integer scalar too), else None: never a
+    bool, a float, a string or a one-element array (what ctypes and the launch tables would wrap,
+    truncate or misread)."""
+    if isinstance(value, bool) or getattr(value, "ndim", 0) != 0 or "bool" in str(getattr(value, "dtype", "")):
+        return None  # a bool, also as a numpy or torch scalar; an array of one element is no int either
     try:
         return operator.index(value)
     except TypeError:

@@ -28,6 +28,11 @@ class UsageError(KvpatchError):
     exit_code = 2
 
 
+class ArgumentError(UsageError, ValueError):
+    """A Python function's argument that cannot work (the weight runtime's): a UsageError like
+    every refusal, and a ValueError, what those functions raised before and document."""
+
+
 class FetchError(KvpatchError):
     """A release could not be obtained: unknown, unsupported, or no network (exit 3)."""
 

@@ -44,7 +44,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable, Mapping
 
-from ..errors import UsageError
+from ..abi import exact_int
+from ..errors import ArgumentError, UsageError
 from .cuda_api import TorchCudaAPI
 from .ranges import count, tensor_list, total_bytes, weight_ranges
 
@@ -85,12 +86,23 @@ class RangeTable:
         return int(self.table.data_ptr()) if self.rows else 0
 
 
+def _window_key(point: Any, layer: Any) -> tuple[Hashable, Hashable]:
+    """``(point, layer)``, a window's key: UsageError where it is not hashable (add, table, fork)."""
+    try:
+        hash((point, layer))
+    except TypeError:
+        raise UsageError(f"prefetch window {(point, layer)!r}: point and layer must be hashable (a str, an int, "
+                         "a tuple)") from None  # fmt: skip
+    return point, layer
+
+
 def check_grid(grid: Any) -> int | None:
     """A launch grid: None (the default) or a number of CTAs, 1 .. 2**31-1 (the launcher
     takes an int; UsageError otherwise)."""
-    if grid is not None and (isinstance(grid, bool) or not isinstance(grid, int) or not 1 <= grid < 2**31):
+    n = exact_int(grid)
+    if grid is not None and (n is None or not 1 <= n < 2**31):
         raise UsageError(f"prefetch grid must be a number of CTAs from 1 to 2**31-1, not {grid!r}")
-    return grid
+    return n
 
 
 def library_hint(library: Any) -> str:
@@ -231,27 +243,21 @@ class PrefetchController:
         check_launch(hint=hint)
         if not isinstance(merge, bool):
             raise UsageError(f"merge must be True or False, not {merge!r}")
-        key = (point, layer)
-        try:
-            hash(key)
-        except TypeError:
-            raise UsageError(
-                f"prefetch window {key!r}: point and layer must be hashable (a str, an int, a tuple)"
-            ) from None
+        key = _window_key(point, layer)
         if cap_bytes is not None and isinstance(batches, Mapping):
             raise UsageError(f"prefetch window {key}: cap_bytes={cap_bytes!r} beside batches={{batch: cap}}: "
                              "give each batch its cap in the mapping")  # fmt: skip
         if not self.enabled:
             return
         if key in self._tables:
-            raise ValueError(f"prefetch window {key} was already added; tables are immutable")
+            raise ArgumentError(f"prefetch window {key} was already added; tables are immutable")
         tensors = tuple(tensor_list(tensors, f"prefetch window {key}"))
         if not tensors:
             raise UsageError(f"prefetch window {key}: no tensors (a window that would never launch)")
         wrong = sorted({_device_name(t) for t in tensors if _device_name(t) != self.device})
         if wrong:
             on = ", ".join(wrong)
-            raise ValueError(f"prefetch window {key}: tensors on {on}, this controller prefetches on {self.device}")
+            raise ArgumentError(f"prefetch window {key}: tensors on {on}, this controller prefetches on {self.device}")
         if cap_bytes is not None:
             cap_bytes = count(cap_bytes, f"prefetch window {key}: cap_bytes", minimum=1)
         if batches is None:
@@ -262,7 +268,7 @@ class PrefetchController:
                     for b, c in batches.items()}  # fmt: skip
         elif isinstance(batches, (str, bytes)) or not isinstance(batches, Iterable):
             what = "batches must be None, batch sizes or {batch: cap}"
-            raise ValueError(f"prefetch window {key}: {what}, not {batches!r}")
+            raise ArgumentError(f"prefetch window {key}: {what}, not {batches!r}")
         else:
             caps = {count(b, f"prefetch window {key}: batch", minimum=1): cap_bytes for b in batches}
         if not caps:
@@ -296,15 +302,16 @@ class PrefetchController:
         """The table ``fork(point, layer, batch)`` would launch, or ``None``."""
         if not self.enabled:
             return None
+        key = _window_key(point, layer)
         if batch is not None:
-            batch = count(batch, f"prefetch window {(point, layer)}: batch", minimum=1)
-        buckets = self._tables.get((point, layer))
+            batch = count(batch, f"prefetch window {key}: batch", minimum=1)
+        buckets = self._tables.get(key)
         if not buckets:
             return None
         if None in buckets:
             return buckets[None]
         if batch is None:
-            raise ValueError(f"prefetch window {(point, layer)} has per-batch tables: pass batch=")
+            raise ArgumentError(f"prefetch window {(point, layer)} has per-batch tables: pass batch=")
         bounds = sorted(b for b in buckets if b is not None and b >= batch)
         return buckets[bounds[0]] if bounds else None
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Sequence
 
 from ..abi import exact_int
+from ..errors import ArgumentError
 
 #: Every range starts and ends on a multiple of this (``cp.async.bulk`` needs 16).
 ALIGN = 16
@@ -43,7 +44,7 @@ def tensor_span(t: Any) -> tuple[int, int] | None:
         return None
     strides = tuple(int(s) for s in t.stride())
     if any(s < 0 for s in strides):  # not in torch; guard other array types
-        raise ValueError(f"negative strides are not supported: {strides}")
+        raise ArgumentError(f"negative strides are not supported: {strides}")
     last = sum((n - 1) * s for n, s in zip(shape, strides))
     start = int(t.data_ptr())
     return start, start + (last + 1) * int(t.element_size())
@@ -87,9 +88,9 @@ def count(value: Any, what: str, *, minimum: int) -> int:
     (ValueError otherwise): batch sizes and byte counts are never rounded here."""
     n = exact_int(value)
     if n is None:
-        raise ValueError(f"{what} must be an int, not {value!r}")
+        raise ArgumentError(f"{what} must be an int, not {value!r}")
     if n < minimum:
-        raise ValueError(f"{what} must be {'positive' if minimum == 1 else f'>= {minimum}'}, not {n}")
+        raise ArgumentError(f"{what} must be {'positive' if minimum == 1 else f'>= {minimum}'}, not {n}")
     return n
 
 
@@ -97,11 +98,23 @@ def tensor_list(tensors: Iterable[Any], what: str) -> list[Any]:
     """``tensors`` as a list, each one a tensor (ValueError otherwise; ``what`` starts the
     message). A tensor itself is refused: iterating it walks its rows, surely not what was meant."""
     if hasattr(tensors, "data_ptr"):
-        raise ValueError(f"{what}: pass a list of tensors, not a tensor (wrap it: [w])")
+        raise ArgumentError(f"{what}: pass a list of tensors, not a tensor (wrap it: [w])")
+    if isinstance(tensors, (str, bytes)) or not isinstance(tensors, Iterable):
+        hint = " (a module's: list(module.parameters()))" if hasattr(tensors, "parameters") else ""
+        raise ArgumentError(f"{what}: pass a list of tensors{hint}, not {type(tensors).__name__}")
     out = list(tensors)
     odd = sorted({type(t).__name__ for t in out if not hasattr(t, "data_ptr")})
     if odd:
-        raise ValueError(f"{what}: expected tensors, got {', '.join(odd)}")
+        raise ArgumentError(f"{what}: expected tensors, got {', '.join(odd)}")
+    spread = [
+        t
+        for t in out
+        if str(getattr(t, "layout", "torch.strided")) != "torch.strided" or getattr(t, "is_nested", False)
+    ]
+    if spread:
+        raise ArgumentError(
+            f"{what}: a sparse or nested tensor ({spread[0].layout}) is no one span of memory to prefetch"
+        )
     return out
 
 
@@ -129,7 +142,7 @@ def weight_ranges(
     tensors = tensor_list(tensors, "weight_ranges")
     devices = sorted({_device_of(t) for t in tensors})
     if len(devices) > 1:
-        raise ValueError(
+        raise ArgumentError(
             f"weight_ranges: tensors are on different devices ({', '.join(devices)}); one table serves one device"
         )
     remaining: int | None = None
@@ -137,7 +150,7 @@ def weight_ranges(
         cap_bytes = count(cap_bytes, "weight_ranges: cap_bytes", minimum=1)
         remaining = _align_down(cap_bytes)
         if remaining == 0:
-            raise ValueError(f"weight_ranges: cap_bytes {cap_bytes} is below the {ALIGN}-byte granule")
+            raise ArgumentError(f"weight_ranges: cap_bytes {cap_bytes} is below the {ALIGN}-byte granule")
     ranges: list[tuple[int, int]] = []
     covered: list[tuple[int, int]] = []
     for t in tensors:
@@ -174,7 +187,7 @@ def range_table(ranges: Sequence[tuple[int, int]], device: Any = "cpu") -> Any:
 
     for address, size in ranges:
         if address <= 0 or address >= 2**63 or size <= 0 or address % ALIGN or size % ALIGN:
-            raise ValueError(f"bad range ({address:#x}, {size}): addresses and sizes must be positive multiples of {ALIGN} "
+            raise ArgumentError(f"bad range ({address:#x}, {size}): addresses and sizes must be positive multiples of {ALIGN} "
                              "(address 0: a meta tensor, or no storage?)")  # fmt: skip
     table = torch.tensor([list(r) for r in ranges], dtype=torch.int64).reshape(len(ranges), 2)
     return table.to(device).contiguous()

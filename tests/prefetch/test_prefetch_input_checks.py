@@ -329,3 +329,37 @@ def test_a_cuda_index_beyond_the_gpus_is_one_line(monkeypatch) -> None:
     for device in ("cuda:3", 1, torch.device("cuda", 1)):
         with pytest.raises(UsageError, match=r"^PrefetchController: no CUDA GPU cuda:\d: torch sees 1$"):
             TorchCudaAPI().normalize(device)
+
+
+def test_every_refusal_of_the_runtime_is_a_kvpatch_error_and_names_what_was_given() -> None:
+    """Before: some refusals were a plain ValueError (a caller catching KvpatchError missed them
+    beside the UsageErrors of the same call), a module or None for the tensor list was a bare
+    TypeError, an unhashable window key at fork() or table() too, and a sparse tensor reached
+    torch's RuntimeError. After: each a UsageError (those that were ValueErrors still are)."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    from kvpatch.errors import ArgumentError, KvpatchError
+    from kvpatch.prefetch import weight_ranges
+
+    ctl, _ = _controller()
+    w = FakeTensor(1 << 20, 1 << 16)
+    for tensors, message in ((None, "not NoneType"), (5, "not int"), (torch.nn.Linear(4, 4), "list(module.parameters())"),
+                             ([torch.randn(4, 4).to_sparse()], "sparse or nested")):  # fmt: skip
+        with pytest.raises(ArgumentError, match=re.escape(message)):
+            weight_ranges(tensors)
+    with pytest.raises(KvpatchError, match="must be hashable"):
+        ctl.fork(["p"], 0)
+    with pytest.raises(KvpatchError, match="must be hashable"):
+        ctl.table({}, 0)
+    with pytest.raises(ArgumentError, match="cap_bytes must be positive"):
+        ctl.add("p", 0, [w], cap_bytes=0)
+    ctl.add("p", 0, [w], batches=[8])
+    with pytest.raises(ArgumentError, match="already added"):
+        ctl.add("p", 0, [w])
+    assert issubclass(ArgumentError, ValueError) and issubclass(ArgumentError, UsageError)
+    # a numpy integer is an int wherever an int is taken; a bool or a one-element array never
+    ctl.add("q", 0, [w], grid=np.int64(4))
+    assert ctl.table("q", 0).grid == 4
+    for batch in (torch.tensor(True), torch.tensor([5]), np.array([5])):
+        with pytest.raises(ArgumentError, match="batch must be an int"):
+            ctl.fork("p", 0, batch)

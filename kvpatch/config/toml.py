@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import UsageError
 from .machine import Machine
 from .make import make_config
-from .model import DTYPES, PatchConfig
+from .model import DTYPES, SETTINGS, PatchConfig
 from .settings import label
 
 #: A kvpatch.toml is a few kB; a larger input is not one.
@@ -64,7 +64,28 @@ def read_config_file(path: Path) -> tuple[dict[str, Any], Machine | None]:
         _key(k, path): (_table(v, path, k) if isinstance(v, dict) else v) for k, v in _unique(table, path).items()
     }
     tuned = options.pop("tuned", None)
+    _numbers_as_numbers(options, path)
     return options, (None if tuned is None else Machine.from_dict(tuned, f"[kvpatch.tuned] in {path}"))
+
+
+#: The integer settings, by name: in a file each is a TOML number (or ``"auto"`` where it takes that).
+_INTEGERS = {s.name: s for s in SETTINGS if s.kind == "int"}
+
+
+def _numbers_as_numbers(options: dict[str, Any], path: Path) -> None:
+    """Refuse an integer setting written as a string (``lookahead = "2"``) at the top level, in
+    a dtype's table or in a rule's: TOML has numbers, and a string there is a mistake the
+    command line's parsing of text would otherwise hide."""
+    tables = [("", options)] + [(f"[{d}] ", options[d]) for d in DTYPES if isinstance(options.get(d), dict)]
+    rules = options.get("rules")
+    if isinstance(rules, dict):
+        tables += [(f"rule {sel!r}: ", t) for sel, t in rules.items() if isinstance(t, dict)]
+    for where, table in tables:
+        for key, value in table.items():
+            s = _INTEGERS.get(_key(key, path))
+            if s is not None and isinstance(value, str) and not (s.auto and value == "auto"):
+                raise UsageError(f"invalid config file {path}: {where}{label(s.name)} = {value!r}: write the number "
+                                 "without quotes" + (" (or \"auto\")" if s.auto else ""))  # fmt: skip
 
 
 def _key(key: Any, path: Path) -> str:

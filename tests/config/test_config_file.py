@@ -128,6 +128,11 @@ def test_unknown_key_in_a_config_file(tmp_path: Path) -> None:
     [
         ("lookahead = ", r"^invalid TOML in .*kvpatch\.toml: "),
         ("kvpatch = 3\n", r"^invalid config file .*kvpatch\.toml: \[kvpatch\] must be a table$"),
+        # a number written as a string: taken as the number before (the command line's text parsing)
+        ('lookahead = "2"\n', r"lookahead = '2': write the number without quotes$"),
+        ('size = "4096"\n', r"size = '4096': write the number without quotes \(or \"auto\"\)$"),
+        ('[fp16]\nmin-ctas = "8"\n', r"\[fp16\] min-ctas = '8'"),
+        ('[rules]\n"fp16/128" = { group = "4" }\n', r"rule 'fp16/128': group = '4'"),
     ],
 )
 def test_bad_config_files(text: str, message: str, tmp_path: Path) -> None:

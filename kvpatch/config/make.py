@@ -73,6 +73,9 @@ def parse_override(text: str) -> dict[str, Any]:
 
 def parse_rules(items: list[str] | tuple[str, ...]) -> dict[str, str]:
     """``['bf16/80/32=off', 'fp16/64=issue=call']`` (repeated ``--rule``) -> {selector: settings}."""
+    if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
+        raise UsageError(f"the rules must be a list of SELECTOR=SETTINGS texts, not {type(items).__name__} "
+                         "(one rule: ['fp16/64=off'])")  # fmt: skip
     out: dict[str, str] = {}
     for item in items:
         selector, sep, settings = text_argument(item, "a --rule").partition("=")

@@ -15,6 +15,7 @@ import reprlib
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable
 
+from ..abi import exact_int
 from ..errors import UsageError
 
 #: ``paper=FREE``: ``--preset paper`` leaves the setting to the user (it is in the paper's marker).
@@ -141,7 +142,7 @@ def check(s: Setting, value: Any) -> Any:
         if not isinstance(value, str) or value not in s.choices:
             raise UsageError(f"invalid {s.label} {short(value)}: choose one of {', '.join(s.choices)}")
         return value
-    if s.auto and (value is None or value == "auto"):
+    if s.auto and (value is None or (isinstance(value, str) and value == "auto")):
         return None
     unit = f" {s.unit}" if s.unit else ""
     over = f"at most {s.high}{unit}" + (f" ({s.why})" if s.why else "")
@@ -162,8 +163,9 @@ def check(s: Setting, value: Any) -> Any:
 def _integer(s: Setting, value: Any, over: str) -> int:
     """An int, or a string of one (one sign at most: '+-5' is no number); floats (2.5, and
     2.0 too) and bools are refused; messages name the setting as users write it (``min-ctas``)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
+    n = exact_int(value)  # an int, a numpy or torch integer too; never a bool
+    if n is not None:
+        return n
     text = value.strip() if isinstance(value, str) else ""
     digits = text[1:] if text[:1] in ("+", "-") and not s.auto else text  # 'auto' or bytes: no sign
     if isinstance(value, str) and ascii_digits(digits):

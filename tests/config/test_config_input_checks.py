@@ -203,3 +203,23 @@ def test_a_marker_holding_words_marker_never_writes_is_refused_as_one(text: str)
         config_from_marker(text)
     cfg = make_config()
     assert config_from_marker(cfg.marker()) == cfg
+
+
+def test_the_configurations_python_api_refuses_what_it_cannot_read_in_one_line() -> None:
+    """Before: parse_rules(None) was a TypeError and parse_rules("fp16=off") read each character
+    as a rule ('invalid --rule 'f''); make_config(size=<array>) was numpy's 'truth value is
+    ambiguous' ValueError, and a numpy integer was no integer. After: a UsageError that says
+    what to give, and a numpy integer is taken."""
+    np = pytest.importorskip("numpy")
+    from kvpatch.config import make_config, parse_rules
+    from kvpatch.errors import UsageError
+
+    for rules in (None, "fp16=off"):
+        with pytest.raises(UsageError, match="the rules must be a list of SELECTOR=SETTINGS texts"):
+            parse_rules(rules)
+    assert parse_rules(["fp16=off"]) == {"fp16": "off"}
+    with pytest.raises(UsageError, match="invalid size"):
+        make_config(size=np.array([1, 2]))
+    assert make_config(lookahead=np.int64(2)).lookahead == 2
+    with pytest.raises(UsageError, match="invalid lookahead"):
+        make_config(lookahead=np.bool_(True))

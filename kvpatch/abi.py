@@ -119,6 +119,8 @@ def open_library(path: str | os.PathLike[str], what: str, error: type[KvpatchErr
     the working directory (``dlopen`` would search the library path for a bare name)."""
     from .fsutil import check_library_file
 
+    if not isinstance(path, (str, os.PathLike)):
+        raise UsageError(f"{what} must be a path (str or os.PathLike), not {type(path).__name__}")
     shown = os.fspath(path)
     check_library_file(path, what, lambda why: error(f"cannot load {what} {shown}: {why}"))
     try:

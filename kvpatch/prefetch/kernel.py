@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..abi import c_argument, open_library
+from ..abi import c_argument, exact_int, open_library
 from ..arch import Arch, parse_arch_list
 from ..config import MAX_SIZE
 from ..errors import BuildError, UsageError
@@ -83,7 +83,7 @@ class PrefetchKernelSpec:
     demote: bool = False
 
     def __post_init__(self) -> None:
-        if self.hint not in HINTS:
+        if not isinstance(self.hint, str) or self.hint not in HINTS:
             raise UsageError(f"unknown prefetch hint {self.hint!r}: choose one of {', '.join(HINTS)}")
         if not (16 <= self.chunk <= MAX_CHUNK and self.chunk % 16 == 0):
             raise UsageError(f"prefetch chunk {self.chunk}: must be a multiple of 16 between 16 and {MAX_CHUNK}")
@@ -131,9 +131,9 @@ def _archs(archs: str | Sequence[Arch]) -> list[Arch]:
 def check_launch(threads: int | None = None, chunk: int | None = None, hint: str | None = None) -> None:
     """:class:`UsageError` unless the per-launch options are ones the kernel takes."""
     for name, value in (("threads", threads), ("chunk", chunk)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        if value is not None and exact_int(value) is None:  # a numpy or torch integer too, as everywhere
             raise UsageError(f"prefetch {name} must be an int, not {value!r}")
-    if hint is not None and hint not in HINTS:
+    if hint is not None and (not isinstance(hint, str) or hint not in HINTS):
         raise UsageError(f"unknown prefetch hint {hint!r}: choose one of {', '.join(HINTS)}")
     if chunk is not None and not (16 <= chunk <= MAX_CHUNK and chunk % 16 == 0):
         raise UsageError(f"prefetch chunk {chunk}: must be a multiple of 16 between 16 and {MAX_CHUNK}")
@@ -190,8 +190,8 @@ class PrefetchLibrary:
     """The built library, loaded with ctypes: ``launch(table_ptr, rows, grid, stream_ptr)``."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._lib = open_library(path, "the L2 prefetch library", BuildError)
         self.path = Path(path)
-        self._lib = open_library(self.path, "the L2 prefetch library", BuildError)
         version = self._fn("kvpatch_l2_prefetch_abi_version", [], ctypes.c_int)()
         if version != PREFETCH_ABI_VERSION:
             raise BuildError(
@@ -267,7 +267,7 @@ class PrefetchLibrary:
             raise UsageError(
                 f"{self.path} has no kvpatch_l2_prefetch_run: build it with PrefetchKernelSpec(demote=True)"
             )
-        if mode not in MODES:
+        if not isinstance(mode, str) or mode not in MODES:
             raise UsageError(f"unknown prefetch mode {mode!r}: choose one of {', '.join(MODES)}")
         table_ptr, rows, grid, stream_ptr = _launch_args(table_ptr, rows, grid, stream_ptr)
         check_launch(threads, chunk, hint)

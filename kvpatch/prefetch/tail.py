@@ -43,8 +43,10 @@ class WeightTail:
     instance, so this sets the table that library's kernels read)."""
 
     def __init__(self, path: str | os.PathLike[str], prefix: str) -> None:
+        lib = open_library(path, "the weight-tail library", BuildError)
+        if not isinstance(prefix, str) or not prefix.isidentifier():
+            raise UsageError(f"the weight-tail library's prefix must be a C name (str), not {prefix!r}")
         self.path, self.prefix = Path(path), prefix
-        lib = open_library(self.path, "the weight-tail library", BuildError)
         try:
             self._set = getattr(lib, f"{prefix}_{SETTER}")
             max_rows = getattr(lib, f"{prefix}_{MAX_ROWS}")
@@ -70,7 +72,7 @@ class WeightTail:
         rows = tuple(_row(r) for r in rows)
         check_rows(rows, self.max_rows)
         stream = c_argument(stream, "void*", "weight-tail stream")
-        if hint not in HINT_CODES:
+        if not isinstance(hint, str) or hint not in HINT_CODES:
             raise UsageError(f"unknown hint {hint!r}: choose one of {', '.join(HINT_CODES)}")
         if isinstance(chunk, bool) or not isinstance(chunk, int) or not 16 <= chunk <= 1_048_560 or chunk % 16:
             raise UsageError(f"weight-tail chunk {chunk!r}: a multiple of 16 from 16 to 1048560")

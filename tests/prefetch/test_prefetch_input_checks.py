@@ -363,3 +363,17 @@ def test_every_refusal_of_the_runtime_is_a_kvpatch_error_and_names_what_was_give
     for batch in (torch.tensor(True), torch.tensor([5]), np.array([5])):
         with pytest.raises(ArgumentError, match="batch must be an int"):
             ctl.fork("p", 0, batch)
+
+
+def test_the_libraries_refuse_what_is_no_path_or_no_name_in_one_line() -> None:
+    """Before: PrefetchLibrary(None) and WeightTail(None, ...) were Path()'s TypeError, and a list
+    for a hint was 'unhashable'. After: a UsageError naming what was given."""
+    from kvpatch.prefetch.kernel import PrefetchLibrary, check_launch
+    from kvpatch.prefetch.tail import WeightTail
+
+    with pytest.raises(UsageError, match="the L2 prefetch library must be a path"):
+        PrefetchLibrary(None)
+    with pytest.raises(UsageError, match="the weight-tail library must be a path"):
+        WeightTail(None, "kvp")
+    with pytest.raises(UsageError, match="hint"):
+        check_launch(hint=[])

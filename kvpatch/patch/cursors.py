@@ -30,6 +30,9 @@ def line_break_before(p: Parsed, offset: int) -> int:
     """The offset of the line break ending the line before the one holding ``offset``."""
     start = p.data.rfind(b"\n", 0, offset)
     if start < 0:
+        if b"\r" in p.data[:offset]:
+            raise PatchError("the header's lines end in CR alone: kvpatch reads LF or CRLF line endings (convert the "
+                             "file, e.g. with tr '\\r' '\\n')")  # fmt: skip
         raise PatchError("the kernel starts on the first line of the file")
     return start - 1 if p.data[start - 1 : start] == b"\r" else start
 
@@ -49,7 +52,12 @@ def after_trailing_comment(p: Parsed, offset: int) -> int:
         if data.startswith(b"//", i):
             end = data.find(b"\n", i)
             end = len(data) if end < 0 else end
-            return end - 1 if data[end - 1 : end] == b"\r" else end
+            end = end - 1 if data[end - 1 : end] == b"\r" else end
+            if data[i:end].endswith(b"\\"):  # the comment runs on into the next line: so would kvpatch's code
+                line = data.count(b"\n", 0, i) + 1
+                raise PatchError(f"line {line}: a '//' comment ending in a backslash continues onto the next line, "
+                                 "where kvpatch inserts its code: remove the backslash")  # fmt: skip
+            return end
         if data.startswith(b"/*", i):
             close = data.find(b"*/", i + 2)
             if close < 0 or b"\n" in data[i:close]:

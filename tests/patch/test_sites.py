@@ -288,3 +288,18 @@ def test_the_pipelines_entry_points_refuse_what_they_cannot_take(call, message: 
 
     with pytest.raises(UsageError, match=message):
         call(fixture_text(STOCK), header_path)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t.replace("static_cast<int64_t>(block_table[block_idx]);",
+                         "static_cast<int64_t>(block_table[block_idx]);  // note \\", 1),
+     r"line \d+: a '//' comment ending in a backslash continues onto the next line"),
+    (lambda t: t.replace("\n", "\r"), "the header's lines end in CR alone"),
+])  # fmt: skip
+def test_a_header_kvpatch_cannot_insert_into_is_said_as_what_it_is(change, message: str, header_path: str) -> None:
+    """Before: a comment ending in a backslash after the block number swallowed kvpatch's first
+    line and the check after patching blamed the header's markers ('unmatched kvpatch:end at line
+    N ... restore the header', a line the input does not have); a header of CR line endings was
+    'the kernel starts on the first line of the file'. After: the cause, in one line."""
+    with pytest.raises(PatchError, match=message):
+        patch(change(fixture_text(STOCK)), header_path, make_config())

@@ -48,11 +48,12 @@ def shown_path(path: object) -> str:
 
 def _problem(code: int | None, path: object, doing: str | None) -> KvpatchError | None:
     what = f" {doing}" if doing else ""
+    where = f": {shown_path(path)}" if path is not None else " writing the output"  # no name: a stream (stdout)
     if code in _FULL:
-        return DiskFullError(f"{os.strerror(code)}{what}: {shown_path(path)} ({_FULL[code]}: free some space and "
-                             "run the command again)")  # fmt: skip
+        return DiskFullError(f"{os.strerror(code)}{what}{where} ({_FULL[code]}: free some space and run the command "
+                             "again)")  # fmt: skip
     if code == errno.ENAMETOOLONG:
-        return PathTooLongError(f"{os.strerror(code)}{what}: {shown_path(path)} (longer than the file system takes: "
+        return PathTooLongError(f"{os.strerror(code)}{what}{where} (longer than the file system takes: "
                                 f"{_PATH_MAX} bytes a path, {_NAME_MAX} a name; use a shorter one)")  # fmt: skip
     return None
 

@@ -74,3 +74,19 @@ def test_a_tree_that_cannot_be_written_is_one_line(errno_: int, tmp_path: Path, 
         f"error: kvpatch apply: cannot write {tree / HEADER}: {os.strerror(errno_)} (the header is unchanged)"
     )
     assert (tree / HEADER).read_text() == fixture_text(STOCK) and not (work / ".kvpatch/state.json").exists()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+def test_a_full_disk_under_stdout_is_said_without_a_nameless_path(tmp_path: Path) -> None:
+    """Before: 'No space left on device: ? (the disk is full ...)', the '?' standing for a stream
+    that has no name. After: what was being written."""
+    import subprocess
+
+    from cli.cli_helpers import KVPATCH, kvpatch_env
+
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([KVPATCH, "config"], cwd=tmp_path, env=kvpatch_env(tmp_path), stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == ("error: kvpatch config: No space left on device writing the output (the disk is "
+                                   "full: free some space and run the command again)")  # fmt: skip

@@ -149,7 +149,9 @@ def bench(
             "--variant", metavar="NAME=FILE", help="More variants: NAME=config.toml (repeatable; when building)."
         ),
     ] = [],  # noqa: B006
-    paper: Annotated[bool, typer.Option("--paper/--no-paper", help="Include the paper preset (when building).")] = True,
+    paper: Annotated[
+        Optional[bool], typer.Option("--paper/--no-paper", help="Include the paper preset (when building; default on).")
+    ] = None,
     control: Annotated[
         bool, typer.Option("--control/--no-control", help="Include the prefetch-never-runs control (when building).")
     ] = False,

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 @dataclass
 class BenchOptions(LibraryOptions):
     variants: list[str] = field(default_factory=list)  # --variant NAME=config.toml (when building)
-    paper: bool = True
+    paper: Optional[bool] = None  # None: on where variants are built (not given)
     control: bool = False
     point_set: Optional[str] = None
     quick: bool = False
@@ -120,6 +120,9 @@ def run(o: BenchOptions, *, progress: Progress = QUIET) -> BenchReport:
     check_bench_options(reps=o.reps, warmup=o.warmup, rounds=o.rounds, warm=o.warm, cold=o.cold,
                         kernels=o.kernels)  # fmt: skip
     extra = variant_configs(o.variants)
+    if o.libs and (o.paper or o.control):
+        raise UsageError("--paper and --control build variants from the tree; --lib runs prebuilt libraries: give "
+                         "their libraries as more --lib")  # fmt: skip
     if extra and o.libs:
         raise UsageError("--variant builds a configuration from the tree, --lib runs prebuilt libraries: give the "
                          "variant's library as one more --lib")  # fmt: skip
@@ -135,7 +138,7 @@ def run(o: BenchOptions, *, progress: Progress = QUIET) -> BenchReport:
     else:
         from .tree import resolve, variants_for  # the build side (git, libclang) only when building
 
-        variants = variants_for(resolve(o.tree, o.cwd), o.cwd, progress, paper=o.paper, control=o.control,
+        variants = variants_for(resolve(o.tree, o.cwd), o.cwd, progress, paper=o.paper is not False, control=o.control,
                                 extra=extra)  # fmt: skip
         libs = build_libraries(o.tree, o.cwd, o.build_arch, variants, progress,
                                dtypes=sorted({p.dtype for p in points}), head_sizes=sorted({p.head_size for p in points}),

@@ -132,6 +132,9 @@ def run(o: ValidateOptions, *, progress: Progress = QUIET) -> ValidateOutcome:
             raise UsageError(f"{flag} needs --upstream")
     if o.upstream_dir is not None:
         check_directory("--upstream-dir", o.upstream_dir)
+    if o.paper and o.libs:
+        raise UsageError("--paper builds the paper preset from the tree; --lib runs prebuilt libraries: give its "
+                         "library as one more --lib")  # fmt: skip
     if not o.matrix and not o.upstream:
         raise UsageError("--no-matrix leaves nothing to do without --upstream")
     if o.workers is not None and o.workers < 1:

@@ -98,6 +98,9 @@ def no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     (["validate", "--lib", "stock={lib}:p", "--tree", "{tree}"], "--tree builds from a tree"),
     (["tune", "--lib", "stock={lib}:p", "--tree", "{tree}"], "--tree builds from a tree"),
     (["validate", "--variant-info", "{toml}"], "give it with --lib"),
+    (["validate", "--lib", "stock={lib}:p", "--paper"], "--paper builds the paper preset from the tree"),
+    (["bench", "--lib", "stock={lib}:p", "--paper"], "--paper and --control build variants from the tree"),
+    (["bench", "--lib", "stock={lib}:p", "--control"], "--paper and --control build variants from the tree"),
     (["bench", "--set", ""], "invalid --set ''"),
     (["bench-decode", "--lib", "stock={lib}:p", "--wpf", ""], "--wpf is empty"),
     # a library named in a --libs-file is an input like one given with --lib

@@ -234,7 +234,7 @@ def write_bundle(
         schemas={op: schemas[op] for op in OPS}, kvpatch_version=kvpatch_version, extra=dict(extra or {}),
     )  # fmt: skip
     _write_atomic(out / MANIFEST, (json.dumps(manifest.to_dict(), indent=1, sort_keys=True) + "\n").encode())
-    if old is not None and old.library != name:
+    if old is not None and old.library != name and _LIBRARY_NAME.fullmatch(old.library):  # only what kvpatch wrote
         (out / old.library).unlink(missing_ok=True)
     return manifest
 
@@ -279,6 +279,8 @@ def remove_bundle(directory: str | os.PathLike[str] | None = None) -> bool:
         return False
     if not _LIBRARY_NAME.fullmatch(m.library):
         raise BundleError(f"{out / MANIFEST} names {m.library!r}, not a library kvpatch writes: nothing removed")
+    if (out / m.library).is_dir():
+        raise BundleError(f"{out / m.library} is a directory, not the library {out / MANIFEST} names: nothing removed")
     (out / MANIFEST).unlink(missing_ok=True)
     (out / m.library).unlink(missing_ok=True)
     for p in out.iterdir():

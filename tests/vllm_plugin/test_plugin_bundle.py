@@ -197,3 +197,19 @@ def test_a_manifest_that_is_a_fifo_or_a_device_is_refused_without_blocking(tmp_p
     (e / MANIFEST).symlink_to("/dev/zero")
     with pytest.raises(BundleError, match="cannot read"):
         read_bundle(e)
+
+
+@pytest.mark.parametrize("named", ["notes.txt", "model.safetensors", MANIFEST])
+def test_enabling_again_removes_only_a_library_kvpatch_wrote(tmp_path, named):
+    """Before: a new bundle removed whatever file the old manifest named as its library: a
+    hand-edited 'notes.txt' went, and 'bundle.json' took the new manifest with it (enable said
+    it had succeeded and left no bundle). After: only a name kvpatch gives its libraries."""
+    d = S.make_bundle(tmp_path / "b", library_bytes=b"first")
+    (d / "notes.txt").write_text("mine")
+    (d / "model.safetensors").write_bytes(b"weights")
+    raw = json.loads((d / MANIFEST).read_text())
+    raw["library"] = named
+    (d / MANIFEST).write_text(json.dumps(raw))
+    S.make_bundle(tmp_path / "b", library_bytes=b"second")
+    assert (d / "notes.txt").read_text() == "mine" and (d / "model.safetensors").read_bytes() == b"weights"
+    assert read_bundle(d).library_bytes == 6  # the new manifest is there

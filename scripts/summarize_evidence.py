@@ -73,7 +73,8 @@ def tune_table(folder: Path, cfg: dict) -> list[str]:
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
         }
-        done = subprocess.run([sys.executable, "-m", "kvpatch", "tune", *args, "-o", f"{tmp}/kvpatch.toml", "--json", f"{tmp}/tune.json"],
+        # -P: the folder (the working directory) is not on sys.path: a kvpatch/ there is not imported
+        done = subprocess.run([sys.executable, "-P", "-m", "kvpatch", "tune", *args, "-o", f"{tmp}/kvpatch.toml", "--json", f"{tmp}/tune.json"],
                               cwd=folder, env=env, capture_output=True, text=True, check=False)  # fmt: skip
         if done.returncode != 0:
             raise SystemExit(f"kvpatch tune --from failed:\n{done.stderr}")

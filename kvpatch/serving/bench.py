@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 
 from ..errors import BuildError, GpuCheckError, UsageError
 from ..fsutil.files import write_atomic
-from ..fsutil.reading import parse_json
+from ..fsutil.reading import parse_json, read_regular
 from ..gpu.stats import median
 from ..progress import QUIET, Progress
 from .engine import Worker, run_slot
@@ -25,6 +25,9 @@ from .report import build_report
 from .schedule import Slot, pending, schedule
 
 MANIFEST = "bench.json"
+#: The most a file of a --raw folder may hold (a run's record is kilobytes); a larger one, or one
+#: that is no regular file (a FIFO there blocked the resume forever), counts as damaged.
+RAW_LIMIT = 64 << 20
 DEFAULT_WORKER = Worker()
 
 
@@ -35,7 +38,7 @@ def saved_runs(options: ServingOptions, folder: Path, slots: list[Slot]) -> dict
     manifest = folder / MANIFEST
     if manifest.exists():
         try:
-            theirs = parse_json(manifest.read_bytes()).get("fingerprint")
+            theirs = parse_json(read_regular(manifest, limit=RAW_LIMIT)).get("fingerprint")
         except (OSError, ValueError, AttributeError):
             theirs = None
         if theirs not in ours:
@@ -47,7 +50,7 @@ def saved_runs(options: ServingOptions, folder: Path, slots: list[Slot]) -> dict
         if not p.exists():
             continue
         try:
-            rec = parse_json(p.read_bytes())
+            rec = parse_json(read_regular(p, limit=RAW_LIMIT))
         except (OSError, ValueError):
             continue  # damaged: run it again
         if isinstance(rec, dict) and rec.get("fingerprint") in ours and not rec.get("problems"):
@@ -68,7 +71,7 @@ def _spec_models(folder: Path) -> set[str]:
     paths = set()
     for spec in folder.glob("*.spec.json"):
         try:
-            model = parse_json(spec.read_bytes()).get("model")
+            model = parse_json(read_regular(spec, limit=RAW_LIMIT)).get("model")
         except (OSError, ValueError, AttributeError):
             continue
         if isinstance(model, str):

@@ -228,3 +228,22 @@ def test_a_raw_folder_moved_elsewhere_resumes_also_one_written_when_the_models_p
     other = ServingOptions(**{**_shape_options(tmp_path / "c").__dict__, "workloads": (Workload(4, 12, 3),)})
     with pytest.raises(UsageError, match="another benchmark"):
         run_bench(other, tmp_path / "c", worker=worker)
+
+
+@pytest.mark.parametrize("name", ["bench.json", "r00-kvpatch.json", "r00-kvpatch.spec.json"])
+def test_a_fifo_in_the_raw_folder_is_a_damaged_file_not_a_hang(tmp_path, name):
+    """Before: a FIFO where a run's record, a spec or the manifest goes blocked the resume's read
+    forever. After: read as no regular file: damaged (a manifest so is another benchmark's)."""
+    from conftest import in_thread
+
+    from kvpatch.serving.bench import saved_runs
+
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    os.mkfifo(folder / name)
+    options = _shape_options(tmp_path / "model")
+    outcome: list = []
+    finished, error = in_thread(lambda: outcome.append(saved_runs(options, folder, schedule(options.arms, 1))), 30)
+    assert finished, "the read of a FIFO blocked"
+    assert (isinstance(error, UsageError) and "another benchmark" in str(error)) if name == "bench.json" else \
+        (error is None and outcome == [{}])  # fmt: skip

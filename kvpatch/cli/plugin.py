@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 
 from ..commands.common import check_report_output
+from ..errors import printable
 from .base import ArchOpt, JsonOpt, TreeOpt, app, cwd, emit_json, io, path_value, progress, warn
 
 plugin_app = typer.Typer(
@@ -28,7 +29,7 @@ DirOpt = Annotated[
 
 def _print(lines: list[str]) -> None:
     for line in lines:
-        io.out.print(escape(line), highlight=False, soft_wrap=True)
+        io.out.print(escape(printable(line)), highlight=False, soft_wrap=True)
 
 
 @plugin_app.command()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..abi import ABI_VERSION, AbiError
+from ..errors import printable
 from .bundle import MANIFEST, BundleError, bundle_dir, describe_missing, file_digest, missing_configs, read_bundle
 from .schema import OPS, scales_by_value, schema_mismatch
 
@@ -106,8 +107,9 @@ class Decision:
         return ""
 
     def line(self) -> str:
-        """The one log line (whitespace collapsed: an exception's text may hold newlines)."""
-        return " ".join(self._line().split())
+        """The one log line (whitespace collapsed: an exception's text may hold newlines; control
+        characters, from a manifest or the environment, shown as escapes)."""
+        return printable(" ".join(self._line().split()))
 
     def _line(self) -> str:
         ops = f"{self.namespace}::paged_attention_v1/_v2 ({self.dispatch_key})"

@@ -136,3 +136,15 @@ def test_an_empty_path_is_refused_not_taken_for_the_current_directory(args: list
     """Before: '' (an unset shell variable) became '.': ``plugin disable --dir ''`` acted on the
     current directory and exited 0. After: one line, exit 2, the option named."""
     assert_one_line_error(run_cli(*args, cwd=work), 2, "Invalid value for '", args[-2], "an empty path")
+
+
+def test_the_plugin_commands_show_control_characters_as_escapes(tmp_path: Path, work: Path) -> None:
+    """Before: ``plugin disable --dir $'x\\ny'`` printed its folder over two lines, and the
+    plugin's log line (in every vLLM process) carried a manifest's escape sequences raw."""
+    proc = run_cli("plugin", "disable", "--dir", str(tmp_path / "x\ny\x1b[31m"), cwd=work)
+    assert proc.returncode == 0 and proc.stdout.count("\n") == 1 and "\x1b" not in proc.stdout
+    assert "x\\ny\\x1b[31m" in proc.stdout
+    from kvpatch.vllm_plugin.checks import Decision
+
+    line = Decision(action="refuse", reason="a manifest says 0.10.2\x1b]0;pwn\x07", registered=False).line()
+    assert "\x1b" not in line and "\x07" not in line and "\\x1b]0;pwn\\x07" in line

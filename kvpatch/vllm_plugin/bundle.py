@@ -115,7 +115,7 @@ class Manifest:
         """Check every field's presence and type: :class:`BundleError` naming the first bad one."""
         if not isinstance(d, dict):
             raise BundleError("the manifest is not a JSON object")
-        if d.get("format") != FORMAT:
+        if type(d.get("format")) is not int or d.get("format") != FORMAT:  # true and 1.0 are no format 1
             raise BundleError(f"manifest format {d.get('format')!r}, this kvpatch reads {FORMAT}")
 
         def get(name: str, kind: type) -> Any:
@@ -145,7 +145,7 @@ class Manifest:
             if not isinstance(schemas.get(op), str) or not schemas[op].strip():
                 raise BundleError(f"the manifest records no schema for {op}")
         library = get("library", str)
-        if not library or Path(library).name != library:
+        if not library or Path(library).name != library or library in (".", "..") or "\0" in library:
             raise BundleError(f"the manifest's library {library!r} is not a plain file name")
         return cls(
             vllm_release=get("vllm_release", str), header_revision=get("header_revision", str),

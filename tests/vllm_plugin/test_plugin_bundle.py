@@ -71,7 +71,9 @@ def test_read_bundle_errors(tmp_path):
         assert read_bundle(tmp_path, damaged_ok=True) is None
     d = S.make_bundle(tmp_path / "b")
     raw = json.loads((d / MANIFEST).read_text())
-    for key, value, why in [("library", "../evil.so", "not a plain file name"), ("library_bytes", "5", "should be a int, not str"),
+    for key, value, why in [("library", "../evil.so", "not a plain file name"), ("library", "..", "not a plain file name"),
+                            ("library", "lib\0.so", "not a plain file name"), ("format", True, "manifest format True"),
+                            ("format", 1.0, "manifest format 1.0"), ("library_bytes", "5", "should be a int, not str"),
                             ("archs", "sm_90a", "should be a list"), ("schemas", {}, "no schema"), ("configs", [1], "not a list of strings")]:  # fmt: skip
         (d / MANIFEST).write_text(json.dumps({**raw, key: value}))
         with pytest.raises(BundleError, match=why):

@@ -47,6 +47,8 @@ def _model_source(o: ServingBenchOptions) -> tuple[Path | None, Any]:
     from ..decode.models import MODELS
     from ..fsutil import expand_home
 
+    if not o.model.strip():  # an unset shell variable: not the current directory
+        raise UsageError(f"--model is empty: give a model directory or a model shape ({', '.join(MODELS)})")
     path = expand_home(o.model, f"--model {o.model}")
     path = path if path.is_absolute() else o.cwd / path
     if path.is_dir():

@@ -149,3 +149,9 @@ def test_the_report_names_what_each_arm_ran_and_the_aa_reading():
     assert "INCOMPLETE" in text and "5 of 6" in text
     assert "kvpatch: 2 starts, kvpatch's kernels needed, the plugin logged kvpatch" in text
     assert "512x512 B64  6.00 (5.90-6.10)" in text and "1.100 (1.050-1.150)  1.000 (0.990-1.010)" in text
+
+
+def test_an_empty_model_is_refused_not_taken_for_the_current_directory(tmp_path):
+    """Before: with a config.json here, --model '' (an unset variable) was this directory."""
+    (tmp_path / "config.json").write_text("{}")
+    assert_one_line_error(run_cli("plugin", "bench", "--model", "", cwd=tmp_path), 2, "--model is empty")

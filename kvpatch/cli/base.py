@@ -23,6 +23,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from ..commands.choices import DEFAULT_ARCH
 from ..errors import UsageError, printable
 from ..progress import Progress
 
@@ -126,7 +127,7 @@ def warn(line: str) -> None:
     """One warning line on stderr (``warning: `` prefixed unless the line has it); control
     characters shown as escapes (:func:`kvpatch.errors.printable`)."""
     text = line if line.startswith("warning:") else f"warning: {line}"
-    io.err.print(escape(printable(text)), highlight=False, soft_wrap=True)
+    io.err.print(shown(text), highlight=False, soft_wrap=True)
 
 
 def shown(value: object) -> str:
@@ -233,7 +234,7 @@ ArchOpt = Annotated[
 BuildArchOpt = Annotated[
     Optional[str],
     typer.Option("--arch", metavar="ARCHS",
-                 help="TORCH_CUDA_ARCH_LIST syntax: 9.0a, 9.0, '8.0;9.0a', 9.0+PTX (default 9.0a; not with --lib)."),
+                 help=f"TORCH_CUDA_ARCH_LIST syntax: 9.0a, 9.0, '8.0;9.0a', 9.0+PTX (default {DEFAULT_ARCH}; not with --lib)."),
 ]  # fmt: skip
 LibOpt = Annotated[
     list[str],

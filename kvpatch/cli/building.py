@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
+from ..commands.choices import DEFAULT_ARCH
 from ..commands.common import check_report_output
 from .base import ArchOpt, JsonOpt, TreeOpt, app, csv, cwd, emit_json, io, progress, shown, warn
 
@@ -14,7 +15,7 @@ from .base import ArchOpt, JsonOpt, TreeOpt, app, csv, cwd, emit_json, io, progr
 @app.command()
 def build(
     tree: TreeOpt = None,
-    arch: ArchOpt = "9.0a",
+    arch: ArchOpt = DEFAULT_ARCH,
     dtypes: Annotated[Optional[str], typer.Option(metavar="LIST", help="fp16,bf16,fp32 (default fp16,bf16).")] = None,
     head_sizes: Annotated[Optional[str], typer.Option(metavar="LIST", help="e.g. 64,128,256 (default 128).")] = None,
     block_sizes: Annotated[Optional[str], typer.Option(metavar="LIST", help="e.g. 16,32 (default 16).")] = None,

@@ -6,11 +6,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.markup import escape
 
+from ..commands.choices import DEFAULT_ARCH
 from ..commands.common import check_report_output
-from ..errors import printable
-from .base import ArchOpt, JsonOpt, TreeOpt, app, cwd, emit_json, io, path_value, progress, warn
+from .base import ArchOpt, JsonOpt, TreeOpt, app, cwd, emit_json, io, path_value, progress, shown, warn
 
 plugin_app = typer.Typer(
     no_args_is_help=True,
@@ -29,13 +28,13 @@ DirOpt = Annotated[
 
 def _print(lines: list[str]) -> None:
     for line in lines:
-        io.out.print(escape(printable(line)), highlight=False, soft_wrap=True)
+        io.out.print(shown(line), highlight=False, soft_wrap=True)
 
 
 @plugin_app.command()
 def enable(
     tree: TreeOpt = None,
-    arch: ArchOpt = "9.0a",
+    arch: ArchOpt = DEFAULT_ARCH,
     release: Annotated[
         Optional[str],
         typer.Option(

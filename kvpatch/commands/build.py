@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import UsageError
+from ..gpu.defaults import DEFAULT_ARCH
 from ..progress import QUIET, Progress
 from ..source.includes import check_tree_files
 from .tree import resolve, variants_for
@@ -24,7 +25,7 @@ from .tree import resolve, variants_for
 class BuildOptions:
     tree: Optional[Path] = None
     cwd: Path = field(default_factory=Path.cwd)
-    arch: str = "9.0a"
+    arch: str = DEFAULT_ARCH
     dtypes: Optional[list[str]] = None
     head_sizes: Optional[list[int]] = None
     block_sizes: Optional[list[int]] = None

@@ -9,11 +9,19 @@ from ..config.model import SETTINGS
 from ..config.settings import Setting
 from ..decode.models import MODELS
 from ..decode.options import DEFAULT_MODELS
-from ..gpu.defaults import DECODE_LAYERS, DECODE_ROUNDS, DEFAULT_REPS, DEFAULT_ROUNDS, DEFAULT_WARMUP, TUNE_REPS
+from ..gpu.defaults import (
+    DECODE_LAYERS,
+    DECODE_ROUNDS,
+    DEFAULT_ARCH,
+    DEFAULT_REPS,
+    DEFAULT_ROUNDS,
+    DEFAULT_WARMUP,
+    TUNE_REPS,
+)
 from ..gpu.points import MAX_CONTEXT
 from ..tune.grid import GRID_KEYS
 
 __all__ = [
-    "DECODE_LAYERS", "DECODE_ROUNDS", "DEFAULT_MODELS", "DEFAULT_REPS", "DEFAULT_ROUNDS", "DEFAULT_WARMUP",
+    "DECODE_LAYERS", "DECODE_ROUNDS", "DEFAULT_ARCH", "DEFAULT_MODELS", "DEFAULT_REPS", "DEFAULT_ROUNDS", "DEFAULT_WARMUP",
     "GRID_KEYS", "MAX_CONTEXT", "MODELS", "SETTINGS", "Setting", "TUNE_REPS",
 ]  # fmt: skip

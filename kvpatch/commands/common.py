@@ -16,11 +16,9 @@ from ..config import Machine, variant_files
 from ..errors import UsageError
 from ..fsutil import write_atomic
 from ..gpu import launch as L
+from ..gpu.defaults import DEFAULT_ARCH
 from ..gpu.report import STOCK_MARKER
 from ..progress import QUIET, Progress
-
-#: The arch a GPU command builds for when ``--arch`` is not given.
-DEFAULT_ARCH = "9.0a"
 
 
 @dataclass
@@ -311,10 +309,8 @@ def check_report_output(
     if json_value is None:
         return
     from ..fsutil import check_output
-    from ..source.tree import Tree
 
-    target = Tree((cwd / tree) if not tree.is_absolute() else tree) if tree is not None else None
-    keep = {**kept_paths(cwd, target), **{k: v for k, v in (protected or {}).items() if v is not None}}
+    keep = {**kept_paths(cwd, tree), **{k: v for k, v in (protected or {}).items() if v is not None}}
     read = {k: v for k, v in (inputs or {}).items() if v is not None}
     check_output("json", json_value, inputs=read, protected=keep)
 

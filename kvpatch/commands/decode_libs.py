@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..decode.prepare import PREFETCH_LIBRARY, decode_variants, tail_config
+from ..gpu.defaults import DEFAULT_ARCH
 
 
-def prepare(out: str | Path, *, vllm: str = "0.10.2", tree: str | Path | None = None, arch: str = "9.0a",
+def prepare(out: str | Path, *, vllm: str = "0.10.2", tree: str | Path | None = None, arch: str = DEFAULT_ARCH,
             dtypes: Sequence[str] = ("bf16",), head_sizes: Sequence[int] = (64, 128), jobs: int | None = None,
             progress: Callable[[str], None] | None = None) -> dict[str, Any]:  # fmt: skip
     """Build everything into ``out``; returns what ``build.json`` records."""

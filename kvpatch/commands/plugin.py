@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..errors import BuildError, GpuCheckError, UsageError
 from ..fsutil import read_input
+from ..gpu.defaults import DEFAULT_ARCH
 from ..progress import QUIET, Progress
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ BINDINGS_LIMIT = 16 << 20
 class EnableOptions:
     tree: Optional[Path] = None
     cwd: Path = field(default_factory=Path.cwd)
-    arch: str = "9.0a"
+    arch: str = DEFAULT_ARCH
     jobs: Optional[int] = None
     release: Optional[str] = None  # the tree's vLLM release, where kvpatch cannot read it
     directory: Optional[Path] = None  # the bundle's directory (default: this environment's)

@@ -16,3 +16,5 @@ DECODE_ROUNDS = 5
 #: The most layers ``--layers`` may ask a step for: 128 (Llama-3.1-405B has 126); a typo, not a
 #: wish, is what it catches.
 MAX_DECODE_LAYERS = 128
+#: The arch a GPU command builds for when ``--arch`` is not given (``build`` and ``plugin enable`` too).
+DEFAULT_ARCH = "9.0a"

@@ -311,7 +311,7 @@ class PrefetchController:
         if None in buckets:
             return buckets[None]
         if batch is None:
-            raise ArgumentError(f"prefetch window {(point, layer)} has per-batch tables: pass batch=")
+            raise ArgumentError(f"prefetch window {key} has per-batch tables: pass batch=")
         bounds = sorted(b for b in buckets if b is not None and b >= batch)
         return buckets[bounds[0]] if bounds else None
 

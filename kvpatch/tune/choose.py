@@ -170,7 +170,8 @@ class Versus:
     bench's own interval), and its verdict the bench's (:func:`~kvpatch.gpu.stats.verdict`).
     Without two rounds of both, a point has its one ratio: any ratio below 1.00 is slower."""
 
-    #: points whose interval lies below 1.00, but where both ran stock's own code (stock against itself)
+    #: points whose interval lies below 1.00, not counting those where both ran stock's own code
+    #: (stock against itself: the bench's noise floor)
     slower: int
     geomean: float
     geomean_interval: tuple[float, float]

@@ -25,6 +25,8 @@
 #       ALSO=NAME=CARRY2 (another carry made with --prepare, e.g. CARRY=.gpu/serving/carry-g4m):
 #       its bundle is installed beside this carry's and timed as one more arm (--bundle NAME=...),
 #       so two configurations read against each other in the same rounds.
+#       WORKLOADS='IN:OUT:B,B ...' (space-separated; default 4096:256:8,32, '' for none): the bench's
+#       --workload rows this script adds before the options after '--'.
 #       OPS_TESTED=DIGEST (the first 16 hex digits of sha256 of the carry's _C.abi3.so.xz, which the
 #       log prints): skip vLLM's kernel tests when the carry's ops are exactly those an earlier
 #       machine tested (cite that run's record); any other digest runs them as usual.
@@ -90,6 +92,7 @@ SMOKE=0
 CHECK=0
 RESUME=
 EXTRA=()
+WORKLOADS=${WORKLOADS-4096:256:8,32}
 while [[ $# -gt 0 ]]; do
   case $1 in
     --dtype) DTYPE=$2; shift 2 ;;
@@ -201,7 +204,7 @@ if [[ $SMOKE == 1 ]]; then
   RAW=$BASE/smoke-$DTYPE
   ARGS=(--dtype "$DTYPE" --raw "$RAW" --starts 1 --batch-sizes 1,64 --output-len 64 --json "$OUT/smoke-$DTYPE.json" "${OTHER[@]}")
 else
-  ARGS+=(--workload 4096:256:8,32)
+  for w in $WORKLOADS; do ARGS+=(--workload "$w"); done
 fi
 say "kvpatch plugin bench ${ARGS[*]} ${EXTRA[*]}"
 "$PY" -m kvpatch plugin bench "${ARGS[@]}" "${EXTRA[@]}" > "$OUT/bench-$DTYPE.txt" 2> "$OUT/bench-$DTYPE.err"

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..commands.choices import DEFAULT_ARCH
+from ..config.model import whole_number
 from ..errors import UsageError, printable
 from ..progress import Progress
 
@@ -143,13 +144,17 @@ def cwd() -> Path:
 def csv(text: Optional[str], kind: Any = str, *, empty: bool = False) -> Optional[list]:
     """``'a,b'`` (or ``;``-separated) -> a list; None (not given) stays None. A list given empty
     (``--dtypes ''``, an unset shell variable) is a one-line error unless ``empty`` says it means
-    something: it must not quietly become the default."""
+    something: it must not quietly become the default. Integers are ASCII digits (int() alone
+    would also read '+5', '1_000' and other scripts' digits)."""
     if text is None:
         return None
+    if kind is int:
+        kind = whole_number
     try:
         items = [kind(x.strip()) for x in text.replace(";", ",").split(",") if x.strip()]
     except ValueError:
-        raise UsageError(f"invalid list {text!r}") from None
+        what = ": comma-separated whole numbers" if kind is whole_number else ""
+        raise UsageError(f"invalid list {text!r}{what}") from None
     if not items and not empty:
         raise UsageError(f"an empty list {text!r}: give at least one value")
     return items

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ..config import Machine, variant_files
+from ..config.model import whole_number
 from ..errors import UsageError
 from ..fsutil import write_atomic
 from ..gpu import launch as L
@@ -249,7 +250,7 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         q, sep, kv = part.partition("/")
         try:
-            out.append((int(q), int(kv)))
+            out.append((whole_number(q.strip()), whole_number(kv.strip())))
         except ValueError:
             raise UsageError(f"invalid heads {part!r}: use QUERY/KV, e.g. 32/8") from None
         if not sep:

@@ -200,6 +200,15 @@ def ascii_digits(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
+def whole_number(text: str) -> int:
+    """``'16'`` or ``'-3'`` -> an int; anything else int() would also take (``'+5'``, ``'1_000'``,
+    ``'٣'``, spaces inside) is a ValueError: a count on a command line is written in ASCII digits."""
+    digits = text[1:] if text.startswith("-") else text
+    if not ascii_digits(digits):
+        raise ValueError(f"not a whole number: {text!r}")
+    return int(text)
+
+
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 40, 40
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping
 
+from ..config.model import whole_number
 from ..errors import UsageError
 from ..gpu.defaults import DECODE_LAYERS
 from ..gpu.points import DEFAULT_BATCHES, DEFAULT_CONTEXTS  # noqa: F401 - the decode step's grid is the bench's headline grid
@@ -63,7 +64,7 @@ JOIN_POINTS = ("step", "oproj")
 def parse_ints(text: str, what: str = "list") -> list[int]:
     """``'1,4,16'`` -> ``[1, 4, 16]`` (each >= 1)."""
     try:
-        values = [int(x) for x in text.split(",") if x.strip()]
+        values = [whole_number(x.strip()) for x in text.split(",") if x.strip()]
     except ValueError:
         raise UsageError(f"invalid {what} {text!r}: comma-separated integers") from None
     if not values or any(v < 1 for v in values):

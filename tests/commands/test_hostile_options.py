@@ -73,6 +73,11 @@ def no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     (["bench", "--lib", "stock={lib}:p", "--set", "heldout", "--batches", "0"], "--batches must be 1 to 1024"),
     (["bench-decode", "--lib", "stock={lib}:p", "--batches", "4096"], "--batches must be 1 to 1024 sequences"),
     (["bench-decode", "--lib", "stock={lib}:p", "--layers", "99999999"], "--layers must be at most 128"),
+    # a count is ASCII digits: int() alone would read these as 5, 1000 and 3
+    (["bench", "--lib", "stock={lib}:p", "--batches", "+5"], "comma-separated whole numbers"),
+    (["bench", "--lib", "stock={lib}:p", "--contexts", "1_000"], "comma-separated whole numbers"),
+    (["validate", "--lib", "stock={lib}:p", "--head-sizes", "\u0663\u0662"], "comma-separated whole numbers"),
+    (["bench", "--lib", "stock={lib}:p", "--heads", "+32/8"], "invalid heads '+32/8'"),
     # a directory that is not a vLLM tree: refused as build refuses it, before the GPU is looked for
     (["validate", "--tree", "{notree}"], "is not a vLLM source tree"),
     (["bench", "--tree", "{notree}"], "is not a vLLM source tree"),

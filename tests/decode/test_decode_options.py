@@ -91,6 +91,6 @@ def test_caps_text_forms_and_batch_buckets():
 
 def test_integer_lists():
     assert parse_ints("1, 4,16") == [1, 4, 16]
-    for bad in ("", "0", "1,x", "-4"):
+    for bad in ("", "0", "1,x", "-4", "+5", "1_000", "\u0663"):  # int() alone reads the last three
         with pytest.raises(UsageError, match="invalid"):
             parse_ints(bad)

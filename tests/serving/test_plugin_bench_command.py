@@ -21,6 +21,9 @@ from kvpatch.render import serving_lines
         (["--dtype", "fp32"], "fp16 or bf16"),
         (["--batch-sizes", "0"], "out of range"),
         (["--batch-sizes", "1,x"], "invalid list"),
+        (["--batch-sizes", "+5"], "comma-separated whole numbers"),
+        (["--batch-sizes", "1_000"], "comma-separated whole numbers"),
+        (["--batch-sizes", "\u0663"], "comma-separated whole numbers"),  # an Arabic-Indic 3, which int() reads
         (["--workload", "4096:256"], "INPUT:OUTPUT:BATCHES"),
         (["--workload", "4096:+-5:8"], "not a whole number"),
         (["--starts", "0"], "--starts"),

@@ -178,9 +178,10 @@ def check_header_writable(tree: Tree, *, force_write: bool = False) -> None:
     octal = f"{stat.S_IMODE(mode):04o}"
     if not mode & stat.S_IWUSR:
         raise PatchError(f"{tree.header} is read-only (mode {octal}): kvpatch leaves it as it is; make it "
-                         "writable (chmod u+w) to patch it")  # fmt: skip
+                         "writable (chmod u+w), or give --force-write to replace it keeping its mode")  # fmt: skip
     if not os.access(tree.header, os.W_OK):
-        raise PatchError(f"{tree.header} is not writable by this user (mode {octal}): kvpatch leaves it as it is")
+        raise PatchError(f"{tree.header} is not writable by this user (mode {octal}): kvpatch leaves it as it is "
+                         "(--force-write replaces it where its folder is writable)")  # fmt: skip
 
 
 def write_header_and_state(tree: Tree, old: str, new: str | None, state: State | None, cwd: Path, *,

@@ -38,7 +38,7 @@ def test_a_read_only_header_is_refused_by_the_cli(command: list[str], read_only:
         read_only.header.chmod(0o444)
     before = read_only.header.read_bytes()
     proc = run_cli(*command, "--tree", str(read_only.root), cwd=work)
-    assert_one_line_error(proc, 4, str(read_only.header), "read-only")
+    assert_one_line_error(proc, 4, str(read_only.header), "read-only", "--force-write")  # apply's and revert's option
     assert read_only.header.read_bytes() == before
     assert stat.S_IMODE(read_only.header.stat().st_mode) == 0o444
 

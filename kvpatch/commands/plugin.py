@@ -188,17 +188,25 @@ def disable(directory: Optional[Path] = None) -> tuple[Path, bool]:
     from ..vllm_plugin import bundle_dir, remove_bundle
 
     where = directory if directory is not None else bundle_dir()
+    _check_folder(where)
+    return where, remove_bundle(where)
+
+
+def _check_folder(where: Path) -> None:
+    """A --dir that is a file is a mistyped option (exit 2), not a bundle to report on."""
     if where.exists() and not where.is_dir():
         raise UsageError(f"--dir {where}: not a directory")
-    return where, remove_bundle(where)
 
 
 def status(directory: Optional[Path] = None, *, gpus: bool = False) -> Decision:
     """What vLLM's plugin loader would do in this environment, as a
     :class:`~kvpatch.vllm_plugin.Decision` (every check; nothing registered). With ``gpus``
-    each visible GPU is probed (this initialises CUDA)."""
+    each visible GPU is probed (this initialises CUDA). A ``directory`` given that is a file is
+    refused as enable and disable refuse it."""
     from ..vllm_plugin import Target, decide
 
+    if directory is not None:
+        _check_folder(directory)
     return decide(Target(bundle=directory), probe_gpu=gpus)
 
 

@@ -41,6 +41,8 @@ def no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     (["build", "--tree", "{tree}", "--arch", "3.5"], "invalid arch '3.5'"),
     (["plugin", "enable", "--tree", "{tree}", "--arch", "3.5", "--release", "0.10.2"], "invalid arch '3.5'"),
     (["plugin", "enable", "--tree", "{tree}", "--dir", "/etc/passwd", "--build"], "/etc/passwd is not a directory"),
+    (["plugin", "status", "--dir", "/etc/passwd"], "--dir /etc/passwd: not a directory"),
+    (["plugin", "disable", "--dir", "/etc/passwd"], "--dir /etc/passwd: not a directory"),
     # a name the build would refuse, refused before: ASCII letters, digits and '_'
     (["bench", "--tree", "{tree}", "--variant", "caf\u00e9={toml}"], "invalid variant name 'caf\u00e9'"),
     (["bench", "--tree", "{tree}", "--variant", "_x={toml}"], "invalid variant name '_x'"),

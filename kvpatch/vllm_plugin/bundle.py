@@ -140,6 +140,8 @@ class Manifest:
         for key in ("dtypes", "kv_cache_dtypes", "head_sizes", "block_sizes"):
             if key not in ks:
                 raise BundleError(f"the manifest's 'kernel_set' lacks '{key}'")
+            if ks[key] == []:  # every release instantiates some: an empty list would let any library pass
+                raise BundleError(f"the manifest's 'kernel_set' has no '{key}'")
         schemas = get("schemas", dict)
         for op in OPS:
             if not isinstance(schemas.get(op), str) or not schemas[op].strip():

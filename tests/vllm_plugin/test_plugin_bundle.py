@@ -78,6 +78,10 @@ def test_read_bundle_errors(tmp_path):
         (d / MANIFEST).write_text(json.dumps({**raw, key: value}))
         with pytest.raises(BundleError, match=why):
             read_bundle(d)
+    for key in ("dtypes", "kv_cache_dtypes", "head_sizes", "block_sizes"):  # an empty set is covered by any library
+        (d / MANIFEST).write_text(json.dumps({**raw, "kernel_set": {**raw["kernel_set"], key: []}}))
+        with pytest.raises(BundleError, match=f"'kernel_set' has no '{key}'"):
+            read_bundle(d)
 
 
 def test_write_refuses_missing_schemas(tmp_path):

@@ -7,7 +7,8 @@ library's own namespace (``kvpatch_<variant>``), keeps instruction lines without
 and encodings, and prints one line per kernel both hold: the SASS's sha256 in each and ``same``
 or ``DIFFERENT``; then the kernels only one holds, and a total. ``--skip`` leaves out kernels whose name holds
 the string (e.g. ``grouped``: the form only kvpatch's own launchers run). Exit 1 when a kernel
-both hold differs.
+both hold differs or none is left to compare; exit 2, with one line, for a library that is not
+there or that cuobjdump cannot read, and for an empty ``--skip``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import hashlib
 import lzma
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,7 +55,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("b", type=Path)
     ap.add_argument("--skip", action="append", default=[])
     o = ap.parse_args(argv)
-    a, b = ({k: v for k, v in kernels(p).items() if not any(s in k for s in o.skip)} for p in (o.a, o.b))
+    if "" in o.skip:  # an unset variable: it would skip every kernel
+        ap.error("--skip '': give a part of a kernel's name")
+    for p in (o.a, o.b):
+        if not p.is_file():
+            ap.error(f"{p}: no such library")
+    if shutil.which("cuobjdump") is None:
+        ap.error("cuobjdump is not on PATH (it comes with nvcc)")
+    try:
+        a, b = ({k: v for k, v in kernels(p).items() if not any(s in k for s in o.skip)} for p in (o.a, o.b))
+    except (OSError, lzma.LZMAError) as e:
+        ap.error(f"cannot read a library: {e}")
+    except subprocess.CalledProcessError as e:
+        said = (e.stderr or "").strip().splitlines()
+        ap.error(f"cuobjdump cannot read {e.cmd[-1]}: {said[-1] if said else f'exit {e.returncode}'}")
     both = sorted(set(a) & set(b))
     differ = [k for k in both if a[k] != b[k]]
     for k in both:
@@ -65,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"total: {len(both) - len(differ)} of {len(both)} kernels both hold have the same SASS; "
           f"{len(set(a) - set(b))} only in {o.a.name}, {len(set(b) - set(a))} only in {o.b.name}"
           + (f"; skipped: {', '.join(o.skip)}" if o.skip else ""))  # fmt: skip
-    return 1 if differ else 0
+    return 1 if differ or not both else 0
 
 
 if __name__ == "__main__":

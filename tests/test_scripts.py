@@ -5,6 +5,7 @@ from __future__ import annotations
 import lzma
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,46 @@ def test_vllm_ops_registers_each_op_as_the_release_does(vllm_release) -> None:
     assert unit.count("TORCH_LIBRARY_EXPAND(") == 3 and unit.rstrip().endswith(
         "REGISTER_EXTENSION(TORCH_EXTENSION_NAME)"
     )
+
+
+def _sass_same(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """scripts/sass_same.py with a stand-in cuobjdump that prints the 'library' file itself."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "cuobjdump"
+    fake.write_text('#!/bin/bash\ncat "$2"\n')
+    fake.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    return subprocess.run([sys.executable, "scripts/sass_same.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, check=False, env=env)  # fmt: skip
+
+
+def _dump(path: Path, prefix: str, kernels: dict[str, str]) -> Path:
+    lines = []
+    for name, instruction in kernels.items():
+        lines += [f"\t\tFunction : _ZN{len(prefix)}{prefix}{len(name)}{name}Ev",
+                  f"        /*0000*/                   {instruction} ;    /* 0x000000000000000000000000000000 */"]  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_sass_same_compares_kernels_across_namespaces_and_refuses_to_compare_nothing(tmp_path: Path) -> None:
+    a = _dump(tmp_path / "libkvpatch_a.so", "kvpatch_a", {"k1": "MOV R1, R2", "k2": "EXIT"})
+    b = _dump(tmp_path / "libkvpatch_b.so", "kvpatch_b", {"k1": "MOV R1, R2", "k2": "EXIT"})
+    c = _dump(tmp_path / "libkvpatch_c.so", "kvpatch_c", {"k1": "MOV R1, R3", "k2": "EXIT"})
+    same = _sass_same(tmp_path, str(a), str(b))
+    assert same.returncode == 0 and "total: 2 of 2" in same.stdout, same.stderr
+    differ = _sass_same(tmp_path, str(a), str(c))
+    assert differ.returncode == 1 and "DIFFERENT" in differ.stdout
+    nothing = _sass_same(tmp_path, str(a), str(b), "--skip", "k")  # every kernel skipped: no verdict
+    assert nothing.returncode == 1 and "total: 0 of 0" in nothing.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [(["--skip", ""], "--skip ''"), ([], "no such library"), (["--skip", "x"], "no such library")],
+)
+def test_sass_same_refuses_bad_arguments_in_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
+    a = _dump(tmp_path / "libkvpatch_a.so", "kvpatch_a", {"k1": "EXIT"})
+    proc = _sass_same(tmp_path, str(a), str(tmp_path / "missing.so") if needle == "no such library" else str(a), *args)
+    assert proc.returncode == 2 and needle in proc.stderr.splitlines()[-1] and "Traceback" not in proc.stderr

@@ -655,7 +655,17 @@ def summary(folder: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=Path, help="an evidence folder (with run.toml)")
-    sys.stdout.write(summary(ap.parse_args(argv).folder))
+    folder = ap.parse_args(argv).folder
+    try:
+        cfg = tomllib.loads((folder / "run.toml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        ap.error(f"{folder}: no readable run.toml ({e})")
+    for key in ("title", "kind"):
+        if not isinstance(cfg.get(key), str):
+            ap.error(f"{folder}/run.toml: no '{key}'")
+    if cfg["kind"] not in KINDS:
+        ap.error(f"{folder}/run.toml: kind {cfg['kind']!r} is none of {', '.join(KINDS)}")
+    sys.stdout.write(summary(folder))
     return 0
 
 

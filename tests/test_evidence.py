@@ -215,3 +215,19 @@ def test_serving_summary_sets_a_bundle_arm_beside_vllm_and_the_enabled_bundle(tm
     assert line.endswith("| 12.25 (12.00-12.50) | 1.494 (1.488-1.500) | 1.245 (1.240-1.250) |")
     assert "The configuration the g4 arm's bundle was built with (g4.kvpatch.toml):" in done.stdout
     assert "    group = 4" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("run_toml", "needle"),
+    [
+        (None, "no readable run.toml"),
+        ("title = \n", "no readable run.toml"),
+        ('kind = "serving"\n', "no 'title'"),
+        ('title = "t"\nkind = "nope"\n', "kind 'nope' is none of"),
+    ],  # fmt: skip
+)
+def test_a_folder_that_is_no_evidence_is_a_one_line_error(tmp_path: Path, run_toml: str | None, needle: str) -> None:
+    if run_toml is not None:
+        (tmp_path / "run.toml").write_text(run_toml)
+    done = script("summarize_evidence.py", tmp_path)
+    assert done.returncode == 2 and needle in done.stderr.splitlines()[-1] and "Traceback" not in done.stderr

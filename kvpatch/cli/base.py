@@ -23,8 +23,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ..commands.choices import DEFAULT_ARCH
-from ..config.model import whole_number
+from ..commands.choices import DEFAULT_ARCH, whole_number
 from ..errors import UsageError, printable
 from ..progress import Progress
 

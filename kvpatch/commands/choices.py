@@ -1,11 +1,11 @@
 """What the CLI shows before a command runs: the defaults and choices its options name, and the
-option values it turns into objects, taken from the rooms below so that the CLI imports the
+option values it turns into objects (``whole_number``: a count as written on a command line), taken from the rooms below so that the CLI imports the
 commands (and the rendering) alone.
 """
 
 from __future__ import annotations
 
-from ..config.model import SETTINGS
+from ..config.model import SETTINGS, whole_number
 from ..config.settings import Setting
 from ..decode.models import MODELS
 from ..decode.options import DEFAULT_MODELS
@@ -23,5 +23,5 @@ from ..tune.grid import GRID_KEYS
 
 __all__ = [
     "DECODE_LAYERS", "DECODE_ROUNDS", "DEFAULT_ARCH", "DEFAULT_MODELS", "DEFAULT_REPS", "DEFAULT_ROUNDS", "DEFAULT_WARMUP",
-    "GRID_KEYS", "MAX_CONTEXT", "MODELS", "SETTINGS", "Setting", "TUNE_REPS",
+    "GRID_KEYS", "MAX_CONTEXT", "MODELS", "SETTINGS", "Setting", "TUNE_REPS", "whole_number",
 ]  # fmt: skip

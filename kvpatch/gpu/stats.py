@@ -39,6 +39,7 @@ def summarize(xs: Sequence[float]) -> dict[str, float | int]:
 
 #: How a speedup interval compares with 1.00 (stock).
 FASTER, SLOWER, NOISE = "faster", "slower", "noise"
+VERDICTS = (FASTER, SLOWER, NOISE)
 
 
 def verdict(lo: float, hi: float) -> str:

@@ -14,7 +14,7 @@ from ..dtypes import KV_CACHE_DTYPES
 from ..errors import UsageError
 from ..gpu.bench_report import stock_code_of
 from ..gpu.points import kernel_selector
-from ..gpu.stats import SLOWER, geomean, verdict
+from ..gpu.stats import SLOWER, VERDICTS, geomean, verdict
 from .grid import FALLBACKS, GRID, GRID_KEYS, POLICIES
 
 
@@ -125,9 +125,13 @@ def score(bench: dict, failures: dict[str, set[str]]) -> list[Score]:
             continue
         fields = row_fields(r)
         inst = kernel_selector(*fields)
-        _check_selector(inst)
+        check_kernel(inst)
         for name, timing in r["variants"].items():
             if name != bench["baseline"]:
+                if timing.get("verdict") not in VERDICTS:  # any other word was read as not slower
+                    raise ValueError(f"invalid verdict {reprlib.repr(timing.get('verdict'))}")
+                if timing.get("grouped") is not None and not isinstance(timing["grouped"], bool):
+                    raise ValueError(f"invalid grouped {reprlib.repr(timing['grouped'])}")
                 own = stock_code(name, *fields, timing.get("grouped")) is not True
                 acc.setdefault((name, inst), []).append((timing, own, index))
     out = []
@@ -152,7 +156,7 @@ def _speedup(x: Any) -> float:
     return float(x)
 
 
-def _check_selector(text: str) -> None:
+def check_kernel(text: str) -> None:
     """A measured kernel names one kernel exactly (no ``*``, every part valid)."""
     try:
         sel = Selector.parse(text)

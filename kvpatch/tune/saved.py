@@ -8,7 +8,7 @@ from typing import Any, Iterable, Sequence
 from ..config.machine import FIELDS as MACHINE_FACTS
 from ..config.machine import Machine
 from ..errors import UsageError
-from .choose import row_kernel, score
+from .choose import check_kernel, row_kernel, score
 from .grid import candidate_configs
 from .report import TuneReport, dump_sets, load_sets
 from .run import report_of
@@ -109,6 +109,15 @@ def rechoose(data: dict, *, policy: str = "strict", fallback: str = "off", exclu
         raise UsageError("not a kvpatch tune JSON (no bench data, variant info or validation results)") from None
     if not configs:
         raise UsageError("the tune JSON holds no candidates")
+    for key, sets in (("validation_failures", failures), ("exclusions", exclusions)):
+        for name, selectors in sets.items():
+            if name not in configs and name != bench["baseline"]:
+                raise UsageError(f"the tune JSON's {key} name {name!r}, which is no candidate of its bench")
+            for sel in selectors:
+                try:
+                    check_kernel(sel)
+                except ValueError:
+                    raise UsageError(f"the tune JSON's {key} list {sel!r} for {name!r}: no one kernel") from None
     try:
         scores = score(bench, failures)
     except (KeyError, TypeError, AttributeError, ValueError):

@@ -54,6 +54,18 @@ def _damaged(how: str) -> dict:
         data["validation_failures"] = {"inline_cta_la1": "bf16/256/16/auto/v1"}
     elif how == "no results":
         data["bench"]["results"] = []
+    elif how == "verdict misspelt":  # a slower point read as not slower: the pick changed
+        timing["verdict"] = "Slower"
+    elif how == "no verdict":
+        del timing["verdict"]
+    elif how == "grouped as text":  # 'no' was read as a grouped launch: the picks changed
+        timing["grouped"] = "no"
+    elif how == "failure of no kernel":  # silently ignored
+        data["validation_failures"] = {"inline_cta_la1": ["zzz"]}
+    elif how == "failure of no candidate":
+        data["validation_failures"] = {"nobody": ["bf16/256/16/auto/v1"]}
+    elif how == "exclusion of a wildcard":
+        data["exclusions"] = {"inline_cta_la1": ["bf16/*"]}
     return data
 
 
@@ -71,6 +83,12 @@ def _damaged(how: str) -> dict:
     ("no info for a candidate", "has no configuration for it"),
     ("failures as a string", "not a kvpatch tune JSON"),
     ("no results", "nothing to choose from"),
+    ("verdict misspelt", "bench results are not"),
+    ("no verdict", "bench results are not"),
+    ("grouped as text", "bench results are not"),
+    ("failure of no kernel", "validation_failures list 'zzz' for 'inline_cta_la1': no one kernel"),
+    ("failure of no candidate", "validation_failures name 'nobody', which is no candidate"),
+    ("exclusion of a wildcard", r"exclusions list 'bf16/\*'"),
 ])  # fmt: skip
 def test_tune_from_damaged_data_is_refused(how: str, needle: str) -> None:
     from kvpatch.tune import rechoose

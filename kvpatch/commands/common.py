@@ -8,13 +8,14 @@ configurations come from a ``--variant-info`` JSON beside them, ``stock`` is the
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from ..config import Machine, variant_files
 from ..config.model import whole_number
-from ..errors import UsageError
+from ..errors import UsageError, printable
 from ..fsutil import write_atomic
 from ..gpu import launch as L
 from ..gpu.defaults import DEFAULT_ARCH
@@ -53,8 +54,16 @@ def parse_libs(lib_specs: Sequence[str]) -> list[L.LibSpec]:
     return L.parse_lib_specs(lib_specs)
 
 
-def load_variant_info(path: Optional[Path]) -> dict[str, Any]:
-    """``{name: marker-or-dict}`` from a JSON file (``scripts/gpu_prepare.py`` writes ``variants.json``)."""
+#: What kvpatch measures of a library itself (:func:`kvpatch.gpu.launch.lib_info`): never taken from a file.
+MEASURED_FACTS = ("so", "prefix", "bytes", "sha256", "error")
+
+
+def load_variant_info(path: Optional[Path], names: Optional[Iterable[str]] = None) -> dict[str, Any]:
+    """``{name: marker-or-dict}`` from a JSON file (``scripts/gpu_prepare.py`` writes ``variants.json``):
+    each entry a marker (text), or an object holding one under ``marker`` and no fact kvpatch
+    measures of the library itself; with ``names`` (the ``--lib`` names) every entry names one of
+    them. Markers are not parsed here (a library of an older kvpatch keeps its own): ``tune``
+    reads them as configurations."""
     if path is None:
         return {}
     from ..fsutil import parse_json, read_input
@@ -65,15 +74,27 @@ def load_variant_info(path: Optional[Path]) -> dict[str, Any]:
         raise UsageError(f"cannot read --variant-info {path}: {str(e).splitlines()[0][:120]}") from None
     if not isinstance(data, dict):
         raise UsageError(f"--variant-info {path}: expected a JSON object of name -> configuration")
-    return {str(k): (v if isinstance(v, dict) else {"marker": v}) for k, v in data.items()}
+    out = {str(k): (v if isinstance(v, dict) else {"marker": v}) for k, v in data.items()}
+    known = None if names is None else set(names)
+    for name, entry in out.items():
+        where = f"--variant-info {path}: {printable(name)!r}"
+        if known is not None and name not in known:
+            raise UsageError(f"{where} is no --lib library ({', '.join(sorted(known))})")
+        facts = sorted(set(entry) & set(MEASURED_FACTS))
+        if facts:
+            raise UsageError(f"{where} gives {', '.join(facts)}: what kvpatch measures of the library itself")
+        if not isinstance(entry.get("marker", ""), str):
+            raise UsageError(f"{where}: its marker {reprlib.repr(entry['marker'])} is no text (the library's "
+                             "'// kvpatch:begin' configuration)")  # fmt: skip
+    return out
 
 
 def prebuilt(lib_specs: Sequence[str], variant_info: Optional[Path] = None,
              loader: Optional[Callable[[list[L.LibSpec]], dict[str, Any]]] = None) -> Libraries:  # fmt: skip
     """Libraries given on the command line, loaded as given (by ``loader``, default :func:`launch.load_libs`)."""
     specs = parse_libs(lib_specs)
-    extra = load_variant_info(variant_info)
-    info = {s.name: {**L.lib_info(s.path, s.prefix), **extra.get(s.name, {})} for s in specs}
+    extra = load_variant_info(variant_info, [s.name for s in specs])
+    info = {s.name: {**extra.get(s.name, {}), **L.lib_info(s.path, s.prefix)} for s in specs}
     for name, i in info.items():
         i.setdefault("marker", STOCK_MARKER if name == "stock" else "unknown (no --variant-info)")
     try:
@@ -136,7 +157,7 @@ def check_sources(o: LibraryOptions, *, tree_read: bool = False, arch_read: bool
         check_arch(o.build_arch)
         resolve_source(o.tree, o.cwd)
     if o.variant_info is not None:
-        load_variant_info(o.variant_info)
+        load_variant_info(o.variant_info, [s.name for s in specs])
 
 
 def check_lib_or_tree(o: LibraryOptions, specs: Sequence[Any], *, tree_read: bool = False,

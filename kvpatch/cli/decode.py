@@ -18,7 +18,7 @@ LibsFileOpt = Annotated[
     typer.Option(
         "--libs-file",
         metavar="FILE",
-        help="A file of NAME=PATH.so:PREFIX lines ('#' comments), as scripts/gpu_prepare.py writes libs.txt.",
+        help="A file of NAME=PATH.so:PREFIX lines ('#' comments; a relative PATH is read from the file's folder), as scripts/gpu_prepare.py writes libs.txt.",
         parser=path_value,
     ),
 ]

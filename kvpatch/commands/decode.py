@@ -102,11 +102,21 @@ def library_specs(libs: list[str], libs_file: Optional[Path]) -> list:
         listed = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
         if not listed:
             raise UsageError(f"--libs-file {libs_file} names no library (NAME=PATH.so:PREFIX lines)")
-        items += listed
+        items += [_beside(line, libs_file.parent) for line in listed]
     specs = parse_libs(items)
     if specs and "stock" not in [s.name for s in specs]:
         raise UsageError("--lib: one library must be named 'stock' (the baseline)")
     return specs
+
+
+def _beside(line: str, folder: Path) -> str:
+    """A libs file's ``NAME=PATH:PREFIX`` line with a relative PATH read from the file's folder,
+    as ``scripts/gpu_prepare.py`` writes them (not from wherever the command runs)."""
+    name, eq, rest = line.partition("=")
+    path, colon, prefix = rest.rpartition(":")
+    if not (eq and colon and path) or path.startswith("~") or Path(path).is_absolute():
+        return line  # malformed ones are parse_libs' to refuse
+    return f"{name}={folder / path}:{prefix}"
 
 
 def check(o: DecodeOptions) -> tuple[list[str], list[str], list[int], list[int], Any, list]:

@@ -114,6 +114,8 @@ def no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     (["bench-decode", "--libs-file", "{libsfile}", "--json", "{lib}"], "is --lib stock"),
     (["bench-decode", "--libs-file", "{libsfile}", "--text", "{lib}"], "is --lib stock"),
     (["bench-decode", "--libs-file", "{comments}"], "names no library"),
+    # a relative path in a libs file is read from the file's folder (as gpu_prepare.py writes them)
+    (["bench-decode", "--libs-file", "{rellibs}", "--json", "{lib}"], "is --lib stock"),
 ])  # fmt: skip
 def test_every_option_is_checked_before_torch_the_gpu_or_nvcc(args: list[str], needle: str, tmp_path: Path,
                                                               no_torch: None) -> None:  # fmt: skip
@@ -129,7 +131,10 @@ def test_every_option_is_checked_before_torch_the_gpu_or_nvcc(args: list[str], n
     libsfile.write_text(f"# one library\nstock={lib}:p\n")
     comments = tmp_path / "comments.txt"
     comments.write_text("# nothing here\n\n")
-    argv = [a.format(lib=lib, tree=tree, toml=toml, notree=notree, libsfile=libsfile, comments=comments) for a in args]
+    rellibs = tmp_path / "rel-libs.txt"
+    rellibs.write_text(f"stock={lib.name}:p\n")
+    argv = [a.format(lib=lib, tree=tree, toml=toml, notree=notree, libsfile=libsfile, comments=comments, rellibs=rellibs)
+            for a in args]  # fmt: skip
     work = tmp_path / "work"
     work.mkdir()
     assert_one_line_error(run_cli(*argv, cwd=work, env={"PATH": "/nonexistent"}), 2, needle)

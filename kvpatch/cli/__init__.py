@@ -17,13 +17,14 @@ import os
 import re
 import signal
 import sys
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, Callable, NoReturn
 
 import typer
 from rich.markup import escape
 
 from .. import __version__
 from ..errors import KvpatchError, printable
+from ..fsutil import note_stop, stop_noted
 from ..fsutil.problems import machine_problem
 from . import building, decode, measuring, patching, plugin  # noqa: F401,I001  (each registers its commands, in this order)
 from .base import DEBUG, app, io
@@ -66,19 +67,40 @@ EXIT_BY_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 def _on_signal(signum: int, frame: object) -> None:
     if _SIGNAL["num"] is None:
         _SIGNAL["num"] = signum
+        note_stop(signum)  # remembered where the exception below gets lost (a ctypes callback)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         raise Terminated(signum)
 
 
+def _unraisable(hook: Callable[[Any], object]) -> Callable[[Any], object]:
+    """``sys.unraisablehook`` that says nothing of a stop's exception lost in a ctypes callback
+    or a finalizer (the stop is noted; the command ends with it), and passes the rest on."""
+
+    if getattr(hook, "kvpatch_quiet", False):  # installed already (a second run in one process)
+        return hook
+
+    def quiet(unraisable: Any) -> object:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and stop_noted() is not None:
+            return None
+        return hook(unraisable)
+
+    quiet.kvpatch_quiet = True  # type: ignore[attr-defined]
+    return quiet
+
+
 def _install_signals() -> None:
-    """SIGTERM and SIGHUP end a command as Ctrl-C does. One this process started with ignored stays
-    ignored (``nohup`` ignores SIGHUP so that a build outlives the terminal; Python leaves an ignored
-    SIGINT ignored too, as in a shell's background job)."""
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    """Ctrl-C, SIGTERM and SIGHUP end a command alike (cleanup first; noted, so that one whose
+    exception is lost inside libclang's callbacks still ends it). One this process started with
+    ignored stays ignored (``nohup`` ignores SIGHUP so that a build outlives the terminal; an
+    ignored SIGINT stays ignored, as in a shell's background job)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         try:
-            if signal.getsignal(sig) != signal.SIG_IGN:
+            if signal.getsignal(sig) not in (signal.SIG_IGN, None):
                 signal.signal(sig, _on_signal)
         except (ValueError, OSError):  # not the main thread, or not this platform
             pass
+    sys.unraisablehook = _unraisable(sys.unraisablehook)
 
 
 # --------------------------------------------------------------------------- errors
@@ -156,7 +178,7 @@ def _os_error(e: OSError) -> str:
 
 def _interrupted() -> NoReturn:
     num = _SIGNAL["num"]
-    if num is None:
+    if num is None or num == signal.SIGINT:
         _one_line("interrupted (Ctrl-C)", 130)
     _one_line(f"terminated ({signal.Signals(num).name})", EXIT_BY_SIGNAL.get(num, 128 + num))
 
@@ -178,6 +200,8 @@ def run() -> None:
     try:
         code = app(standalone_mode=False)
         sys.stdout.flush()  # what is still buffered, while a closed pipe can still be told apart
+        if stop_noted() is not None:  # a stop whose exception was lost in a callback: not success
+            _interrupted()
     except SystemExit as e:
         if _pipe_closed(e):
             _pipe_gone()
@@ -185,6 +209,8 @@ def run() -> None:
     except KeyboardInterrupt:  # outside the command (typer converts one inside it), or a signal
         _interrupted()
     except KvpatchError as e:
+        if stop_noted() is not None:  # what failed after a stop is the stop's doing
+            _interrupted()
         if DEBUG["on"]:
             raise
         _one_line(str(e), e.exit_code)
@@ -195,6 +221,8 @@ def run() -> None:
     except OSError as e:  # the file system said no (permissions, read-only, disk full)
         if _pipe_closed(e):
             _pipe_gone()
+        if stop_noted() is not None:
+            _interrupted()
         if DEBUG["on"]:
             raise
         problem = machine_problem(e)  # a full disk (exit 1) or a path too long (exit 2), said so
@@ -202,6 +230,8 @@ def run() -> None:
             _one_line(str(problem), problem.exit_code)
         _one_line(_os_error(e), 1)
     except Exception as e:
+        if stop_noted() is not None:  # e.g. ctypes' ArgumentError around a stop raised in its conversion
+            _interrupted()
         # Usage errors come from the click that typer vendors: each has format_message() and
         # an exit_code (2 for usage errors). One line each, except "no arguments", which shows the help.
         if type(e).__name__ == "NoArgsIsHelpError":

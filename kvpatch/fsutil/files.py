@@ -127,13 +127,33 @@ def _write_in_place(path: str | os.PathLike[str], raw: bytes) -> None:
 STOPPING = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
+#: The stopping signal this process received, as its handler noted it (:func:`note_stop`): the
+#: exception a handler raises is lost where it lands in a ctypes callback or a finalizer
+#: (libclang's AST walk calls back into Python), and the work would go on as if none came.
+_STOPPED: list[int] = []
+
+
+def note_stop(signum: int) -> None:
+    """Record that a stopping signal came (its handler calls this before it raises)."""
+    if not _STOPPED:
+        _STOPPED.append(signum)
+
+
+def stop_noted() -> int | None:
+    """The stopping signal recorded by :func:`note_stop`, if one came."""
+    return _STOPPED[0] if _STOPPED else None
+
+
 @contextlib.contextmanager
 def deferred_signals() -> Iterator[None]:
     """Run the block with :data:`STOPPING` signals noted, not acted on; the first one noted is
     raised again when it ends (its handler runs then: Ctrl-C's KeyboardInterrupt, a SIGTERM's
     exit). For renames that must all happen or none: an interrupt between two of them would
-    leave the files out of step. Python runs signal handlers in the main thread only, so
-    elsewhere the block runs as it is."""
+    leave the files out of step. A stop that came earlier and whose exception was lost
+    (:func:`stop_noted`) stops the block before it starts: nothing is renamed. Python runs
+    signal handlers in the main thread only, so elsewhere the block runs as it is."""
+    if stop_noted() is not None:
+        raise KeyboardInterrupt(f"signal {stop_noted()} came earlier")
     if threading.current_thread() is not threading.main_thread():
         yield
         return

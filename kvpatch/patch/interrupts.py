@@ -7,8 +7,9 @@ the code after it works on part of the AST (an apply interrupted there went on a
 wrote the header). :func:`interruptible` wraps the patch package's entry points: an
 interrupt swallowed that way, or one that struck while ctypes converted an argument,
 is raised as a KeyboardInterrupt when the entry point returns, instead of anything it
-returned or raised. Only the main thread gets SIGINT; elsewhere the wrapper is a plain
-call.
+returned or raised; so is a stop the CLI's handler noted (:func:`kvpatch.fsutil.stop_noted`:
+SIGTERM and SIGHUP too, whose exception ctypes wraps in an ArgumentError under its own name).
+Only the main thread gets SIGINT; elsewhere the wrapper is a plain call.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import functools
 import sys
 import threading
 from typing import Any, Callable, TypeVar
+
+from ..fsutil import stop_noted
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,17 +47,17 @@ def interruptible(fn: F) -> F:
         try:
             result = fn(*args, **kwargs)
         except ctypes.ArgumentError as e:
-            if swallowed or "KeyboardInterrupt" in str(e):
+            if swallowed or stop_noted() is not None or "KeyboardInterrupt" in str(e):
                 raise KeyboardInterrupt from None
             raise
         except Exception:
-            if swallowed:  # what failed after the walk stopped early is not the news
+            if swallowed or stop_noted() is not None:  # what failed after the walk stopped early is not the news
                 raise KeyboardInterrupt from None
             raise
         finally:
             _depth -= 1
             sys.unraisablehook = previous
-        if swallowed:
+        if swallowed or stop_noted() is not None:
             raise KeyboardInterrupt
         return result
 

@@ -53,7 +53,10 @@ def _as_a_process(argv: list[str], cwd: Path, env: dict[str, str]) -> Iterator[t
     from kvpatch import cli
 
     saved_env, saved_argv, saved_cwd = dict(os.environ), sys.argv, os.getcwd()
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    from kvpatch.fsutil import files as F
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    hook = sys.unraisablehook
     out, err = io.StringIO(), io.StringIO()
     os.environ.clear()
     os.environ.update(env)
@@ -61,6 +64,7 @@ def _as_a_process(argv: list[str], cwd: Path, env: dict[str, str]) -> Iterator[t
     os.chdir(cwd)
     cli.DEBUG["on"] = False
     cli._SIGNAL["num"] = None
+    F._STOPPED.clear()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             yield out, err
@@ -71,6 +75,8 @@ def _as_a_process(argv: list[str], cwd: Path, env: dict[str, str]) -> Iterator[t
         os.environ.update(saved_env)
         for s, h in handlers.items():
             signal.signal(s, h)
+        sys.unraisablehook = hook
+        F._STOPPED.clear()
         cli.DEBUG["on"] = False
 
 

@@ -139,11 +139,10 @@ def variants_for(target: Tree, cwd: Path, progress: Progress, *, paper: bool = F
 
 
 def tree_release(target: Tree, cwd: Path) -> str | None:
-    """The vLLM release a tree holds: the last apply's record here when it names this tree,
-    else the ``Version:`` of the sdist's ``PKG-INFO``; None when neither says."""
-    state = state_or_none(cwd)
-    if state is not None and state.version and Path(state.tree) == target.root:
-        return state.version
+    """The vLLM release a tree holds: the ``Version:`` of the sdist's ``PKG-INFO`` (the tree's
+    own word), else the last apply's record here when it names this tree (a git checkout has no
+    PKG-INFO); None when neither says. A hand-edited record cannot make a bundle claim another
+    release than its sdist's."""
     info = target.root / "PKG-INFO"
     try:
         if info.is_file():
@@ -153,5 +152,8 @@ def tree_release(target: Tree, cwd: Path) -> str | None:
                 if not line.strip():
                     break  # the headers end at the first blank line
     except (OSError, UsageError, FetchError):
-        return None
+        pass
+    state = state_or_none(cwd)
+    if state is not None and state.version and Path(state.tree) == target.root:
+        return state.version
     return None

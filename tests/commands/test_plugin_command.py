@@ -51,6 +51,14 @@ def test_an_sdist_tree_says_its_release_in_pkg_info(tmp_path):
     assert tree_release(Tree(tree), tmp_path) == "0.9.2"
 
 
+def test_the_sdists_own_word_beats_a_hand_edited_record_of_the_apply(tmp_path):
+    """A record edited to another release cannot make a bundle claim it (the kernels are the tree's)."""
+    tree = make_tree(tmp_path / "vllm")
+    (tree / "PKG-INFO").write_text("Metadata-Version: 2.4\nName: vllm\nVersion: 0.10.2\n")
+    State(tree=str(tree), version="0.6.4", config={}, marker=None).save(tmp_path)
+    assert tree_release(Tree(tree), tmp_path) == "0.10.2"
+
+
 def test_a_release_that_contradicts_the_trees_is_refused_before_anything_is_built(tmp_path, monkeypatch):
     tree = make_tree(tmp_path / "vllm")
     (tree / "PKG-INFO").write_text("Metadata-Version: 2.4\nName: vllm\nVersion: 0.10.2\n")

@@ -14,6 +14,10 @@ from typing import Iterable, Mapping
 from ..errors import UsageError
 from .files import open_descriptor, resolve_target
 
+#: The folder a kvpatch workspace keeps its state, its lock and its trees in (``.kvpatch/``): no
+#: output goes into one, this directory's or another's.
+STATE_DIR = ".kvpatch"
+
 PathArg = str | os.PathLike[str]
 Named = Mapping[str, PathArg | None] | Iterable[PathArg | None] | None
 
@@ -177,7 +181,21 @@ def check_outputs(*, inputs: Named = None, protected: Named = None, **paths: Pat
                 where = f"inside {label}" if is_dir and not same_file(path, kept) else label
                 raise UsageError(f"{flag} {_shown(path)} is {where} ({os.fspath(kept)}): kvpatch never writes an "
                                  "output there; give another file")  # fmt: skip
+        if open_descriptor(os.fspath(path)) is None:
+            where = _state_dir_of(path)
+            if where is not None:
+                raise UsageError(f"{flag} {_shown(path)} is inside a kvpatch workspace's state directory ({where}): "
+                                 "kvpatch never writes an output there; give another file")  # fmt: skip
         seen.append((flag, path))
+
+
+def _state_dir_of(path: PathArg) -> Path | None:
+    """The ``.kvpatch`` folder ``path`` lies in, however it is spelled (symlinks, ``..``), if any."""
+    target = resolve_target(Path(os.fspath(path)).absolute())
+    for folder in target.parents:
+        if folder.name == STATE_DIR:
+            return folder
+    return None
 
 
 def check_output_folder(option: str, folder: PathArg, *, protected: Named = None) -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 from .. import fsutil
 from ..errors import KvpatchError, UsageError
 from ..fsutil import stage
+from ..fsutil.outputs import STATE_DIR
 from .tree import Tree
 
-STATE_DIR = ".kvpatch"
 STATE_FILE = "state.json"
 LOCK_FILE = "lock"
 

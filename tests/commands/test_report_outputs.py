@@ -4,6 +4,8 @@ a refused one is one line, exit 2, with everything it names unchanged."""
 
 from __future__ import annotations
 
+import shutil
+
 from cli.cli_helpers import assert_one_line_error, run_cli
 from conftest import HEADER
 
@@ -87,6 +89,20 @@ def test_no_command_writes_its_output_into_the_environments_bundle_or_kvpatchs_s
             proc = run_cli(*command, str(target), cwd=work, env=env)
             assert_one_line_error(proc, 2, why)
     assert {p: p.read_bytes() for p in before} == before
+
+
+def test_no_command_writes_into_another_workspaces_state(applied, work, tmp_path):
+    """Another directory's ``.kvpatch/`` (its state, its lock, the tree kvpatch fetched there) is
+    kept as this one's is: ``tune -o ../A/.kvpatch/state.json`` run from B overwrote A's state."""
+    other = tmp_path / "other"
+    shutil.copytree(work / ".kvpatch", other / ".kvpatch")
+    state = other / ".kvpatch" / "state.json"
+    before = state.read_bytes()
+    for command in (["tune", "-o"], ["diff", "-o"], ["sites", "--json"], ["bench", "--json"]):
+        for target in (state, other / ".kvpatch" / "new.json", other / ".kvpatch" / ".." / ".kvpatch" / "x"):
+            proc = run_cli(*command, str(target), cwd=work)
+            assert_one_line_error(proc, 2, "inside a kvpatch workspace's state directory")
+    assert state.read_bytes() == before and not (other / ".kvpatch" / "new.json").exists()
 
 
 def test_plugin_status_keeps_the_bundle_its_dir_names(work, tmp_path):

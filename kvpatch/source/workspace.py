@@ -180,8 +180,19 @@ def check_header_writable(tree: Tree, *, force_write: bool = False) -> None:
         raise PatchError(f"{tree.header} is read-only (mode {octal}): kvpatch leaves it as it is; make it "
                          "writable (chmod u+w), or give --force-write to replace it keeping its mode")  # fmt: skip
     if not os.access(tree.header, os.W_OK):
+        if _read_only_mount(tree.header):  # not the file's mode: nothing can write there
+            raise PatchError(f"{tree.header} is on a read-only file system: kvpatch leaves it as it is (copy the "
+                             "tree somewhere writable, or mount it read-write)")  # fmt: skip
         raise PatchError(f"{tree.header} is not writable by this user (mode {octal}): kvpatch leaves it as it is "
                          "(--force-write replaces it where its folder is writable)")  # fmt: skip
+
+
+def _read_only_mount(path: Path) -> bool:
+    """Whether ``path`` lies on a file system mounted read-only."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
 
 
 def write_header_and_state(tree: Tree, old: str, new: str | None, state: State | None, cwd: Path, *,

@@ -80,3 +80,18 @@ def test_an_unchanged_read_only_header_needs_no_write(read_only: Tree, tmp_path:
     state = State(tree=str(read_only.root), version=None, config={})
     write_header_and_state(read_only, old, old, state, tmp_path)
     assert State.path(tmp_path).is_file()
+
+
+def test_a_header_on_a_read_only_mount_is_said_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not 'not writable by this user (mode 0600)' with a --force-write that cannot help either."""
+    from types import SimpleNamespace
+
+    tree = Tree(make_tree(tmp_path / "vllm", fixture_text(STOCK)))
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)
+    monkeypatch.setattr(os, "statvfs", lambda p: SimpleNamespace(f_flag=os.ST_RDONLY))
+    with pytest.raises(PatchError, match="is on a read-only file system") as e:
+        workspace.check_header_writable(tree)
+    assert "--force-write" not in str(e.value)
+    monkeypatch.setattr(os, "statvfs", lambda p: SimpleNamespace(f_flag=0))
+    with pytest.raises(PatchError, match="not writable by this user"):
+        workspace.check_header_writable(tree)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .. import fsutil
 from ..errors import KvpatchError, UsageError
-from ..fsutil import stage
+from ..fsutil import shown_path, stage
 from ..fsutil.outputs import STATE_DIR
 from .tree import Tree
 
@@ -115,12 +115,11 @@ def resolve_tree(tree: Path | None, cwd: Path) -> Tree:
             pass  # said below
         except (RuntimeError, OSError) as e:  # a symlink loop (RuntimeError on 3.11), a name too long
             why = getattr(e, "strerror", None) or str(e).split(" from ")[0] or type(e).__name__
-            shown = str(tree) if len(str(tree)) <= 80 else str(tree)[:77] + "..."
-            raise UsageError(f"--tree {shown}: cannot resolve it ({why})") from None
+            raise UsageError(f"--tree {shown_path(tree)}: cannot resolve it ({why})") from None
         if not path.exists():
-            raise UsageError(f"--tree {tree}: no such directory")
+            raise UsageError(f"--tree {shown_path(tree)}: no such directory")
         if not path.is_dir():
-            raise UsageError(f"--tree {tree} is not a directory (give the vLLM checkout's root)")
+            raise UsageError(f"--tree {shown_path(tree)} is not a directory (give the vLLM checkout's root)")
         return Tree(path)
     state = State.load(cwd)
     if state is None:

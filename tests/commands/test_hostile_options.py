@@ -80,6 +80,8 @@ def no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     (["bench", "--lib", "stock={lib}:p", "--contexts", "1_000"], "comma-separated whole numbers"),
     (["validate", "--lib", "stock={lib}:p", "--head-sizes", "\u0663\u0662"], "comma-separated whole numbers"),
     (["bench", "--lib", "stock={lib}:p", "--heads", "+32/8"], "invalid heads '+32/8'"),
+    # a control character in a path is shown as an escape, never as a line break or a space
+    (["apply", "--tree", "zz\nyy\rq"], "--tree zz\\nyy\\rq: no such directory"),
     # a directory that is not a vLLM tree: refused as build refuses it, before the GPU is looked for
     (["validate", "--tree", "{notree}"], "is not a vLLM source tree"),
     (["bench", "--tree", "{notree}"], "is not a vLLM source tree"),

@@ -120,8 +120,8 @@ def read_input(path: str | os.PathLike[str], what: str, *, limit: int | None = N
         raise UsageError(f"{what} not found: {shown}") from None
     except IsADirectoryError:
         raise UsageError(f"{what} {shown} is a directory") from None
-    except (NotRegularFileError, FileTooLargeError) as e:
-        raise UsageError(f"{what} {shown}: {e}") from None
+    except (NotRegularFileError, FileTooLargeError) as e:  # "is a FIFO, not a regular file", without errno's words
+        raise UsageError(f"{what} {shown} {e.strerror}") from None
     except OSError as e:
         raise UsageError(f"cannot read {what} {shown}: {e.strerror or e}") from None
 

@@ -149,3 +149,15 @@ def test_an_output_fifo_with_a_late_reader_is_written(tmp_path: Path, monkeypatc
     thread.join(10)
     assert finished and error is None, error
     assert got == [b"x" * 200_000]
+
+
+def test_an_input_that_is_no_regular_file_is_said_in_kvpatchs_words(tmp_path: Path) -> None:
+    """'config file f is a FIFO, not a regular file', not '[Errno 22] ...: 'f'' (errno's number and the path twice)."""
+    from kvpatch.errors import UsageError
+    from kvpatch.fsutil import read_input
+
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError) as e:
+        read_input(fifo, "config file")
+    assert str(e.value) == f"config file {fifo} is a FIFO, not a regular file"

@@ -137,7 +137,9 @@ def rechoose(data: dict, *, policy: str = "strict", fallback: str = "off", exclu
             if fnmatch.fnmatchcase(s.name, cand) and fnmatch.fnmatchcase(s.selector, sel)
         }
         if not hits:
-            raise UsageError(f"--exclude {cand}@{sel} matches no candidate and kernel of the tune data")
+            raise UsageError(f"--exclude {cand}@{sel} matches no candidate and kernel of the tune data (a kernel is "
+                             "named in full, dtype/head/block/cache/kernel, e.g. bf16/128/16/auto/v1; '*' matches "
+                             "any part)")  # fmt: skip
         for i in hits:
             exclusions.setdefault(scores[i].name, set()).add(scores[i].selector)
     scores = [replace(s, excluded=True) if s.selector in exclusions.get(s.name, ()) else s for s in scores]

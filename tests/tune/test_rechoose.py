@@ -50,7 +50,8 @@ def test_rechoose_rules_out_exclusions_and_chooses_again() -> None:
 
 
 @pytest.mark.parametrize("exclude, message", [(["inline_cta_la1"], "use CANDIDATE@SELECTOR"),
-                                              (["nothing@bf16/*"], "matches no candidate")])  # fmt: skip
+                                              (["nothing@bf16/*"], "matches no candidate"),
+                                              (["inline_cta_la1@bf16/256"], "a kernel is named in full")])  # fmt: skip
 def test_rechoose_refuses_bad_exclusions(exclude, message) -> None:
     with pytest.raises(UsageError, match=message):
         rechoose(saved_report(), exclude=exclude)

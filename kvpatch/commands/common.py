@@ -84,8 +84,8 @@ def load_variant_info(path: Optional[Path], names: Optional[Iterable[str]] = Non
         if facts:
             raise UsageError(f"{where} gives {', '.join(facts)}: what kvpatch measures of the library itself")
         if not isinstance(entry.get("marker", ""), str):
-            raise UsageError(f"{where}: its marker {reprlib.repr(entry['marker'])} is no text (the library's "
-                             "'// kvpatch:begin' configuration)")  # fmt: skip
+            raise UsageError(f"{where}: its marker {reprlib.repr(entry['marker'])} is no text (the "
+                             "configuration marker of the library's header)")  # fmt: skip
     return out
 
 

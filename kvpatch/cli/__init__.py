@@ -198,8 +198,14 @@ def run() -> None:
             getattr(sys, name).reconfigure(errors="backslashreplace")  # shows it escaped, never a traceback
     _install_signals()
     try:
-        code = app(standalone_mode=False)
-        sys.stdout.flush()  # what is still buffered, while a closed pipe can still be told apart
+        try:
+            code = app(standalone_mode=False)
+            sys.stdout.flush()  # what is still buffered, while a closed pipe can still be told apart
+        except Exception as e:
+            # what failed after a stop (ctypes' ArgumentError around it too) is the stop's doing
+            if stop_noted() is not None and not _pipe_closed(e):
+                _interrupted()
+            raise
         if stop_noted() is not None:  # a stop whose exception was lost in a callback: not success
             _interrupted()
     except SystemExit as e:
@@ -209,8 +215,6 @@ def run() -> None:
     except KeyboardInterrupt:  # outside the command (typer converts one inside it), or a signal
         _interrupted()
     except KvpatchError as e:
-        if stop_noted() is not None:  # what failed after a stop is the stop's doing
-            _interrupted()
         if DEBUG["on"]:
             raise
         _one_line(str(e), e.exit_code)
@@ -221,8 +225,6 @@ def run() -> None:
     except OSError as e:  # the file system said no (permissions, read-only, disk full)
         if _pipe_closed(e):
             _pipe_gone()
-        if stop_noted() is not None:
-            _interrupted()
         if DEBUG["on"]:
             raise
         problem = machine_problem(e)  # a full disk (exit 1) or a path too long (exit 2), said so
@@ -230,8 +232,6 @@ def run() -> None:
             _one_line(str(problem), problem.exit_code)
         _one_line(_os_error(e), 1)
     except Exception as e:
-        if stop_noted() is not None:  # e.g. ctypes' ArgumentError around a stop raised in its conversion
-            _interrupted()
         # Usage errors come from the click that typer vendors: each has format_message() and
         # an exit_code (2 for usage errors). One line each, except "no arguments", which shows the help.
         if type(e).__name__ == "NoArgsIsHelpError":

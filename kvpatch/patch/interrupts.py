@@ -42,22 +42,25 @@ def interruptible(fn: F) -> F:
             else:
                 previous(unraisable)
 
+        def stopped() -> bool:  # a stop dropped in a callback: seen by the hook, or noted by the CLI's handler
+            return bool(swallowed) or stop_noted() is not None
+
         sys.unraisablehook = hook
         _depth += 1
         try:
             result = fn(*args, **kwargs)
         except ctypes.ArgumentError as e:
-            if swallowed or stop_noted() is not None or "KeyboardInterrupt" in str(e):
+            if stopped() or "KeyboardInterrupt" in str(e):
                 raise KeyboardInterrupt from None
             raise
         except Exception:
-            if swallowed or stop_noted() is not None:  # what failed after the walk stopped early is not the news
+            if stopped():  # what failed after the walk stopped early is not the news
                 raise KeyboardInterrupt from None
             raise
         finally:
             _depth -= 1
             sys.unraisablehook = previous
-        if swallowed or stop_noted() is not None:
+        if stopped():
             raise KeyboardInterrupt
         return result
 

@@ -33,6 +33,7 @@ ISSUES = ("inline", "call", "split")
 QUANTIZED = ("skip", "prefetch")
 READS = ("lane", "warp")
 LOGITS = ("shared", "global", "auto")
+V_LOADS = ("at-use", "ahead")
 
 #: Upper bounds, each named in the error that refuses a larger value.
 #: ``cp.async.bulk.prefetch``'s size operand: ptxas accepts 0..1,048,560 on sm_90
@@ -208,6 +209,16 @@ class PatchConfig:
                                 "only where shared memory fits fewer CTAs on an SM, of the full or half group, than "
                                 "registers do and no wave of CTAs is added (auto).",
                                 choices=LOGITS, rule=True, tune=Tune(12, "lg{}"))  # fmt: skip
+    #: group > 1 only: when a warp of the grouped form loads its V vectors. ``at-use``: each where
+    #: the value loop uses it, block by block, as vLLM's loop does. ``ahead``: the next block's V
+    #: vectors are loaded before the block in hand is computed (one block's vectors held in
+    #: registers), so that their loads are in flight while it computes. More registers: where they
+    #: no longer fit, nvcc spills (head 256 block 32, head 128 block 32 in bf16), so it is a per-kernel
+    #: choice. The arithmetic and its order are the same: outputs
+    #: stay stock's.
+    group_v_loads: str = setting("at-use", "group > 1 only: load each V vector where the value loop uses it (at-use) "
+                                 "or the next block's V vectors before the block in hand is computed (ahead).",
+                                 choices=V_LOADS, rule=True, tune=Tune(13, "vl{}"))  # fmt: skip
     #: Compile the prefetch in but never execute it (its guard reads a block number
     #: < 0): separates the prefetch's own effect from the code-generation change.
     control: bool = setting(False, "Compile the prefetch but never run it (for measurements).", rule=True, paper=FREE)
@@ -357,4 +368,5 @@ PAPER = {s.name: s.paper_value for s in SETTINGS if s.paper != FREE}
 OVERRIDABLE = (*(s.name for s in SETTINGS if s.rule), "off")
 #: What a rule may give beside ``off``: the grouped form's settings (``off`` is about the
 #: prefetch; those kernels' grouped form runs without one).
-GROUPING = ("group", "group_min_ctas", "group_ctas_per_sm", "group_half_below", "group_fit_ctas", "group_logits")
+GROUPING = ("group", "group_min_ctas", "group_ctas_per_sm", "group_half_below", "group_fit_ctas", "group_logits",
+            "group_v_loads")  # fmt: skip

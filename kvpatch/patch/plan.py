@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..config import LOGITS, PatchConfig, Selector
+from ..config import LOGITS, V_LOADS, PatchConfig, Selector
 from ..dtypes import QUERY_DTYPES
 from ..errors import PatchError, typed_argument
 from ..templating import render
@@ -76,7 +76,8 @@ def group_values(branches: list[tuple[str | None, PatchConfig]], cfg: PatchConfi
     CTAs per SM its launch bounds ask for (0: none), below how many CTAs per SM a v1 launch takes
     half the group (0: never), for how many CTAs per SM a v1 launch's shared memory is sized, its
     CTAs taking their heads in passes where they must (0: never), where a v1 launch keeps its logits
-    (0 shared, 1 global, 2 auto: the index in ``LOGITS``), and its prefetch's lookahead (0: none)."""
+    (0 shared, 1 global, 2 auto: the index in ``LOGITS``), when it loads its V vectors (0 at use, 1 a
+    block ahead: the index in ``V_LOADS``) and its prefetch's lookahead (0: none)."""
     return {
         "heads": rule_value(branches, lambda c: str(c.group)),
         "min_ctas": rule_value(branches, lambda c: str(c.group_min_ctas)),
@@ -84,6 +85,7 @@ def group_values(branches: list[tuple[str | None, PatchConfig]], cfg: PatchConfi
         "half_below": rule_value(branches, lambda c: str(c.group_half_below)),
         "fit_ctas": rule_value(branches, lambda c: str(c.group_fit_ctas)),
         "logits": rule_value(branches, lambda c: str(LOGITS.index(c.group_logits))),
+        "v_loads": rule_value(branches, lambda c: str(V_LOADS.index(c.group_v_loads))),
         "lookahead": rule_value(branches, lambda c: "0" if c.off else str(c.lookahead)),
     }
 

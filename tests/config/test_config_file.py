@@ -37,6 +37,7 @@ def test_dump_config_writes_a_complete_table() -> None:
         "group-half-below = 2\n"
         "group-fit-ctas = 0\n"
         'group-logits = "shared"\n'
+        'group-v-loads = "at-use"\n'
         "control = false\n"
         'quantized = "skip"\n'
         "inherit-rules = false\n"

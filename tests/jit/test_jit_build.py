@@ -375,3 +375,26 @@ def test_group_logits_adds_v1_kernels_with_global_logits_and_leaves_the_others_a
     traps = {symbol: any(i.startswith("BPT.TRAP") for i in sass) for symbol, sass in
              _stock_form_sass(glob, grouped).items()}  # fmt: skip
     assert len(traps) == 4 and all(trap == ("_global_" in symbol) for symbol, trap in traps.items()), traps
+
+
+def test_group_v_loads_ahead_changes_only_the_grouped_kernels_value_loop(tree_0102, build_cache):
+    """Before (group-v-loads at-use): each V vector is loaded where the value loop uses it. After
+    (ahead): the grouped kernels load a block's V vectors before the loop and the next block's
+    inside it, so each holds one block's loads more; the same grouped kernels are built, and vLLM's
+    own form is the same SASS."""
+    rule = "group=4,group-min-ctas=256"
+    at_use, ahead = _build_ruled(tree_0102, build_cache, "fp16/256/16", {"at_use": rule, "ahead": rule +
+                                 ",group-v-loads=ahead"}, "fp16", [256])  # fmt: skip
+    assert sorted((g.kernel, g.heads) for g in at_use.grouped) == sorted((g.kernel, g.heads) for g in ahead.grouped)
+    assert _stock_form_sass(at_use) == _stock_form_sass(ahead)
+    grouped = lambda symbol: "kvpatch_grouped" in symbol  # noqa: E731
+    before, after = _stock_form_sass(at_use, grouped), _stock_form_sass(ahead, grouped)
+    assert before.keys() == after.keys() and len(before) == 3  # v1 with 4 and 2 heads, v2
+
+    def loads(sass: list[str]) -> int:  # 128-bit global loads: the K and V vectors
+        return sum(i.startswith("LDG.E.128") for i in sass)
+
+    for symbol in before:
+        assert before[symbol] != after[symbol]
+        # V: head 256 / 16 rows a pass = 16 vectors a block a thread
+        assert loads(after[symbol]) >= loads(before[symbol]) + 16, (symbol, loads(before[symbol]), loads(after[symbol]))

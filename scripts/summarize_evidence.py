@@ -5,7 +5,7 @@
 The folder's run.toml says which kind of evidence it is (``kind``) and, per run, the files that
 run wrote (``files``) and what they are for; each kind below reads exactly those files:
 
-* ``tune-table``: runs ``python -m kvpatch tune --from ...`` on the saved tune JSONs (no GPU),
+* ``tune-table``: runs ``python -m kvpatch tune --from ...`` (with the run's ``exclude`` and ``incumbent``) on the saved tune JSONs (no GPU),
   checks that it writes the committed table, and prints the pick of every kernel;
 * ``bit-identity``: validate and vLLM-test records, and SASS comparisons between libraries;
 * ``heldout``: held-out benches, one per header revision (``scripts/summarize_releases.py``);
@@ -68,6 +68,8 @@ def tune_table(folder: Path, cfg: dict) -> list[str]:
     args = [a for f in run["from"] for a in ("--from", f)] + [
         a for e in run.get("exclude", []) for a in ("--exclude", e)
     ]
+    if "incumbent" in run:  # the configuration the run was tuned to improve on
+        args += ["--incumbent", run["incumbent"]]
     with tempfile.TemporaryDirectory() as tmp:
         env = {
             **os.environ,

@@ -214,8 +214,8 @@ class PatchConfig:
     #: vectors are loaded before the block in hand is computed (one block's vectors held in
     #: registers), so that their loads are in flight while it computes. More registers: where they
     #: no longer fit, nvcc spills (head 256 block 32, head 128 block 32 in bf16), so it is a per-kernel
-    #: choice. The arithmetic and its order are the same: outputs
-    #: stay stock's.
+    #: choice (the shipped table: fp16 head 256 block 16, benchmarks/evidence/v-loads-ahead/). The
+    #: arithmetic and its order are the same: outputs stay stock's.
     group_v_loads: str = setting("at-use", "group > 1 only: load each V vector where the value loop uses it (at-use) "
                                  "or the next block's V vectors before the block in hand is computed (ahead).",
                                  choices=V_LOADS, rule=True, tune=Tune(13, "vl{}"))  # fmt: skip

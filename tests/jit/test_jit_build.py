@@ -398,3 +398,20 @@ def test_group_v_loads_ahead_changes_only_the_grouped_kernels_value_loop(tree_01
         assert before[symbol] != after[symbol]
         # V: head 256 / 16 rows a pass = 16 vectors a block a thread
         assert loads(after[symbol]) >= loads(before[symbol]) + 16, (symbol, loads(before[symbol]), loads(after[symbol]))
+
+
+def test_split_is_hopper_only_where_stock_is_not_unswitched(tree_0102, build_cache):
+    """On sm_100 and sm_120 nvcc does not unswitch stock's bf16 key loop on the ALiBi slope
+    (bf16 head 64 block 16: 29 FFMA, where sm_90a's unswitched loop has 58). A split there would
+    double it and round the ALiBi term otherwise; the split is Hopper-only, so the kernels with
+    issue=split keep stock's FFMA count on every arch."""
+    stock = (tree_0102 / HEADER).read_text(encoding="utf-8")
+    variants = patched_variants(
+        stock, str(tree_0102 / HEADER), {"split": make_config(inherit_rules=False, issue="split")}
+    )
+    spec = make_spec(tree_0102, variants, "9.0a;10.0;12.0", dtypes=["bf16"], head_sizes=[64], block_sizes=[16])
+    result = build(spec, cache=build_cache)
+    assert {(k.kernel, k.arch) for k in result.variant("split").kernels if k.split} == {
+        (kernel, arch) for kernel in ("v1", "v2") for arch in ("sm_90a", "sm_100", "sm_120")
+    }
+    assert result.split_warnings() == []

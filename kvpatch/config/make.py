@@ -24,7 +24,7 @@ def make_config(**options: Any) -> PatchConfig:
     known = {"preset", *(s.name for s in SETTINGS), *DTYPES, "rules", "inherit_rules"}
     unknown = sorted(set(options) - known)
     if unknown:
-        raise UsageError(f"unknown configuration key(s): {', '.join(unknown)}")
+        raise UsageError(f"unknown configuration key(s): {', '.join(map(_key, unknown))}")
     given = {k: v for k, v in options.items() if v is not None}
     preset = given.get("preset", "default")
     if preset not in PRESETS:
@@ -44,7 +44,7 @@ def make_config(**options: Any) -> PatchConfig:
             raise UsageError(f"--preset paper takes no {', '.join(own)}")
         clash = sorted(k for k, fixed in PAPER.items() if k in given and getattr(cfg, k) != fixed)
         if clash:
-            raise UsageError(f"--preset paper fixes {', '.join(clash)}; drop those options")
+            raise UsageError(f"--preset paper fixes {_spelled(clash)}; drop those options")
         if any(d in given for d in (*DTYPES, "rules", "inherit_rules")):
             raise UsageError("--preset paper takes no per-dtype settings or rules")
         return replace(cfg, preset="paper", overrides=(), **PAPER)
@@ -98,6 +98,13 @@ def _spelled(names: Any) -> str:
     return ", ".join(map(label, names))
 
 
+def _key(name: str) -> str:
+    """A key kvpatch does not know, as users write keys (``look-ahead``); quoted where spaces or
+    unprintable characters would otherwise not show (``'group-v-loads '``)."""
+    shown = label(name)
+    return shown if shown.isprintable() and shown.strip() == shown and shown else repr(shown)
+
+
 def _rule_settings(name: str, value: Any) -> dict[str, Any]:
     if isinstance(value, str) and not value.strip():  # never 'none': that drops the shipped table's rule
         raise UsageError(f"{name} has no settings (an unset shell variable?): give settings, 'off', or 'none' to drop "
@@ -109,7 +116,7 @@ def _rule_settings(name: str, value: Any) -> dict[str, Any]:
     value = {str(k).replace("-", "_"): v for k, v in value.items()}
     bad = sorted(set(value) - set(OVERRIDABLE))
     if bad:
-        raise UsageError(f"{name} cannot override {_spelled(bad)} (only {_spelled(OVERRIDABLE)})")
+        raise UsageError(f"{name} cannot override {', '.join(map(_key, bad))} (only {_spelled(OVERRIDABLE)})")
     if "off" in value and value["off"] is not True:
         if value["off"] is not False:
             raise UsageError(f"invalid {name} off {value['off']!r}: expected true")

@@ -120,7 +120,20 @@ def test_load_config_file(text: str, tmp_path: Path) -> None:
 def test_unknown_key_in_a_config_file(tmp_path: Path) -> None:
     path = tmp_path / "kvpatch.toml"
     path.write_text("[kvpatch]\nlook-ahead = 2\ncaches = 'k'\n", encoding="utf-8")
-    with pytest.raises(UsageError, match=r"^unknown configuration key\(s\): look_ahead$"):
+    with pytest.raises(UsageError, match=r"^unknown configuration key\(s\): look-ahead$"):
+        make_config(**load_config_file(path))
+
+
+def test_an_unknown_key_is_said_as_written_and_quoted_where_its_spaces_would_not_show(tmp_path: Path) -> None:
+    """Before: a key with a trailing space was said as the setting's field name (``group_v_loads``),
+    which reads as if the setting itself were unknown; a rule's said ``cannot override group-v-loads ``
+    beside ``only ..., group-v-loads``. After: each is quoted."""
+    path = tmp_path / "kvpatch.toml"
+    path.write_text('[kvpatch]\n"group-v-loads " = "ahead"\n', encoding="utf-8")
+    with pytest.raises(UsageError, match=r"^unknown configuration key\(s\): 'group-v-loads '$"):
+        make_config(**load_config_file(path))
+    path.write_text('[kvpatch]\n[kvpatch.rules]\n"fp16/256/16" = { "group-v-loads " = "ahead" }\n', encoding="utf-8")
+    with pytest.raises(UsageError, match=r"cannot override 'group-v-loads ' \(only "):
         make_config(**load_config_file(path))
 
 

@@ -85,7 +85,7 @@ def test_bad_config_files_are_one_line(content: bytes | None, needle: str, tmp_p
 
 def test_apply_refuses_what_would_be_ignored(tmp_path: Path) -> None:
     assert_one_line_error(run_cli("apply", "--preset", "paper", "--min-group", "4", cwd=tmp_path), 2,
-                          "--preset paper fixes min_group")  # fmt: skip
+                          "--preset paper fixes min-group")  # fmt: skip
     assert_one_line_error(run_cli("apply", "--rule", "fp16/128/16/auto=off=false", cwd=tmp_path), 2,
                           "'off = false' alone changes nothing")  # fmt: skip
 

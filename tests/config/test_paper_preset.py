@@ -26,7 +26,7 @@ def test_paper_preset_combines_with_caches_and_control() -> None:
         ({"lookahead": 2}, "lookahead"),
         ({"size": 8192}, "size"),
         ({"align": 32}, "align"),
-        ({"cache_hint": "evict_last"}, "cache_hint"),
+        ({"cache_hint": "evict_last"}, "cache-hint"),
         ({"placement": "end"}, "placement"),
         ({"scope": "kv-head"}, "scope"),
         ({"scope": "kv-head", "lookahead": 3}, "lookahead, scope"),

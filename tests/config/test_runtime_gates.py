@@ -72,7 +72,7 @@ def test_min_ctas_is_in_the_marker_only_when_set_and_round_trips(tmp_path) -> No
     assert cfg.resolve("fp16", 128, 32, "auto", "v2").min_ctas == 4096
     (tmp_path / "k.toml").write_text(dump_config(cfg))
     assert make_config(**load_config_file(tmp_path / "k.toml")) == cfg
-    with pytest.raises(UsageError, match="--preset paper fixes min_ctas"):
+    with pytest.raises(UsageError, match="--preset paper fixes min-ctas"):
         make_config(preset="paper", min_ctas=2)
 
 
@@ -97,7 +97,7 @@ def test_min_kv_mib_is_call_only_in_the_marker_when_set_and_round_trips(tmp_path
     for bad, match in [({"min_kv_mib": 64, "issue": "inline", "inherit_rules": False}, "needs issue=call"),
                        ({"rules": {"fp16/128/16/auto/v2": "issue=split,min-kv-mib=64"}}, "needs issue=call"),
                        ({"min_kv_mib": 64}, r"bf16/128/16/auto/v1 \(issue=split\).* would inherit it"),
-                       ({"preset": "paper", "min_kv_mib": 64}, "--preset paper fixes min_kv_mib")]:  # fmt: skip
+                       ({"preset": "paper", "min_kv_mib": 64}, "--preset paper fixes min-kv-mib")]:  # fmt: skip
         with pytest.raises(UsageError, match=match) as e:
             make_config(**bad)
         assert "\n" not in str(e.value)

@@ -191,7 +191,7 @@ def test_the_paper_preset_fixes_every_setting_it_does_not_leave_free() -> None:
             assert config_from_marker(make_config(preset="paper", **{s.name: sample(s)}).marker()).preset == "paper"
         else:
             assert getattr(paper, s.name) == s.paper_value
-            said = f"--preset paper takes no {s.label}" if s.hidden else f"--preset paper fixes {s.name}"
+            said = f"--preset paper takes no {s.label}" if s.hidden else f"--preset paper fixes {s.label}"
             with pytest.raises(UsageError, match=said):
                 make_config(preset="paper", **{s.name: next(v for v in (sample(s), s.default) if v != s.paper_value)})
 

@@ -12,6 +12,10 @@ from .settings import label
 
 #: Settings that apply to every kernel that prefetches (no rule sets them).
 GLOBAL_SETTINGS = ("caches", "placement")
+#: The grouped form's settings that change only kernels that take it (``group`` itself decides
+#: which do); of them, those v1 launches alone read.
+GROUPED_ONLY = tuple(s for s in GROUPING if s != "group")
+V1_ONLY = ("group_half_below", "group_fit_ctas", "group_logits")
 
 
 def unreached(cfg: PatchConfig, options: Iterable[str] = (), selectors: Iterable[str] = (),
@@ -22,7 +26,9 @@ def unreached(cfg: PatchConfig, options: Iterable[str] = (), selectors: Iterable
     kernel, or only fp8-cache kernels under ``quantized=skip``, or whose kernels more specific
     rules all decide (a rule of the table's inside it takes its settings: not one of those); a
     setting every prefetching kernel takes from its own rule, or any setting when no kernel
-    prefetches; ``quantized=prefetch`` when every fp8-cache kernel is off.
+    prefetches; a setting of the grouped form when no kernel (no v1 kernel, for those v1 alone
+    reads) groups but from a rule of its own; ``quantized=prefetch`` when every fp8-cache kernel
+    is off.
     ``user_rules``: the selectors of the rules the user gave (None: every rule is theirs): only
     those keep their own settings against a base setting; the shipped table's rules take it."""
     kernels = list(itertools.product(DTYPES, head_sizes, block_sizes, RULE_KV, RULE_KERNELS))
@@ -43,16 +49,19 @@ def unreached(cfg: PatchConfig, options: Iterable[str] = (), selectors: Iterable
     decided: set[str | None] = set()
     reached: set[str] = set()
     prefetching = fp8_prefetching = False
-    for (_, _, _, kv, _), entry, settings in cfg.kernel_variants(head_sizes, block_sizes):
+    for (_, _, _, kv, kernel), entry, settings in cfg.kernel_variants(head_sizes, block_sizes):
         sel = carried(entry)
         decided.update((entry, sel))
+        mine = sel is not None and (user_rules is None or sel in owned)
+        own = dict(rules.get(sel, ())) if mine else {}
+        if settings.group > 1 and kv == "auto":  # fp8 caches never group
+            reached.update(o for o in options if o in GROUPED_ONLY and o not in own
+                           and (o not in V1_ONLY or kernel == "v1"))  # fmt: skip
         if settings.off:
             continue
         prefetching = True
         fp8_prefetching = fp8_prefetching or kv != "auto"
-        mine = sel is not None and (user_rules is None or sel in owned)
-        own = dict(rules.get(sel, ())) if mine else {}
-        reached.update(o for o in options if o in GLOBAL_SETTINGS or o not in own)
+        reached.update(o for o in options if o not in GROUPED_ONLY and (o in GLOBAL_SETTINGS or o not in own))
     out = []
     for o in options:
         flag = "--" + label(o)
@@ -60,6 +69,10 @@ def unreached(cfg: PatchConfig, options: Iterable[str] = (), selectors: Iterable
             if cfg.quantized == "prefetch" and not fp8_prefetching:
                 out.append(f"{flag} prefetch changes no kernel: every fp8-cache kernel is off by its rules "
                            "(turn some on, e.g. --rule 'bf16/128/16/fp8=issue=call')")  # fmt: skip
+        elif o in GROUPED_ONLY and o not in reached:
+            which = "v1 kernel" if o in V1_ONLY else "kernel"
+            out.append(f"{flag} changes no kernel: no {which} takes the grouped form under these rules, or every "
+                       f"one that does takes {label(o)} from a rule of its own (--group 4 groups every kernel)")  # fmt: skip
         elif o not in reached and not prefetching:
             out.append(f"{flag} changes no kernel: no kernel prefetches under these rules")
         elif o not in reached:

@@ -50,3 +50,21 @@ def test_unreached_without_user_rules_treats_every_rule_as_given() -> None:
     assert unreached(make_config(rules="none"), ["scope"]) == [
         "--scope changes no kernel: no kernel prefetches under these rules"
     ]
+
+
+def test_a_setting_of_the_grouped_form_where_no_kernel_groups_is_unreached() -> None:
+    """Before: ``--group-v-loads ahead`` with no kernel grouped (``rules = none`` drops the table's
+    grouping) was taken as reaching every prefetching kernel and nothing was said; so were the
+    other settings only the grouped form reads. After: each is said, and a v1-only one also
+    where only v2 kernels group."""
+    assert unreached(make_config(rules="none"), ["group_v_loads"]) == [
+        "--group-v-loads changes no kernel: no kernel takes the grouped form under these rules, or every one that "
+        "does takes group-v-loads from a rule of its own (--group 4 groups every kernel)"]  # fmt: skip
+    assert unreached(make_config(rules="none", group=4), ["group_v_loads", "group_logits"]) == []
+    only_v2 = make_config(rules="none", fp16="group=4", bf16="off", fp32="off")
+    v2 = make_config(inherit_rules=False, rules={"*/*/*/*/v2": "group=4", "*/*/*/*/v1": "lookahead=1"})
+    assert unreached(only_v2, ["group_logits"]) == []
+    (line,) = unreached(v2, ["group_logits", "group_v_loads"])
+    assert line.startswith("--group-logits changes no kernel: no v1 kernel takes the grouped form")
+    # the shipped table groups: every such base setting reaches its grouped kernels
+    assert _warned([], group_v_loads="ahead", group_logits="global", group_min_ctas=5) == []

@@ -202,7 +202,17 @@ def table_overrides(**options: Any) -> dict[str, tuple[Any, list[str]]]:
     given = {k: v for k, v in options.items() if v is not None}
     if cfg.preset == "paper":
         return {}
-    return _table(replace(cfg, overrides=()), given, *_requested(given))[1]
+    inherit, requested, drop = _requested(given)
+    # as _overrides lays them: the base setting on every table rule, then the user's rule of the same
+    # selector over it, which keeps what it sets itself (and 'none' drops the table's rule)
+    _, replaced = _table(replace(cfg, overrides=()), given, inherit, {}, drop)
+    own = {k: set(_rule_settings(k, v)) for k, v in requested.items()}
+    out: dict[str, tuple[Any, list[str]]] = {}
+    for setting, (value, selectors) in replaced.items():
+        kept = [sel for sel in selectors if sel not in own or (own[sel] and setting not in own[sel])]
+        if kept:
+            out[setting] = (value, kept)
+    return out
 
 
 def _meetings(user: dict[str, tuple | None], table: dict[str, tuple]) -> dict[str, tuple]:

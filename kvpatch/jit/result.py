@@ -85,6 +85,7 @@ class GroupedKernel:
     symbol: str
     ctas_per_sm: int = 0  # its launch bounds' CTAs per SM (0: none)
     logits: str = "shared"  # v1: where it keeps its heads' logits, 'shared' or 'global' memory
+    v_loads: str = "at-use"  # when it loads its V vectors (group-v-loads): 'at-use' or 'ahead'
 
     @property
     def expect_prefetch(self) -> bool:
@@ -106,9 +107,14 @@ class GroupedKernel:
         return "" if self.logits == "shared" else f" {self.logits}"
 
     @property
+    def ahead(self) -> str:
+        """`` v-ahead`` for a kernel that loads its next block's V vectors ahead; empty at use."""
+        return " v-ahead" if self.v_loads == "ahead" else ""
+
+    @property
     def label(self) -> str:
         shape = f"{self.dtype}/{self.head_size}/{self.block_size}"
-        return f"grouped {self.kernel} {shape} x{self.heads}{self.bounds}{self.where} {self.arch}"
+        return f"grouped {self.kernel} {shape} x{self.heads}{self.bounds}{self.where}{self.ahead} {self.arch}"
 
 
 @dataclass(frozen=True)
@@ -248,16 +254,18 @@ class BuildResult:
 
     def grouped_warnings(self) -> list[str]:
         """Kernels of the grouped form that spill: ptxas ran out of registers for that many heads'
-        accumulators (a smaller ``group`` holds fewer), or, over :data:`BOUNDED_SPILL_BYTES`, for the
-        CTAs per SM its launch bounds ask for (a smaller ``group-ctas-per-sm`` leaves more)."""
+        accumulators (a smaller ``group`` holds fewer; ``group-v-loads = at-use`` holds one block's V
+        vectors fewer), or, over :data:`BOUNDED_SPILL_BYTES`, for the CTAs per SM its launch bounds
+        ask for (a smaller ``group-ctas-per-sm`` leaves more)."""
 
         def spills(g: Any) -> bool:
             if g.ctas_per_sm:
                 return g.spill_stores > BOUNDED_SPILL_BYTES or g.spill_loads > BOUNDED_SPILL_BYTES
             return bool(g.spill_stores or g.spill_loads)
 
-        return [f"{v.name}: {g.label}: {g.spill_stores} bytes spilled ({g.registers} registers): a smaller "
-                + ("group-ctas-per-sm or group" if g.ctas_per_sm else "group") + " may be faster there"
+        return [f"{v.name}: {g.label}: {g.spill_stores} bytes spilled ({g.registers} registers): "
+                + ("group-v-loads = at-use (one block's V vectors fewer), " if g.v_loads == "ahead" else "")
+                + "a smaller " + ("group-ctas-per-sm or group" if g.ctas_per_sm else "group") + " may be faster there"
                 for v in self.variants for g in v.grouped if spills(g)]  # fmt: skip
 
     def schedule_warnings(self, ratio: float = LOAD_USE_RATIO) -> list[str]:

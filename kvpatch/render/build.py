@@ -38,7 +38,7 @@ def build_table(result: BuildResult) -> Table:
             )  # fmt: skip
         for g in v.grouped:  # the grouped form (--group): its own kernels beside vLLM's
             table.add_row(
-                escape(v.name), g.arch, f"grouped {g.kernel} x{g.heads}{g.bounds}{g.where}", f"{g.dtype}/auto/{g.head_size}/{g.block_size}",
+                escape(v.name), g.arch, f"grouped {g.kernel} x{g.heads}{g.bounds}{g.where}{g.ahead}", f"{g.dtype}/auto/{g.head_size}/{g.block_size}",
                 str(g.registers), f"{g.spill_stores}/{g.spill_loads}", "-", "yes" if g.has_prefetch else "-",
                 "[green]ok[/]" if g.ok else "[red]FAIL[/]",
             )  # fmt: skip

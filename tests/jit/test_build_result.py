@@ -95,6 +95,14 @@ def test_the_grouped_forms_kernels_are_checked_for_the_prefetch_and_warned_of_sp
         "patched: grouped v1 bf16/256/16 x4 4/SM sm_90a: 164 bytes spilled (128 registers): a smaller "
         "group-ctas-per-sm or group may be faster there"
     ]
+    # V vectors loaded a block ahead hold a block's more: the warning names group-v-loads first
+    ahead = replace(result, grouped=(grouped(head_size=256, block_size=32, registers=255, spill_stores=344,
+                                             v_loads="ahead"),))  # fmt: skip
+    assert BuildResult((ahead,), 0.0).grouped_warnings() == [
+        "patched: grouped v1 bf16/256/32 x4 v-ahead sm_90a: 344 bytes spilled (255 registers): group-v-loads = at-use "
+        "(one block's V vectors fewer), a smaller group may be faster there"
+    ]
+    assert VariantResult.from_dict(json.loads(json.dumps(ahead.to_dict()))).grouped == ahead.grouped
     # a few bytes under launch bounds are what the bounds trade (the shipped table's bounded kernels)
     few = replace(result, grouped=(grouped(registers=128, spill_stores=8, spill_loads=8, ctas_per_sm=4),))
     assert BuildResult((few,), 0.0).grouped_warnings() == []

@@ -386,6 +386,9 @@ def test_group_v_loads_ahead_changes_only_the_grouped_kernels_value_loop(tree_01
     at_use, ahead = _build_ruled(tree_0102, build_cache, "fp16/256/16", {"at_use": rule, "ahead": rule +
                                  ",group-v-loads=ahead"}, "fp16", [256])  # fmt: skip
     assert sorted((g.kernel, g.heads) for g in at_use.grouped) == sorted((g.kernel, g.heads) for g in ahead.grouped)
+    # the build says which do (their names do not): in the report's labels and its JSON
+    assert {g.v_loads for g in at_use.grouped} == {"at-use"} and {g.v_loads for g in ahead.grouped} == {"ahead"}
+    assert all(" v-ahead " in g.label for g in ahead.grouped) and not any("ahead" in g.label for g in at_use.grouped)
     assert _stock_form_sass(at_use) == _stock_form_sass(ahead)
     grouped = lambda symbol: "kvpatch_grouped" in symbol  # noqa: E731
     before, after = _stock_form_sass(at_use, grouped), _stock_form_sass(ahead, grouped)

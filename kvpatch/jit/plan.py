@@ -20,7 +20,7 @@ import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..abi import ABI_VERSION
 from ..arch import Arch, code_major
@@ -28,22 +28,19 @@ from ..dtypes import KV_CACHE_DTYPES, QUERY_DTYPES
 from ..templating import render
 from .flags import vllm_nvcc_flags
 from .layout import CacheLayout
-from .result import GroupedKernel, KernelInfo, VariantResult
+from .result import KernelInfo, VariantResult
 from .sass import (
     SassKernel,
     demangle,
-    describe_grouped,
     describe_kernel,
     dump_sass,
     extract_cubins,
+    grouped_kernels,
     parse_ptxas_log,
     scan_sass_kernels,
 )
 from .signatures import KERNELS, KernelSignature, call_arguments, kernel_signatures, scale_by_value, template_arguments
 from .spec import BuildSpec, KernelConfig, Variant
-
-if TYPE_CHECKING:
-    from ..config import PatchConfig
 from .toolchain import Toolchain, toolchain
 
 #: Bump when the generated code or the cache layout changes: every cache key changes.
@@ -367,24 +364,6 @@ def inspect_variant(p: VariantPlan, tools: Any, step: Callable[[str, Callable[[]
         nvcc=_release_line(p.nvcc_version),
         grouped=grouped_kernels(sass, usage, names, p.variant.config),
     )
-
-
-def grouped_kernels(sass: Mapping[tuple[str, str], SassKernel], usage: Mapping[tuple[str, str], Mapping[str, int]],
-                    names: Mapping[str, str], config: PatchConfig | None = None) -> tuple[GroupedKernel, ...]:  # fmt: skip
-    """The grouped form's kernels among a library's SASS functions, with what ptxas allocated and
-    (from the variant's ``config``) when each loads its V vectors, which its name does not say."""
-    out = []
-    for (arch, sym), found in sass.items():
-        form = describe_grouped(names.get(sym, sym))
-        if form is not None:
-            res = usage.get((arch, sym), {})
-            own = config.resolve(str(form["dtype"]), int(form["head_size"]), int(form["block_size"]), "auto",
-                                 str(form["kernel"])) if config is not None else None  # fmt: skip
-            out.append(GroupedKernel(arch=arch, **form, registers=res.get("registers", 0),
-                                     spill_stores=res.get("spill_stores", 0), spill_loads=res.get("spill_loads", 0),
-                                     has_prefetch=found.has_prefetch, symbol=sym,
-                                     v_loads=own.group_v_loads if own is not None else "at-use"))  # fmt: skip
-    return tuple(sorted(out, key=lambda g: (g.arch, g.kernel, g.dtype, g.head_size, g.block_size)))
 
 
 def _release_line(version: str) -> str:

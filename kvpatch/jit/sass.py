@@ -12,14 +12,17 @@ import statistics
 import subprocess
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from ..arch import Arch
 from ..dtypes import KV_CACHE_DTYPES, by_demangled
 from ..errors import BuildError
-from .result import PREFETCH_SASS, KernelInfo, VariantResult
+from .result import PREFETCH_SASS, GroupedKernel, KernelInfo, VariantResult
 from .signatures import KERNELS, KernelSignature
 from .toolchain import Inspector, first_error, run_text
+
+if TYPE_CHECKING:
+    from ..config import PatchConfig
 
 _PTXAS_ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\w+)'")
 _PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -252,6 +255,24 @@ def _template_args(text: str, start: int) -> list[str]:
             current += ch
     args.append(current.strip())
     return args
+
+
+def grouped_kernels(sass: Mapping[tuple[str, str], SassKernel], usage: Mapping[tuple[str, str], Mapping[str, int]],
+                    names: Mapping[str, str], config: PatchConfig | None = None) -> tuple[GroupedKernel, ...]:  # fmt: skip
+    """The grouped form's kernels among a library's SASS functions, with what ptxas allocated and
+    (from the variant's ``config``) when each loads its V vectors, which its name does not say."""
+    out = []
+    for (arch, sym), found in sass.items():
+        form = describe_grouped(names.get(sym, sym))
+        if form is not None:
+            res = usage.get((arch, sym), {})
+            own = config.resolve(str(form["dtype"]), int(form["head_size"]), int(form["block_size"]), "auto",
+                                 str(form["kernel"])) if config is not None else None  # fmt: skip
+            out.append(GroupedKernel(arch=arch, **form, registers=res.get("registers", 0),
+                                     spill_stores=res.get("spill_stores", 0), spill_loads=res.get("spill_loads", 0),
+                                     has_prefetch=found.has_prefetch, symbol=sym,
+                                     v_loads=own.group_v_loads if own is not None else "at-use"))  # fmt: skip
+    return tuple(sorted(out, key=lambda g: (g.arch, g.kernel, g.dtype, g.head_size, g.block_size)))
 
 
 def with_sass_counts(result: VariantResult, found: Mapping[tuple[str, str], SassKernel]) -> VariantResult:

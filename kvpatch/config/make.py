@@ -203,13 +203,14 @@ def table_overrides(**options: Any) -> dict[str, tuple[Any, list[str]]]:
     if cfg.preset == "paper":
         return {}
     inherit, requested, drop = _requested(given)
-    # as _overrides lays them: the base setting on every table rule, then the user's rule of the same
-    # selector over it, which keeps what it sets itself (and 'none' drops the table's rule)
+    # as _overrides lays them (_layer): the base setting on every table rule, then the user's rule of
+    # the same selector over it, which keeps what it sets itself; 'none' drops the table's rule, and
+    # an 'off' rule of the user's keeps nothing of it
     _, replaced = _table(replace(cfg, overrides=()), given, inherit, {}, drop)
     own = {k: set(_rule_settings(k, v)) for k, v in requested.items()}
     out: dict[str, tuple[Any, list[str]]] = {}
     for setting, (value, selectors) in replaced.items():
-        kept = [sel for sel in selectors if sel not in own or (own[sel] and setting not in own[sel])]
+        kept = [sel for sel in selectors if sel not in own or (own[sel] and not own[sel] & {setting, "off"})]
         if kept:
             out[setting] = (value, kept)
     return out

@@ -254,10 +254,12 @@ def test_the_tuned_values_a_base_setting_replaces_count_a_users_rule_of_the_same
     assert sorted(ruled) == sorted(base) and "bf16/64/16/auto/v1" in ruled
     assert make_config(lookahead=3, rules={"bf16/64/16/auto/v1": "read=warp"}).resolve(
         "bf16", 64, 16, "auto", "v1").lookahead == 3  # fmt: skip
-    # a rule that sets the setting itself, or drops the table's rule, keeps it
+    # a rule that sets the setting itself, drops the table's rule or turns the kernel off keeps it
     own = table_overrides(lookahead=3, rules={"bf16/64/16/auto/v1": "lookahead=2"})["lookahead"][1]
     dropped = table_overrides(lookahead=3, rules={"bf16/64/16/auto/v1": "none"})["lookahead"][1]
-    assert sorted(own) == sorted(dropped) == sorted(set(base) - {"bf16/64/16/auto/v1"})
+    off = table_overrides(lookahead=3, rules={"bf16/64/16/auto/v1": "off"})["lookahead"][1]
+    assert sorted(own) == sorted(dropped) == sorted(off) == sorted(set(base) - {"bf16/64/16/auto/v1"})
+    assert make_config(lookahead=3, rules={"bf16/64/16/auto/v1": "off"}).resolve("bf16", 64, 16, "auto", "v1").off
     # the table's off rule a user's rule turns on takes a base setting of the grouped form as well
     assert table_overrides(group_v_loads="at-use", rules={"fp16/256/16/auto": "group-logits=global"}) == {
         "group_v_loads": ("at-use", ["fp16/256/16/auto"])

@@ -152,8 +152,14 @@ def heldout(folder: Path, name: str, base: str = "patched") -> list[str]:
             f"B{r['point']['batch']}/{_ctx(r['point'])}: {x:.3f}"
             for r, x in mine
         )
+        # where neither library groups, both run vLLM's form of the kernel: the same code wherever
+        # their vLLM-form SASS is the same (a folder's sass file says whether it is)
+        neither = sum(
+            1 for r, _ in mine if not r["variants"][v].get("grouped") and not r["variants"][base].get("grouped")
+        )
         lines += ["", f"{v}: {len(mine)} points below the A/A twin's lowest ratio over stock in their dtype and mode "
-                  f"(slower than {base} beyond the noise){': ' + listed if 0 < len(mine) <= 16 else ''}."]  # fmt: skip
+                  f"(slower than {base} beyond the noise){': ' + listed if 0 < len(mine) <= 16 else ''}."
+                  + (f" At {neither} of them neither {v} nor {base} groups (both run vLLM's form)." if neither else "")]  # fmt: skip
     lines += ["", f"By kernel (auto cache, GQA points, warm): each variant over {base}, geomean (range); "
               "grouped launches of >= 256 CTAs / fewer:", "",
               "| dtype | head | block | " + " | ".join(f"{v}: >= 256 CTAs | {v}: fewer" for v in variants) + " |",

@@ -231,3 +231,11 @@ def test_a_folder_that_is_no_evidence_is_a_one_line_error(tmp_path: Path, run_to
         (tmp_path / "run.toml").write_text(run_toml)
     done = script("summarize_evidence.py", tmp_path)
     assert done.returncode == 2 and needle in done.stderr.splitlines()[-1] and "Traceback" not in done.stderr
+
+
+def test_a_point_below_the_twin_where_neither_table_groups_is_said_so() -> None:
+    """Below the A/A twin's reach beside another table, a point where neither library groups runs
+    vLLM's form in both: the held-out section counts those apart."""
+    out = script("summarize_evidence.py", EVIDENCE / "before-grouping-h100").stdout
+    assert "patched: 6 points below the A/A twin's lowest ratio" in out
+    assert "At 6 of them neither patched nor t24 groups (both run vLLM's form)." in out

@@ -72,6 +72,12 @@ def parse_arch_list(text: str) -> list[Arch]:
     return archs
 
 
+def prefetches(code: str) -> bool:
+    """Whether the patch prefetches in a SASS target's device code: Hopper (sm_90, sm_90a) only;
+    every other arch compiles stock's code there (templates/inject/bulk_prefetch.cuh.j2)."""
+    return code_major(code) == 9
+
+
 def code_major(code: str) -> int:
     """The major version of a SASS target name: ``'sm_90a'`` -> 9, ``'sm_100'`` -> 10."""
     digits = re.match(r"sm_(\d+)", code)

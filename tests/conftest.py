@@ -301,7 +301,12 @@ void* kvpatch_test_kernels[] = {
 };
 """
 
-ARCHS = {"sm_90a": "arch=compute_90a,code=sm_90a", "sm_80": "arch=compute_80,code=sm_80"}
+ARCHS = {
+    "sm_90a": "arch=compute_90a,code=sm_90a",
+    "sm_80": "arch=compute_80,code=sm_80",
+    "sm_100": "arch=compute_100,code=sm_100",
+    "sm_120": "arch=compute_120,code=sm_120",
+}
 
 
 class CompileError(Exception):

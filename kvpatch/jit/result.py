@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from ..arch import code_major
+from ..arch import prefetches
 from ..errors import BuildError
 
 #: The prefetch instruction in SASS.
@@ -89,7 +89,7 @@ class GroupedKernel:
 
     @property
     def expect_prefetch(self) -> bool:
-        return self.lookahead > 0 and code_major(self.arch) >= 9
+        return self.lookahead > 0 and prefetches(self.arch)
 
     @property
     def ok(self) -> bool:

@@ -403,18 +403,33 @@ def test_group_v_loads_ahead_changes_only_the_grouped_kernels_value_loop(tree_01
         assert loads(after[symbol]) >= loads(before[symbol]) + 16, (symbol, loads(before[symbol]), loads(after[symbol]))
 
 
-def test_split_is_hopper_only_where_stock_is_not_unswitched(tree_0102, build_cache):
-    """On sm_100 and sm_120 nvcc does not unswitch stock's bf16 key loop on the ALiBi slope
-    (bf16 head 64 block 16: 29 FFMA, where sm_90a's unswitched loop has 58). A split there would
-    double it and round the ALiBi term otherwise; the split is Hopper-only, so the kernels with
-    issue=split keep stock's FFMA count on every arch."""
+def test_the_prefetch_and_the_split_are_hopper_only(tree_0102, build_cache):
+    """On sm_90a the kernels with issue=split carry the prefetch and stock's key loop beside the
+    prefetching one. On sm_100 and sm_120, which vLLM builds too, vLLM's form of every kernel is
+    stock's SASS, instruction for instruction: the prefetch was never tuned there, and there nvcc
+    does not unswitch stock's bf16 key loop on the ALiBi slope (29 FFMA at head 64 block 16, where
+    sm_90a's unswitched loop has 58), so a split would round the ALiBi term otherwise."""
     stock = (tree_0102 / HEADER).read_text(encoding="utf-8")
     variants = patched_variants(
         stock, str(tree_0102 / HEADER), {"split": make_config(inherit_rules=False, issue="split")}
     )
     spec = make_spec(tree_0102, variants, "9.0a;10.0;12.0", dtypes=["bf16"], head_sizes=[64], block_sizes=[16])
     result = build(spec, cache=build_cache)
-    assert {(k.kernel, k.arch) for k in result.variant("split").kernels if k.split} == {
-        (kernel, arch) for kernel in ("v1", "v2") for arch in ("sm_90a", "sm_100", "sm_120")
-    }
+    split = result.variant("split")
+    hopper = {("v1", "sm_90a"), ("v2", "sm_90a")}
+    assert {(k.kernel, k.arch) for k in split.kernels if k.split} == hopper
+    assert {(k.kernel, k.arch) for k in split.kernels if k.has_prefetch} == hopper
+    assert {(k.kernel, k.arch) for k in split.kernels if k.expect_prefetch} == hopper
+
+    def by_arch(variant) -> dict[tuple[str, str], list[str]]:
+        ns = f"{len(variant.prefix)}{variant.prefix}"
+        return {(arch, symbol.replace(ns, "")): [i for _, i in instrs]
+                for arch, symbol, instrs in sass_functions(variant.read_sass().splitlines()) if symbol}  # fmt: skip
+
+    mine, theirs = by_arch(split), by_arch(result.variant("stock"))
+    assert mine.keys() == theirs.keys()
+    blackwell = [key for key in mine if key[0] in ("sm_100", "sm_120")]
+    assert len(blackwell) == 6  # v1, v2 and v2's reduce kernel, per arch
+    assert all(mine[key] == theirs[key] for key in blackwell)
+    assert any(mine[key] != theirs[key] for key in mine if key[0] == "sm_90a")
     assert result.split_warnings() == []

@@ -97,7 +97,7 @@ def test_a_rule_table_injection_reads_as_expected(stock: str, header_path: str) 
         "    const int64_t physical_block_number =\n"
         "        static_cast<int64_t>(block_table[block_idx]);\n"
         "    // kvpatch:begin key lookahead=1 size=auto align=16 caches=kv hint=none placement=start scope=cta issue=call quantized=skip fp16:off fp16/128/16/auto/v1:off fp16/128/16/auto/v2:lookahead=2,issue=inline\n"
-        "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(USE_ROCM)\n"
+        "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && __CUDA_ARCH__ < 1000 && !defined(USE_ROCM)\n"
         "    if constexpr (kvpatch_is_same<cache_t, scalar_t>::value) {\n"
         "      if constexpr (kvpatch_is_same<scalar_t, uint16_t>::value && HEAD_SIZE == 128 && BLOCK_SIZE == 16 && kvpatch_is_same<cache_t, scalar_t>::value && PARTITION_SIZE == 0) {\n"
         "        // off: no prefetch, these kernels compile as stock\n"

@@ -1,5 +1,6 @@
 """The patched vLLM 0.10.2 header compiled with nvcc: the prefetch reaches Hopper's PTX,
-and nothing of it reaches sm_80's (the guard), which therefore still builds.
+and nothing of it reaches sm_80's (the guard), which therefore still builds, nor Blackwell's,
+which is stock's.
 
 Each compile is a small TU taking the address of one v1 and one v2 instantiation per
 query dtype (fp16 as uint16_t, bf16, fp32; head 128, block 16, 128 threads), compiled
@@ -178,6 +179,13 @@ def test_sm80_builds_without_the_prefetch(options: dict, tree: Path, stock: str,
     ptx = nvcc_ptx(tree / "csrc", patched(tree, stock, **options), "sm_80")
     assert prefetches(ptx) == NONE
     assert "cp.async.bulk" not in ptx
+
+
+@pytest.mark.parametrize("arch", ["sm_100", "sm_120"])
+def test_blackwell_compiles_stocks_code(arch: str, tree: Path, stock: str, nvcc_ptx) -> None:
+    """The prefetch (and the key loop's split) is Hopper device code: on the Blackwell archs vLLM
+    builds, the shipped configuration's kernels are stock's PTX, character for character."""
+    assert nvcc_ptx(tree / "csrc", patched(tree, stock), arch) == nvcc_ptx(tree / "csrc", stock, arch)
 
 
 def test_without_the_guard_sm80_does_not_build(tree: Path, stock: str, nvcc_ptx) -> None:

@@ -82,7 +82,7 @@ def test_weight_tail_adds_the_table_the_helper_and_one_call_after_the_value_loop
     assert fn.count("cp.async.bulk.prefetch.L2.global") == 2 and "createpolicy.fractional.L2::evict_normal" in fn
     # the call: right after the value loop, with the key cache (the layer's own)
     region = re.search(r"\n  // kvpatch:begin weight-tail [^\n]*\n(.*?)\n  // kvpatch:end weight-tail", after, re.S)
-    assert region and region.group(1) == ("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(USE_ROCM)\n"
+    assert region and region.group(1) == ("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && __CUDA_ARCH__ < 1000 && !defined(USE_ROCM)\n"
                                           "  kvpatch_weight_tail(k_cache);\n#endif")  # fmt: skip
     value_loop_end = after.index("\n  // kvpatch:begin weight-tail")
     assert after[:value_loop_end].endswith("\n  }")  # the value loop's closing brace

@@ -149,13 +149,13 @@ class PatchConfig:
     #: non-fp8 caches and where :attr:`group_min_ctas` allows; elsewhere the stock form runs.
     group: int = setting(1, "Query heads per CTA in kvpatch's own launchers: 1 (one per head, as vLLM) or 2, 4, 8 "
                          "(each K/V tile read once for that many heads of a KV group, each head's arithmetic stock's).",
-                         low=1, high=8, power_of_two=True, rule=True, tune=Tune(7, "g{}"))  # fmt: skip
+                         low=1, high=8, power_of_two=True, rule=True, tune=Tune(7, "g{}"), grouped="all")  # fmt: skip
     #: group > 1 only: the grouped form runs only in launches of at least this many CTAs of its own
     #: grid (query heads / group x sequences x partitions); a smaller launch keeps one CTA per head,
     #: which spreads a small batch over more of the GPU.
     group_min_ctas: int = setting(1, "group > 1 only: group only launches of >= N CTAs of the grouped grid (query "
                                   "heads / group x sequences x partitions; 1 = always).", low=1, high=MAX_MIN_CTAS,
-                                  rule=True, tune=Tune(8, "gc{}"))  # fmt: skip
+                                  rule=True, tune=Tune(8, "gc{}"), grouped="all")  # fmt: skip
     #: group > 1 only: the grouped kernel is compiled with ``__launch_bounds__(NUM_THREADS, N)``,
     #: so that N of its CTAs fit on an SM's registers: nvcc then keeps it to 65536 / (N x 128)
     #: registers a thread, spilling what does not fit. More CTAs per SM hide more memory latency
@@ -164,7 +164,7 @@ class PatchConfig:
     group_ctas_per_sm: int = setting(0, "group > 1 only: compile the grouped form so that N of its CTAs fit on an SM "
                                      "(__launch_bounds__; fewer registers, maybe spills; 0 = as nvcc chooses).",
                                      low=0, high=MAX_CTAS_PER_SM, why="an SM of sm_90 holds at most 32 CTAs",
-                                     rule=True, tune=Tune(9, "go{}"))  # fmt: skip
+                                     rule=True, tune=Tune(9, "go{}"), grouped="all")  # fmt: skip
     #: group > 1 only, v1 only: where the launch's shared memory (its heads' logits, the context
     #: long) leaves room for fewer than N CTAs of the full group on an SM, the launcher runs half
     #: the group (half the heads a CTA, twice the CTAs) if more CTAs of that, and at least two, fit
@@ -176,7 +176,7 @@ class PatchConfig:
                                     "launch half the group if more of those (and two or more) fit and it takes "
                                     "no more waves of CTAs (0 = never).",
                                     low=0, high=MAX_CTAS_PER_SM, why="an SM of sm_90 holds at most 32 CTAs",
-                                    rule=True, tune=Tune(10, "gh{}"))  # fmt: skip
+                                    rule=True, tune=Tune(10, "gh{}"), grouped="v1")  # fmt: skip
     #: group > 1 only, v1 only: where the launch's shared memory (its heads' logits for the
     #: longest sequence it may see: vLLM's captured graphs size every launch for 8192 tokens)
     #: leaves room for fewer than N CTAs on an SM, the launcher gives it less: as much as lets N
@@ -188,7 +188,7 @@ class PatchConfig:
                                   "an SM, give it what fits N and let each CTA take its heads in passes where its own "
                                   "sequence's logits do not all fit (0 = never).",
                                   low=0, high=MAX_CTAS_PER_SM, why="an SM of sm_90 holds at most 32 CTAs",
-                                  rule=True, tune=Tune(11, "gf{}"))  # fmt: skip
+                                  rule=True, tune=Tune(11, "gf{}"), grouped="v1")  # fmt: skip
     #: group > 1 only, v1 only: where the grouped form keeps its heads' logits (fp32, one per token
     #: a head, the context long) between the key loop and the value loop. ``shared``: in the CTA's
     #: shared memory, which the launch sizes for the longest sequence it may see (vLLM's captured
@@ -208,7 +208,7 @@ class PatchConfig:
                                 "(shared), in a global-memory buffer the launcher owns (global), or in that buffer "
                                 "only where shared memory fits fewer CTAs on an SM, of the full or half group, than "
                                 "registers do and no wave of CTAs is added (auto).",
-                                choices=LOGITS, rule=True, tune=Tune(12, "lg{}"))  # fmt: skip
+                                choices=LOGITS, rule=True, tune=Tune(12, "lg{}"), grouped="v1")  # fmt: skip
     #: group > 1 only: when a warp of the grouped form loads its V vectors. ``at-use``: each where
     #: the value loop uses it, block by block, as vLLM's loop does. ``ahead``: the next block's V
     #: vectors are loaded before the block in hand is computed (one block's vectors held in
@@ -218,7 +218,7 @@ class PatchConfig:
     #: arithmetic and its order are the same: outputs stay stock's.
     group_v_loads: str = setting("at-use", "group > 1 only: load each V vector where the value loop uses it (at-use) "
                                  "or the next block's V vectors before the block in hand is computed (ahead).",
-                                 choices=V_LOADS, rule=True, tune=Tune(13, "vl{}"))  # fmt: skip
+                                 choices=V_LOADS, rule=True, tune=Tune(13, "vl{}"), grouped="all")  # fmt: skip
     #: Compile the prefetch in but never execute it (its guard reads a block number
     #: < 0): separates the prefetch's own effect from the code-generation change.
     control: bool = setting(False, "Compile the prefetch but never run it (for measurements).", rule=True, paper=FREE)
@@ -368,5 +368,6 @@ PAPER = {s.name: s.paper_value for s in SETTINGS if s.paper != FREE}
 OVERRIDABLE = (*(s.name for s in SETTINGS if s.rule), "off")
 #: What a rule may give beside ``off``: the grouped form's settings (``off`` is about the
 #: prefetch; those kernels' grouped form runs without one).
-GROUPING = ("group", "group_min_ctas", "group_ctas_per_sm", "group_half_below", "group_fit_ctas", "group_logits",
-            "group_v_loads")  # fmt: skip
+GROUPING = tuple(s.name for s in SETTINGS if s.grouped)
+#: Of them, those only grouped v1 launches read.
+V1_ONLY = tuple(s.name for s in SETTINGS if s.grouped == "v1")

@@ -7,15 +7,14 @@ import itertools
 from typing import Iterable, Sequence
 
 from ..dtypes import VLLM_BLOCK_SIZES, VLLM_HEAD_SIZES
-from .model import DTYPES, GROUPING, RULE_KERNELS, RULE_KV, PatchConfig, Selector
+from .model import DTYPES, GROUPING, RULE_KERNELS, RULE_KV, V1_ONLY, PatchConfig, Selector
 from .settings import label
 
 #: Settings that apply to every kernel that prefetches (no rule sets them).
 GLOBAL_SETTINGS = ("caches", "placement")
 #: The grouped form's settings that change only kernels that take it (``group`` itself decides
-#: which do); of them, those v1 launches alone read.
+#: which do); of them, V1_ONLY only v1 launches read.
 GROUPED_ONLY = tuple(s for s in GROUPING if s != "group")
-V1_ONLY = ("group_half_below", "group_fit_ctas", "group_logits")
 
 
 def unreached(cfg: PatchConfig, options: Iterable[str] = (), selectors: Iterable[str] = (),

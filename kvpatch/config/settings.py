@@ -82,6 +82,10 @@ class Setting:
     paper: Any = _DEFAULT
     #: Opt-in, for kvpatch's own use: no command-line option, and kvpatch.toml names it only when set.
     hidden: bool = False
+    #: A setting of the grouped form (an ``off`` rule may still give it): "all" where every grouped
+    #: kernel reads it (``group`` itself, which decides which kernels take the form, among them),
+    #: "v1" where only grouped v1 launches do; "" for the prefetch's own settings.
+    grouped: str = ""
 
     def __post_init__(self) -> None:
         """A table entry that cannot work is refused when the table is read (at import)."""
@@ -91,6 +95,8 @@ class Setting:
             raise ValueError(f"setting {self.name}: an integer needs low and high")
         if self.kind != "int" and (self.low, self.high, self.auto) != (None, None, False):
             raise ValueError(f"setting {self.name}: only an integer has bounds")
+        if self.grouped not in ("", "all", "v1"):
+            raise ValueError(f"setting {self.name}: grouped is '', 'all' or 'v1'")
         for value in (self.default, *((self.paper,) if self.paper not in (FREE, _DEFAULT) else ()),
                       *(self.tune.values if self.tune else ())):  # fmt: skip
             if value is not None or not self.auto:

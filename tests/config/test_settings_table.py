@@ -15,7 +15,7 @@ import pytest
 from cli.cli_helpers import assert_one_line_error, run_cli
 
 from kvpatch.config import config_from_marker, dump_config, make_config, read_config_file
-from kvpatch.config.model import OVERRIDABLE, SETTINGS, PatchConfig
+from kvpatch.config.model import GROUPING, OVERRIDABLE, SETTINGS, V1_ONLY, PatchConfig
 from kvpatch.config.settings import Setting, as_text, check
 from kvpatch.errors import UsageError
 from kvpatch.tune import GRID, GRID_KEYS, candidates, parse_grid
@@ -74,6 +74,15 @@ def test_each_entry_has_help_and_a_default_within_its_bounds() -> None:
         assert s.help.strip() and s.help.endswith(".")
         if s.kind == "int":
             assert s.low <= (s.default if s.default is not None else s.low) <= s.high
+
+
+def test_a_grouped_form_setting_says_so_in_its_help_and_which_kernels_read_it() -> None:
+    """The table's ``grouped`` is what --help tells users: "group > 1" (and "v1 only") in exactly
+    the grouped form's settings other than ``group`` itself."""
+    for s in SETTINGS:
+        assert ("group > 1" in s.help) == (bool(s.grouped) and s.name != "group"), s.name
+        assert ("v1 only" in s.help) == (s.grouped == "v1"), s.name
+    assert GROUPING[0] == "group" and set(V1_ONLY) < set(GROUPING)
 
 
 @pytest.mark.parametrize("command", ["apply", "config"])

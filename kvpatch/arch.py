@@ -72,9 +72,9 @@ def parse_arch_list(text: str) -> list[Arch]:
     return archs
 
 
-def prefetches(code: str) -> bool:
-    """Whether the patch prefetches in a SASS target's device code: Hopper (sm_90, sm_90a) only;
-    every other arch compiles stock's code there (templates/inject/bulk_prefetch.cuh.j2)."""
+def is_hopper(code: str) -> bool:
+    """Whether a SASS target is Hopper's (sm_90, sm_90a): the only device code the patch prefetches
+    in; every other arch compiles stock's code (templates/inject/bulk_prefetch.cuh.j2's on_hopper)."""
     return code_major(code) == 9
 
 

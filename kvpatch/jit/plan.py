@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..abi import ABI_VERSION
-from ..arch import Arch, prefetches
+from ..arch import Arch, is_hopper
 from ..dtypes import KV_CACHE_DTYPES, QUERY_DTYPES
 from ..templating import render
 from .flags import vllm_nvcc_flags
@@ -337,7 +337,7 @@ def inspect_variant(p: VariantPlan, tools: Any, step: Callable[[str, Callable[[]
         desc = describe_kernel(names[sym], sigs)
         if desc is None:
             continue
-        expect = (desc["kernel"] != "reduce" and prefetches(arch)
+        expect = (desc["kernel"] != "reduce" and is_hopper(arch)
                   and p.variant.expects_prefetch(desc["dtype"], desc["kv_cache_dtype"], desc["head_size"],
                                                 desc["block_size"], desc["kernel"]))  # fmt: skip
         cfg = p.variant.config

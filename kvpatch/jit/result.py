@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from ..arch import prefetches
+from ..arch import is_hopper
 from ..errors import BuildError
 
 #: The prefetch instruction in SASS.
@@ -89,7 +89,7 @@ class GroupedKernel:
 
     @property
     def expect_prefetch(self) -> bool:
-        return self.lookahead > 0 and prefetches(self.arch)
+        return self.lookahead > 0 and is_hopper(self.arch)
 
     @property
     def ok(self) -> bool:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kvpatch.arch import is_hopper
 from kvpatch.errors import BuildError, UsageError
 from kvpatch.jit import Arch, Toolchain, find_inspector, find_nvcc, parse_arch_list, validate_archs
 
@@ -80,3 +81,9 @@ def test_missing_sass_tools(monkeypatch):
     monkeypatch.setattr(TOOLCHAIN, "find_cuda_tool", lambda name, nvcc=None: None if name == "nvdisasm" else Path(name))
     with pytest.raises(BuildError, match=r"^nvdisasm not found .*: pip install nvidia-cuda-nvdisasm$"):
         find_inspector()
+
+
+@pytest.mark.parametrize(("code", "hopper"), [("sm_90a", True), ("sm_90", True), ("sm_100", False), ("sm_100f", False),
+                                              ("sm_120", False), ("sm_89", False), ("sm_80", False)])  # fmt: skip
+def test_only_hoppers_sass_is_expected_to_prefetch(code: str, hopper: bool) -> None:
+    assert is_hopper(code) is hopper

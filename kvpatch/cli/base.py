@@ -231,6 +231,10 @@ JsonOpt = Annotated[
         "--json", metavar="PATH", help="Write the report as JSON to PATH ('-': to stdout, instead of the table)."
     ),
 ]
+PlotOpt = Annotated[
+    Optional[Path],
+    typer.Option("--plot", metavar="FILE", help="Draw the speedups into FILE: .png, .pdf or .svg.", parser=path_value),
+]
 ArchOpt = Annotated[
     str, typer.Option("--arch", metavar="ARCHS", help="TORCH_CUDA_ARCH_LIST syntax: 9.0a, 9.0, '8.0;9.0a', 9.0+PTX.")
 ]

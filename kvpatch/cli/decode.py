@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from ..commands.choices import DECODE_LAYERS, DECODE_ROUNDS, DEFAULT_MODELS, MAX_CONTEXT, MODELS
 from ..errors import GpuCheckError
-from .base import BuildArchOpt, JsonOpt, TreeOpt, app, csv, cwd, io, json_target, path_value, progress
+from .base import BuildArchOpt, JsonOpt, PlotOpt, TreeOpt, app, csv, cwd, io, json_target, path_value, progress
 
 LibsFileOpt = Annotated[
     Optional[Path],
@@ -136,12 +136,7 @@ def bench_decode(
     ] = False,
     micro: Annotated[bool, typer.Option("--micro", help="Also run the GEMM-after-idle micro-benchmark.")] = False,
     json_out: JsonOpt = None,
-    plot: Annotated[
-        Optional[Path],
-        typer.Option(
-            "--plot", metavar="FILE", help="Draw the speedups into FILE: .png, .pdf or .svg.", parser=path_value
-        ),
-    ] = None,
+    plot: PlotOpt = None,
     text: Annotated[
         Optional[Path],
         typer.Option("--text", metavar="FILE", help="Also write the table (as printed) here.", parser=path_value),

@@ -14,6 +14,7 @@ from .base import (
     DeviceOpt,
     JsonOpt,
     LibOpt,
+    PlotOpt,
     TreeOpt,
     VariantInfoOpt,
     app,
@@ -137,12 +138,7 @@ def bench(
         typer.Option("--set", metavar="SET", help="tuning, headline (default) or heldout (shapes tune never saw)."),
     ] = None,
     json_out: JsonOpt = None,
-    plot: Annotated[
-        Optional[Path],
-        typer.Option(
-            "--plot", metavar="FILE", help="Draw the speedups into FILE: .png, .pdf or .svg.", parser=path_value
-        ),
-    ] = None,
+    plot: PlotOpt = None,
     variant: Annotated[
         list[str],
         typer.Option(

@@ -145,10 +145,11 @@ def check(s: Setting, value: Any) -> Any:
             raise UsageError(f"invalid {s.label} {short(value)}: expected true or false")
         return value
     if s.kind == "word":
-        if not isinstance(value, str) or value not in s.choices:
+        # spaces around a word are dropped, as around a number ('ahead ' is ahead, ' 2' is 2)
+        if not isinstance(value, str) or value.strip() not in s.choices:
             raise UsageError(f"invalid {s.label} {short(value)}: choose one of {', '.join(s.choices)}")
-        return value
-    if s.auto and (value is None or (isinstance(value, str) and value == "auto")):
+        return value.strip()
+    if s.auto and (value is None or (isinstance(value, str) and value.strip() == "auto")):
         return None
     unit = f" {s.unit}" if s.unit else ""
     over = f"at most {s.high}{unit}" + (f" ({s.why})" if s.why else "")

@@ -42,6 +42,11 @@ def test_none_means_not_given() -> None:
         ({"scope": "kv-head"}, "scope", "kv-head"),
         ({"control": True}, "control", True),
         ({"control": False}, "control", False),
+        # spaces around a value are dropped, a word's as a number's (a quoted shell variable)
+        ({"lookahead": " 3 "}, "lookahead", 3),
+        ({"group_v_loads": "ahead "}, "group_v_loads", "ahead"),
+        ({"placement": " end"}, "placement", "end"),
+        ({"size": " auto "}, "size", None),
     ],
 )
 def test_accepted(options: dict, field: str, value) -> None:

@@ -22,7 +22,7 @@ def test_min_group_is_in_the_marker_only_when_set() -> None:
     assert config_from_marker(cfg.marker()) == cfg and cfg.for_dtype("fp16").min_group == 8
 
 
-@pytest.mark.parametrize("value", ["", "Warp", "lanes", "thread", "warp ", 1, True])
+@pytest.mark.parametrize("value", ["", " ", "Warp", "lanes", "thread", "war p", 1, True])
 def test_read_takes_lane_or_warp_only(value) -> None:
     with pytest.raises(UsageError, match="invalid read"):
         make_config(read=value)

@@ -93,12 +93,9 @@ def library_specs(libs: list[str], libs_file: Optional[Path]) -> list:
     """``--lib`` items and a libs file's lines -> specs; 'stock' among them (when any)."""
     items = list(libs)
     if libs_file is not None:
-        from ..fsutil import read_input
+        from ..fsutil import read_text_input
 
-        try:
-            text = read_input(libs_file, "--libs-file", limit=1 << 20).decode("utf-8")
-        except UnicodeDecodeError:
-            raise UsageError(f"--libs-file {libs_file} is not UTF-8") from None
+        text = read_text_input(libs_file, "--libs-file", limit=1 << 20)
         listed = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
         if not listed:
             raise UsageError(f"--libs-file {libs_file} names no library (NAME=PATH.so:PREFIX lines)")

@@ -35,13 +35,9 @@ def read_config_file(path: Path) -> tuple[dict[str, Any], Machine | None]:
     or non-UTF-8 file, a directory, invalid TOML, keys beside ``[kvpatch]``, and a key
     given twice in its two spellings (``cache-hint`` and ``cache_hint``).
     """
-    from ..fsutil import read_input
+    from ..fsutil import read_text_input
 
-    raw = read_input(path, "config file", limit=MAX_CONFIG_BYTES)
-    try:
-        text = raw.decode("utf-8").removeprefix("\ufeff")  # a BOM (Windows editors write one)
-    except UnicodeDecodeError as e:
-        raise UsageError(f"config file {path} is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+    text = read_text_input(path, "config file", limit=MAX_CONFIG_BYTES)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

@@ -38,5 +38,6 @@ from .reading import (  # noqa: F401
     read_input,
     read_regular,
     read_regular_with_stat,
+    read_text_input,
     stat_regular,
 )

@@ -1,5 +1,6 @@
 """The one way kvpatch reads what it is given: only regular files (a FIFO, socket or device could
-block or never end), of bounded size, never blocking; a user's input file as a one-line error;
+block or never end), of bounded size, never blocking; a user's input file as a one-line error
+(its text UTF-8, a byte-order mark dropped);
 JSON text, never a RecursionError; a library file checked before ``dlopen``; a file's digest.
 """
 
@@ -124,6 +125,19 @@ def read_input(path: str | os.PathLike[str], what: str, *, limit: int | None = N
         raise UsageError(f"{what} {shown} {e.strerror}") from None
     except OSError as e:
         raise UsageError(f"cannot read {what} {shown}: {e.strerror or e}") from None
+
+
+def read_text_input(path: str | os.PathLike[str], what: str, *, limit: int | None = None) -> str:
+    """The text of an input file the user wrote (a config, a list of libraries): :func:`read_input`,
+    decoded as UTF-8 with a leading byte-order mark dropped (Windows editors write one); bytes
+    that are not UTF-8 are a one-line :class:`UsageError` saying which and where."""
+    raw = read_input(path, what, limit=limit)
+    try:
+        return raw.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        raise UsageError(
+            f"{what} {os.fspath(path)} is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})"
+        ) from None
 
 
 def expand_home(text: str, what: str) -> Path:

@@ -118,6 +118,8 @@ def no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     (["bench-decode", "--libs-file", "{comments}"], "names no library"),
     # a relative path in a libs file is read from the file's folder (as gpu_prepare.py writes them)
     (["bench-decode", "--libs-file", "{rellibs}", "--json", "{lib}"], "is --lib stock"),
+    # a libs file saved with a byte-order mark (Windows editors write one) reads as without it
+    (["bench-decode", "--libs-file", "{bomlibs}", "--json", "{lib}"], "is --lib stock"),
 ])  # fmt: skip
 def test_every_option_is_checked_before_torch_the_gpu_or_nvcc(args: list[str], needle: str, tmp_path: Path,
                                                               no_torch: None) -> None:  # fmt: skip
@@ -135,8 +137,10 @@ def test_every_option_is_checked_before_torch_the_gpu_or_nvcc(args: list[str], n
     comments.write_text("# nothing here\n\n")
     rellibs = tmp_path / "rel-libs.txt"
     rellibs.write_text(f"stock={lib.name}:p\n")
-    argv = [a.format(lib=lib, tree=tree, toml=toml, notree=notree, libsfile=libsfile, comments=comments, rellibs=rellibs)
-            for a in args]  # fmt: skip
+    bomlibs = tmp_path / "bom-libs.txt"
+    bomlibs.write_text(f"\ufeffstock={lib.name}:p\n", encoding="utf-8")
+    argv = [a.format(lib=lib, tree=tree, toml=toml, notree=notree, libsfile=libsfile, comments=comments, rellibs=rellibs,
+                     bomlibs=bomlibs) for a in args]  # fmt: skip
     work = tmp_path / "work"
     work.mkdir()
     assert_one_line_error(run_cli(*argv, cwd=work, env={"PATH": "/nonexistent"}), 2, needle)

@@ -140,6 +140,10 @@ SHAPES = {
         lambda t: t.replace("paged_attention_kernel(", "paged_attention_kernel_v0("),
         r"^paged_attention_kernel \(a function template\) not found in the header$",
     ),
+    "two definitions": (
+        lambda t: t + "\nnamespace again {\n" + t[t.index("template <") : t.rindex("}  // namespace vllm")] + "}\n",
+        r"^2 definitions of paged_attention_kernel \(lines \d+, \d+\): vLLM's header has one$",
+    ),
     "value loop missing": (
         _without_value_loop,
         r"^no value block loop \(.*reading v_cache through <table>\[<var>\]\) found in paged_attention_kernel$",

@@ -131,14 +131,14 @@ def run(o: ApplyOptions, *, progress: Progress = QUIET) -> ApplyReport:
             check_header_writable(target, force_write=o.force_write)
         if not o.force and not header.injected.intact:
             raise edited_regions(header.injected, target.header)
+        if not o.force:  # before the patch: an edit that breaks it is an edit, not kvpatch's failure
+            path = str(target.header)
+            check_no_local_edits(target, header.stock, unpatch=lambda text: read_header(text, path).stock,
+                                 state=state_or_none(cwd), note=progress.say)  # fmt: skip
         result = patch_header(header, cfg)
         if cfg.uses_group and result.sites.group_missing and _grouping(cfg) != _grouping(PatchConfig()):
             progress.say(f"note: the header lacks what the grouped form calls ({', '.join(result.sites.group_missing)}): "
                          "it is left out, and every kernel reads its KV blocks once per query head")  # fmt: skip
-        if not o.force:
-            path = str(target.header)
-            check_no_local_edits(target, result.stock, unpatch=lambda text: read_header(text, path).stock,
-                                 state=state_or_none(cwd), note=progress.say)  # fmt: skip
         new_state = State(tree=str(target.root), version=version, config=cfg.to_toml_dict(), marker=cfg.marker(),
                           stock_sha256=sha256(result.stock))  # fmt: skip
         write_header_and_state(target, current, result.patched, new_state, cwd, seen=seen, force_write=o.force_write)

@@ -143,6 +143,18 @@ def test_local_edit_is_refused(git_tree: Path, header: Path, work: Path) -> None
     assert header.read_text() == edited
 
 
+def test_a_local_edit_that_breaks_the_patch_is_said_as_a_local_edit(git_tree: Path, header: Path, work: Path) -> None:
+    """An edited header the patch cannot take (here its value loop gone, as another release's header
+    in this tree would be) is refused for the edit, not as a header kvpatch cannot patch."""
+    stock = fixture_text(STOCK)
+    edited = stock[: stock.index("  // Iterate over the value blocks.")] + stock[stock.index("  out[") :]
+    header.write_text(edited)
+    proc = run_cli("apply", "--tree", str(git_tree), cwd=work)
+    assert_one_line_error(proc, 4, str(header), "local edits", "--force")
+    assert header.read_text() == edited
+    assert_one_line_error(run_cli("apply", "--tree", str(git_tree), "--force", cwd=work), 4, "no value block loop")
+
+
 def test_force_patches_keeping_the_local_edit(git_tree: Path, header: Path, work: Path) -> None:
     header.write_text("// my local note\n" + fixture_text(STOCK))
     proc = run_cli("apply", "--tree", str(git_tree), "--force", cwd=work)

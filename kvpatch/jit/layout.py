@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..source.cache import BUILDS_DIR
+
 #: How every library is linked (a cache key covers them).
 LINK_FLAGS = ("-shared", "-Xcompiler", "-fPIC")
 
@@ -25,11 +27,11 @@ class CacheLayout:
 
     @property
     def dir(self) -> Path:
-        return self.cache / "builds" / self.key
+        return self.cache / BUILDS_DIR / self.key
 
     @property
     def lock_path(self) -> Path:
-        return self.cache / "builds" / f"{self.key}.lock"
+        return self.cache / BUILDS_DIR / f"{self.key}.lock"
 
     @property
     def library(self) -> Path:

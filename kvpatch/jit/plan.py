@@ -283,7 +283,7 @@ def stub_headers() -> dict[str, str]:
 
 def plan(spec: BuildSpec, *, cache: Path | None = None, tc: Toolchain | None = None) -> list[VariantPlan]:
     """Plan every variant of ``spec``: reads the tree and runs ``nvcc --version`` (once)."""
-    from ..source.fetch import cache_root
+    from ..source.cache import cache_root
 
     tc = tc or toolchain()
     root = Path(cache) if cache is not None else cache_root()

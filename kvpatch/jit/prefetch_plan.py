@@ -109,7 +109,7 @@ class PrefetchPlan(CacheLayout):
 def build_prefetch_library(source: str, marker: str, archs: Sequence[Arch], *, cache: Path | None = None,
                            progress: Progress = QUIET) -> PrefetchBuild:  # fmt: skip
     """Build (or take from the cache) the prefetch library of ``source`` for ``archs``."""
-    from ..source.fetch import cache_root
+    from ..source.cache import cache_root
     from .library import build_libraries
     from .toolchain import find_inspector
 

@@ -124,17 +124,12 @@ class Sites:
 
 
 def _function(p: Parsed) -> ci.Cursor:
-    """The header's one definition of the kernel's body; a second (in another namespace, say) is
-    refused: which of them a build runs is not the header's to say, and patching one would leave
-    the other stock."""
-    found = [node for node in walk(p.tu.cursor)
-             if node.kind == K.FUNCTION_TEMPLATE and node.spelling == FUNCTION
-             and node.is_definition() and in_main_file(p, node)]  # fmt: skip
-    if not found:
-        raise PatchError(f"{FUNCTION} (a function template) not found in the header")
-    if len(found) > 1:
-        lines = ", ".join(str(node.extent.start.line) for node in found)
-        raise PatchError(f"{len(found)} definitions of {FUNCTION} (lines {lines}): vLLM's header has one")
+    """The header's one definition of the kernel (a second is refused: patching one leaves the other stock)."""
+    found = [n for n in walk(p.tu.cursor) if n.kind == K.FUNCTION_TEMPLATE and n.spelling == FUNCTION
+             and n.is_definition() and in_main_file(p, n)]  # fmt: skip
+    if len(found) != 1:
+        raise PatchError(f"{len(found)} definitions of {FUNCTION} (lines {', '.join(str(n.extent.start.line) for n in found)}"
+                         f"): vLLM's header has one" if found else f"{FUNCTION} (a function template) not found in the header")  # fmt: skip
     return found[0]
 
 

@@ -150,7 +150,7 @@ def build_prefetch_library(
     """Build (or find in the cache) the prefetch library for ``archs``; return its path.
 
     The cache directory is ``<cache>/builds/l2prefetch-<sha256 of source, flags, nvcc
-    --version>`` (``cache`` defaults to :func:`kvpatch.source.fetch.cache_root`); a file lock
+    --version>`` (``cache`` defaults to :func:`kvpatch.source.cache.cache_root`); a file lock
     guards build and check, so concurrent callers build once; a cached library counts only
     when it still has the size and sha256 its ``result.json`` records. Raises
     :class:`BuildError` when nvcc or cuobjdump fails or the SASS check fails.

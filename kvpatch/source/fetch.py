@@ -30,13 +30,14 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-import platformdirs
 from rich.console import Console
 from rich.markup import escape
 
-from ..errors import FetchError, KvpatchError, UsageError
-from ..fsutil import expand_home, hold_lock, machine_problem, problem_in_text, read_regular, write_atomic
+from ..errors import FetchError, KvpatchError
+from ..fsutil import hold_lock, machine_problem, problem_in_text, read_regular, write_atomic
 from . import git as gitcmd
+from .cache import RELEASES_DIR, cache_root
+from .cache import absolute as _absolute
 from .releases import HEADER, LAST, SUPPORTED, carries_header, normalize_version, release_tag, release_tuple
 from .repo import _clone, _git_reason, _make_repo, git_executable, require_git  # noqa: F401
 from .sdist import _download, _find_sdist, _redact, _unpack
@@ -54,28 +55,6 @@ def _unsupported(version: str) -> FetchError:
 
 
 # --------------------------------------------------------------------------- cache
-
-
-def cache_root() -> Path:
-    """``$KVPATCH_CACHE`` if set, else the platform's user cache dir; always absolute (a
-    relative one is taken relative to the current directory, now). Creates nothing."""
-    env = os.environ.get("KVPATCH_CACHE")
-    if env:
-        return _absolute(expand_home(env, f"KVPATCH_CACHE={env}"), f"KVPATCH_CACHE={env}")
-    return _absolute(Path(platformdirs.user_cache_dir("kvpatch")), "the user cache directory")
-
-
-def _absolute(path: Path, what: str) -> Path:
-    """``path`` made absolute against the current directory (``..`` kept: a symlinked
-    directory before it must not change where it points)."""
-    if path.is_absolute():
-        return path
-    try:
-        return Path.cwd() / path
-    except OSError as e:  # the current directory was removed
-        raise UsageError(
-            f"{what} is relative and the current directory cannot be read ({e.strerror or e}); give an absolute path"
-        ) from None
 
 
 def check_release(version: str) -> None:
@@ -109,7 +88,7 @@ def fetch_release(
     check_release(version)
     console = console if console is not None else Console(stderr=True)
     tag = release_tag(version)
-    releases = (_absolute(Path(cache), "the cache") if cache is not None else cache_root()) / "releases"
+    releases = (_absolute(Path(cache), "the cache") if cache is not None else cache_root()) / RELEASES_DIR
     final = releases / tag
     marker = releases / f"{tag}.complete"
     noheader = releases / f"{tag}.noheader"

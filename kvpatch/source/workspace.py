@@ -46,9 +46,11 @@ def protected_paths(cwd: Path, tree: Tree | None = None) -> dict[str, Path]:
     """What no output of a command run in ``cwd`` may overwrite, by what it is: kvpatch's
     state directory (``.kvpatch/``: the state, the lock, the checkouts; all of it), and of the
     tree (``tree``, else the tree the last apply here recorded, if any) its header, its sources
-    (``csrc/``: the files the header includes, which kvpatch reads) and its git directory.
-    For :func:`kvpatch.fsutil.check_outputs`'s ``protected``."""
-    paths = {f"kvpatch's state directory {STATE_DIR}/": cwd / STATE_DIR}
+    (``csrc/``: the files the header includes, which kvpatch reads) and its git directory; and
+    kvpatch's release and build caches. For :func:`kvpatch.fsutil.check_outputs`'s ``protected``."""
+    from .cache import cache_folders
+
+    paths = {f"kvpatch's state directory {STATE_DIR}/": cwd / STATE_DIR, **cache_folders()}
     if tree is None:
         try:
             state = State.load(cwd)

@@ -1,5 +1,7 @@
 """The GPU commands on prebuilt libraries run on a GPU machine that has torch and little else:
-they import nothing of what fetching and patching need (platformdirs, GitPython, libclang)."""
+they import nothing of what fetching and patching need (GitPython, libclang, the index's
+client), and run where platformdirs cannot be imported (their output checks keep kvpatch's cache
+where ``KVPATCH_CACHE`` or platformdirs names one)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,14 @@ ROOT = Path(__file__).resolve().parents[2]
 PROBE = r"""
 import sys
 from pathlib import Path
+
+class Absent:  # this machine has no platformdirs
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "platformdirs":
+            raise ImportError(f"no module named {name!r}")
+        return None
+
+sys.meta_path.insert(0, Absent())
 import kvpatch.commands.common as common
 import kvpatch.gpu.env as env
 
@@ -42,7 +52,7 @@ for name, call in cases.items():
         call()
     except NoGpu:
         pass
-heavy = sorted({m.split(".")[0] for m in sys.modules} & {"platformdirs", "git", "clang", "pypi_simple", "requests"})
+heavy = sorted({m.split(".")[0] for m in sys.modules} & {"git", "clang", "pypi_simple", "requests"})
 print("HEAVY", ",".join(heavy))
 """
 

@@ -105,6 +105,27 @@ def test_no_command_writes_into_another_workspaces_state(applied, work, tmp_path
     assert state.read_bytes() == before and not (other / ".kvpatch" / "new.json").exists()
 
 
+def test_no_command_writes_into_kvpatchs_release_or_build_cache(applied, work, tmp_path):
+    """A release kvpatch fetched (its files, which a later build or script reads) and a built
+    library another command reuses are kept as the tree's sources are: before, ``diff -o`` wrote
+    the diff over a cached release's header. The cache's root itself (a ``KVPATCH_CACHE`` that is
+    any folder) is not kept: only kvpatch's folders in it."""
+    cache = tmp_path / "cache"
+    cached = cache / "releases" / "v0.10.2" / "csrc" / "attention" / "attention_kernels.cuh"
+    cached.parent.mkdir(parents=True)
+    cached.write_text("// a cached release's header\n")
+    (cache / "builds").mkdir()
+    env = {"KVPATCH_CACHE": str(cache)}
+    for command in (["diff", "-o"], ["sites", "--json"], ["tune", "-o"], ["bench", "--json"]):
+        for target, why in (
+            (cached, "kvpatch's release cache"),
+            (cache / "builds" / "x.json", "kvpatch's build cache"),
+        ):
+            assert_one_line_error(run_cli(*command, str(target), cwd=work, env=env), 2, why)
+    assert cached.read_text() == "// a cached release's header\n" and not (cache / "builds" / "x.json").exists()
+    assert run_cli("diff", "-o", str(cache / "kvpatch.patch"), cwd=work, env=env).returncode == 0
+
+
 def test_plugin_status_keeps_the_bundle_its_dir_names(work, tmp_path):
     bundle = tmp_path / "elsewhere"
     bundle.mkdir()

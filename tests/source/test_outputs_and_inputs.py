@@ -15,6 +15,7 @@ from conftest import HEADER, fixture_text, make_tree
 
 from kvpatch.errors import UsageError
 from kvpatch.fsutil import check_outputs, same_file
+from kvpatch.source.cache import cache_folders
 from kvpatch.source.workspace import STATE_DIR, Tree, protected_paths
 
 
@@ -129,4 +130,4 @@ def test_protected_paths_without_a_tree_come_from_the_state(workspace: tuple[Pat
     (cwd / STATE_DIR / "state.json").write_text(json.dumps({"tree": str(tree.root), "version": None, "config": {}}))
     assert tree.header in protected_paths(cwd).values()
     (cwd / STATE_DIR / "state.json").write_text("not json")  # a corrupt state names no tree, and is no error here
-    assert list(protected_paths(cwd).values()) == [cwd / STATE_DIR]
+    assert list(protected_paths(cwd).values()) == [cwd / STATE_DIR, *cache_folders().values()]

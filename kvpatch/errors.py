@@ -6,6 +6,7 @@ the error carries; anything else is a bug and shows a traceback with ``--debug``
 
 from __future__ import annotations
 
+import os
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -70,6 +71,14 @@ def typed_argument(value: T, cls: type, what: str) -> T:
     for and the type given (as :func:`text_argument`, for the pipeline's own objects)."""
     if not isinstance(value, cls):
         raise UsageError(f"{what} must be a {cls.__name__}, not {type(value).__name__}")
+    return value
+
+
+def path_argument(value: object, what: str) -> "str | os.PathLike[str]":
+    """``value`` if it names a path (``str`` or ``os.PathLike``); else a :class:`UsageError` naming
+    ``what`` and the type given (as :func:`text_argument`, for a folder or a file)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise UsageError(f"{what} must be a path (str or os.PathLike), not {type(value).__name__}")
     return value
 
 

@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping
 
 from .. import dtypes as D
 from ..abi import ABI_VERSION, config_label
-from ..errors import KvpatchError
+from ..errors import KvpatchError, UsageError, path_argument, typed_argument
 from ..fsutil.reading import file_digest, parse_json, read_regular
 from .schema import OPS
 
@@ -73,8 +73,19 @@ class KernelSet:
 
 def missing_configs(kernel_set: KernelSet, built: Iterable[str]) -> list[str]:
     """The release's configurations the library lacks (empty: it covers the full set)."""
-    have = set(built)
-    return [c for c in kernel_set.labels() if c not in have]
+    have = set(_labels(built))
+    return [c for c in typed_argument(kernel_set, KernelSet, "the kernel set").labels() if c not in have]
+
+
+def _labels(built: Any) -> tuple[str, ...]:
+    """Configuration labels as given (an iterable of ``str``), or a one-line :class:`UsageError`."""
+    if isinstance(built, (str, bytes)) or not isinstance(built, Iterable):
+        raise UsageError(f"the built configurations must be labels (an iterable of str), not {type(built).__name__}")
+    labels = tuple(built)
+    wrong = next((c for c in labels if not isinstance(c, str)), None)
+    if wrong is not None:
+        raise UsageError(f"a built configuration must be a label (str), not {type(wrong).__name__}")
+    return labels
 
 
 def describe_missing(missing: list[str], total: int) -> str:
@@ -205,15 +216,15 @@ def write_bundle(
     Refuses (:class:`BundleError`) a library that does not cover ``kernel_set`` (a
     partial build would leave some of vLLM's calls unserved) and schemas missing an op.
     """
-    src = Path(library)
-    configs = tuple(configs)
+    src = Path(path_argument(library, "the library"))
+    out = Path(path_argument(directory, "the bundle's folder")) if directory is not None else bundle_dir()
+    configs = _labels(configs)
     missing = missing_configs(kernel_set, configs)
     if missing:
         raise BundleError(describe_missing(missing, len(kernel_set.labels())) + ": build the full set")
     for op in OPS:
         if not str(schemas.get(op, "")).strip():
             raise BundleError(f"no schema recorded for {op}")
-    out = Path(directory) if directory is not None else bundle_dir()
     out.mkdir(parents=True, exist_ok=True)
     size, sha = file_digest(src)
     name = f"lib{prefix}-{sha[:12]}{src.suffix or '.so'}"
@@ -246,7 +257,7 @@ def read_bundle(
 ) -> Manifest | None:
     """The installed manifest; None when there is no bundle (``missing_ok``) or, with
     ``damaged_ok``, a damaged one. Otherwise :class:`BundleError` in one line."""
-    path = (Path(directory) if directory is not None else bundle_dir()) / MANIFEST
+    path = (Path(path_argument(directory, "the bundle's folder")) if directory is not None else bundle_dir()) / MANIFEST
     try:  # a regular file of bounded size only: a FIFO or a device must not hang vLLM's start-up
         text = read_regular(path, limit=MANIFEST_LIMIT).decode("utf-8")
     except FileNotFoundError:
@@ -271,7 +282,7 @@ def remove_bundle(directory: str | os.PathLike[str] | None = None) -> bool:
     library), the library the manifest names and :func:`write_bundle`'s own leftovers of the
     two, then the directory if nothing else is in it. Only what a valid manifest names is
     touched: no manifest is nothing to remove (False); a damaged one is :class:`BundleError`."""
-    out = Path(directory) if directory is not None else bundle_dir()
+    out = Path(path_argument(directory, "the bundle's folder")) if directory is not None else bundle_dir()
     try:
         m = read_bundle(out, missing_ok=True)
     except BundleError as e:

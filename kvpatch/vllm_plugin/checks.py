@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..abi import ABI_VERSION, AbiError
-from ..errors import printable
+from ..errors import printable, text_argument
 from .bundle import MANIFEST, BundleError, bundle_dir, describe_missing, file_digest, missing_configs, read_bundle
 from .schema import OPS, scales_by_value, schema_mismatch
 
@@ -55,7 +55,7 @@ def kernels_logged(log: str) -> list[str]:
     'kvpatch' for a line saying its kernels now run, 'vllm' for one saying vLLM's stay (a
     line saying they *would* run is a status report, not a registration, and is skipped)."""
     found = []
-    for line in log.splitlines():
+    for line in text_argument(log, "the log").splitlines():
         at = line.find(_PREFIX)
         if at < 0:
             continue

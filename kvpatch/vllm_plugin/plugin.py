@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..errors import typed_argument
 from .checks import ENV_DISABLE, Decision, Ready, Target, evaluate, torch_version
 from .kernel import Override
 from .schema import OPS
@@ -31,7 +32,7 @@ _registered: dict[tuple[str, str], "Registration"] = {}
 def set_default_target(target: Target) -> Target:
     """What :func:`register` with no argument uses (tests); returns the previous one."""
     global _default
-    previous, _default = _default, target
+    previous, _default = _default, typed_argument(target, Target, "target")
     return previous
 
 
@@ -44,7 +45,7 @@ def decide(target: Target | None = None, *, probe_gpu: bool = False) -> Decision
     """What :func:`register` would do here and why, without registering anything.
     Where it already ran in this process, its decision. ``probe_gpu`` also lists the
     visible GPUs and whether the bundle serves them (that initialises CUDA)."""
-    t = target if target is not None else _default
+    t = typed_argument(target, Target, "target") if target is not None else _default
     if t.key in _decided and not probe_gpu:
         return _decided[t.key]
     try:
@@ -55,7 +56,7 @@ def decide(target: Target | None = None, *, probe_gpu: bool = False) -> Decision
 
 def register(target: Target | None = None) -> Decision:
     """The entry point (``kvpatch = "kvpatch.vllm_plugin:register"``): see the module."""
-    t = target if target is not None else _default
+    t = typed_argument(target, Target, "target") if target is not None else _default
     if t.key in _decided:
         return _decided[t.key]
     try:
@@ -72,7 +73,7 @@ def register(target: Target | None = None) -> Decision:
 def unregister(target: Target | None = None) -> bool:
     """Restore the kernel that was registered before (drop the override's Library) and
     forget the decision, so that :func:`register` decides again. True if one was active."""
-    t = target if target is not None else _default
+    t = typed_argument(target, Target, "target") if target is not None else _default
     _decided.pop(t.key, None)
     reg = _registered.pop(t.key, None)
     if reg is None:
@@ -83,7 +84,7 @@ def unregister(target: Target | None = None) -> bool:
 
 def registration(target: Target | None = None) -> "Registration | None":
     """The live override of this process (None when none was registered)."""
-    t = target if target is not None else _default
+    t = typed_argument(target, Target, "target") if target is not None else _default
     return _registered.get(t.key)
 
 

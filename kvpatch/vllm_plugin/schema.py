@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..errors import ArgumentError, text_argument
+
 #: The ops the plugin replaces.
 OPS = ("paged_attention_v1", "paged_attention_v2")
 
@@ -49,7 +51,9 @@ def normalize_schema(text: str) -> str:
 def schemas_from_bindings(text: str, ops: tuple[str, ...] = OPS) -> dict[str, str]:
     """``{"paged_attention_v1": "...", "paged_attention_v2": "..."}``: each op's schema text
     as ``torch_bindings.cpp`` defines it (its ``.def(`` string literals joined, whitespace
-    collapsed). ``ValueError`` naming the op when one is missing or defined twice."""
+    collapsed). :class:`~kvpatch.errors.ArgumentError` (a ``ValueError``) naming the op when one is
+    missing or defined twice; a ``UsageError`` for text that is not a ``str``."""
+    text = text_argument(text, "the bindings' text")
     found: dict[str, list[str]] = {op: [] for op in ops}
     for m in _DEF.finditer(text):
         schema = _literals_at(text, m.end())
@@ -61,9 +65,9 @@ def schemas_from_bindings(text: str, ops: tuple[str, ...] = OPS) -> dict[str, st
     out: dict[str, str] = {}
     for op, texts in found.items():
         if not texts:
-            raise ValueError(f'no ops.def("{op}(...)") in the bindings')
+            raise ArgumentError(f'no ops.def("{op}(...)") in the bindings')
         if len(set(texts)) > 1:
-            raise ValueError(f"{op} is defined {len(texts)} times in the bindings, differently")
+            raise ArgumentError(f"{op} is defined {len(texts)} times in the bindings, differently")
         out[op] = texts[0]
     return out
 
@@ -90,6 +94,7 @@ def schema_mismatch(recorded: str, live: Any) -> str | None:
     """None when ``recorded`` (the text the bundle holds) parses to the live op's schema
     (a ``torch._C.FunctionSchema``), else what differs, in one phrase: the first
     argument renamed, retyped, added or dropped, or the returns."""
+    recorded = text_argument(recorded, "the recorded schema")
     import torch
 
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from .errors import UsageError
+from .errors import UsageError, text_argument
 
 _ARCH_RE = re.compile(r"(?P<major>[0-9]+)\.(?P<minor>[0-9])(?P<suffix>[af]?)(?P<ptx>\+PTX)?", re.IGNORECASE)
 
@@ -51,7 +51,7 @@ def parse_arch_list(text: str) -> list[Arch]:
     Entries are separated by ``;``, spaces or commas; duplicates are dropped (an SM
     given with and without ``+PTX`` is one entry, with PTX), order is kept. Raises :class:`UsageError` naming the first bad entry.
     """
-    entries = [e for e in re.split(r"[;,\s]+", text.strip()) if e]
+    entries = [e for e in re.split(r"[;,\s]+", text_argument(text, "the arch list").strip()) if e]
     if not entries:
         raise UsageError("empty arch list: give e.g. --arch 9.0a or --arch '8.0;9.0a'")
     archs: list[Arch] = []

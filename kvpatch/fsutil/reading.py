@@ -13,7 +13,7 @@ import stat
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import UsageError
+from ..errors import UsageError, path_argument
 
 #: The most :func:`read_regular` reads by default (a header is ~40 kB, a state file less).
 READ_LIMIT = 64 << 20
@@ -113,8 +113,9 @@ def read_regular_with_stat(path: str | os.PathLike[str], *, limit: int | None = 
 def read_input(path: str | os.PathLike[str], what: str, *, limit: int | None = None) -> bytes:
     """The bytes of an input file the user named (a config, a saved JSON, a list of libraries):
     :func:`read_regular`, with every way it is not one as a one-line :class:`UsageError`
-    (missing, a directory, not a regular file, unreadable, larger than ``limit``)."""
-    shown = os.fspath(path)
+    (missing, a directory, not a regular file, unreadable, larger than ``limit``; a ``path`` that is
+    no path at all, e.g. None)."""
+    shown = os.fspath(path_argument(path, what))
     try:
         return read_regular(path, limit=limit)
     except FileNotFoundError:

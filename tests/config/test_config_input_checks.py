@@ -186,6 +186,21 @@ def test_the_python_api_refuses_what_is_not_text_with_a_kvpatch_error():
         patch(b"//", "h.cuh", make_config())
 
 
+def test_the_file_readers_and_the_arch_parser_refuse_what_is_no_path_or_no_text() -> None:
+    """Before: read_config_file(None) was os.fspath's TypeError and parse_arch_list(None) an
+    AttributeError. After: a UsageError naming the argument (every reader of a user's file goes
+    through one check)."""
+    from kvpatch.arch import parse_arch_list
+    from kvpatch.config import load_config_file, read_config_file
+    from kvpatch.errors import UsageError
+
+    for read in (read_config_file, load_config_file):
+        with pytest.raises(UsageError, match="config file must be a path .*not NoneType"):
+            read(None)
+    with pytest.raises(UsageError, match="the arch list must be text .*not bytes"):
+        parse_arch_list(b"9.0a")
+
+
 @pytest.mark.parametrize("text", [
     "rules=none", "inherit_rules=true", "inherit-rules=true", "fp16=off", "bf16=none", "fp32=x",
     "lookahead=1\tsize=auto",  # a tab: marker() writes single spaces

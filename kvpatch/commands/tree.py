@@ -74,7 +74,7 @@ def state_or_none(cwd: Path) -> State | None:
 
 def edited_regions(found: Injected, header: Path) -> PatchError:
     """The error for kvpatch's regions changed after kvpatch wrote them."""
-    what = ", ".join(dict.fromkeys(found.labels))
+    what = ", ".join(dict.fromkeys(found.changed or found.labels))
     if found.config is None:
         why = "their markers name no configuration this kvpatch writes" if len(found.markers) == 1 else \
               f"they carry {len(found.markers)} different configurations"  # fmt: skip

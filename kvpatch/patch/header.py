@@ -19,7 +19,7 @@ from .cursors import walk
 from .edits import Edit, apply
 from .interrupts import interruptible
 from .libclang import ci
-from .markers import Injection, injections, strip
+from .markers import BEGIN, Injection, injections, strip
 from .parse import Parsed, parse_header
 from .plan import HELPERS, SPLIT_LABEL, plan
 from .sites import Site, Sites, sites_of
@@ -60,13 +60,23 @@ class Header:
                 cfg = config_from_marker(markers[0])
             except UsageError:  # not a marker this kvpatch writes
                 cfg = None
-        intact = False
+        intact, labels = False, tuple(j.label for j in self.regions)
+        changed = labels
         if cfg is not None:
             try:
-                intact = apply(self.stock_parsed.data, plan(self.sites, cfg)) == self.text
+                edits = sorted(plan(self.sites, cfg), key=lambda e: e.offset)
+                intact = apply(self.stock_parsed.data, edits) == self.text
             except PatchError:
-                intact = False
-        return Injected(self.stock, tuple(j.label for j in self.regions), markers, cfg, intact)
+                edits = []
+            pairs = list(zip(self.regions, edits))
+            # region by region, where each is paired with its rendering (in text order, by label)
+            if (
+                not intact
+                and len(edits) == len(self.regions)
+                and all(f"{BEGIN} {j.label} " in e.text for j, e in pairs)
+            ):
+                changed = tuple(j.label for j, e in pairs if self.parsed.data[j.start : j.end] != e.text.encode())
+        return Injected(self.stock, labels, markers, cfg, intact, () if intact else changed)
 
 
 @interruptible
@@ -134,6 +144,7 @@ class Injected:
     markers: tuple[str, ...]  # their distinct configuration texts
     config: PatchConfig | None  # the configuration the markers name (None: none, or unreadable)
     intact: bool  # every region is byte for byte what kvpatch renders for ``config``
+    changed: tuple[str, ...] = ()  # where not intact: the regions that differ (all, where unknown)
 
     @property
     def patched(self) -> bool:

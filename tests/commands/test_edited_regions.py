@@ -36,6 +36,17 @@ def test_an_edit_inside_a_region_is_refused_by_apply(args: list[str], applied: P
 
 
 @pytest.mark.slow
+def test_the_refusal_names_the_region_edited_not_every_region(applied: Path, work: Path) -> None:
+    """Before: one edited region was reported as all of them (helper, key-split, key, value)."""
+    at = (applied / HEADER).read_text().index(EDIT_IN_REGION[0])
+    text = _edit_region(applied / HEADER)
+    label = text[text.rindex("// kvpatch:begin ", 0, at) :].split()[2]
+    assert text.count("// kvpatch:begin ") > 1  # other regions stand beside it, unedited
+    proc = run_cli("apply", "--tree", str(applied), "--caches", "k", cwd=work)
+    assert_one_line_error(proc, 4, f"kvpatch's regions ({label}) in", "were changed")
+
+
+@pytest.mark.slow
 def test_an_edit_inside_a_region_is_refused_by_revert(applied: Path, work: Path) -> None:
     edited = _edit_region(applied / HEADER)
     assert_one_line_error(run_cli("revert", cwd=work), 4, "were changed", "--force")

@@ -76,7 +76,14 @@ def _acquire(
     deadline = None if timeout is None else time.monotonic() + timeout
     told = False
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fd = os.open(
+                path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o644
+            )
+        except OSError as e:  # O_NOFOLLOW's "too many levels of symbolic links" for any link: say what it is
+            if e.errno == errno.ELOOP and os.path.islink(path):
+                raise NotRegularFileError(path, "a symlink") from None
+            raise
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):

@@ -174,3 +174,22 @@ def test_a_lock_file_removed_while_waited_for_is_not_a_second_holder(tmp_path: P
             assert not waiter_has_it.is_set(), "the waiter took the deleted file's lock while the new one was held"
     thread.join(10)
     assert waiter_has_it.is_set()
+
+
+@pytest.mark.parametrize("target", ["state.json", "lock"], ids=["to-a-file", "to-itself"])
+def test_a_lock_that_is_a_symlink_is_said_as_one(tmp_path: Path, target: str) -> None:
+    """Before: O_NOFOLLOW's "Too many levels of symbolic links", even for a link to a file. After:
+    what the path is; the lock is never taken through the link, and its target is untouched."""
+    tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
+    work = tmp_path / "work"
+    work.mkdir()
+    assert run_cli("apply", "--tree", str(tree), cwd=work).returncode == 0
+    lock, state = work / STATE_DIR / "lock", (work / STATE_DIR / "state.json").read_bytes()
+    lock.unlink()
+    lock.symlink_to(target)
+    with pytest.raises(OSError, match="is a symlink, not a regular file"):
+        with fsutil.hold_lock(lock, timeout=0):
+            pass
+    proc = run_cli("revert", cwd=work)
+    assert proc.returncode == 1 and proc.stderr.strip().endswith("lock: is a symlink, not a regular file"), proc.stderr
+    assert (work / STATE_DIR / "state.json").read_bytes() == state and lock.is_symlink()

@@ -162,7 +162,7 @@ def sites(vllm: VllmOpt = None, tree: TreeOpt = None, json_out: JsonOpt = None) 
     io.out.print(f"{shown(report.header)}: paged_attention_kernel at line {found.function_line}", highlight=False)
     io.out.print(sites_table(found, report.injected))
     if report.injected and not report.intact:
-        warn("kvpatch's regions were changed after kvpatch wrote them")
+        warn(f"kvpatch's regions ({', '.join(dict.fromkeys(report.changed))}) were changed after kvpatch wrote them")
 
 
 @app.command()

@@ -26,12 +26,13 @@ class SitesReport:
     header: Path
     injected: dict[str, str]  # site kind -> the marker text of what is injected there now
     intact: bool  # the injection is what kvpatch renders for its marker
+    changed: tuple[str, ...] = ()  # where not intact: the regions that differ from it
 
     def to_json(self) -> dict:
         """Every name and offset of both sites, and the injection."""
         return {"header": str(self.header), **asdict(self.sites),
                 "injected": {kind: self.injected.get(kind) for kind in ("key", "value")},
-                "injection_intact": self.intact}  # fmt: skip
+                "injection_intact": self.intact, "injection_changed": list(self.changed)}  # fmt: skip
 
 
 def run(o: SitesOptions, *, progress: Progress = QUIET) -> SitesReport:
@@ -52,4 +53,4 @@ def run(o: SitesOptions, *, progress: Progress = QUIET) -> SitesReport:
         kind = label.split("-")[0]
         if kind in ("key", "value"):
             injected[kind] = found.markers[0] if len(found.markers) == 1 else " | ".join(found.markers)
-    return SitesReport(header.sites, target.header, injected, found.intact)
+    return SitesReport(header.sites, target.header, injected, found.intact, found.changed)

@@ -65,7 +65,8 @@ def resolve(config_file: Path | None, **options: Any) -> Resolved:
     values.update(given)
     cfg = make_config(**values)
     inherits = cfg.preset == "default" and values.get("inherit_rules", True) is True
-    if config_file is None and inherits:
+    own_rules = "rules" in file_values or any(d in file_values for d in DTYPES)
+    if inherits and tuned is None and not own_rules:  # no file, or one that keeps the shipped table's rules
         tuned = DEFAULT_TUNED_ON
     if cfg.preset != "default":
         tuned = None
@@ -138,7 +139,8 @@ def _rule_sources(cfg: PatchConfig, cli: dict[str, Any], file_values: dict[str, 
 def config_and_tuned(config_file: Path | None, **options) -> tuple[PatchConfig, Machine | None]:
     """A config file's values overridden by the options given on the command line (``--rule``s
     added to the file's rules), and where its rules were tuned: the file's
-    ``[kvpatch.tuned]``; without a file, the shipped default's machine (when the shipped table
-    is inherited); None when unknown (a file without the record, the paper preset)."""
+    ``[kvpatch.tuned]``; without it, the shipped default's machine where the shipped table is
+    inherited and the file adds no rules of its own; None when unknown (a file with rules of its
+    own and no record, the paper preset)."""
     r = resolve(config_file, **options)
     return r.config, r.tuned

@@ -59,6 +59,13 @@ def test_the_record_round_trips_through_kvpatch_toml(tmp_path: Path) -> None:
     # without a file: the shipped default's machine; the paper preset and --untuned have none
     assert config_and_tuned(None)[1] == DEFAULT_TUNED_ON and config_and_tuned(None, preset="paper")[1] is None
     assert config_and_tuned(None, inherit_rules=False)[1] is None
+    # a file that keeps the shipped table's rules (empty, or base settings only) is as no file; one
+    # with rules of its own, a dtype's table or 'rules = "none"', and no record, is unknown
+    for text, machine in (("", DEFAULT_TUNED_ON), ("lookahead = 2\n", DEFAULT_TUNED_ON),
+                          ('[kvpatch.rules]\n"fp16/128" = { lookahead = 3 }\n', None),
+                          ("[kvpatch.fp16]\nlookahead = 3\n", None), ('rules = "none"\n', None)):  # fmt: skip
+        path.write_text(text)
+        assert config_and_tuned(path)[1] == machine, text
 
 
 @pytest.mark.parametrize("table, message", [("gpu = 3", "expected a string"), ("cpu = 'x'", "unknown key")])
@@ -125,7 +132,12 @@ def test_apply_warns_on_the_command_line_when_the_machine_differs(tmp_path: Path
     assert proc.returncode == 0, proc.stderr
     assert "warning: tuned on another machine: gpu: tuned with NVIDIA H200, here NVIDIA A100-SXM4-80GB" in proc.stderr
     assert "tuned on: NVIDIA H200, driver 580.159.04" in proc.stdout
+    # a file of base settings keeps the shipped table's rules, as --lookahead 2 does: the same record
     (work / "k.toml").write_text("[kvpatch]\nlookahead = 2\n")
+    proc = kvpatch("apply", "--tree", str(tree), "--force", "--config", "k.toml")
+    assert proc.returncode == 0 and "warning: tuned on another machine" in proc.stderr and "tuned on" in proc.stdout
+    # rules of its own, no record: where they were tuned is unknown, and nothing is said
+    (work / "k.toml").write_text('[kvpatch.rules]\n"fp16/128" = { lookahead = 3 }\n')
     proc = kvpatch("apply", "--tree", str(tree), "--force", "--config", "k.toml")
     assert proc.returncode == 0 and "warning: tuned" not in proc.stderr and "tuned on" not in proc.stdout
 

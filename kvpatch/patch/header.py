@@ -75,7 +75,10 @@ class Header:
                 and len(edits) == len(self.regions)
                 and all(f"{BEGIN} {j.label} " in e.text for j, e in pairs)
             ):
-                changed = tuple(j.label for j, e in pairs if self.parsed.data[j.start : j.end] != e.text.encode())
+                # none differs where a region was moved whole: then all are named
+                changed = (
+                    tuple(j.label for j, e in pairs if self.parsed.data[j.start : j.end] != e.text.encode()) or labels
+                )
         return Injected(self.stock, labels, markers, cfg, intact, () if intact else changed)
 
 

@@ -83,3 +83,23 @@ def test_sites_warns_when_the_regions_were_edited(git_tree: Path, work: Path) ->
 def test_sites_and_vllm_and_tree_together(git_tree: Path, work: Path) -> None:
     proc = run_cli("sites", "--vllm", "0.10.2", "--tree", str(git_tree), cwd=work)
     assert assert_one_line_error(proc, 2) == "error: kvpatch sites: give either --vllm or --tree, not both"
+
+
+def test_a_region_moved_whole_is_not_an_edit_of_no_region(git_tree: Path, work: Path) -> None:
+    """A region moved down a line, its text untouched: no region differs from its rendering, but
+    the injection is not kvpatch's; the warning names every region (before: "regions ()")."""
+    assert run_cli("apply", "--tree", str(git_tree), cwd=work).returncode == 0
+    header = git_tree / HEADER
+    text = header.read_text()
+    begin = text.index("// kvpatch:begin value")
+    begin = text.rindex("\n", 0, begin) + 1
+    end = text.index("// kvpatch:end value")
+    end = text.index("\n", end) + 1
+    rest = text[:begin] + text[end:]
+    after = rest.index("\n", begin) + 1  # one stock line down
+    header.write_text(rest[:after] + text[begin:end] + rest[after:])
+    proc = run_cli("sites", cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == (
+        "warning: kvpatch's regions (helper, key-split, key, value) were changed after kvpatch wrote them"
+    )

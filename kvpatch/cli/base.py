@@ -215,6 +215,14 @@ def path_value(value: str | Path) -> Path:
     return Path(value)
 
 
+def file_value(value: str | Path) -> Path:
+    """A file option's value: :func:`path_value`, and a trailing '/' (a folder's spelling, which a
+    Path drops: ``--config ok.toml/`` read ok.toml, ``-o out/`` wrote a file named out) refused."""
+    if isinstance(value, str) and value.endswith("/") and value.strip("/"):
+        raise typer.BadParameter(f"{value!r} ends in '/', a folder's spelling: give a file")
+    return path_value(value)
+
+
 VllmOpt = Annotated[Optional[str], typer.Option("--vllm", metavar="VERSION", help="vLLM release: v0.10.2 or 0.10.2.")]
 TreeOpt = Annotated[
     Optional[Path],
@@ -233,7 +241,7 @@ JsonOpt = Annotated[
 ]
 PlotOpt = Annotated[
     Optional[Path],
-    typer.Option("--plot", metavar="FILE", help="Draw the speedups into FILE: .png, .pdf or .svg.", parser=path_value),
+    typer.Option("--plot", metavar="FILE", help="Draw the speedups into FILE: .png, .pdf or .svg.", parser=file_value),
 ]
 ArchOpt = Annotated[
     str, typer.Option("--arch", metavar="ARCHS", help="TORCH_CUDA_ARCH_LIST syntax: 9.0a, 9.0, '8.0;9.0a', 9.0+PTX.")
@@ -252,7 +260,7 @@ LibOpt = Annotated[
 VariantInfoOpt = Annotated[
     Optional[Path],
     typer.Option("--variant-info", metavar="FILE",
-                 help="With --lib: JSON {name: marker or {marker, compile_flags, ...}} recorded in the report.", parser=path_value),
+                 help="With --lib: JSON {name: marker or {marker, compile_flags, ...}} recorded in the report.", parser=file_value),
 ]  # fmt: skip
 DeviceOpt = Annotated[str, typer.Option("--device", hidden=True, help="torch device (tests: cpu).")]
 

@@ -11,7 +11,20 @@ from rich.markup import escape
 
 from ..commands.choices import DECODE_LAYERS, DECODE_ROUNDS, DEFAULT_MODELS, MAX_CONTEXT, MODELS
 from ..errors import GpuCheckError
-from .base import BuildArchOpt, JsonOpt, PlotOpt, TreeOpt, app, csv, cwd, io, json_target, path_value, progress
+from .base import (
+    BuildArchOpt,
+    JsonOpt,
+    PlotOpt,
+    TreeOpt,
+    app,
+    csv,
+    cwd,
+    file_value,
+    io,
+    json_target,
+    path_value,
+    progress,
+)
 
 LibsFileOpt = Annotated[
     Optional[Path],
@@ -19,7 +32,7 @@ LibsFileOpt = Annotated[
         "--libs-file",
         metavar="FILE",
         help="A file of NAME=PATH.so:PREFIX lines ('#' comments; a relative PATH is read from the file's folder), as scripts/gpu_prepare.py writes libs.txt.",
-        parser=path_value,
+        parser=file_value,
     ),
 ]
 
@@ -128,7 +141,7 @@ def bench_decode(
             "--prefetch-lib",
             metavar="FILE",
             help="A built weight-prefetch library (default: build one where an arm prefetches weights).",
-            parser=path_value,
+            parser=file_value,
         ),
     ] = None,
     cold: Annotated[
@@ -139,7 +152,7 @@ def bench_decode(
     plot: PlotOpt = None,
     text: Annotated[
         Optional[Path],
-        typer.Option("--text", metavar="FILE", help="Also write the table (as printed) here.", parser=path_value),
+        typer.Option("--text", metavar="FILE", help="Also write the table (as printed) here.", parser=file_value),
     ] = None,
 ) -> None:
     """GPU: a model-shaped decode step (CUDA graph): stock, patched, and both with the L2 weight prefetch, beside its controls."""
@@ -179,7 +192,7 @@ def bench_decode_sweep(
         ),
     ] = Path("sweep-out"),
     budget: Annotated[float, typer.Option(metavar="SECONDS", help="For all stages (each stops at its share).")] = 420.0,
-    prefetch_lib: Annotated[Optional[Path], typer.Option("--prefetch-lib", metavar="FILE", parser=path_value)] = None,
+    prefetch_lib: Annotated[Optional[Path], typer.Option("--prefetch-lib", metavar="FILE", parser=file_value)] = None,
     stages: Annotated[
         Optional[str], typer.Option(metavar="LIST", help="lead,micro,kernels,steps,final,guard_off (default all).")
     ] = None,

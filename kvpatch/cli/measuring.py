@@ -20,6 +20,7 @@ from .base import (
     app,
     csv,
     cwd,
+    file_value,
     io,
     json_target,
     path_value,
@@ -247,13 +248,13 @@ def tune(
             "--variant-info",
             metavar="FILE",
             help="JSON of NAME -> {marker: ...}: the candidates' configurations (with --lib).",
-            parser=path_value,
+            parser=file_value,
         ),
     ] = None,
     output: Annotated[
         Path,
         typer.Option(
-            "--output", "-o", metavar="FILE", help="Where to write the tuned configuration.", parser=path_value
+            "--output", "-o", metavar="FILE", help="Where to write the tuned configuration.", parser=file_value
         ),
     ] = Path("kvpatch.toml"),
     json_out: Annotated[
@@ -298,7 +299,7 @@ def tune(
             "--from",
             metavar="FILE",
             help="Choose again from a saved tune JSON (--json of an earlier tune; .gz too): no GPU, nothing built. Repeatable: each kernel from the last JSON that measured it (the runs must come from one machine).",
-            parser=path_value,
+            parser=file_value,
         ),
     ] = [],  # noqa: B006
     exclude: Annotated[

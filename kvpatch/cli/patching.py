@@ -14,7 +14,20 @@ from rich.syntax import Syntax
 from ..commands.choices import SETTINGS, Setting
 from ..commands.common import check_report_output
 from ..errors import UsageError
-from .base import JsonOpt, TreeOpt, VllmOpt, app, cwd, emit_json, io, path_value, progress, shown, warn, write_stdout
+from .base import (
+    JsonOpt,
+    TreeOpt,
+    VllmOpt,
+    app,
+    cwd,
+    emit_json,
+    file_value,
+    io,
+    progress,
+    shown,
+    warn,
+    write_stdout,
+)
 
 _RULE_HELP = ("Settings for the instantiations a selector picks: 'bf16/80/32=off', 'fp16/64=issue=call' "
               "(dtype[/head[/block[/kv[/kernel]]]], kernel v1 or v2, * for any; the most specific rule decides a "
@@ -29,7 +42,7 @@ def _config_path(value: Optional[str]) -> Optional[Path]:
         return None
     if not value.strip():
         raise UsageError("--config is empty: give the path of a kvpatch.toml")
-    return Path(value)
+    return file_value(value)
 
 
 ConfigOpt = Annotated[
@@ -171,7 +184,7 @@ def diff(
     output: Annotated[
         Optional[Path],
         typer.Option(
-            "--output", "-o", metavar="FILE", help="Write the patch to FILE ('-': stdout).", parser=path_value
+            "--output", "-o", metavar="FILE", help="Write the patch to FILE ('-': stdout).", parser=file_value
         ),
     ] = None,
 ) -> None:

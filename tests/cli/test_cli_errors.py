@@ -138,6 +138,20 @@ def test_an_empty_path_is_refused_not_taken_for_the_current_directory(args: list
     assert_one_line_error(run_cli(*args, cwd=work), 2, "Invalid value for '", args[-2], "an empty path")
 
 
+@pytest.mark.parametrize("args", [
+    ["config", "--config", "k.toml/"], ["diff", "-o", "out.patch/"], ["tune", "-o", "t.toml/"],
+    ["tune", "--from", "t.json/"], ["bench-decode", "--libs-file", "libs.txt/"], ["bench", "--plot", "p.png/"],
+    ["bench-decode", "--text", "t.txt/"],
+])  # fmt: skip
+def test_a_file_spelled_as_a_folder_is_refused(args: list[str], work: Path) -> None:
+    """Before: a Path dropped the trailing '/': ``--config k.toml/`` read k.toml and ``-o out.patch/``
+    wrote a file out.patch. After: one line, exit 2, nothing written."""
+    (work / "k.toml").write_text("lookahead = 2\n")
+    before = sorted(work.iterdir())
+    assert_one_line_error(run_cli(*args, cwd=work), 2, args[-2], f"{args[-1]!r} ends in '/'")
+    assert sorted(work.iterdir()) == before
+
+
 def test_the_plugin_commands_show_control_characters_as_escapes(tmp_path: Path, work: Path) -> None:
     """Before: ``plugin disable --dir $'x\\ny'`` printed its folder over two lines, and the
     plugin's log line (in every vLLM process) carried a manifest's escape sequences raw."""

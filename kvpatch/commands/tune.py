@@ -91,12 +91,10 @@ def _prebuilt_candidates(o: TuneOptions, loader: Any = None) -> tuple[Libraries,
     libs = prebuilt(o.libs, o.variant_info, loader=loader)
     if "stock" not in libs.info:
         raise UsageError("--lib: one library must be named 'stock'")
-    configs = {}
-    for name, info in libs.info.items():
-        try:
-            configs.update(candidate_configs({name: info}))
-        except UsageError:
-            raise UsageError(f"--lib: no configuration for {name!r} (give --variant-info with its marker)") from None
+    try:
+        configs = candidate_configs(libs.info)
+    except UsageError as e:
+        raise UsageError(f"--lib: {e}; give --variant-info with its marker") from None
     if not configs:
         raise UsageError("--lib: give stock and at least one candidate")
     return libs, configs

@@ -107,6 +107,15 @@ def tuned_instantiations(dtypes: Iterable[str] = (), only: Iterable[str] = ()) -
 
 def candidate_configs(variant_info: dict[str, dict], baseline: str = "stock") -> dict[str, PatchConfig]:
     """``{name: configuration}`` of every library but ``baseline``, from its marker
-    (:func:`kvpatch.config.config_from_marker`; UsageError for one that has none)."""
-
-    return {n: config_from_marker(str(i.get("marker", ""))) for n, i in variant_info.items() if n != baseline}
+    (:func:`kvpatch.config.config_from_marker`); a UsageError naming the library whose marker is
+    none, or the baseline where no library has its name (a renamed ``bench.baseline``)."""
+    if baseline not in variant_info:
+        raise UsageError(f"the baseline {baseline!r} is none of the libraries ({', '.join(map(repr, variant_info))})")
+    out = {}
+    for name, info in variant_info.items():
+        if name != baseline:
+            try:
+                out[name] = config_from_marker(str(info.get("marker", "")))
+            except UsageError as e:
+                raise UsageError(f"no configuration for {name!r} ({e})") from None
+    return out

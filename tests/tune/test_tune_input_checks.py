@@ -66,6 +66,10 @@ def _damaged(how: str) -> dict:
         data["validation_failures"] = {"nobody": ["bf16/256/16/auto/v1"]}
     elif how == "exclusion of a wildcard":
         data["exclusions"] = {"inline_cta_la1": ["bf16/*"]}
+    elif how == "baseline renamed":  # was read as the candidate 'stock' without a marker
+        data["bench"]["baseline"] = "base"
+    elif how == "candidate without a marker":
+        data["bench"]["variant_info"]["inline_cta_la1"]["marker"] = ""
     return data
 
 
@@ -89,6 +93,8 @@ def _damaged(how: str) -> dict:
     ("failure of no kernel", "validation_failures list 'zzz' for 'inline_cta_la1': no one kernel"),
     ("failure of no candidate", "validation_failures name 'nobody', which is no candidate"),
     ("exclusion of a wildcard", r"exclusions list 'bf16/\*'"),
+    ("baseline renamed", "the baseline 'base' is none of the libraries"),
+    ("candidate without a marker", "no configuration for 'inline_cta_la1'"),
 ])  # fmt: skip
 def test_tune_from_damaged_data_is_refused(how: str, needle: str) -> None:
     from kvpatch.tune import rechoose

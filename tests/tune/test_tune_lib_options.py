@@ -39,9 +39,9 @@ def libs(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("args, needle", [
     (["--lib", "a=fake.so:p", "--lib", "b=fake.so:q"], "one library must be named 'stock'"),
-    (["--lib", "stock=fake.so:p", "--lib", "b=fake.so:q"], "no configuration for 'b' (give --variant-info"),
+    (["--lib", "stock=fake.so:p", "--lib", "b=fake.so:q"], "no configuration for 'b' ("),
     (["--lib", "stock=fake.so:p", "--lib", "b=fake.so:q", "--variant-info", "bad-vi.json"],
-     "no configuration for 'b' (give --variant-info"),
+     "no configuration for 'b' ("),
     (["--lib", "stock=fake.so:p"], "give stock and at least one candidate"),
     (["--lib", "stock=fake.so:p", "--lib", "b=fake.so:q", "--variant-info", "vi.json", "--arch", "garbage"],
      "invalid arch 'garbage'"),

@@ -83,7 +83,7 @@ def weight_prefetch_of(prefetch: Mapping[str, Any]) -> Any:
     for k, v in given:
         if str(v).strip() == "" or any(c in str(v) for c in ";="):
             raise UsageError(f"invalid --{k} {str(v)!r}: one value (a whole configuration goes in --wpf)")
-    if prefetch.get("wpf") is not None and not str(prefetch["wpf"]).strip():  # an unset shell variable
+    if prefetch.get("wpf") is not None and not str(prefetch["wpf"]).replace(";", "").strip():  # an unset variable
         raise UsageError("--wpf is empty: give a weight-prefetch configuration (KEY=VALUE;...)")
     base = WeightPrefetch.parse(prefetch["wpf"]) if prefetch.get("wpf") else None
     return WeightPrefetch.parse(";".join(f"{k}={v}" for k, v in given), base)
@@ -161,7 +161,9 @@ def check(o: DecodeOptions) -> tuple[list[str], list[str], list[int], list[int],
 
 def tail_of(text: Optional[str]) -> Any:
     """``--tail CAPS[@HINT]`` -> a :class:`~kvpatch.decode.windows.TailPrefetch` (None: none)."""
-    if text is None or text.strip().lower() in ("", "off", "none"):
+    if text is not None and not text.strip():  # an unset shell variable: not 'off'
+        raise UsageError("--tail is empty: give CAPS[@HINT], or off")
+    if text is None or text.strip().lower() in ("off", "none"):
         return None
     from ..decode.options import parse_caps
     from ..decode.windows import TailPrefetch

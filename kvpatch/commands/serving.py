@@ -147,7 +147,7 @@ def preflight() -> Any:
 
 def bench(o: ServingBenchOptions, *, progress: Progress = QUIET) -> dict[str, Any]:
     """Run the serving benchmark (see the module); the report."""
-    from ..fsutil.outputs import check_outputs
+    from ..fsutil.outputs import check_output_folder, check_outputs
     from ..gpu.env import require_cuda
     from ..serving import ServingOptions, make_workloads, run_bench
     from ..serving.options import engine_dtype
@@ -166,6 +166,8 @@ def bench(o: ServingBenchOptions, *, progress: Progress = QUIET) -> dict[str, An
     json_file = o.json_path if o.json_path not in (None, "-") else None
     bundles = {f"the --bundle {a.name} folder": a.bundle for a in checked.arms if a.bundle is not None}
     check_outputs(json=json_file, protected={**kept_paths(o.cwd), **bundles, "the --raw folder": raw})
+    if raw is not None:  # its engine runs go where nothing kvpatch keeps lies
+        check_output_folder("--raw", raw, protected={**kept_paths(o.cwd), **bundles})
     preflight()
     require_cuda()
     temporary = raw is None

@@ -181,11 +181,15 @@ class WeightPrefetch:
         ``base`` or the defaults; windows given replace the base's). Raises UsageError, one line."""
         changes: dict[str, Any] = {}
         windows: list[Window] = []
+        seen: set[str] = set()
         for item in filter(None, (p.strip() for p in text.split(";"))):
             key, sep, value = item.partition("=")
             key, value = key.strip().lower(), value.strip()
             if not sep or not value:
                 raise UsageError(f"invalid weight-prefetch option {item!r}: use KEY=VALUE")
+            if key in seen and "->" not in key:  # a window given twice is refused with the windows
+                raise UsageError(f"weight-prefetch option {key!r} given twice")
+            seen.add(key)
             if "->" in key or key in LEGACY.values():
                 windows += parse_windows(item)
             elif key == "cap":
@@ -214,7 +218,8 @@ class WeightPrefetch:
 
 
 def _int(key: str, value: str) -> int:
+    """A whole number as a count is written (ASCII digits: '+5', '1_0' and '٣' are none)."""
     try:
-        return int(value)
+        return whole_number(value)
     except ValueError:
-        raise UsageError(f"invalid {key} {value!r}: an integer") from None
+        raise UsageError(f"invalid {key} {value!r}: an integer (ASCII digits)") from None

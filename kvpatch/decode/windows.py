@@ -96,20 +96,31 @@ def parse_caps(text: str) -> int | dict[int, int]:
             batch = 0
         if batch < 1:
             raise UsageError(f"invalid cap {item!r}: use BATCH:MIB, e.g. 1:32,4:32,8:16")
+        if batch in caps:
+            raise UsageError(f"invalid cap {text!r}: batch {batch} given twice")
         caps[batch] = _mib(cap)
     if not caps:
         raise UsageError(f"invalid cap {text!r}: use BATCH:MIB, e.g. 1:32,4:32,8:16")
     return caps
 
 
+#: The largest cap: 1 TiB, far beyond any GPU's L2 (a typo, refused before it overflows).
+MAX_CAP_MIB = 1 << 20
+
+
 def _mib(text: str) -> int:
-    try:
-        value = float(text)
-    except ValueError:
-        raise UsageError(f"invalid cap {text!r}: a number of MiB") from None
-    if not value >= 0 or value == float("inf"):
-        raise UsageError(f"invalid cap {text!r}: must be a finite number >= 0")
-    return int(value * MiB) // 16 * 16
+    """A cap in MiB (ASCII digits, one '.' at most: no sign, exponent, '_' or other digits) as
+    bytes, a multiple of 16; a positive cap under 16 bytes, which would be none, is refused."""
+    t = text.strip()
+    if not (t.isascii() and t.count(".") <= 1 and t.replace(".", "").isdigit()):
+        raise UsageError(f"invalid cap {text!r}: a number of MiB >= 0 (digits, one '.' at most)")
+    value = float(t)
+    if value > MAX_CAP_MIB:
+        raise UsageError(f"invalid cap {text!r}: at most {MAX_CAP_MIB} MiB")
+    out = int(value * MiB) // 16 * 16
+    if value > 0 and out == 0:
+        raise UsageError(f"invalid cap {text!r}: under 16 bytes, no prefetch; give 0 or off for none")
+    return out
 
 
 def caps_text(caps: int | Mapping[int, int]) -> str:

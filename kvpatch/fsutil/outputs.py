@@ -205,3 +205,7 @@ def check_output_folder(option: str, folder: PathArg, *, protected: Named = None
         if _within(folder, kept):
             raise UsageError(f"{option} {_shown(folder)} is inside {label} ({os.fspath(kept)}): kvpatch never "
                              "writes there; give another folder")  # fmt: skip
+    where = _state_dir_of(Path(os.fspath(folder)) / "x")  # the folder itself may be a .kvpatch
+    if where is not None:
+        raise UsageError(f"{option} {_shown(folder)} is inside a kvpatch workspace's state directory ({where}): "
+                         "kvpatch never writes there; give another folder")  # fmt: skip

@@ -191,7 +191,12 @@ def check_lib_name(name: str) -> str:
 
 
 def parse_lib_specs(specs: Iterable[str]) -> list[LibSpec]:
-    """Several specs (each may also be a comma-separated list); names must be unique."""
+    """Several specs (each may also be a comma-separated list); names must be unique. A spec given
+    empty (``--lib ''``, an unset shell variable) is refused, not dropped: a command without
+    libraries builds its own from the tree."""
+    specs = list(specs)
+    if any(not str(spec).replace(",", "").strip() for spec in specs):
+        raise UsageError("--lib is empty (an unset shell variable?): give NAME=PATH.so:PREFIX")
     out = [parse_lib_spec(part.strip()) for spec in specs for part in spec.split(",") if part.strip()]
     names = [s.name for s in out]
     dup = sorted({n for n in names if names.count(n) > 1})

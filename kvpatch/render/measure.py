@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..errors import printable
+
 if TYPE_CHECKING:
     from ..gpu.bench_report import BenchReport
     from ..gpu.report import ValidateReport
@@ -190,17 +192,21 @@ def tune_table(report: TuneReport, top: int = 3) -> Table:
     'slower' counts the points where a candidate ran its own code, '(+k stock code)' those where it ran
     stock's (the noise floor, not held against it); with an incumbent, it is shown too, and each
     candidate against it."""
+
+    def text(name: object) -> str:  # a name from a saved JSON: its control characters as escapes
+        return escape(printable(str(name)))
+
     against = f", against {report.incumbent}" if report.incumbent else ""
-    table = Table(title=f"kvpatch tune (policy {report.policy}{escape(against)}): per instantiation, the pick and "
+    table = Table(title=f"kvpatch tune (policy {report.policy}{text(against)}): per instantiation, the pick and "
                   "the best candidates")  # fmt: skip
     cols = ["instantiation", "picked", "candidate", "bit-identical", "slower", "worst", "geomean [interval]"]
     for col in cols + ([f"over {report.incumbent}: slower, geomean [interval]"] if report.incumbent else []):
-        table.add_column(escape(col))
+        table.add_column(text(col))
     for inst, pick in report.picks.items():
         held = [s for s in pick.ranked if s.name == report.incumbent]
         for i, s in enumerate(pick.ranked[:top] + tuple(h for h in held if h not in pick.ranked[:top])):
             lo, hi = s.geomean_interval
-            row = [escape(inst) if i == 0 else "", escape(pick.name) if i == 0 else "", escape(s.name),
+            row = [text(inst) if i == 0 else "", text(pick.name) if i == 0 else "", text(s.name),
                    ("NO" if not s.bit_identical else "yes, excluded" if s.excluded else "yes"),
                    f"{s.slower}" + (f" (+{s.slower_stock_code} stock code)" if s.slower_stock_code else ""),
                    f"{s.worst:.3f}", f"{s.geomean:.3f} [{lo:.3f}..{hi:.3f}]"]  # fmt: skip

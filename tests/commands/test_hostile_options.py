@@ -118,6 +118,25 @@ def no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     (["bench-decode", "--libs-file", "{comments}"], "names no library"),
     # a relative path in a libs file is read from the file's folder (as gpu_prepare.py writes them)
     (["bench-decode", "--libs-file", "{rellibs}", "--json", "{lib}"], "is --lib stock"),
+    # the weight prefetch's numbers: a cap that overflowed (a traceback), counts in other digits, '_'
+    # or '+' (read as numbers), a key or batch given twice (the last one silently kept), a cap under
+    # 16 bytes (silently none), an empty --wpf, --tail or --lib (an unset shell variable)
+    (["bench-decode", "--lib", "stock={lib}:p", "--wpf", "cap=1e303"], "invalid cap '1e303'"),
+    (["bench-decode", "--lib", "stock={lib}:p", "--cap", "1:1e303"], "invalid cap '1e303'"),
+    (["bench-decode", "--lib", "stock={lib}:p", "--tail", "1e303"], "invalid --tail '1e303'"),
+    (["bench-decode", "--lib", "stock={lib}:p", "--cap", "2000000"], "at most 1048576 MiB"),
+    (["bench-decode", "--lib", "stock={lib}:p", "--grid", "\u0661\u0666"], "invalid grid"),
+    (["bench-decode", "--lib", "stock={lib}:p", "--wpf", "threads=+1_28"], "invalid threads '+1_28'"),
+    (["bench-decode", "--lib", "stock={lib}:p", "--cap", "\u0661\u0662"], "invalid cap"),
+    (["bench-decode", "--lib", "stock={lib}:p", "--wpf", "grid=4;grid=8"], "'grid' given twice"),
+    (["bench-decode", "--lib", "stock={lib}:p", "--cap", "1:12,1:8"], "batch 1 given twice"),
+    (["bench-decode", "--lib", "stock={lib}:p", "--wpf", "cap=0.000000001"], "under 16 bytes"),
+    (["bench-decode", "--lib", "stock={lib}:p", "--wpf", ";"], "--wpf is empty"),
+    (["bench-decode", "--lib", "stock={lib}:p", "--tail", ""], "--tail is empty"),
+    (["bench-decode", "--lib", ""], "--lib is empty"),
+    (["bench", "--lib", "stock={lib}:p", "--lib", ""], "--lib is empty"),
+    # plugin bench's engine runs go nowhere kvpatch keeps
+    (["plugin", "bench", "--raw", ".kvpatch/runs"], "--raw '"),
     # a libs file saved with a byte-order mark (Windows editors write one) reads as without it
     (["bench-decode", "--libs-file", "{bomlibs}", "--json", "{lib}"], "is --lib stock"),
 ])  # fmt: skip

@@ -56,7 +56,7 @@ CASES: list[Any] = [
     pytest.param(lambda: WeightPrefetch.parse("threads=" + "9" * 5000), "an integer", id="wpf-int-digits"),
     pytest.param(lambda: WeightPrefetch.parse("cap=8;oproj->gateup=8"), "either windows", id="wpf-both"),
     pytest.param(lambda: parse_caps("1:x"), "invalid cap", id="caps"),
-    pytest.param(lambda: parse_caps("1:inf"), "finite", id="caps-finite"),
+    pytest.param(lambda: parse_caps("1:inf"), "a number of MiB", id="caps-finite"),
     pytest.param(lambda: parse_caps("9" * 5000 + ":8"), "BATCH:MIB", id="caps-batch-digits"),
     pytest.param(lambda: parse_windows("oproj->gateup"), "NAME=CAPS", id="windows"),
     pytest.param(lambda: parse_windows("oproj->gateup=x"), "invalid cap", id="window-caps"),

@@ -69,12 +69,14 @@ def test_what_counts_as_off():
 def test_caps_text_forms_and_batch_buckets():
     assert parse_caps("1:32,4:32,8:16") == {1: 32 * MiB, 4: 32 * MiB, 8: 16 * MiB}
     assert parse_caps("24") == 24 * MiB and parse_caps("off") == parse_caps("0") == parse_caps("none") == 0
-    assert parse_caps("0.5") == MiB // 2 and parse_caps("0.00001") % 16 == 0  # bytes, a multiple of 16
+    assert parse_caps("0.5") == MiB // 2 and parse_caps("0.0001") == 96  # bytes, a multiple of 16
+    with pytest.raises(UsageError, match="under 16 bytes"):  # 10 bytes: none, said rather than done
+        parse_caps("0.00001")
     default = parse_caps("default")
     assert isinstance(default, dict) and max(default) == 8 and all(default.values())  # per batch up to 8, then off
     for text in ("1:32,4:32,8:16", "24", "off", "1:0.5,2:12"):
         assert parse_caps(caps_text(parse_caps(text))) == parse_caps(text)
-    for bad in ("x:3", "0:3", "4:-1", "abc", "1:inf", "1:nan", ",", "1:"):
+    for bad in ("x:3", "0:3", "4:-1", "abc", "1:inf", "1:nan", ",", "1:", "1e3", "+3", "1_0", "\u0663", "1:2,1:3"):
         with pytest.raises(UsageError, match="invalid cap"):
             parse_caps(bad)
     caps = {1: 32, 4: 16, 8: 0}

@@ -142,6 +142,16 @@ def test_candidate_names_are_shown_literally(tmp_path: Path) -> None:
     assert "[bold]x[/bold]" in proc.stdout
 
 
+def test_control_characters_in_candidate_names_are_shown_as_escapes(tmp_path: Path) -> None:
+    """Before: a newline in a saved candidate's name split its table cell and an ESC reached the
+    terminal raw. After: each is shown as its escape, as in every other line kvpatch prints."""
+    text = json.dumps(saved_report()).replace("call_cta_la1", "in\\nline\\u001b[31m")
+    (tmp_path / "t.json").write_text(text)
+    proc = run_cli("tune", "--from", "t.json", "-o", "k.toml", cwd=tmp_path, env={"COLUMNS": "300"})
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout and "in\\nline\\x1b[31m" in proc.stdout
+
+
 @pytest.mark.slow  # a shell and a new interpreter
 def test_an_output_to_dev_stdout_appends_to_the_redirected_log(tmp_path: Path) -> None:
     """`-o /dev/stdout >> run.log` resolved to run.log, a regular file, and replaced it:

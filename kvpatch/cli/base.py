@@ -215,6 +215,26 @@ def path_value(value: str | Path) -> Path:
     return Path(value)
 
 
+def whole_value(value: str | int) -> int:
+    """An integer option's value, a count as written on a command line (``whole_number``: ASCII
+    digits, a leading '-' at most): '+5', '1_0' and '٣', which int() reads, are refused."""
+    if isinstance(value, int):
+        return value
+    try:
+        return whole_number(value.strip())
+    except ValueError:  # thousands of digits too: int() refuses them
+        shown = repr(value) if len(value) <= 24 else f"{value[:20]!r}... ({len(value)} characters)"
+        raise typer.BadParameter(f"{shown} is not a whole number in ASCII digits") from None
+
+
+def positive_value(value: str | int) -> int:
+    """:func:`whole_value`, at least 1."""
+    n = whole_value(value)
+    if n < 1:
+        raise typer.BadParameter(f"{n} is below 1")
+    return n
+
+
 def file_value(value: str | Path) -> Path:
     """A file option's value: :func:`path_value`, and a trailing '/' (a folder's spelling, which a
     Path drops: ``--config ok.toml/`` read ok.toml, ``-o out/`` wrote a file named out) refused."""

@@ -9,7 +9,7 @@ from rich.markup import escape
 
 from ..commands.choices import DEFAULT_ARCH
 from ..commands.common import check_report_output
-from .base import ArchOpt, JsonOpt, TreeOpt, app, csv, cwd, emit_json, io, progress, shown, warn
+from .base import ArchOpt, JsonOpt, TreeOpt, app, csv, cwd, emit_json, io, progress, shown, warn, whole_value
 
 
 @app.command()
@@ -22,7 +22,8 @@ def build(
     kv_cache_dtypes: Annotated[Optional[str], typer.Option(metavar="LIST", help="auto,fp8 (default auto).")] = None,
     all_kernels: Annotated[bool, typer.Option("--all", help="vLLM's full set of configurations.")] = False,
     jobs: Annotated[
-        Optional[int], typer.Option(metavar="N", help="Parallel nvcc processes (default: CPU count).")
+        Optional[int],
+        typer.Option(parser=whole_value, metavar="N", help="Parallel nvcc processes (default: CPU count)."),
     ] = None,
     full: Annotated[
         bool,

@@ -24,6 +24,7 @@ from .base import (
     json_target,
     path_value,
     progress,
+    whole_value,
 )
 
 LibsFileOpt = Annotated[
@@ -59,10 +60,13 @@ def bench_decode(
     contexts: Annotated[
         Optional[str], typer.Option(metavar="LIST", help=f"Default 1024,4096,16384 (each 1 to {MAX_CONTEXT} tokens).")
     ] = None,
-    layers: Annotated[int, typer.Option(metavar="N", help="Decoder layers per step.")] = DECODE_LAYERS,
+    layers: Annotated[
+        int, typer.Option(parser=whole_value, metavar="N", help="Decoder layers per step.")
+    ] = DECODE_LAYERS,
     rounds: Annotated[
         Optional[int],
         typer.Option(
+            parser=whole_value,
             metavar="N",
             help=f"Interleaved rounds (spread = min..max over them; default 7 with weight prefetch, else {DECODE_ROUNDS}).",
         ),
@@ -70,6 +74,7 @@ def bench_decode(
     cycles: Annotated[
         Optional[int],
         typer.Option(
+            parser=whole_value,
             metavar="N",
             help="Whole carry-over cycles per round (each arm timed N x arms times; default: ~0.15 s a round).",
         ),
@@ -93,10 +98,11 @@ def bench_decode(
         Optional[str], typer.Option(metavar="N", help="Prefetch CTAs, or 'auto' (one per MiB, 4..32).")
     ] = None,
     threads: Annotated[
-        Optional[int], typer.Option(metavar="N", help="Prefetch threads per CTA (multiple of 32).")
+        Optional[int], typer.Option(parser=whole_value, metavar="N", help="Prefetch threads per CTA (multiple of 32).")
     ] = None,
     chunk: Annotated[
-        Optional[int], typer.Option(metavar="BYTES", help="Bytes per bulk prefetch (multiple of 16).")
+        Optional[int],
+        typer.Option(parser=whole_value, metavar="BYTES", help="Bytes per bulk prefetch (multiple of 16)."),
     ] = None,
     hint: Annotated[
         Optional[str], typer.Option(metavar="HINT", help="evict_last, evict_normal, evict_first or none.")

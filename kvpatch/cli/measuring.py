@@ -26,6 +26,7 @@ from .base import (
     path_value,
     progress,
     shown,
+    whole_value,
 )
 
 #: The settings ``tune --grid`` may vary, as its help names them.
@@ -67,7 +68,9 @@ def validate(
     ] = None,
     workers: Annotated[
         Optional[int],
-        typer.Option(metavar="N", help="pytest-xdist workers for --upstream, in all (default: CPU count)."),
+        typer.Option(
+            parser=whole_value, metavar="N", help="pytest-xdist workers for --upstream, in all (default: CPU count)."
+        ),
     ] = None,
     upstream_shard: Annotated[
         Optional[str],
@@ -88,7 +91,7 @@ def validate(
     paper: Annotated[
         bool, typer.Option("--paper", help="Also check the paper preset against stock (when building).")
     ] = False,
-    seed: Annotated[int, typer.Option(metavar="N", help="Seed of the random inputs.")] = 0,
+    seed: Annotated[int, typer.Option(parser=whole_value, metavar="N", help="Seed of the random inputs.")] = 0,
     dtypes: Annotated[Optional[str], typer.Option(metavar="LIST", help="Query dtypes, e.g. fp16,bf16.")] = None,
     kv: Annotated[Optional[str], typer.Option("--kv", metavar="LIST", help="KV-cache dtypes: auto,fp8.")] = None,
     head_sizes: Annotated[Optional[str], typer.Option(metavar="LIST", help="e.g. 64,128,256.")] = None,
@@ -170,11 +173,15 @@ def bench(
         str, typer.Option(metavar="LIST", help="v1,v2 or 'dispatched' (only the kernel vLLM launches).")
     ] = "v1,v2",
     seed: Annotated[
-        Optional[int], typer.Option(metavar="N", help="Seed of the KV data and block tables (default: the set's).")
+        Optional[int],
+        typer.Option(
+            parser=whole_value, metavar="N", help="Seed of the KV data and block tables (default: the set's)."
+        ),
     ] = None,
     capture_len: Annotated[
         Optional[int],
         typer.Option(
+            parser=whole_value,
             metavar="N",
             help="Size every launch for N tokens (its max_seq_len, which also picks v1 or v2 as vLLM does) while "
             "the sequences keep their context: what vLLM's CUDA graphs launch, captured for min(engine context, "
@@ -182,13 +189,21 @@ def bench(
         ),
     ] = None,
     reps: Annotated[
-        int, typer.Option(metavar="N", help="Timed launches per point, variant and round (more for kernels < 30 us).")
+        int,
+        typer.Option(
+            parser=whole_value,
+            metavar="N",
+            help="Timed launches per point, variant and round (more for kernels < 30 us).",
+        ),
     ] = DEFAULT_REPS,
     rounds: Annotated[
-        int, typer.Option(metavar="N", help="Interleaved rounds (the speedup interval is min..max over them).")
+        int,
+        typer.Option(
+            parser=whole_value, metavar="N", help="Interleaved rounds (the speedup interval is min..max over them)."
+        ),
     ] = DEFAULT_ROUNDS,
     warmup: Annotated[
-        int, typer.Option(metavar="N", help="Untimed launches per variant before each round.")
+        int, typer.Option(parser=whole_value, metavar="N", help="Untimed launches per variant before each round.")
     ] = DEFAULT_WARMUP,
     warm: Annotated[bool, typer.Option("--warm/--no-warm", help="Time with a warm L2.")] = True,
     cold: Annotated[bool, typer.Option("--cold/--no-cold", help="Time with the L2 flushed before each launch.")] = True,
@@ -271,11 +286,19 @@ def tune(
     ] = False,
     reps: Annotated[
         Optional[int],
-        typer.Option(metavar="N", help=f"Timed launches per point, candidate and round (default {TUNE_REPS})."),
+        typer.Option(
+            parser=whole_value,
+            metavar="N",
+            help=f"Timed launches per point, candidate and round (default {TUNE_REPS}).",
+        ),
     ] = None,
     rounds: Annotated[
         Optional[int],
-        typer.Option(metavar="N", help=f"Interleaved rounds (the spread a verdict uses; default {DEFAULT_ROUNDS})."),
+        typer.Option(
+            parser=whole_value,
+            metavar="N",
+            help=f"Interleaved rounds (the spread a verdict uses; default {DEFAULT_ROUNDS}).",
+        ),
     ] = None,
     policy: Annotated[
         str,
@@ -291,7 +314,8 @@ def tune(
         ),
     ] = "off",
     jobs: Annotated[
-        Optional[int], typer.Option(metavar="N", help="Parallel nvcc processes (default: CPU count).")
+        Optional[int],
+        typer.Option(parser=whole_value, metavar="N", help="Parallel nvcc processes (default: CPU count)."),
     ] = None,
     from_json: Annotated[
         list[Path],

@@ -26,6 +26,7 @@ from .base import (
     progress,
     shown,
     warn,
+    whole_value,
     write_stdout,
 )
 
@@ -82,8 +83,10 @@ def _setting_option(s: Setting) -> inspect.Parameter:
     if s.kind == "bool":
         kind, option = Optional[bool], typer.Option(f"--{s.label}/--no-{s.label}", help=s.help)
     else:
-        kind = Optional[int] if s.kind == "int" and not s.auto else Optional[str]
-        option = typer.Option(f"--{s.label}", metavar=s.shown_metavar, help=s.help)
+        number = s.kind == "int" and not s.auto
+        kind = Optional[int] if number else Optional[str]
+        option = typer.Option(f"--{s.label}", metavar=s.shown_metavar, help=s.help,
+                              **({"parser": whole_value} if number else {}))  # fmt: skip
     return inspect.Parameter(s.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
                              annotation=Annotated[kind, option])  # fmt: skip
 

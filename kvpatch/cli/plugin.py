@@ -9,7 +9,21 @@ import typer
 
 from ..commands.choices import DEFAULT_ARCH
 from ..commands.common import check_report_output
-from .base import ArchOpt, JsonOpt, TreeOpt, app, cwd, emit_json, io, path_value, progress, shown, warn
+from .base import (
+    ArchOpt,
+    JsonOpt,
+    TreeOpt,
+    app,
+    cwd,
+    emit_json,
+    io,
+    path_value,
+    positive_value,
+    progress,
+    shown,
+    warn,
+    whole_value,
+)
 
 plugin_app = typer.Typer(
     no_args_is_help=True,
@@ -43,7 +57,8 @@ def enable(
         ),
     ] = None,
     jobs: Annotated[
-        Optional[int], typer.Option(metavar="N", help="Parallel nvcc processes (default: CPU count).")
+        Optional[int],
+        typer.Option(parser=whole_value, metavar="N", help="Parallel nvcc processes (default: CPU count)."),
     ] = None,
     build: Annotated[
         bool,
@@ -106,7 +121,9 @@ def status(
 
 @plugin_app.command()
 def check(
-    reps: Annotated[int, typer.Option(metavar="N", min=1, help="Timed replays per kernel and shape.")] = 30,
+    reps: Annotated[
+        int, typer.Option(parser=positive_value, metavar="N", help="Timed replays per kernel and shape.")
+    ] = 30,
     graphs: Annotated[
         bool, typer.Option("--graphs/--no-graphs", help="Also compare calls captured in CUDA graphs.")
     ] = True,
@@ -144,15 +161,23 @@ def bench(
             help="Batch sizes of the main rows (requests generated at once; '' for none: the --workload rows only).",
         ),
     ] = "1,8,32,64",
-    input_len: Annotated[int, typer.Option(metavar="N", help="Prompt tokens per request in the main rows.")] = 512,
-    output_len: Annotated[int, typer.Option(metavar="N", help="Generated tokens per request in the main rows.")] = 512,
+    input_len: Annotated[
+        int, typer.Option(parser=whole_value, metavar="N", help="Prompt tokens per request in the main rows.")
+    ] = 512,
+    output_len: Annotated[
+        int, typer.Option(parser=whole_value, metavar="N", help="Generated tokens per request in the main rows.")
+    ] = 512,
     workload: Annotated[
         list[str],
         typer.Option(metavar="IN:OUT:B,B", help="More rows (repeatable), e.g. a long context: 4096:256:8,32."),
     ] = [],  # noqa: B006
     starts: Annotated[
         int,
-        typer.Option(metavar="N", help="Engine starts per arm (arms: kvpatch, one per --bundle, vLLM, vLLM again)."),
+        typer.Option(
+            parser=whole_value,
+            metavar="N",
+            help="Engine starts per arm (arms: kvpatch, one per --bundle, vLLM, vLLM again).",
+        ),
     ] = 4,
     bundle: Annotated[
         list[str],
@@ -188,6 +213,7 @@ def bench(
     max_model_len: Annotated[
         Optional[int],
         typer.Option(
+            parser=whole_value,
             metavar="N",
             help="The engine's context (default: 8192, or the longest workload's rounded up to 256 if longer, or "
             "the model's positions if fewer). vLLM captures decode graphs up to min(N, 8192) tokens and sizes every "

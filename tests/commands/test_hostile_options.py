@@ -135,6 +135,12 @@ def no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     (["bench-decode", "--lib", "stock={lib}:p", "--tail", ""], "--tail is empty"),
     (["bench-decode", "--lib", ""], "--lib is empty"),
     (["bench", "--lib", "stock={lib}:p", "--lib", ""], "--lib is empty"),
+    # every integer option is a count as written: ASCII digits ('+5', '1_0' and '٣' int() reads)
+    (["bench-decode", "--lib", "stock={lib}:p", "--layers", "4_0"], "'4_0' is not a whole number"),
+    (["bench", "--lib", "stock={lib}:p", "--rounds", "+3"], "'+3' is not a whole number"),
+    (["build", "--tree", "{tree}", "--jobs", "\u0662"], "is not a whole number"),
+    (["apply", "--tree", "{tree}", "--lookahead", "1_0"], "'1_0' is not a whole number"),
+    (["plugin", "check", "--reps", "0"], "0 is below 1"),
     # plugin bench's engine runs go nowhere kvpatch keeps
     (["plugin", "bench", "--raw", ".kvpatch/runs"], "--raw '"),
     # a libs file saved with a byte-order mark (Windows editors write one) reads as without it

@@ -71,6 +71,11 @@ class KernelSet:
                 for h in self.head_sizes for b in self.block_sizes]  # fmt: skip
 
 
+def _folder(directory: str | os.PathLike[str] | None) -> Path:
+    """The bundle's folder: ``directory`` (refused in one line where it is no path), else :func:`bundle_dir`."""
+    return Path(path_argument(directory, "the bundle's folder")) if directory is not None else bundle_dir()
+
+
 def missing_configs(kernel_set: KernelSet, built: Iterable[str]) -> list[str]:
     """The release's configurations the library lacks (empty: it covers the full set)."""
     have = set(_labels(built))
@@ -217,7 +222,7 @@ def write_bundle(
     partial build would leave some of vLLM's calls unserved) and schemas missing an op.
     """
     src = Path(path_argument(library, "the library"))
-    out = Path(path_argument(directory, "the bundle's folder")) if directory is not None else bundle_dir()
+    out = _folder(directory)
     configs = _labels(configs)
     missing = missing_configs(kernel_set, configs)
     if missing:
@@ -257,7 +262,7 @@ def read_bundle(
 ) -> Manifest | None:
     """The installed manifest; None when there is no bundle (``missing_ok``) or, with
     ``damaged_ok``, a damaged one. Otherwise :class:`BundleError` in one line."""
-    path = (Path(path_argument(directory, "the bundle's folder")) if directory is not None else bundle_dir()) / MANIFEST
+    path = (_folder(directory)) / MANIFEST
     try:  # a regular file of bounded size only: a FIFO or a device must not hang vLLM's start-up
         text = read_regular(path, limit=MANIFEST_LIMIT).decode("utf-8")
     except FileNotFoundError:
@@ -282,7 +287,7 @@ def remove_bundle(directory: str | os.PathLike[str] | None = None) -> bool:
     library), the library the manifest names and :func:`write_bundle`'s own leftovers of the
     two, then the directory if nothing else is in it. Only what a valid manifest names is
     touched: no manifest is nothing to remove (False); a damaged one is :class:`BundleError`."""
-    out = Path(path_argument(directory, "the bundle's folder")) if directory is not None else bundle_dir()
+    out = _folder(directory)
     try:
         m = read_bundle(out, missing_ok=True)
     except BundleError as e:

@@ -263,6 +263,9 @@ PlotOpt = Annotated[
     Optional[Path],
     typer.Option("--plot", metavar="FILE", help="Draw the speedups into FILE: .png, .pdf or .svg.", parser=file_value),
 ]
+JobsOpt = Annotated[
+    Optional[int], typer.Option(parser=whole_value, metavar="N", help="Parallel nvcc processes (default: CPU count).")
+]
 ArchOpt = Annotated[
     str, typer.Option("--arch", metavar="ARCHS", help="TORCH_CUDA_ARCH_LIST syntax: 9.0a, 9.0, '8.0;9.0a', 9.0+PTX.")
 ]

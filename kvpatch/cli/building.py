@@ -9,7 +9,7 @@ from rich.markup import escape
 
 from ..commands.choices import DEFAULT_ARCH
 from ..commands.common import check_report_output
-from .base import ArchOpt, JsonOpt, TreeOpt, app, csv, cwd, emit_json, io, progress, shown, warn, whole_value
+from .base import ArchOpt, JobsOpt, JsonOpt, TreeOpt, app, csv, cwd, emit_json, io, progress, shown, warn
 
 
 @app.command()
@@ -21,10 +21,7 @@ def build(
     block_sizes: Annotated[Optional[str], typer.Option(metavar="LIST", help="e.g. 16,32 (default 16).")] = None,
     kv_cache_dtypes: Annotated[Optional[str], typer.Option(metavar="LIST", help="auto,fp8 (default auto).")] = None,
     all_kernels: Annotated[bool, typer.Option("--all", help="vLLM's full set of configurations.")] = False,
-    jobs: Annotated[
-        Optional[int],
-        typer.Option(parser=whole_value, metavar="N", help="Parallel nvcc processes (default: CPU count)."),
-    ] = None,
+    jobs: JobsOpt = None,
     full: Annotated[
         bool,
         typer.Option(

@@ -12,6 +12,7 @@ from ..errors import GpuCheckError
 from .base import (
     BuildArchOpt,
     DeviceOpt,
+    JobsOpt,
     JsonOpt,
     LibOpt,
     PlotOpt,
@@ -313,10 +314,7 @@ def tune(
             metavar="off|base", help="What instantiations tune does not measure get: off, or the base settings."
         ),
     ] = "off",
-    jobs: Annotated[
-        Optional[int],
-        typer.Option(parser=whole_value, metavar="N", help="Parallel nvcc processes (default: CPU count)."),
-    ] = None,
+    jobs: JobsOpt = None,
     from_json: Annotated[
         list[Path],
         typer.Option(

@@ -11,6 +11,7 @@ from ..commands.choices import DEFAULT_ARCH
 from ..commands.common import check_report_output
 from .base import (
     ArchOpt,
+    JobsOpt,
     JsonOpt,
     TreeOpt,
     app,
@@ -56,10 +57,7 @@ def enable(
             help="The tree's vLLM release, where kvpatch cannot read it (no apply here, no PKG-INFO).",
         ),
     ] = None,
-    jobs: Annotated[
-        Optional[int],
-        typer.Option(parser=whole_value, metavar="N", help="Parallel nvcc processes (default: CPU count)."),
-    ] = None,
+    jobs: JobsOpt = None,
     build: Annotated[
         bool,
         typer.Option(

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..errors import BuildError, GpuCheckError, UsageError
-from ..fsutil import read_input
+from ..fsutil import read_text_input
 from ..gpu.defaults import DEFAULT_ARCH
 from ..progress import QUIET, Progress
 
@@ -125,9 +125,7 @@ def enable(o: EnableOptions, *, progress: Progress = QUIET) -> EnableReport:
     warnings = check_match(release, installed)
     bindings = target.root / "csrc" / "torch_bindings.cpp"
     try:  # a regular file of bounded size only: a FIFO or a device there must not hang the command
-        schemas = schemas_from_bindings(read_input(bindings, "the tree's file", limit=BINDINGS_LIMIT).decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise UsageError(f"cannot read {bindings}: not UTF-8 ({e.reason} at byte {e.start})") from None
+        schemas = schemas_from_bindings(read_text_input(bindings, "the tree's file", limit=BINDINGS_LIMIT))
     except ValueError as e:
         raise UsageError(f"{bindings}: {e}") from None
     header = read_header(target.read_header(), str(target.header))

@@ -165,9 +165,10 @@ def bench(o: ServingBenchOptions, *, progress: Progress = QUIET) -> dict[str, An
         raise UsageError(f"--raw {raw}: not a directory")
     json_file = o.json_path if o.json_path not in (None, "-") else None
     bundles = {f"the --bundle {a.name} folder": a.bundle for a in checked.arms if a.bundle is not None}
-    check_outputs(json=json_file, protected={**kept_paths(o.cwd), **bundles, "the --raw folder": raw})
+    kept = {**kept_paths(o.cwd), **bundles}
+    check_outputs(json=json_file, protected={**kept, "the --raw folder": raw})
     if raw is not None:  # its engine runs go where nothing kvpatch keeps lies
-        check_output_folder("--raw", raw, protected={**kept_paths(o.cwd), **bundles})
+        check_output_folder("--raw", raw, protected=kept)
     preflight()
     require_cuda()
     temporary = raw is None

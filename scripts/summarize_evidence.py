@@ -17,7 +17,8 @@ run wrote (``files``) and what they are for; each kind below reads exactly those
 * ``serving``: ``kvpatch plugin bench`` JSON reports, one per dtype, each re-derived from its raw engine
   runs; a report short of its planned engine starts is marked INCOMPLETE with its per-arm counts; how
   often the grouped form launched per start where the library counted it; the ``kvpatch.toml`` the
-  plugin's bundle was built with, where the run used one;
+  plugin's bundle was built with, where the run used one; a ``kvpatch bench`` (``bench-*.json[.gz]``)
+  of the rows' attention launches as kernels, where the run kept one;
 * ``grouped-form``: the grouped form as kvpatch generates it: validate and vLLM-test records, and a
   held-out bench with other variants where one is listed (``scripts/summarize_grouped.py``);
 * ``grouped-table``: a rule table that groups: the tune run it was chosen from, validate records,
@@ -40,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 import summarize_releases as releases  # noqa: E402
-from summarize_grouped import grouped_form, grouped_table  # noqa: E402
+from summarize_grouped import bench_points, grouped_form, grouped_table  # noqa: E402
 from summarize_releases import load, span  # noqa: E402
 
 from kvpatch.config import config_from_marker  # noqa: E402
@@ -572,7 +573,7 @@ def serving(folder: Path, cfg: dict) -> list[str]:
     files = [f for _, f in run_files(cfg)]
     lines = []
     for f in files:
-        if not f.endswith(".json"):
+        if not (f.startswith("serving-") and f.endswith(".json")):
             continue
         d = json.loads((folder / f).read_text(encoding="utf-8"))
         raw = f.replace("serving-", "raw-").replace(".json", ".tar.xz")
@@ -630,7 +631,9 @@ def serving(folder: Path, cfg: dict) -> list[str]:
                          f"{r['result']['engine_start_s']:.0f} | {ms} |")  # fmt: skip
         lines.append("")
     for f in files:
-        if f.endswith((".xml", ".xml.gz")):
+        if f.startswith("bench-"):  # a kvpatch bench of the rows' attention launches, as kernels
+            lines += bench_points(folder, f)[1:] + [""]
+        elif f.endswith((".xml", ".xml.gz")):
             n = count_cases(junit(folder / f))
             lines += [f"vLLM's own kernel tests on the rebuilt ops ({f}): {n['passed']} passed, "
                       f"{n['failed'] + n['errors']} failed, {n['skipped']} skipped.", ""]  # fmt: skip

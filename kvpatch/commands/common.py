@@ -19,6 +19,7 @@ from ..errors import UsageError, printable
 from ..fsutil import write_atomic
 from ..gpu import launch as L
 from ..gpu.defaults import DEFAULT_ARCH
+from ..gpu.points import check_heads
 from ..gpu.report import STOCK_MARKER
 from ..progress import QUIET, Progress
 
@@ -276,9 +277,7 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
             raise UsageError(f"invalid heads {part!r}: use QUERY/KV, e.g. 32/8") from None
         if not sep:
             raise UsageError(f"invalid heads {part!r}: use QUERY/KV, e.g. 32/8")
-        q_heads, kv_heads = out[-1]
-        if q_heads < 1 or kv_heads < 1 or q_heads % kv_heads:
-            raise UsageError(f"invalid heads {part!r}: KV heads >= 1 and query heads a positive multiple of them")
+        check_heads(*out[-1], repr(part))
     if not out:
         raise UsageError(f"invalid heads {text!r}: give at least one QUERY/KV, e.g. 32/8")
     return out

@@ -64,6 +64,20 @@ MAX_CONTEXT = 1 << 17
 MAX_BATCH = 1024
 
 
+#: The most query heads a measured layout may have: 1024, eight times the most of a model in common
+#: use (128: Llama-3.1-405B); a typo, not a wish, is what it catches.
+MAX_HEADS = 1024
+
+
+def check_heads(num_heads: int, num_kv_heads: int, what: str) -> None:
+    """KV heads >= 1, query heads a positive multiple of them and at most :data:`MAX_HEADS`, else a
+    :class:`UsageError` naming ``what`` (the layout as the user wrote it)."""
+    if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
+        raise UsageError(f"invalid heads {what}: KV heads >= 1 and query heads a positive multiple of them")
+    if num_heads > MAX_HEADS:
+        raise UsageError(f"invalid heads {what}: at most {MAX_HEADS} query heads")
+
+
 def check_batches(batches: Iterable[int], option: str = "--batches") -> None:
     """Every batch 1 to :data:`MAX_BATCH` sequences, else a :class:`UsageError` naming ``option``."""
     bad = [b for b in batches if not 1 <= b <= MAX_BATCH]
@@ -169,10 +183,7 @@ def make_points(
     seed: int = 0,
 ) -> list[BenchPoint]:
     """dtype x batch x context, in that nesting order."""
-    if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
-        raise UsageError(
-            f"heads {num_heads}/{num_kv_heads}: need >= 1 KV head and a positive multiple of it as query heads"
-        )
+    check_heads(num_heads, num_kv_heads, f"{num_heads}/{num_kv_heads}")
     for d in dtypes:
         if d not in DTYPES:
             raise UsageError(f"unknown dtype {d!r}: choose from {', '.join(DTYPES)}")

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..config.model import whole_number
 from ..errors import UsageError
 from .launch import LibSpec
 from .upstream_test import (  # noqa: F401  (the test's files: re-exported for callers of this module)
@@ -186,7 +187,7 @@ def parse_shard(text: str) -> tuple[int, int]:
     """``'2/3'`` -> (2, 3): the second of three shares of the test's cases (UsageError otherwise)."""
     k, sep, n = text.strip().partition("/")
     try:
-        kk, nn = int(k), int(n)
+        kk, nn = whole_number(k.strip()), whole_number(n.strip())
     except ValueError:
         kk = nn = 0
     if not sep or not (1 <= kk <= nn):

@@ -33,7 +33,7 @@ from . import launch as L
 from .cases import ValidateCase
 from .dispatch import KERNELS, check_kernel
 from .inputs import DTYPES, KV_CACHE_DTYPES, cache_x, make_inputs
-from .points import check_contexts
+from .points import check_contexts, check_heads
 from .reference import max_alibi_bias, max_rel_l2_per_seq, ref_tolerance, reference_attention
 from .report import CaseResult, ValidateReport, VariantCheck
 
@@ -64,8 +64,7 @@ def _check(dtypes: Sequence[str], kv_cache_dtypes: Sequence[str], kernels: Seque
     for k in kernels:
         check_kernel(k)
     for qh, kvh in heads:
-        if qh < 1 or kvh < 1 or qh % kvh:
-            raise UsageError(f"heads {qh}/{kvh}: need >= 1 KV head and a positive multiple of it as query heads")
+        check_heads(qh, kvh, f"{qh}/{kvh}")
     check_contexts(contexts)
 
 

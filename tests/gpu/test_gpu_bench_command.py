@@ -44,7 +44,8 @@ def test_capture_len_sizes_every_point_s_launch_and_must_cover_every_context():
 
 def test_heads_and_on_off_lists():
     assert parse_heads("32/8, 8/1") == [(32, 8), (8, 1)]
-    for bad in ("32", "32/x", "30/8", "8/0"):
+    assert parse_heads("1024/8") == [(1024, 8)]
+    for bad in ("32", "32/x", "30/8", "8/0", "1025/1"):
         with pytest.raises(UsageError, match="invalid heads"):
             parse_heads(bad)
     assert parse_bools("on,off,1") == [True, False, True]

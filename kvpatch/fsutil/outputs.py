@@ -162,9 +162,8 @@ def check_outputs(*, inputs: Named = None, protected: Named = None, **paths: Pat
         if path is None:
             continue
         flag = f"--{option.replace('_', '-')}"
-        why = output_problem(path)
-        if why is not None:
-            raise UsageError(f"{flag} {os.fspath(path)!r}: {why}")
+        if os.fspath(path) in ("", "-"):  # output_problem says why, before a path test reads it as '.'
+            raise UsageError(f"{flag} {os.fspath(path)!r}: {output_problem(path)}")
         for other_flag, other in seen:
             if same_file(path, other):
                 raise UsageError(
@@ -186,6 +185,10 @@ def check_outputs(*, inputs: Named = None, protected: Named = None, **paths: Pat
             if where is not None:
                 raise UsageError(f"{flag} {_shown(path)} is inside a kvpatch workspace's state directory ({where}): "
                                  "kvpatch never writes an output there; give another file")  # fmt: skip
+        # last: its test creates (and removes) a file beside the output, which no folder refused above may see
+        why = output_problem(path)
+        if why is not None:
+            raise UsageError(f"{flag} {os.fspath(path)!r}: {why}")
         seen.append((flag, path))
 
 

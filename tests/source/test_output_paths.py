@@ -38,3 +38,21 @@ def test_check_outputs_names_the_option(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"^--plot '.*': is a directory"):
         check_outputs(json=None, plot=tmp_path)
     check_outputs(json=tmp_path / "r.json", plot=None)  # fine: nothing raised
+
+
+@pytest.mark.parametrize("where", ["protected", "state"])
+def test_an_output_refused_for_its_folder_writes_nothing_there_first(where: str, tmp_path: Path) -> None:
+    """A folder kvpatch never writes an output into (one it keeps, a workspace's ``.kvpatch/``) sees
+    no probe file either: the refusal comes before the writability test, so the folder's entries
+    and its modification time are as they were."""
+    folder = tmp_path / ("kept" if where == "protected" else ".kvpatch")
+    folder.mkdir()
+    (folder / "state.json").write_text("{}")
+    before = folder.stat().st_mtime_ns
+    os.utime(folder, ns=(before - 10**9, before - 10**9))  # a probe's create and unlink would move it
+    before = folder.stat().st_mtime_ns
+    with pytest.raises(UsageError, match="never writes"):
+        check_outputs(protected={"the kept folder": folder} if where == "protected" else None,
+                      json=folder / "r.json")  # fmt: skip
+    assert folder.stat().st_mtime_ns == before
+    assert sorted(p.name for p in folder.iterdir()) == ["state.json"]

@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ..commands.choices import DEFAULT_ARCH, whole_number
+from ..commands.choices import DEFAULT_ARCH, folder_spelling, whole_number
 from ..errors import UsageError, printable
 from ..progress import Progress
 
@@ -238,7 +238,7 @@ def positive_value(value: str | int) -> int:
 def file_value(value: str | Path) -> Path:
     """A file option's value: :func:`path_value`, and a trailing '/' (a folder's spelling, which a
     Path drops: ``--config ok.toml/`` read ok.toml, ``-o out/`` wrote a file named out) refused."""
-    if isinstance(value, str) and value.endswith("/") and value.strip("/"):
+    if isinstance(value, str) and folder_spelling(value):
         raise typer.BadParameter(f"{value!r} ends in '/', a folder's spelling: give a file")
     return path_value(value)
 

@@ -183,6 +183,10 @@ def variant_files(variant: list[str]) -> dict[str, Path]:
         name, sep, path = item.partition("=")
         if not sep or not path:
             raise UsageError(f"invalid --variant {item!r}: use NAME=config.toml")
+        from ..fsutil import folder_spelling
+
+        if folder_spelling(path):
+            raise UsageError(f"invalid --variant {item!r}: the file ends in '/', a folder's spelling: give a file")
         check_variant_name(name)
         if name in RESERVED_VARIANTS:
             raise UsageError(f"invalid --variant {item!r}: {name!r} is one of bench's own variants "

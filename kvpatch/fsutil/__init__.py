@@ -34,6 +34,7 @@ from .reading import (  # noqa: F401
     expand_home,
     file_digest,
     file_kind,
+    folder_spelling,
     parse_json,
     read_input,
     read_regular,

@@ -36,6 +36,12 @@ class FileTooLargeError(OSError):
         self.size, self.limit = size, limit
 
 
+def folder_spelling(text: str) -> bool:
+    """Whether a file option's text ends in '/', a folder's spelling, which a Path drops
+    (``Path('ok.toml/')`` is ok.toml): such a value is refused where a file is asked for."""
+    return text.endswith("/") and bool(text.strip("/"))
+
+
 def file_kind(mode: int) -> str:
     """What a ``st_mode`` is, in words: "a regular file", "a FIFO", "a directory" ..."""
     for test, kind in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),

@@ -152,6 +152,13 @@ def test_a_file_spelled_as_a_folder_is_refused(args: list[str], work: Path) -> N
     assert sorted(work.iterdir()) == before
 
 
+def test_a_variant_file_spelled_as_a_folder_is_refused(work: Path) -> None:
+    """``bench --variant v=k.toml/``: the file after NAME= is a file option too (it read k.toml)."""
+    (work / "k.toml").write_text("lookahead = 2\n")
+    assert_one_line_error(run_cli("bench", "--variant", "v=k.toml/", cwd=work), 2,
+                          "invalid --variant 'v=k.toml/'", "ends in '/'")  # fmt: skip
+
+
 def test_the_plugin_commands_show_control_characters_as_escapes(tmp_path: Path, work: Path) -> None:
     """Before: ``plugin disable --dir $'x\\ny'`` printed its folder over two lines, and the
     plugin's log line (in every vLLM process) carried a manifest's escape sequences raw."""

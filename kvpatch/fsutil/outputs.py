@@ -203,7 +203,8 @@ def _state_dir_of(path: PathArg) -> Path | None:
 
 def check_output_folder(option: str, folder: PathArg, *, protected: Named = None) -> None:
     """A folder a command writes files into (``--upstream-dir``): a one-line :class:`UsageError`
-    where it is, or lies inside, one of ``protected`` (as :func:`check_outputs` judges a file)."""
+    where it is, or lies inside, one of ``protected`` (as :func:`check_outputs` judges a file), or
+    where no file can be created in it (or, not there yet, in the folder it would be made in)."""
     for label, kept in _named(protected, "a file kvpatch keeps"):
         if _within(folder, kept):
             raise UsageError(f"{option} {_shown(folder)} is inside {label} ({os.fspath(kept)}): kvpatch never "
@@ -212,3 +213,6 @@ def check_output_folder(option: str, folder: PathArg, *, protected: Named = None
     if where is not None:
         raise UsageError(f"{option} {_shown(folder)} is inside a kvpatch workspace's state directory ({where}): "
                          "kvpatch never writes there; give another folder")  # fmt: skip
+    why = output_problem(Path(os.fspath(folder)) / "x")  # a file in it: the folder is made where missing
+    if why is not None:
+        raise UsageError(f"{option} {_shown(folder)}: {why}")

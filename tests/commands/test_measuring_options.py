@@ -31,6 +31,8 @@ def test_a_bad_output_path_fails_before_any_work(args: list[str], needle: str, t
     (["bench", "--heads", "32/8,1025/1"], "invalid heads '1025/1': at most 1024 query heads"),
     (["validate", "--upstream", "--upstream-shard", "١/٢"], "invalid shard '١/٢'"),
     (["validate", "--upstream", "--upstream-shard", "+1/2"], "invalid shard '+1/2'"),
+    (["validate", "--upstream", "--upstream-dir", "/proc/kvpatch-up"], "cannot create files in /proc"),
+    (["validate", "--upstream", "--upstream-dir", "/dev/null/up"], "/dev/null is not a directory"),
     (["validate", "--upstream", "--upstream-shard", "1_0/2_0"], "invalid shard '1_0/2_0'"),
     (["bench", "--rounds", "0"], "reps and rounds must be >= 1"),
     (["bench", "--reps", "0"], "reps and rounds must be >= 1"),

@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ..commands.choices import DEFAULT_ARCH, folder_spelling, whole_number
+from ..commands.choices import DEFAULT_ARCH, decimal_number, folder_spelling, whole_number
 from ..errors import UsageError, printable
 from ..progress import Progress
 
@@ -225,6 +225,19 @@ def whole_value(value: str | int) -> int:
     except ValueError:  # thousands of digits too: int() refuses them
         shown = repr(value) if len(value) <= 24 else f"{value[:20]!r}... ({len(value)} characters)"
         raise typer.BadParameter(f"{shown} is not a whole number in ASCII digits") from None
+
+
+def decimal_value(value: str | float) -> float:
+    """A seconds or fraction option's value, a number as written on a command line
+    (``decimal_number``: ASCII digits, one '.' at most, a leading '-' at most): '1_0', '١٠' and
+    '1e3', which float() reads, are refused; nan and inf reach the option's own range check."""
+    if isinstance(value, float | int):
+        return float(value)
+    try:
+        return decimal_number(value.strip())
+    except ValueError:
+        shown = repr(value) if len(value) <= 24 else f"{value[:20]!r}... ({len(value)} characters)"
+        raise typer.BadParameter(f"{shown} is not a number in ASCII digits (one '.' at most)") from None
 
 
 def positive_value(value: str | int) -> int:

@@ -19,6 +19,7 @@ from .base import (
     app,
     csv,
     cwd,
+    decimal_value,
     file_value,
     io,
     json_target,
@@ -197,7 +198,10 @@ def bench_decode_sweep(
             "--out", metavar="DIR", help="Where sweep.json, sweep.txt and each stage's JSON go.", parser=path_value
         ),
     ] = Path("sweep-out"),
-    budget: Annotated[float, typer.Option(metavar="SECONDS", help="For all stages (each stops at its share).")] = 420.0,
+    budget: Annotated[
+        float,
+        typer.Option(parser=decimal_value, metavar="SECONDS", help="For all stages (each stops at its share)."),
+    ] = 420.0,
     prefetch_lib: Annotated[Optional[Path], typer.Option("--prefetch-lib", metavar="FILE", parser=file_value)] = None,
     stages: Annotated[
         Optional[str], typer.Option(metavar="LIST", help="lead,micro,kernels,steps,final,guard_off (default all).")

@@ -21,6 +21,7 @@ from .base import (
     app,
     csv,
     cwd,
+    decimal_value,
     file_value,
     io,
     json_target,
@@ -85,6 +86,7 @@ def validate(
         Optional[float],
         typer.Option(
             "--upstream-timeout",
+            parser=decimal_value,
             metavar="SECONDS",
             help="Seconds for the whole --upstream run (default 900); at the limit pytest is interrupted, the report counts what finished and says the run was cut (not a pass).",
         ),

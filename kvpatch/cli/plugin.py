@@ -16,6 +16,7 @@ from .base import (
     TreeOpt,
     app,
     cwd,
+    decimal_value,
     emit_json,
     io,
     path_value,
@@ -200,14 +201,18 @@ def bench(
     budget: Annotated[
         Optional[float],
         typer.Option(
+            parser=decimal_value,
             metavar="SECONDS",
             help="Start no engine that would likely end after this many seconds; the report says how many ran.",
         ),
     ] = None,
     engine_timeout: Annotated[
-        float, typer.Option(metavar="SECONDS", help="Stop an engine start that runs longer than this.")
+        float,
+        typer.Option(parser=decimal_value, metavar="SECONDS", help="Stop an engine start that runs longer than this."),
     ] = 1200.0,
-    gpu_memory_utilization: Annotated[float, typer.Option(metavar="F", help="vLLM's gpu_memory_utilization.")] = 0.9,
+    gpu_memory_utilization: Annotated[
+        float, typer.Option(parser=decimal_value, metavar="F", help="vLLM's gpu_memory_utilization.")
+    ] = 0.9,
     max_model_len: Annotated[
         Optional[int],
         typer.Option(

@@ -5,7 +5,7 @@ commands (and the rendering) alone.
 
 from __future__ import annotations
 
-from ..config.model import SETTINGS, whole_number
+from ..config.model import SETTINGS, decimal_number, whole_number
 from ..config.settings import Setting
 from ..decode.models import MODELS
 from ..decode.options import DEFAULT_MODELS
@@ -24,5 +24,5 @@ from ..tune.grid import GRID_KEYS
 
 __all__ = [
     "DECODE_LAYERS", "DECODE_ROUNDS", "DEFAULT_ARCH", "DEFAULT_MODELS", "DEFAULT_REPS", "DEFAULT_ROUNDS", "DEFAULT_WARMUP",
-    "GRID_KEYS", "MAX_CONTEXT", "MODELS", "SETTINGS", "Setting", "TUNE_REPS", "folder_spelling", "whole_number",
+    "GRID_KEYS", "MAX_CONTEXT", "MODELS", "SETTINGS", "Setting", "TUNE_REPS", "decimal_number", "folder_spelling", "whole_number",
 ]  # fmt: skip

@@ -216,6 +216,18 @@ def whole_number(text: str) -> int:
     return int(text)
 
 
+def decimal_number(text: str) -> float:
+    """``'2.5'`` or ``'-1'`` -> a float: ASCII digits with one '.' at most, a leading '-' at most;
+    anything else float() would also take (``'1_0'``, ``'١٠'``, ``'1e3'``, spaces inside) is a
+    ValueError, but for the words nan and inf, which the option's range check names."""
+    if text.lower().lstrip("+-") in ("nan", "inf", "infinity"):
+        return float(text)
+    digits = text[1:] if text.startswith("-") else text
+    if not (digits.count(".") <= 1 and ascii_digits(digits.replace(".", "", 1))):
+        raise ValueError(f"not a decimal number: {text!r}")
+    return float(text)
+
+
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 40, 40
 

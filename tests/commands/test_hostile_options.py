@@ -141,6 +141,13 @@ def no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     (["build", "--tree", "{tree}", "--jobs", "\u0662"], "is not a whole number"),
     (["apply", "--tree", "{tree}", "--lookahead", "1_0"], "'1_0' is not a whole number"),
     (["plugin", "check", "--reps", "0"], "0 is below 1"),
+    # and every seconds or fraction option a number as written ('1_0', '١٠', '1e3' float() reads)
+    (["validate", "--upstream", "--upstream-timeout", "1_0"], "'1_0' is not a number in ASCII digits"),
+    (["plugin", "bench", "--budget", "\u0661\u0660"], "is not a number in ASCII digits"),
+    (["plugin", "bench", "--engine-timeout", "1e3"], "'1e3' is not a number in ASCII digits"),
+    (["plugin", "bench", "--gpu-memory-utilization", "0.5.0"], "'0.5.0' is not a number in ASCII digits"),
+    (["bench-decode-sweep", "--lib", "stock={lib}:p", "--budget", "4_20"], "'4_20' is not a number in ASCII digits"),
+    (["bench-decode-sweep", "--lib", "stock={lib}:p", "--budget", "nan"], "--budget must be > 0 seconds, not nan"),
     # plugin bench's engine runs go nowhere kvpatch keeps
     (["plugin", "bench", "--raw", ".kvpatch/runs"], "--raw '"),
     # a libs file saved with a byte-order mark (Windows editors write one) reads as without it

@@ -61,6 +61,7 @@ def read_config_file(path: Path) -> tuple[dict[str, Any], Machine | None]:
     }
     tuned = options.pop("tuned", None)
     _numbers_as_numbers(options, path)
+    _no_empty_tables(options, path)
     return options, (None if tuned is None else Machine.from_dict(tuned, f"[kvpatch.tuned] in {path}"))
 
 
@@ -82,6 +83,19 @@ def _numbers_as_numbers(options: dict[str, Any], path: Path) -> None:
             if s is not None and isinstance(value, str) and not (s.auto and value == "auto"):
                 raise UsageError(f"invalid config file {path}: {where}{label(s.name)} = {value!r}: write the number "
                                  "without quotes" + (" (or \"auto\")" if s.auto else ""))  # fmt: skip
+
+
+def _no_empty_tables(options: dict[str, Any], path: Path) -> None:
+    """Refuse a rule's or a dtype's table with no settings (``"fp16/128/16/auto/v2" = {}``): read as
+    none, it dropped the shipped rule without a word, where ``--rule SELECTOR=`` is refused."""
+    rules = options.get("rules")
+    tables = [(f"[{d}]", d, options[d]) for d in DTYPES if isinstance(options.get(d), dict)]
+    if isinstance(rules, dict):
+        tables += [(f"rule {sel!r}", sel, t) for sel, t in rules.items() if isinstance(t, dict)]
+    for where, name, table in tables:
+        if not table:
+            raise UsageError(f"invalid config file {path}: {where} is an empty table: give settings, \"off\", or "
+                             f"\"none\" to drop the table's rule for {name}")  # fmt: skip
 
 
 def _key(key: Any, path: Path) -> str:

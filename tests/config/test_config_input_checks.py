@@ -141,6 +141,12 @@ def test_an_empty_value_from_an_unset_variable_is_refused_not_read_as_something(
     (tmp_path / "rules.toml").write_text('[kvpatch.rules]\n"fp16/128" = ""\n')
     proc = run_cli(command, "--config", str(tmp_path / "rules.toml"), cwd=tmp_path)
     assert_one_line_error(proc, 2, "fp16/128 has no settings")
+    # an empty table is an empty value too (before: read as 'none', the shipped rule dropped silently)
+    for text, needle in (('[kvpatch.rules]\n"fp16/128/16/auto/v2" = {}\n', "rule 'fp16/128/16/auto/v2' is an empty table"),
+                         ("[kvpatch]\nfp16 = {}\n", "[fp16] is an empty table"), ("[kvpatch.bf16]\n", "[bf16] is an empty table")):  # fmt: skip
+        (tmp_path / "empty.toml").write_text(text)
+        proc = run_cli(command, "--config", str(tmp_path / "empty.toml"), cwd=tmp_path)
+        assert_one_line_error(proc, 2, needle, '"none" to drop')
     assert not (tmp_path / ".kvpatch").exists()  # no workspace, no state: nothing was applied
 
 

@@ -196,7 +196,11 @@ def stage(path: str | os.PathLike[str], data: str | bytes, *, mode: int | None =
     """
     raw = data.encode("utf-8") if isinstance(data, str) else data
     target = resolve_target(Path(path)) if follow else resolve_target(Path(path).parent) / Path(path).name
-    if target.is_dir():
+    try:  # what is there now, the entry itself: with follow=False a link's target is none of kvpatch's business
+        old: os.stat_result | None = os.stat(target, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        old = None
+    if old is not None and stat.S_ISDIR(old.st_mode):
         raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -205,12 +209,11 @@ def stage(path: str | os.PathLike[str], data: str | bytes, *, mode: int | None =
             f.write(raw)
             f.flush()
             os.fsync(f.fileno())
-        if target.exists():
-            old = target.stat()
+        if old is not None and stat.S_ISREG(old.st_mode):  # the file replaced keeps its permissions and owner
             os.chmod(tmp, old.st_mode & 0o7777)
             if os.geteuid() == 0 and (old.st_uid, old.st_gid) != (0, 0):  # root keeps the owner
                 os.chown(tmp, old.st_uid, old.st_gid)
-        else:
+        else:  # a new file, or a link (follow=False) or device replaced: kvpatch's own permissions
             umask = os.umask(0)
             os.umask(umask)
             os.chmod(tmp, (0o666 if mode is None else mode) & ~umask)

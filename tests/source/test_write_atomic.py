@@ -148,3 +148,27 @@ def test_apply_replaces_a_symlinked_state_file_and_never_writes_through_it(tmp_p
     assert precious.read_text() == "mine\n"
     state = work / ".kvpatch" / "state.json"
     assert not state.is_symlink() and '"tree"' in state.read_text()
+
+
+@pytest.mark.parametrize("target", ["file", "device"])
+def test_a_replaced_link_gives_its_target_s_permissions_to_nothing(target: str, tmp_path: Path) -> None:
+    """Before: kvpatch's own file written over a planted link (``stage(..., follow=False)``) took the
+    link target's mode (a 0666 file, or /dev/null's 0666), so whoever planted the link chose who may
+    write kvpatch's state. After: the link is replaced by a file with the umask's permissions."""
+    from kvpatch.fsutil import stage
+
+    aim = tmp_path / "theirs.json"
+    if target == "file":
+        aim.write_text("{}")
+        aim.chmod(0o666)
+    link = tmp_path / "state.json"
+    link.symlink_to(aim if target == "file" else Path("/dev/null"))
+    umask = os.umask(0o022)
+    try:
+        staged = stage(link, "{}\n", follow=False)
+        staged.commit()
+    finally:
+        os.umask(umask)
+    assert not link.is_symlink() and (link.stat().st_mode & 0o777) == 0o644
+    if target == "file":
+        assert (aim.stat().st_mode & 0o777) == 0o666 and aim.read_text() == "{}"

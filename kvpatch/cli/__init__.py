@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import sys
+from pathlib import Path
 from typing import Annotated, Any, Callable, NoReturn
 
 import typer
@@ -44,6 +45,9 @@ def main(
     ] = False,
 ) -> None:
     DEBUG["on"] = debug
+    from ..commands.common import check_stdout
+
+    check_stdout(Path.cwd())  # stdout made a file kvpatch keeps (cmd >> .kvpatch/state.json): refused first
 
 
 # --------------------------------------------------------------------------- signals

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.syntax import Syntax
 
 from ..commands.choices import SETTINGS, Setting
-from ..commands.common import check_report_output
+from ..commands.common import check_report_output, check_stdout
 from ..errors import UsageError
 from .base import (
     JsonOpt,
@@ -143,6 +143,7 @@ def apply(
                           dtypes={"fp16": fp16, "bf16": bf16, "fp32": fp32}, rules=rule or [], untuned=untuned,
                           remote=remote or None, force=force, force_write=force_write)  # fmt: skip
     check_report_output(json_out, opts.cwd, tree=tree, inputs={"--config": config})
+    check_stdout(opts.cwd, tree=tree, inputs={"--config": config})
     with progress() as p:
         report = A.run(opts, progress=p)
     for line in report.machine_differences:
@@ -170,6 +171,7 @@ def sites(vllm: VllmOpt = None, tree: TreeOpt = None, json_out: JsonOpt = None) 
     from ..render import sites_table
 
     check_report_output(json_out, cwd(), tree=tree)
+    check_stdout(cwd(), tree=tree)
     with progress() as p:
         report = S.run(S.SitesOptions(vllm=vllm, tree=tree, cwd=cwd()), progress=p)
     if emit_json(json_out, report.to_json()):
@@ -197,6 +199,7 @@ def diff(
 
     if output is not None:
         D.check_output(output, tree, cwd())  # before the diff: not a file kvpatch keeps, writable
+    check_stdout(cwd(), tree=tree)
     with progress() as p:
         report = D.run(D.DiffOptions(tree=tree, cwd=cwd()), progress=p)
     for line in report.warnings:
@@ -232,6 +235,7 @@ def revert(
     """Remove kvpatch's injection: the header is stock again, byte for byte."""
     from ..commands import revert as R
 
+    check_stdout(cwd(), tree=tree)
     with progress() as p:
         report = R.run(R.RevertOptions(tree=tree, cwd=cwd(), force=force, force_write=force_write), progress=p)
     where = shown(report.header)
@@ -257,6 +261,7 @@ def show_config(
 
     opts = C.ConfigOptions(config=config, preset=preset, settings=settings or {},
                            dtypes={"fp16": fp16, "bf16": bf16, "fp32": fp32}, rules=rule or [], untuned=untuned)  # fmt: skip
+    check_stdout(cwd(), inputs={"--config": config})
     with progress() as p:
         report = C.run(opts, progress=p)
     write_stdout(report.toml)

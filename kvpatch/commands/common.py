@@ -311,7 +311,7 @@ def local_machine(*, arch: str | None = None) -> Machine:
 __all__ = [
     "QUIET", "Libraries", "LibraryOptions", "Progress", "build_libraries", "built", "check_arch", "check_device",
     "DEFAULT_ARCH", "check_directory", "check_input_file", "check_kernel_sizes", "check_lib_files", "check_lib_or_tree", "kept_paths", "load_variant_info",
-    "local_machine", "parse_bools", "parse_heads", "parse_libs", "prebuilt", "require_device", "write_if",
+    "check_stdout", "local_machine", "parse_bools", "parse_heads", "parse_libs", "prebuilt", "require_device", "write_if",
 ]  # fmt: skip
 
 
@@ -334,6 +334,25 @@ def check_report_output(
     keep = {**kept_paths(cwd, tree), **{k: v for k, v in (protected or {}).items() if v is not None}}
     read = {k: v for k, v in (inputs or {}).items() if v is not None}
     check_output("json", json_value, inputs=read, protected=keep)
+
+
+def check_stdout(cwd: Path, *, tree: Any = None, inputs: Optional[dict[str, Any]] = None) -> None:
+    """Where the shell made stdout a regular file (``kvpatch diff >> .kvpatch/state.json``,
+    ``kvpatch config --config k.toml > k.toml``), it may be none of :func:`kept_paths` (of
+    ``tree``, else of the last apply here) and none of the command's ``inputs``: a one-line
+    :class:`UsageError` before any work. A terminal, a pipe or a closed stdout is not looked at."""
+    import os
+    import stat
+
+    try:
+        if not stat.S_ISREG(os.fstat(1).st_mode):
+            return
+    except OSError:
+        return
+    from ..fsutil import check_outputs
+
+    read = {k: v for k, v in (inputs or {}).items() if v is not None}
+    check_outputs(inputs=read, protected=kept_paths(cwd, tree), stdout="/dev/stdout")
 
 
 def kept_paths(cwd: Path, tree: Any = None) -> dict[str, Path]:

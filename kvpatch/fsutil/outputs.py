@@ -161,7 +161,7 @@ def check_outputs(*, inputs: Named = None, protected: Named = None, **paths: Pat
     for option, path in paths.items():
         if path is None:
             continue
-        flag = f"--{option.replace('_', '-')}"
+        flag = option if option == "stdout" else f"--{option.replace('_', '-')}"  # stdout: the shell's redirection
         if os.fspath(path) in ("", "-"):  # output_problem says why, before a path test reads it as '.'
             raise UsageError(f"{flag} {os.fspath(path)!r}: {output_problem(path)}")
         for other_flag, other in seen:

@@ -140,6 +140,36 @@ def test_dash_is_the_file_the_shell_made_stdout_and_is_checked_as_one(tmp_path: 
     assert kvpatch("diff", "-o", "-", cwd=work).stdout.startswith("diff --git")  # a pipe: written as before
 
 
+def test_plain_stdout_made_a_file_kvpatch_keeps_is_refused_as_dash_is(tmp_path: Path) -> None:
+    """Before: ``kvpatch diff >> .kvpatch/state.json`` exited 0 and corrupted the state (the next
+    command: "corrupt state"), ``config >> header`` appended TOML to the header and ``config
+    --config k.toml >> k.toml`` broke its own input, where ``-o -`` was refused. After: every
+    command refuses a stdout that is one of the files kvpatch keeps (of --tree too) or an input."""
+    work = tmp_path / "work"
+    work.mkdir()
+    tree = make_tree(tmp_path / "vllm", fixture_text())
+    other = make_tree(tmp_path / "other", fixture_text())
+    assert kvpatch("apply", "--tree", str(tree), cwd=work).returncode == 0
+    header, state = tree / "csrc" / "attention" / "attention_kernels.cuh", work / ".kvpatch" / "state.json"
+    toml = work / "k.toml"
+    toml.write_text("lookahead = 2\n")
+    other_header = other / "csrc" / "attention" / "attention_kernels.cuh"
+    before = {p: p.read_bytes() for p in (header, state, toml, other_header)}
+    for args, target, why in ((["diff"], state, "kvpatch's state directory"), (["sites"], header, "the tree's header"),
+                              (["config"], header, "the tree's header"), (["revert"], state, "kvpatch's state"),
+                              (["bench", "--reps", "1"], state, "kvpatch's state directory"),
+                              (["config", "--config", str(toml)], toml, "--config"),
+                              (["sites", "--tree", str(other)], other_header, "the tree's header")):  # fmt: skip
+        with open(target, "ab") as out:
+            proc = subprocess.run([KVPATCH, *args], cwd=work, env=kvpatch_env(work), stdout=out,
+                                  stderr=subprocess.PIPE, text=True, timeout=120)  # fmt: skip
+        assert proc.returncode == 2 and why in proc.stderr and proc.stderr.count("\n") == 1, (args, proc.stderr)
+    assert {p: p.read_bytes() for p in before} == before
+    with open(tmp_path / "d.patch", "wb") as out:  # a file of the user's own: written as before
+        assert subprocess.run([KVPATCH, "diff"], cwd=work, env=kvpatch_env(work), stdout=out).returncode == 0
+    assert (tmp_path / "d.patch").read_text().startswith("diff --git")
+
+
 def test_a_stdout_that_cannot_encode_a_path_shows_it_escaped(tmp_path: Path) -> None:
     """A stdout in ASCII (``LANG=C`` on some systems) and a tree named ``tü``: the path is shown
     escaped, never a traceback after the header was written."""

@@ -164,6 +164,14 @@ def apply(
     out.print("next: kvpatch diff  |  kvpatch build --arch 9.0a  |  kvpatch revert", highlight=False)
 
 
+#: What a header without kvpatch's regions is, by ``stock_status``: stock only where that was checked.
+NO_REGIONS = {
+    "stock": "is stock",
+    "edited": "carries none of kvpatch's regions, but has edits kvpatch did not make",
+    "unknown": "carries none of kvpatch's regions (whether it is the release's could not be checked)",
+}
+
+
 @app.command()
 def sites(vllm: VllmOpt = None, tree: TreeOpt = None, json_out: JsonOpt = None) -> None:
     """Show where the key and value loop sites are (no changes made)."""
@@ -211,10 +219,13 @@ def diff(
     if output is not None:
         write_atomic(output, text)
         where = shown(output)
-        io.err.print(f"wrote {where}" if text else f"wrote {where} (empty: the tree is stock)", highlight=False)
+        io.err.print(
+            f"wrote {where}" if text else f"wrote {where} (empty: the header {NO_REGIONS[report.stock]})",
+            highlight=False,
+        )
         return
     if not text:
-        io.err.print("no changes: the header is stock")
+        io.err.print(f"no changes: the header {NO_REGIONS[report.stock]}", highlight=False)
         return
     if io.out.is_terminal:
         io.out.print(Syntax(text, "diff", theme="ansi_dark", background_color="default"))
@@ -240,8 +251,11 @@ def revert(
         report = R.run(R.RevertOptions(tree=tree, cwd=cwd(), force=force, force_write=force_write), progress=p)
     where = shown(report.header)
     io.out.print(
-        f"[green]reverted[/] {where}" if report.changed else f"nothing to revert: {where} is stock", highlight=False
+        f"[green]reverted[/] {where}" if report.changed else f"nothing to revert: {where} {NO_REGIONS[report.stock]}",
+        highlight=False,
     )
+    if report.changed and report.stock == "edited":
+        warn(f"{where} has edits kvpatch did not make: without kvpatch's regions it is not the release's header")
 
 
 @app.command("config")

@@ -6,12 +6,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..errors import PatchError, UsageError
+from ..errors import UsageError
 from ..patch import read_header
 from ..progress import QUIET, Progress
-from ..source.workspace import check_no_local_edits, unified_diff
+from ..source.workspace import unified_diff
 from .common import kept_paths
-from .tree import resolve, state_mismatch, state_or_none
+from .tree import resolve, state_mismatch, stock_status
 
 
 @dataclass
@@ -25,6 +25,7 @@ class DiffReport:
     header: Path
     text: str  # the unified diff ('' when the header is stock)
     warnings: tuple[str, ...] = ()  # why the diff may not be what apply made, one line each
+    stock: str = "stock"  # the header without kvpatch's regions: "stock", "edited" or "unknown" (stock_status)
 
 
 def check_output(output: Path, tree: Optional[Path], cwd: Path) -> None:
@@ -50,14 +51,12 @@ def run(o: DiffOptions, *, progress: Progress = QUIET) -> DiffReport:
     found = header.injected
     warnings = [line for line in (state_mismatch(target, found, o.cwd),) if line]
     text = unified_diff(found.stock, header.text)
+    stock = stock_status(target, found.stock, o.cwd)
     if text:
         if not found.intact:
             warnings.append(f"warning: kvpatch's regions in {target.header} were edited by hand; the patch carries "
                             "those edits ('kvpatch apply --force' rewrites the regions)")  # fmt: skip
-        try:
-            check_no_local_edits(target, found.stock, unpatch=lambda t: read_header(t, path).stock,
-                                 state=state_or_none(o.cwd), note=lambda line: None)  # fmt: skip
-        except PatchError:
+        if stock == "edited":
             warnings.append(f"warning: {target.header} has edits kvpatch did not make; they are the patch's context, so "
                             "it applies only to a checkout with the same edits")  # fmt: skip
-    return DiffReport(target.header, text, tuple(warnings))
+    return DiffReport(target.header, text, tuple(warnings), stock)

@@ -9,7 +9,7 @@ from typing import Optional
 from ..patch import read_header
 from ..progress import QUIET, Progress
 from ..source.workspace import check_header_writable, locked, write_header_and_state
-from .tree import edited_regions, resolve
+from .tree import edited_regions, resolve, stock_status
 
 
 @dataclass
@@ -24,6 +24,7 @@ class RevertOptions:
 class RevertReport:
     header: Path
     changed: bool
+    stock: str = "stock"  # the header now: "stock", "edited" or "unknown" (stock_status)
 
 
 def run(o: RevertOptions, *, progress: Progress = QUIET) -> RevertReport:
@@ -38,4 +39,4 @@ def run(o: RevertOptions, *, progress: Progress = QUIET) -> RevertReport:
         if header.stock != current:
             check_header_writable(target, force_write=o.force_write)
         write_header_and_state(target, current, header.stock, None, o.cwd, seen=seen, force_write=o.force_write)
-    return RevertReport(target.header, header.stock != current)
+    return RevertReport(target.header, header.stock != current, stock_status(target, header.stock, o.cwd))

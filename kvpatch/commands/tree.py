@@ -72,6 +72,21 @@ def state_or_none(cwd: Path) -> State | None:
         return None
 
 
+def stock_status(target: Tree, stock: str, cwd: Path) -> str:
+    """What the header without kvpatch's regions (``stock``) is, as far as can be told: "stock"
+    (the committed or a recorded release header), "edited" (edits kvpatch did not make) or
+    "unknown" (no git and no recorded header to compare with): only the first may be called stock."""
+    from ..source.workspace import check_no_local_edits
+
+    notes: list[str] = []
+    try:
+        check_no_local_edits(target, stock, unpatch=lambda t: read_header(t, str(target.header)).stock,
+                             state=state_or_none(cwd), note=notes.append)  # fmt: skip
+    except PatchError:
+        return "edited"
+    return "unknown" if notes else "stock"
+
+
 def edited_regions(found: Injected, header: Path) -> PatchError:
     """The error for kvpatch's regions changed after kvpatch wrote them."""
     what = ", ".join(dict.fromkeys(found.changed or found.labels))

@@ -36,3 +36,20 @@ def test_revert_restores_a_crlf_header(tmp_path: Path, work: Path) -> None:
     assert b"kvpatch:begin" in (tree / HEADER).read_bytes()
     assert run_cli("revert", cwd=work).returncode == 0
     assert (tree / HEADER).read_bytes() == before
+
+
+def test_a_header_without_regions_is_called_stock_only_where_it_is(git_tree: Path, work: Path) -> None:
+    """Before: an emptied header (or one with any edit and no kvpatch regions) was "stock" to
+    revert and diff. After: "stock" only where it matches the committed header; otherwise what is
+    true, that it carries none of kvpatch's regions, and that it has edits kvpatch did not make."""
+    header = git_tree / HEADER
+    header.write_text("")
+    proc = run_cli("revert", "--tree", str(git_tree), cwd=work)
+    assert (proc.returncode, proc.stdout.strip()) == (
+        0, f"nothing to revert: {header} carries none of kvpatch's regions, but has edits kvpatch did not make")  # fmt: skip
+    proc = run_cli("diff", "--tree", str(git_tree), cwd=work)
+    assert (proc.returncode, proc.stdout, proc.stderr.strip()) == (
+        0, "", "no changes: the header carries none of kvpatch's regions, but has edits kvpatch did not make")  # fmt: skip
+    plain = make_tree(git_tree.parent / "plain", "// no git and no recorded release\n", commit=False)
+    proc = run_cli("revert", "--tree", str(plain), cwd=work)
+    assert proc.returncode == 0 and "(whether it is the release's could not be checked)" in proc.stdout

@@ -338,7 +338,7 @@ def check_report_output(
 
 def check_stdout(cwd: Path, *, tree: Any = None, inputs: Optional[dict[str, Any]] = None) -> None:
     """Where the shell made stdout a regular file (``kvpatch diff >> .kvpatch/state.json``,
-    ``kvpatch config --config k.toml > k.toml``), it may be none of :func:`kept_paths` (of
+    ``kvpatch config --config k.toml >> k.toml``), it may be none of :func:`kept_paths` (of
     ``tree``, else of the last apply here) and none of the command's ``inputs``: a one-line
     :class:`UsageError` before any work. A terminal, a pipe or a closed stdout is not looked at."""
     import os

@@ -215,6 +215,11 @@ def path_value(value: str | Path) -> Path:
     return Path(value)
 
 
+def _typed(value: str) -> str:
+    """An option's text as an error shows it: quoted, cut after 20 characters (thousands of digits)."""
+    return repr(value) if len(value) <= 24 else f"{value[:20]!r}... ({len(value)} characters)"
+
+
 def whole_value(value: str | int) -> int:
     """An integer option's value, a count as written on a command line (``whole_number``: ASCII
     digits, a leading '-' at most): '+5', '1_0' and '٣', which int() reads, are refused."""
@@ -223,8 +228,7 @@ def whole_value(value: str | int) -> int:
     try:
         return whole_number(value.strip())
     except ValueError:  # thousands of digits too: int() refuses them
-        shown = repr(value) if len(value) <= 24 else f"{value[:20]!r}... ({len(value)} characters)"
-        raise typer.BadParameter(f"{shown} is not a whole number in ASCII digits") from None
+        raise typer.BadParameter(f"{_typed(value)} is not a whole number in ASCII digits") from None
 
 
 def decimal_value(value: str | float) -> float:
@@ -236,8 +240,7 @@ def decimal_value(value: str | float) -> float:
     try:
         return decimal_number(value.strip())
     except ValueError:
-        shown = repr(value) if len(value) <= 24 else f"{value[:20]!r}... ({len(value)} characters)"
-        raise typer.BadParameter(f"{shown} is not a number in ASCII digits (one '.' at most)") from None
+        raise typer.BadParameter(f"{_typed(value)} is not a number in ASCII digits (one '.' at most)") from None
 
 
 def positive_value(value: str | int) -> int:

@@ -156,8 +156,8 @@ if [[ ! -f $BASE/ops-tested && ${OPS_TESTED:-} == "$OPS_DIGEST" ]]; then
   touch "$BASE/ops-tested"
 fi
 if [[ ! -f $BASE/ops-tested ]]; then
-  # three pytest workers fit an H200's memory; on a smaller card (an H100's 80 GB) two of them at
-  # once ran test_copy_blocks' largest fp32 case out of memory: one worker there
+  # three pytest workers fit an H200's memory; on an H100's 80 GB three of them ran one of
+  # test_copy_blocks' fp32 cases out of memory (two were not tried): one worker there
   GIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
   WORKERS=$(( ${GIB:-0} >= 120000 ? 3 : 1 ))
   say "vLLM's own kernel tests on the rebuilt ops ($WORKERS pytest workers)"

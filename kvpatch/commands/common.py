@@ -233,9 +233,11 @@ def check_device(device: str) -> str:
     return device
 
 
-def check_directory(option: str, directory: Path) -> None:
+def check_directory(option: str, directory: Path, *, writable: bool = True) -> None:
     """A directory a command writes into (``--dir``, ``--out``): one, or creatable under one
-    this user may write to; checked before anything is built or run."""
+    this user may write to; checked before anything is built or run. ``writable=False``: one a
+    command reads or removes (``plugin status``, ``disable``), which may not be there at all but
+    may not be, or lie under, anything but a directory."""
     import os
 
     try:
@@ -247,7 +249,7 @@ def check_directory(option: str, directory: Path) -> None:
         raise UsageError(f"{option} {directory}: {getattr(e, 'strerror', None) or e}") from None
     if not is_dir:
         raise UsageError(f"{option} {directory}: {probe} is not a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
+    if writable and not os.access(probe, os.W_OK | os.X_OK):
         raise UsageError(f"{option} {directory}: {probe} is not writable")
 
 

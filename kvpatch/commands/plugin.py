@@ -110,15 +110,20 @@ def enable(o: EnableOptions, *, progress: Progress = QUIET) -> EnableReport:
     from .. import jit
     from ..abi import load
     from ..dtypes import KV_CACHE_DTYPES, QUERY_DTYPES
+    from ..fsutil.outputs import check_output_folder
     from ..patch import read_header
     from ..source.releases import HEADER, header_digest
     from ..vllm_plugin import KernelSet, bundle_dir, schemas_from_bindings, write_bundle
-    from .common import check_arch, check_directory
+    from .common import check_arch, check_directory, kept_paths
     from .tree import resolve, variants_for
 
     jit.check_jobs(o.jobs)
     check_arch(o.arch)
-    check_directory("--dir", o.directory if o.directory is not None else bundle_dir())
+    directory, label = _bundle_folder(o.directory)
+    check_directory(label, directory)
+    # the bundle goes nowhere kvpatch keeps other things (the workspace, the tree, the caches)
+    kept = {what: path for what, path in kept_paths(o.cwd, o.tree).items() if path != bundle_dir()}
+    check_output_folder(label, directory, protected=kept)
     target = resolve(o.tree, o.cwd)
     release = _release(o, target)
     installed = installed_vllm()
@@ -133,7 +138,6 @@ def enable(o: EnableOptions, *, progress: Progress = QUIET) -> EnableReport:
     built, cached = _full_build(target.root, patched, o, progress)
     heads, blocks = jit.vllm_kernel_set(target.root)
     kernel_set = KernelSet(tuple(QUERY_DTYPES), tuple(KV_CACHE_DTYPES), heads, blocks)
-    directory = o.directory if o.directory is not None else bundle_dir()
     with progress.step(f"installing the bundle in {directory}"):
         manifest = write_bundle(
             built.library, vllm_release=release, header_revision=header_digest(header.stock),
@@ -183,28 +187,40 @@ def _version() -> str:
 
 def disable(directory: Optional[Path] = None) -> tuple[Path, bool]:
     """Remove this environment's bundle: (its directory, whether there was one)."""
-    from ..vllm_plugin import bundle_dir, remove_bundle
+    from ..vllm_plugin import remove_bundle
+    from .common import check_directory
 
-    where = directory if directory is not None else bundle_dir()
-    _check_folder(where)
+    where, label = _bundle_folder(directory)
+    check_directory(label, where, writable=False)
     return where, remove_bundle(where)
 
 
-def _check_folder(where: Path) -> None:
-    """A --dir that is a file is a mistyped option (exit 2), not a bundle to report on."""
-    if where.exists() and not where.is_dir():
-        raise UsageError(f"--dir {where}: not a directory")
+def _bundle_folder(directory: Optional[Path]) -> tuple[Path, str]:
+    """The bundle's folder (``--dir``, else :func:`~kvpatch.vllm_plugin.bundle_dir`) and how an
+    error names it. A ``$KVPATCH_PLUGIN_DIR`` of blanks is refused: it would name a folder of
+    that name in the current directory."""
+    import os
+
+    from ..vllm_plugin.bundle import ENV_DIR
+
+    if directory is not None:
+        return directory, "--dir"
+    env = os.environ.get(ENV_DIR, "")
+    if env and not env.strip():
+        raise UsageError(f"${ENV_DIR} is {env!r}: set it to a folder, or unset it")
+    return bundle_dir(), f"${ENV_DIR}" if env else "the bundle's folder"
 
 
 def status(directory: Optional[Path] = None, *, gpus: bool = False) -> Decision:
     """What vLLM's plugin loader would do in this environment, as a
     :class:`~kvpatch.vllm_plugin.Decision` (every check; nothing registered). With ``gpus``
-    each visible GPU is probed (this initialises CUDA). A ``directory`` given that is a file is
-    refused as enable and disable refuse it."""
+    each visible GPU is probed (this initialises CUDA). A bundle folder that is a file, or lies
+    under one, is refused as enable and disable refuse it."""
     from ..vllm_plugin import Target, decide
+    from .common import check_directory
 
-    if directory is not None:
-        _check_folder(directory)
+    where, label = _bundle_folder(directory)
+    check_directory(label, where, writable=False)  # a file there is a mistyped folder, not a bundle
     return decide(Target(bundle=directory), probe_gpu=gpus)
 
 

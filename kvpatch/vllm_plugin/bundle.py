@@ -53,7 +53,12 @@ def bundle_dir() -> Path:
     ``$KVPATCH_PLUGIN_DIR`` taken from the current directory now (a process started elsewhere
     with the same environment must find the same folder)."""
     env = os.environ.get(ENV_DIR)
-    return Path(os.path.abspath(env)) if env else Path(sys.prefix) / "share" / "kvpatch" / "vllm-plugin"
+    return Path(os.path.abspath(env)) if env else _default_dir()
+
+
+def _default_dir() -> Path:
+    """The bundle's folder where ``$KVPATCH_PLUGIN_DIR`` is unset: in this environment's ``share/``."""
+    return Path(sys.prefix) / "share" / "kvpatch" / "vllm-plugin"
 
 
 @dataclass(frozen=True)
@@ -301,12 +306,17 @@ def remove_bundle(directory: str | os.PathLike[str] | None = None) -> bool:
         raise BundleError(f"{out / m.library} is a directory, not the library {out / MANIFEST} names: nothing removed")
     (out / MANIFEST).unlink(missing_ok=True)
     (out / m.library).unlink(missing_ok=True)
-    for p in out.iterdir():
-        ours = p.name.startswith((f".{m.library}.", f".{MANIFEST}.")) and p.name.endswith(".tmp")
-        if ours and p.is_file():
-            p.unlink(missing_ok=True)
+    try:
+        for p in out.iterdir():
+            ours = p.name.startswith((f".{m.library}.", f".{MANIFEST}.")) and p.name.endswith(".tmp")
+            if ours and p.is_file():
+                p.unlink(missing_ok=True)
+    except OSError:
+        pass  # a folder this user may not list: the bundle is gone, its leftovers (if any) stay
     try:
         out.rmdir()
+        if out == _default_dir():
+            out.parent.rmdir()  # share/kvpatch/, where it holds nothing else
     except OSError:
         pass  # something else lives there: leave it
     return True

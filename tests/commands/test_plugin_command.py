@@ -277,3 +277,40 @@ def test_a_bundle_directory_that_cannot_be_one_is_refused_before_the_tree_is_rea
         with pytest.raises(UsageError, match=rf"--dir {re.escape(str(where))}: .*{why}"):
             P.enable(P.EnableOptions(tree=tmp_path / "no-tree", cwd=tmp_path, directory=where))
     assert a_file.read_text() == "root:x:0:0\n"
+
+
+def test_a_bundle_directory_inside_what_kvpatch_keeps_is_refused_before_the_tree_is_read(tmp_path, monkeypatch):
+    """Before: --dir passed where it was a writable folder, so a bundle could land in .kvpatch/, the
+    tree's csrc/ or the release cache (bundle.json beside vLLM's sources). After: refused there as
+    every other output is, one line; the environment's own bundle folder stays allowed."""
+    monkeypatch.setenv("KVPATCH_CACHE", str(tmp_path / "cache"))
+    tree = make_tree(tmp_path / "vllm")
+    State(tree=str(tree), version="0.10.2", config={}, marker=None).save(tmp_path)
+    (tmp_path / "cache" / "releases").mkdir(parents=True)
+    for where, kept in [(tmp_path / ".kvpatch" / "x", "state directory"), (tree / "csrc", "the tree's sources"),
+                        (tmp_path / "cache" / "releases" / "b", "release cache")]:  # fmt: skip
+        with pytest.raises(UsageError, match=rf"^--dir .* is inside .*{kept}.*: kvpatch never writes there"):
+            P.enable(P.EnableOptions(cwd=tmp_path, directory=where))
+        assert not (where / "bundle.json").exists()
+    # the default folder itself passes these checks (then the tree's release decides)
+    monkeypatch.setenv("KVPATCH_PLUGIN_DIR", str(tmp_path / "env-bundle"))
+    with pytest.raises(UsageError) as e:
+        P.enable(P.EnableOptions(cwd=tmp_path))
+    assert "never writes there" not in str(e.value)
+
+
+def test_a_bundle_folder_under_a_file_or_of_blanks_is_a_usage_error(tmp_path):
+    """Before: a folder under a file read as 'cannot read .../bundle.json' (exit 1, with a fix to
+    delete a file that cannot be), an unset --dir skipped the check and a $KVPATCH_PLUGIN_DIR of
+    blanks named a folder ' ' here. After: one line, exit 2, in status and disable alike."""
+    (tmp_path / "file").write_text("x")
+    for args, env, said in [
+        (["--dir", str(tmp_path / "file" / "sub")], {}, f"--dir {tmp_path / 'file' / 'sub'}: {tmp_path / 'file'} is "),
+        ([], {"KVPATCH_PLUGIN_DIR": str(tmp_path / "file")}, "$KVPATCH_PLUGIN_DIR "),
+        ([], {"KVPATCH_PLUGIN_DIR": "  "}, "$KVPATCH_PLUGIN_DIR is '  ': set it to a folder, or unset it"),
+    ]:
+        for command in ("status", "disable"):
+            r = _kvpatch("plugin", command, *args, cwd=tmp_path, env=env)
+            assert r.returncode == 2 and r.stderr.startswith(f"error: kvpatch plugin {command}: {said}"), r.stderr
+            assert len(r.stderr.splitlines()) == 1
+    assert (tmp_path / "file").read_text() == "x" and sorted(p.name for p in tmp_path.iterdir()) == ["file"]

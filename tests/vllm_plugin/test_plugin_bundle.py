@@ -219,3 +219,46 @@ def test_enabling_again_removes_only_a_library_kvpatch_wrote(tmp_path, named):
     S.make_bundle(tmp_path / "b", library_bytes=b"second")
     assert (d / "notes.txt").read_text() == "mine" and (d / "model.safetensors").read_bytes() == b"weights"
     assert read_bundle(d).library_bytes == 6  # the new manifest is there
+
+
+def test_remove_bundle_in_a_folder_it_may_not_list_still_removes_the_bundle(tmp_path):
+    """Before: the manifest and library were unlinked, then listing the folder for leftovers raised
+    (a folder writable but not readable): an error after the bundle was gone. After: True."""
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root lists every folder")
+    where = tmp_path / "bundle"
+    S.make_bundle(where)
+    where.chmod(0o333)
+    try:
+        assert remove_bundle(where) is True
+    finally:
+        where.chmod(0o755)
+    assert read_bundle(where, missing_ok=True) is None
+
+
+def _bundle_from_elsewhere(where, tmp_path):
+    """A bundle in ``where`` whose source library lies outside ``where``'s parent (S.make_bundle puts it beside)."""
+    (tmp_path / "src").mkdir(exist_ok=True)
+    S.make_bundle(tmp_path / "src" / "b")
+    where.mkdir(parents=True)
+    for f in (tmp_path / "src" / "b").iterdir():
+        (where / f.name).write_bytes(f.read_bytes())
+
+
+def test_disabling_the_default_bundle_leaves_no_empty_share_folder(tmp_path, monkeypatch):
+    """Before: enable then disable left an empty <prefix>/share/kvpatch/. After: the environment's
+    share/ is as it was; a share/kvpatch/ holding anything else stays."""
+    import sys
+
+    monkeypatch.delenv("KVPATCH_PLUGIN_DIR", raising=False)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "env"))
+    where = bundle_dir()
+    assert where == tmp_path / "env" / "share" / "kvpatch" / "vllm-plugin"
+    _bundle_from_elsewhere(where, tmp_path)
+    assert remove_bundle(where) is True
+    assert sorted(p.name for p in (tmp_path / "env" / "share").iterdir()) == []
+    _bundle_from_elsewhere(where, tmp_path)
+    (where.parent / "other").write_text("x")
+    assert remove_bundle(where) is True and sorted(p.name for p in where.parent.iterdir()) == ["other"]

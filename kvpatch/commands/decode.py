@@ -74,7 +74,7 @@ PREFETCH_KNOBS = ("cap", "grid", "threads", "chunk", "hint", "fork", "join", "pr
 def weight_prefetch_of(prefetch: Mapping[str, Any]) -> Any:
     """The options' prefetch -> a :class:`~kvpatch.decode.options.WeightPrefetch` (``wpf``: the
     whole configuration as text, e.g. the sweep's pick; single knobs override it)."""
-    from ..decode.options import WeightPrefetch
+    from ..decode.options import WeightPrefetch, gives_windows
 
     bad = sorted(set(prefetch) - {*PREFETCH_KNOBS, "wpf"})
     if bad:
@@ -86,6 +86,9 @@ def weight_prefetch_of(prefetch: Mapping[str, Any]) -> Any:
     if prefetch.get("wpf") is not None and not str(prefetch["wpf"]).replace(";", "").strip():  # an unset variable
         raise UsageError("--wpf is empty: give a weight-prefetch configuration (KEY=VALUE;...)")
     base = WeightPrefetch.parse(prefetch["wpf"]) if prefetch.get("wpf") else None
+    first_form = [f"--{k}" for k, _ in given if k in ("cap", "fork")]
+    if base is not None and first_form and gives_windows(prefetch["wpf"]):  # the knob would drop the windows
+        raise UsageError(f"--wpf gives windows and {'/'.join(first_form)} the first form: give either, not both")
     return WeightPrefetch.parse(";".join(f"{k}={v}" for k, v in given), base)
 
 

@@ -94,7 +94,7 @@ class WeightPrefetch:
     priority: str | int = "high"
 
     def __post_init__(self) -> None:
-        from ..prefetch.controller import check_grid
+        from ..prefetch.controller import check_grid, stream_priority
         from ..prefetch.kernel import check_launch
 
         check_launch(self.threads, self.chunk, self.hint)
@@ -103,10 +103,7 @@ class WeightPrefetch:
             raise UsageError(f"unknown fork point {self.fork!r}: choose one of {', '.join(FORK_POINTS)}")
         if self.join not in JOIN_POINTS:
             raise UsageError(f"unknown join point {self.join!r}: choose one of {', '.join(JOIN_POINTS)}")
-        if self.priority not in ("high", "normal") and (
-            isinstance(self.priority, bool) or not isinstance(self.priority, int)
-        ):
-            raise UsageError(f"priority must be 'high', 'normal' or an int, not {self.priority!r}")
+        stream_priority(self.priority)
         caps = self.caps
         if isinstance(caps, Mapping):
             object.__setattr__(self, "caps", {int(b): int(c) for b, c in sorted(caps.items())})
@@ -190,7 +187,7 @@ class WeightPrefetch:
             if key in seen and "->" not in key:  # a window given twice is refused with the windows
                 raise UsageError(f"weight-prefetch option {key!r} given twice")
             seen.add(key)
-            if "->" in key or key in LEGACY.values():
+            if _is_window(key):
                 windows += parse_windows(item)
             elif key == "cap":
                 changes["caps"] = parse_caps(value)
@@ -215,6 +212,16 @@ class WeightPrefetch:
                 first = base is not None and not base.windows and not base.off()
                 changes["caps"] = base.caps if first else {b: c * MiB for b, c in DEFAULT_CAPS_MIB.items()}
         return replace(base or cls(), **changes)
+
+
+def _is_window(key: str) -> bool:
+    """Whether an item's key names a window (``oproj->gateup``, or a first-form name)."""
+    return "->" in key or key in LEGACY.values()
+
+
+def gives_windows(text: str) -> bool:
+    """Whether a :meth:`WeightPrefetch.parse` text gives windows of its own."""
+    return any(_is_window(item.partition("=")[0].strip().lower()) for item in text.split(";") if item.strip())
 
 
 def _int(key: str, value: str) -> int:

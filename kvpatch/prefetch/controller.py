@@ -105,6 +105,18 @@ def check_grid(grid: Any) -> int | None:
     return n
 
 
+def stream_priority(priority: Any) -> int:
+    """The side stream's priority: ``'high'`` (the device's greatest), ``'normal'`` (0) or an int
+    (a numpy or torch integer too) that a C ``int`` holds, which torch maps into the device's range
+    (lower is higher); UsageError otherwise."""
+    if isinstance(priority, str) and priority in ("high", "normal"):
+        return HIGH_PRIORITY if priority == "high" else 0
+    n = exact_int(priority)
+    if n is None or not -(2**31) <= n < 2**31:
+        raise UsageError(f"priority must be 'high', 'normal' or an int from -2**31 to 2**31-1, not {priority!r}")
+    return n
+
+
 def library_hint(library: Any) -> str:
     """The eviction hint a library launches with by default (its config's ``hint=``;
     ``evict_last``, the built-in default, when it says none)."""
@@ -182,7 +194,7 @@ class PrefetchController:
                 f"L2 weight prefetch needs compute capability 8.0 or newer (prefetch.global.L2 on sm_80/89, "
                 f"cp.async.bulk.prefetch on sm_90+); {self.device} has {major}.{minor}: pass enabled=False"
             )
-        self.priority = self._priority(priority)
+        self.priority = stream_priority(priority)
         self.stream = self.api.new_stream(self.device, self.priority)
         if library is None or isinstance(library, str) or hasattr(library, "__fspath__"):
             from .kernel import load_prefetch_library
@@ -194,16 +206,6 @@ class PrefetchController:
             raise UsageError("zero_bytes=True launches the prefetch kernel with no rows: the library needs the run mode "
                              "(build it with PrefetchKernelSpec(demote=True))")  # fmt: skip
         self.library = library
-
-    @staticmethod
-    def _priority(priority: str | int) -> int:
-        if priority == "high":
-            return HIGH_PRIORITY
-        if priority == "normal":
-            return 0
-        if isinstance(priority, int) and not isinstance(priority, bool):
-            return priority
-        raise UsageError(f"priority must be 'high', 'normal' or an int, not {priority!r}")
 
     # ----------------------------------------------------------------------- tables
 

@@ -74,3 +74,14 @@ def test_knobs_apply_over_a_whole_configuration():
     assert weight_prefetch_of({"cap": "off"}).off()
     with pytest.raises(UsageError, match="unknown weight-prefetch option"):
         weight_prefetch_of({"size": 3})
+
+
+def test_a_first_form_knob_beside_windows_is_refused_not_dropping_them():
+    """Before: --cap or --fork beside a --wpf that gives windows switched to the first form and
+    dropped the windows silently (as one --wpf with both is refused). After: refused, one line; a
+    --wpf without windows still takes them (its other settings kept)."""
+    for knob in ({"fork": "qkv"}, {"cap": "8"}, {"cap": "8", "fork": "qkv"}):
+        with pytest.raises(UsageError, match=r"^--wpf gives windows and --(cap|fork)(/--fork)? the first form"):
+            weight_prefetch_of({"wpf": "oproj->gateup=8", **knob})
+    first = weight_prefetch_of({"wpf": "grid=16", "cap": "8", "fork": "qkv"})
+    assert first.windows == () and first.caps == 8 * MiB and (first.fork, first.grid) == ("qkv", 16)

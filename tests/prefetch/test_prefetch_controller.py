@@ -11,6 +11,7 @@ import weakref
 import pytest
 from prefetch_helpers import FakeAPI, FakeLibrary, FakeTensor, MiB, controller
 
+from kvpatch.decode.options import WeightPrefetch
 from kvpatch.errors import UsageError
 from kvpatch.prefetch import PrefetchController
 
@@ -135,6 +136,23 @@ def test_priority_capability_and_one_event_per_window():
     assert [e[2] for e in api.log if e[0] == "new_stream"] == [-(1 << 16), 0, -2]
     with pytest.raises(UsageError, match="priority"):
         PrefetchController("cuda", library=FakeLibrary(api), api=api, priority="urgent")
+
+
+def test_a_priority_is_an_int_a_c_int_holds():
+    """Before: any Python int passed (2**80 reached torch's stream, which takes a C int) and a numpy
+    integer was refused where grids and counts take one. After: -2**31 .. 2**31-1, numpy integers
+    too, one rule for the controller and the decode step's configuration."""
+    np = pytest.importorskip("numpy")
+    api = FakeAPI()
+    PrefetchController("cuda", library=FakeLibrary(api), api=api, priority=np.int64(-3))
+    PrefetchController("cuda", library=FakeLibrary(api), api=api, priority=-(2**31))
+    assert [e[2] for e in api.log if e[0] == "new_stream"] == [-3, -(2**31)]
+    for bad in (2**31, -(2**31) - 1, 2**80, True, 1.0, "1", None):
+        with pytest.raises(UsageError, match=r"^priority must be 'high', 'normal' or an int from -2\*\*31"):
+            PrefetchController("cuda", library=FakeLibrary(api), api=api, priority=bad)
+        with pytest.raises(UsageError, match=r"^priority must be"):
+            WeightPrefetch(priority=bad)
+    assert len([e for e in api.log if e[0] == "new_stream"]) == 2
     with pytest.raises(UsageError, match="8.0 or newer.*7.5"):
         PrefetchController("cuda", library=FakeLibrary(api), api=FakeAPI((7, 5)))
     ctl, api = controller(capability=(8, 0))

@@ -5,6 +5,7 @@ on 127.0.0.1."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -163,3 +164,38 @@ def test_ctrl_c_inside_a_libclang_walk_during_apply_exits_130_and_writes_nothing
     assert proc.stderr.strip().splitlines() == ["error: kvpatch apply: interrupted (Ctrl-C)"]
     assert (tree / HEADER).read_text() == fixture_text(STOCK)
     assert not (work / ".kvpatch/state.json").exists()
+
+
+_SIGNAL_ON_IMPORT = """\
+import builtins, os, signal
+
+_import = builtins.__import__
+
+
+def _slow(name, *args, **kwargs):
+    if name == "typer":  # the first heavy import of the command's modules: a signal lands here
+        builtins.__import__ = _import
+        os.kill(os.getpid(), signal.{sig})
+    return _import(name, *args, **kwargs)
+
+
+builtins.__import__ = _slow
+"""
+
+
+@pytest.mark.parametrize("sig,code,said", [("SIGINT", 130, "interrupted (Ctrl-C)"), ("SIGTERM", 143,
+                                           "terminated (SIGTERM)"), ("SIGHUP", 129, "terminated (SIGHUP)")])  # fmt: skip
+def test_a_signal_while_the_command_loads_is_one_line_and_its_code(tmp_path: Path, sig: str, code: int,
+                                                                   said: str) -> None:  # fmt: skip
+    """Before: the console script imported the command's modules (typer, rich, ...) before it set
+    its handlers, so a Ctrl-C in its first tenth of a second printed a traceback of an import.
+    After: the installed ``kvpatch`` loads them under a handler of its own: one line, the code."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_SIGNAL_ON_IMPORT.format(sig=sig))
+    env = kvpatch_env(tmp_path)
+    env["PYTHONPATH"] = os.pathsep.join([str(hook), env["PYTHONPATH"]])
+    proc = subprocess.run([KVPATCH, "plugin", "status", "--dir", str(tmp_path / "none")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60, preexec_fn=signals_default)  # fmt: skip
+    assert proc.returncode == code and proc.stderr == f"error: kvpatch: {said}\n", proc.stderr
+    assert proc.stdout == ""

@@ -21,6 +21,9 @@ from typing import Any, Optional, Sequence
 from ..errors import UsageError
 from ..progress import QUIET, Progress
 
+#: The most of a model directory's config.json read (a model's is a few kB).
+CONFIG_LIMIT = 16 << 20
+
 
 @dataclass
 class ServingBenchOptions:
@@ -72,11 +75,12 @@ def _context(o: ServingBenchOptions, workloads: Sequence[Any], path: Path | None
     if shape is not None:
         limit = shape.max_position
     else:
-        from ..fsutil.reading import parse_json
+        from ..fsutil.reading import parse_json, read_input
 
+        text = read_input(path / "config.json", f"--model {o.model}: its config.json", limit=CONFIG_LIMIT)
         try:
-            limit = parse_json((path / "config.json").read_bytes()).get("max_position_embeddings")
-        except (OSError, ValueError, AttributeError):
+            limit = parse_json(text).get("max_position_embeddings")
+        except (ValueError, AttributeError):
             limit = None  # vLLM reads it and says what is wrong
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         return o.max_model_len

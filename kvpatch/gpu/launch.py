@@ -171,6 +171,9 @@ def parse_lib_spec(spec: str) -> LibSpec:
     if not eq or not name.strip() or not colon or not path or not prefix.strip():
         raise UsageError(f"invalid library spec {spec!r}: expected NAME=path.so:prefix")
     check_lib_name(name.strip())
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", prefix.strip()):  # the library's symbols are PREFIX_...
+        raise UsageError(f"invalid library spec {spec!r}: its prefix {prefix.strip()!r} is no C name "
+                         "(letters, digits and '_', not first a digit)")  # fmt: skip
     return LibSpec(name.strip(), path, prefix.strip())
 
 

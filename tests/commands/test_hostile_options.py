@@ -41,8 +41,8 @@ def no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     (["build", "--tree", "{tree}", "--arch", "3.5"], "invalid arch '3.5'"),
     (["plugin", "enable", "--tree", "{tree}", "--arch", "3.5", "--release", "0.10.2"], "invalid arch '3.5'"),
     (["plugin", "enable", "--tree", "{tree}", "--dir", "/etc/passwd", "--build"], "/etc/passwd is not a directory"),
-    (["plugin", "status", "--dir", "/etc/passwd"], "--dir /etc/passwd: not a directory"),
-    (["plugin", "disable", "--dir", "/etc/passwd"], "--dir /etc/passwd: not a directory"),
+    (["plugin", "status", "--dir", "/etc/passwd"], "--dir /etc/passwd: /etc/passwd is not a directory"),
+    (["plugin", "disable", "--dir", "/etc/passwd"], "--dir /etc/passwd: /etc/passwd is not a directory"),
     # a name the build would refuse, refused before: ASCII letters, digits and '_'
     (["bench", "--tree", "{tree}", "--variant", "caf\u00e9={toml}"], "invalid variant name 'caf\u00e9'"),
     (["bench", "--tree", "{tree}", "--variant", "_x={toml}"], "invalid variant name '_x'"),
@@ -145,6 +145,10 @@ def no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     (["validate", "--upstream", "--upstream-timeout", "1_0"], "'1_0' is not a number in ASCII digits"),
     (["plugin", "bench", "--budget", "\u0661\u0660"], "is not a number in ASCII digits"),
     (["plugin", "bench", "--engine-timeout", "1e3"], "'1e3' is not a number in ASCII digits"),
+    (["plugin", "bench", "--engine-timeout", "inf"], "--engine-timeout must be a positive number of seconds, not inf"),
+    # a library's prefix names its C symbols
+    (["bench", "--lib", "stock={lib}:fa ke"], "its prefix 'fa ke' is no C name"),
+    (["validate", "--lib", "stock={lib}:1p"], "its prefix '1p' is no C name"),
     (["plugin", "bench", "--gpu-memory-utilization", "0.5.0"], "'0.5.0' is not a number in ASCII digits"),
     (["bench-decode-sweep", "--lib", "stock={lib}:p", "--budget", "4_20"], "'4_20' is not a number in ASCII digits"),
     (["bench-decode-sweep", "--lib", "stock={lib}:p", "--budget", "nan"], "--budget must be > 0 seconds, not nan"),

@@ -65,6 +65,20 @@ def test_a_model_config_nested_too_deeply_is_no_traceback(tmp_path):
     assert_one_line_error(run_cli("plugin", "bench", "--model", "DEEP", cwd=tmp_path), 2)
 
 
+def test_a_model_config_larger_than_any_model_s_is_refused_unread(tmp_path, monkeypatch):
+    """Before: --model DIR read its config.json whole, whatever its size (3 GB: 17 s and 4 GB of
+    memory before the GPU check). After: refused beyond 16 MiB, one line, exit 2."""
+    import kvpatch.commands.serving as C
+
+    monkeypatch.setattr(C, "CONFIG_LIMIT", 1024)
+    (tmp_path / "BIG").mkdir()
+    (tmp_path / "BIG" / "config.json").write_text(json.dumps({"max_position_embeddings": 2048, "pad": "x" * 2048}))
+    with pytest.raises(
+        S.UsageError, match=r"^--model BIG: its config.json .*BIG/config.json is \d+ bytes, more than the 1024"
+    ):
+        C.bench(C.ServingBenchOptions(model="BIG", cwd=tmp_path))
+
+
 def test_the_context_defaults_to_8192_tokens_or_the_models_positions_if_fewer(tmp_path):
     from kvpatch.serving import Workload
 

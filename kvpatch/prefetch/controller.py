@@ -47,7 +47,7 @@ from typing import Any, Hashable, Iterable, Mapping
 from ..abi import exact_int
 from ..errors import ArgumentError, UsageError
 from .cuda_api import TorchCudaAPI
-from .ranges import count, tensor_list, total_bytes, weight_ranges
+from .ranges import count, flag, tensor_list, total_bytes, weight_ranges
 
 #: ``priority="high"``: torch maps a priority below the device's range to its greatest.
 HIGH_PRIORITY = -(1 << 16)
@@ -87,12 +87,14 @@ class RangeTable:
 
 
 def _window_key(point: Any, layer: Any) -> tuple[Hashable, Hashable]:
-    """``(point, layer)``, a window's key: UsageError where it is not hashable (add, table, fork)."""
+    """``(point, layer)``, a window's key: UsageError where it is not hashable or is NaN (add, table, fork)."""
     try:
         hash((point, layer))
     except TypeError:
         raise UsageError(f"prefetch window {(point, layer)!r}: point and layer must be hashable (a str, an int, "
                          "a tuple)") from None  # fmt: skip
+    if any(isinstance(x, float) and math.isnan(x) for x in (point, layer)):  # a key no later lookup would find
+        raise UsageError(f"prefetch window {(point, layer)!r}: NaN equals nothing, not even itself: use another key")
     return point, layer
 
 
@@ -243,8 +245,7 @@ class PrefetchController:
 
         check_grid(grid)
         check_launch(hint=hint)
-        if not isinstance(merge, bool):
-            raise UsageError(f"merge must be True or False, not {merge!r}")
+        flag(merge, "merge")
         key = _window_key(point, layer)
         if cap_bytes is not None and isinstance(batches, Mapping):
             raise UsageError(f"prefetch window {key}: cap_bytes={cap_bytes!r} beside batches={{batch: cap}}: "

@@ -94,6 +94,13 @@ def count(value: Any, what: str, *, minimum: int) -> int:
     return n
 
 
+def flag(value: Any, what: str) -> bool:
+    """True or False itself (ValueError otherwise: ``merge="no"`` would read as true)."""
+    if not isinstance(value, bool):
+        raise ArgumentError(f"{what} must be True or False, not {value!r}")
+    return value
+
+
 def tensor_list(tensors: Iterable[Any], what: str) -> list[Any]:
     """``tensors`` as a list, each one a tensor (ValueError otherwise; ``what`` starts the
     message). A tensor itself is refused: iterating it walks its rows, surely not what was meant."""
@@ -115,6 +122,8 @@ def tensor_list(tensors: Iterable[Any], what: str) -> list[Any]:
         raise ArgumentError(
             f"{what}: a sparse or nested tensor ({spread[0].layout}) is no one span of memory to prefetch"
         )
+    if any(_device_of(t) == "meta" for t in out):
+        raise ArgumentError(f"{what}: a meta tensor has no memory to prefetch (load the weights first)")
     return out
 
 
@@ -140,6 +149,7 @@ def weight_ranges(
     (zero or negative included) or negative strides.
     """
     tensors = tensor_list(tensors, "weight_ranges")
+    merge = flag(merge, "weight_ranges: merge")
     devices = sorted({_device_of(t) for t in tensors})
     if len(devices) > 1:
         raise ArgumentError(
@@ -186,8 +196,11 @@ def range_table(ranges: Sequence[tuple[int, int]], device: Any = "cpu") -> Any:
     import torch
 
     for address, size in ranges:
-        if address <= 0 or address >= 2**63 or size <= 0 or address % ALIGN or size % ALIGN:
-            raise ArgumentError(f"bad range ({address:#x}, {size}): addresses and sizes must be positive multiples of {ALIGN} "
+        a, n = exact_int(address), exact_int(size)
+        if a is None or n is None:
+            raise ArgumentError(f"bad range ({address!r}, {size!r}): addresses and sizes are ints")
+        if a <= 0 or a >= 2**63 or n <= 0 or a % ALIGN or n % ALIGN:
+            raise ArgumentError(f"bad range ({a:#x}, {n}): addresses and sizes must be positive multiples of {ALIGN} "
                              "(address 0: a meta tensor, or no storage?)")  # fmt: skip
     table = torch.tensor([list(r) for r in ranges], dtype=torch.int64).reshape(len(ranges), 2)
     return table.to(device).contiguous()

@@ -284,7 +284,8 @@ def test_add_refuses_what_it_would_ignore_or_never_launch() -> None:
            (("p", 0, [w]), {"merge": 1}, "merge must be True or False"),
            (("p", 0, []), {}, "no tensors"), (("p", 0, iter([])), {}, "no tensors"),
            (("p", 0, [w]), {"batches": {}}, "names no batch"), (("p", 0, [w]), {"batches": []}, "names no batch"),
-           ((["p"], 0, [w]), {}, "must be hashable"), (("p", {0: 1}, [w]), {}, "must be hashable")]  # fmt: skip
+           ((["p"], 0, [w]), {}, "must be hashable"), (("p", {0: 1}, [w]), {}, "must be hashable"),
+           (("p", float("nan"), [w]), {}, "NaN equals nothing")]  # fmt: skip
     for args, kw, message in bad:
         with pytest.raises(UsageError, match=message):
             ctl.add(*args, **kw)
@@ -377,3 +378,23 @@ def test_the_libraries_refuse_what_is_no_path_or_no_name_in_one_line() -> None:
         WeightTail(None, "kvp")
     with pytest.raises(UsageError, match="hint"):
         check_launch(hint=[])
+
+
+def test_the_range_functions_refuse_what_they_would_misread() -> None:
+    """Before: weight_ranges took merge='no' as true and merged; a meta tensor (no memory) gave a
+    range at its made-up address; range_table's refusal of a float crashed in its own message
+    (ValueError: Unknown format code 'x'). After: a one-line ArgumentError each."""
+    from kvpatch.errors import ArgumentError
+    from kvpatch.prefetch.ranges import range_table, weight_ranges
+
+    w = FakeTensor(0x10000000, 64 * MiB)
+    with pytest.raises(ArgumentError, match="^weight_ranges: merge must be True or False, not 'no'$"):
+        weight_ranges([w, w], merge="no")
+    assert weight_ranges([w, w], merge=True) == [(0x10000000, 64 * MiB)]
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ArgumentError, match="^weight_ranges: a meta tensor has no memory to prefetch"):
+        weight_ranges([torch.empty(1024, device="meta")])
+    for bad in [(16.5, 16), (16, "16"), (None, 16)]:
+        with pytest.raises(ArgumentError, match=r"^bad range \(.*\): addresses and sizes are ints$"):
+            range_table([bad])
+    assert range_table([(16, 32)]).tolist() == [[16, 32]]

@@ -167,6 +167,8 @@ class Manifest:
         for op in OPS:
             if not isinstance(schemas.get(op), str) or not schemas[op].strip():
                 raise BundleError(f"the manifest records no schema for {op}")
+        if get("archs", list) == []:  # a library for no GPU: every launch would fall back
+            raise BundleError("the manifest's 'archs' is empty: the library was built for no GPU")
         library = get("library", str)
         if not library or Path(library).name != library or library in (".", "..") or "\0" in library:
             raise BundleError(f"the manifest's library {library!r} is not a plain file name")

@@ -221,6 +221,19 @@ def evaluate(target: Target, *, probe_gpu: bool = False) -> tuple[Decision, Read
     again = f"{_ENABLE_HOW} again"
     if m.abi_version != ABI_VERSION:
         return refuse(f"the bundle's launcher ABI is {m.abi_version}, this kvpatch's is {ABI_VERSION}", again)
+    # the library's file, the one the manifest names as it was installed: a damaged bundle is said
+    # as one before anything of this environment is looked at (enabling again mends it, whatever else is missing)
+    path = where / m.library
+    try:
+        if path.is_dir():
+            return refuse(f"the bundle's library {path} is a directory, not the library the manifest names", again)
+        size = path.stat().st_size
+        sha = file_digest(path)[1] if size == m.library_bytes else ""
+    except OSError as e:
+        return refuse(f"cannot read the bundle's library {path}: {e.strerror or e}", again)
+    if size != m.library_bytes or sha != m.library_sha256:
+        what = f"{size} bytes, the manifest says {m.library_bytes}" if size != m.library_bytes else "its sha256 differs"
+        return refuse(f"the bundle's library {path.name} is not the one installed ({what})", again)
     if target.vllm_version is None and not _vllm_distribution():
         return refuse(
             "vLLM is not installed in this environment", f"install vLLM {m.vllm_release}, the bundle's release"
@@ -258,16 +271,7 @@ def evaluate(target: Target, *, probe_gpu: bool = False) -> tuple[Decision, Read
     if m.scale_by_value != scales_by_value(m.schemas["paged_attention_v1"]):
         return refuse("the bundle's kernels and its recorded schema disagree on how k_scale/v_scale are passed", again)
 
-    # the library: the file the manifest names, then what it says about itself
-    path = where / m.library
-    try:
-        size = path.stat().st_size
-        sha = file_digest(path)[1] if size == m.library_bytes else ""
-    except OSError as e:
-        return refuse(f"cannot read the bundle's library {path}: {e.strerror or e}", again)
-    if size != m.library_bytes or sha != m.library_sha256:
-        what = f"{size} bytes, the manifest says {m.library_bytes}" if size != m.library_bytes else "its sha256 differs"
-        return refuse(f"the bundle's library {path.name} is not the one installed ({what})", again)
+    # the library: what it says about itself
     try:
         if target.load_library is not None:
             lib = target.load_library(path, m.prefix)

@@ -399,3 +399,34 @@ def test_without_vllm_installed_the_reason_is_vllm_not_torch(tmp_path, monkeypat
     d = plugin.decide(Target(bundle=bundle, import_ops=lambda: pytest.fail("vLLM's kernels were imported")))
     assert d.action == "refuse" and d.reason == "vLLM is not installed in this environment"
     assert d.fix == "install vLLM 0.10.2, the bundle's release"
+
+
+def test_a_damaged_bundle_is_said_before_a_missing_vllm(tmp_path, monkeypatch):
+    """Before: with vLLM missing, a bundle whose library was removed (or made a directory) was
+    reported only as 'vLLM is not installed', a fix that would not make it load; a directory read
+    as a library of 4096 bytes. After: the library's file is checked right after the manifest,
+    before anything of the environment; an empty 'archs' is a damaged manifest."""
+    import importlib.metadata
+
+    real = importlib.metadata.version
+
+    def version(name):
+        if name == "vllm":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    bundle = S.make_bundle(tmp_path / "bundle")
+    library = bundle / json.loads((bundle / MANIFEST).read_text())["library"]
+    library.unlink()
+    d = plugin.decide(Target(bundle=bundle))
+    assert d.action == "refuse" and d.reason.startswith(f"cannot read the bundle's library {library}"), d.reason
+    library.mkdir()
+    d = plugin.decide(Target(bundle=bundle))
+    assert d.reason == f"the bundle's library {library} is a directory, not the library the manifest names"
+    library.rmdir()
+    bundle = S.make_bundle(tmp_path / "bundle")
+    m = json.loads((bundle / MANIFEST).read_text())
+    (bundle / MANIFEST).write_text(json.dumps({**m, "archs": []}))
+    d = plugin.decide(Target(bundle=bundle))
+    assert d.action == "refuse" and "the manifest's 'archs' is empty" in d.reason, d.reason

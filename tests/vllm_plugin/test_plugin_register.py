@@ -382,9 +382,9 @@ def test_decide_probes_gpus_on_request(env):
     assert plugin.decide(env.target()).gpus == ()
 
 
-def test_without_vllm_installed_the_reason_is_vllm_not_torch(tmp_path, monkeypatch):
-    """With vLLM's reader left to the default (its installed metadata), a missing vLLM is the
-    reason given, before torch or vLLM's kernels are looked at."""
+@pytest.fixture
+def without_vllm(monkeypatch):
+    """vLLM's installed metadata, as the default reader reads it, says it is not installed."""
     import importlib.metadata
 
     real = importlib.metadata.version
@@ -395,27 +395,22 @@ def test_without_vllm_installed_the_reason_is_vllm_not_torch(tmp_path, monkeypat
         return real(name)
 
     monkeypatch.setattr(importlib.metadata, "version", version)
+
+
+def test_without_vllm_installed_the_reason_is_vllm_not_torch(tmp_path, without_vllm):
+    """With vLLM's reader left to the default (its installed metadata), a missing vLLM is the
+    reason given, before torch or vLLM's kernels are looked at."""
     bundle = S.make_bundle(tmp_path / "bundle")
     d = plugin.decide(Target(bundle=bundle, import_ops=lambda: pytest.fail("vLLM's kernels were imported")))
     assert d.action == "refuse" and d.reason == "vLLM is not installed in this environment"
     assert d.fix == "install vLLM 0.10.2, the bundle's release"
 
 
-def test_a_damaged_bundle_is_said_before_a_missing_vllm(tmp_path, monkeypatch):
+def test_a_damaged_bundle_is_said_before_a_missing_vllm(tmp_path, without_vllm):
     """Before: with vLLM missing, a bundle whose library was removed (or made a directory) was
     reported only as 'vLLM is not installed', a fix that would not make it load; a directory read
     as a library of 4096 bytes. After: the library's file is checked right after the manifest,
     before anything of the environment; an empty 'archs' is a damaged manifest."""
-    import importlib.metadata
-
-    real = importlib.metadata.version
-
-    def version(name):
-        if name == "vllm":
-            raise importlib.metadata.PackageNotFoundError(name)
-        return real(name)
-
-    monkeypatch.setattr(importlib.metadata, "version", version)
     bundle = S.make_bundle(tmp_path / "bundle")
     library = bundle / json.loads((bundle / MANIFEST).read_text())["library"]
     library.unlink()

@@ -22,6 +22,7 @@ from .files import (  # noqa: F401
     write_atomic,
     write_both,
     write_if_different,
+    write_own,
 )
 from .locks import LOCK_NOTE, hold_lock  # noqa: F401
 from .outputs import check_output, check_output_folder, check_outputs, output_problem, same_file  # noqa: F401

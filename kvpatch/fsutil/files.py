@@ -82,6 +82,18 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, mode: int |
         staged.discard()
 
 
+def write_own(path: str | os.PathLike[str], data: str | bytes) -> Path:
+    """One of kvpatch's own files (a cache's records, a build's sources and logs) replaced in one
+    rename by ``data``, whatever is at ``path``: a link, a FIFO or a device planted there is
+    replaced, never written through (it must not aim kvpatch's writes at a file it did not write,
+    or hang one). The umask's permissions."""
+    staged = stage(path, data, follow=False)
+    try:
+        return staged.commit()
+    finally:
+        staged.discard()
+
+
 #: How long an output that is a FIFO waits for a reader (``kvpatch diff -o pipe`` started
 #: before the ``cat pipe`` that reads it) before failing, rather than blocking forever.
 FIFO_WAIT = 30.0
@@ -268,14 +280,18 @@ def remove_stale_temps(folder: str | os.PathLike[str], names: Iterable[str] | No
 
 
 def write_if_different(path: str | os.PathLike[str], data: str | bytes) -> bool:
-    """:func:`write_atomic` unless the file already holds ``data``; True when written."""
+    """:func:`write_own` unless the file already holds ``data``; True when written. What is there
+    is read only where it is a regular file of ``data``'s size (a FIFO or a device is not read)."""
+    from .reading import read_regular
+
     raw = data.encode("utf-8") if isinstance(data, str) else data
     try:
-        if Path(path).read_bytes() == raw:
+        there = os.stat(path, follow_symlinks=False)
+        if stat.S_ISREG(there.st_mode) and there.st_size == len(raw) and read_regular(path, limit=len(raw)) == raw:
             return False
     except OSError:
         pass
-    write_atomic(path, raw)
+    write_own(path, raw)
     return True
 
 

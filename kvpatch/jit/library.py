@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 from ..errors import BuildError
-from ..fsutil import hold_lock, machine_problem, problem_in_text, write_atomic, write_if_different
+from ..fsutil import hold_lock, machine_problem, problem_in_text, read_regular, write_if_different, write_own
 from ..fsutil.reading import file_digest, parse_json
 from ..progress import QUIET, Progress
 from .toolchain import Inspector, Toolchain, first_error
@@ -114,14 +114,18 @@ def kill_group(proc: subprocess.Popen) -> None:
 # --------------------------------------------------------------------------- the cache
 
 
+#: The most of a cached build's result.json read (a full-set build's is a few MB).
+RESULT_LIMIT = 256 << 20
+
+
 def load_cached(p: LibraryPlan) -> tuple[Any | None, str]:
     """The finished build of ``p`` from its ``result.json``, or None and why not.
 
     The reason is empty when there simply is no finished build; it names the damage
     when there is one whose library is missing, truncated or changed.
     """
-    try:
-        result = p.read_result(parse_json(p.result_path.read_bytes()))
+    try:  # a regular file of bounded size only: a FIFO or a device there must not hang or fill memory
+        result = p.read_result(parse_json(read_regular(p.result_path, limit=RESULT_LIMIT)))
     except (OSError, ValueError, KeyError, TypeError):
         return None, ""
     try:
@@ -140,7 +144,7 @@ def load_cached(p: LibraryPlan) -> tuple[Any | None, str]:
 
 def save_result(p: LibraryPlan, result: Any) -> None:
     """Write result.json last: it marks the build complete."""
-    write_atomic(p.result_path, json.dumps(p.result_json(result), indent=1) + "\n")
+    write_own(p.result_path, json.dumps(p.result_json(result), indent=1) + "\n")
 
 
 # --------------------------------------------------------------------------- building
@@ -258,8 +262,24 @@ def _wait(futures: Iterable[concurrent.futures.Future], procs: Processes) -> Non
 
 
 def _shard_done(p: LibraryPlan, i: int) -> bool:
-    """An object and its ptxas log from an interrupted build of the same inputs."""
-    return (p.dir / p.shard_object(i)).is_file() and (p.dir / p.shard_log(i)).is_file()
+    """An object and its ptxas log from an interrupted build of the same inputs: regular files,
+    the object the one its compile recorded (size and sha256: a truncated or replaced one is
+    compiled again, not linked)."""
+    import stat
+
+    obj, log, stamp = p.dir / p.shard_object(i), p.dir / p.shard_log(i), p.dir / _stamp(p, i)
+    try:
+        if not all(stat.S_ISREG(f.lstat().st_mode) for f in (obj, log, stamp)):
+            return False
+        size, digest = file_digest(obj)
+        return read_regular(stamp, limit=256).decode("ascii", "replace") == f"{size} {digest}\n"
+    except OSError:
+        return False
+
+
+def _stamp(p: LibraryPlan, i: int) -> str:
+    """Where a compiled shard records its object's size and sha256."""
+    return p.shard_object(i) + ".sha256"
 
 
 def _compile_shard(p: LibraryPlan, i: int, tc: Toolchain, threads: int, procs: Processes) -> None:
@@ -269,10 +289,12 @@ def _compile_shard(p: LibraryPlan, i: int, tc: Toolchain, threads: int, procs: P
     with _machine_problems(doing):
         if rc != 0:
             _raise_machine_problem(p, log, doing)
-            write_atomic(error_log, log)
+            write_own(error_log, log)
             raise BuildError(f"nvcc failed for {p.name!r}: {first_error(log)} (log: {error_log})")
         (p.dir / (p.shard_object(i) + ".tmp")).replace(p.dir / p.shard_object(i))
         write_if_different(p.dir / p.shard_log(i), log)
+        size, digest = file_digest(p.dir / p.shard_object(i))
+        write_if_different(p.dir / _stamp(p, i), f"{size} {digest}\n")  # last: the shard is done
         error_log.unlink(missing_ok=True)
 
 

@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..abi import ABI_VERSION
 from ..arch import Arch, is_hopper
 from ..dtypes import KV_CACHE_DTYPES, QUERY_DTYPES
+from ..fsutil.reading import read_regular
 from ..templating import render
 from .flags import vllm_nvcc_flags
 from .layout import CacheLayout
@@ -196,7 +197,8 @@ class VariantPlan(CacheLayout):
         """``{(arch, symbol): registers, spills, stack}`` from every shard's kept ptxas log."""
         usage: dict[tuple[str, str], dict[str, int]] = {}
         for i in range(self.shards):
-            usage.update(parse_ptxas_log((self.dir / self.shard_log(i)).read_text(encoding="utf-8")))
+            log = read_regular(self.dir / self.shard_log(i), limit=64 << 20)  # a FIFO there must not hang
+            usage.update(parse_ptxas_log(log.decode("utf-8", "replace")))
         return usage
 
     def result_json(self, result: VariantResult) -> dict:

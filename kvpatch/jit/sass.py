@@ -320,10 +320,10 @@ def dump_sass(tools: Inspector, library: Path, out: Path) -> dict[tuple[str, str
 
 def dump_sass_text(tools: Inspector, library: Path, out: Path) -> str:
     """``cuobjdump --dump-sass`` of a small library: its text, also written to ``out``."""
-    from ..fsutil import write_atomic
+    from ..fsutil import write_own
 
     text = run_text([str(tools.cuobjdump), "--dump-sass", str(library)], env=tools.env())
-    write_atomic(out, text)
+    write_own(out, text)
     return text
 
 

@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..errors import FetchError, KvpatchError
-from ..fsutil import hold_lock, machine_problem, problem_in_text, read_regular, write_atomic
+from ..fsutil import hold_lock, machine_problem, problem_in_text, read_regular, write_own
 from . import git as gitcmd
 from .cache import RELEASES_DIR, cache_root
 from .cache import absolute as _absolute
@@ -121,10 +121,10 @@ def fetch_release(
                     raise _no_header(version, f"in {origin}; not remembered: {_redact(origin.source)} is not "
                                               f"kvpatch's default remote {DEFAULT_REMOTE}")  # fmt: skip
                 # Remembered: the next apply of this release is refused without a download.
-                write_atomic(noheader, f"{origin}\nsource {origin.kind} {_redact(origin.source)}\n")
+                write_own(noheader, f"{origin}\nsource {origin.kind} {_redact(origin.source)}\n")
                 raise _no_header(version, str(origin), noheader)
             os.replace(tree, final)
-            write_atomic(marker, f"{origin}\ntag {_tag_ref(final, tag) or '-'}\n")
+            write_own(marker, f"{origin}\ntag {_tag_ref(final, tag) or '-'}\n")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final

@@ -154,6 +154,31 @@ def test_damaged_cached_library_is_rebuilt(damage, tree_0102, variants_0102, tmp
     assert third.cached
 
 
+def test_what_is_planted_in_a_cached_build_is_replaced_never_read_or_written_through(tree_0102, variants_0102,
+                                                                                     tmp_path):  # fmt: skip
+    """Before: a FIFO at result.json hung the build with its lock held (/dev/zero filled memory),
+    a link at a source file had the generated source written into the file it named, and a
+    truncated object of an interrupted build was linked again and again (nvlink: internal error).
+    After: each is rebuilt as damage is; a link's target is left as it was."""
+    import os
+
+    spec = make_spec(tree_0102, variants_0102[:1], "9.0a", dtypes=["fp16"])
+    (first,) = build(spec, cache=tmp_path).variants
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not kvpatch's")
+    (first.dir / "result.json").unlink()
+    os.mkfifo(first.dir / "result.json")
+    source = next(first.dir.glob("launcher_*.cu"))
+    source.unlink()
+    source.symlink_to(victim)
+    shard = next(first.dir.glob("launcher_*.o"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    (again,) = build(spec, cache=tmp_path).variants
+    assert not again.cached and again.kernels == first.kernels  # the shard compiled again: a library as good
+    assert victim.read_text() == "not kvpatch's" and not source.is_symlink()
+    assert (first.dir / "result.json").is_file() and build(spec, cache=tmp_path).variants[0].cached
+
+
 def test_a_cached_build_without_load_use_gets_it_from_its_sass(tree_0102, variants_0102, tmp_path):
     """A build cached by a kvpatch that did not record the key loop's load-use distance is read
     again from its kept SASS, once (FP op counts too): the numbers equal a fresh build's and

@@ -46,8 +46,17 @@ def output_problem(path: str | os.PathLike[str]) -> str | None:
         return e.strerror or str(e)
     if st is not None and stat.S_ISDIR(st.st_mode):
         return "is a directory: give a file name"
+    if st is not None and stat.S_ISSOCK(st.st_mode):
+        return "is a socket: no file can be written there"
     if st is not None and not stat.S_ISREG(st.st_mode):  # a device or pipe: written in place
-        return None if os.access(text, os.W_OK) else "not writable"
+        if not os.access(text, os.W_OK):
+            return "not writable"
+        if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):  # one that cannot be opened now (/dev/tty
+            try:  # without a terminal: ENXIO) fails before the work, not after it
+                os.close(os.open(text, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY))
+            except OSError as e:
+                return f"cannot be opened for writing: {e.strerror or e}"
+        return None  # a FIFO waits for its reader when written (FIFO_WAIT), as `diff -o pipe` before `cat pipe`
     parent = resolve_target(Path(text)).parent
     while not parent.exists():  # write_atomic creates missing parents
         if parent.parent == parent:
@@ -181,6 +190,9 @@ def check_outputs(*, inputs: Named = None, protected: Named = None, **paths: Pat
                 raise UsageError(f"{flag} {_shown(path)} is {where} ({os.fspath(kept)}): kvpatch never writes an "
                                  "output there; give another file")  # fmt: skip
         if open_descriptor(os.fspath(path)) is None:
+            if _is_stdout_file(path):
+                raise UsageError(f"{flag} {_shown(path)} is where stdout goes (the shell's redirection): the report "
+                                 "and it would overwrite each other; give another file")  # fmt: skip
             where = _state_dir_of(path)
             if where is not None:
                 raise UsageError(f"{flag} {_shown(path)} is inside a kvpatch workspace's state directory ({where}): "
@@ -190,6 +202,19 @@ def check_outputs(*, inputs: Named = None, protected: Named = None, **paths: Pat
         if why is not None:
             raise UsageError(f"{flag} {os.fspath(path)!r}: {why}")
         seen.append((flag, path))
+
+
+def _is_stdout_file(path: PathArg) -> bool:
+    """Whether ``path`` is the regular file this process's stdout was redirected into (``cmd --json
+    F > F``); a stream, or a descriptor named as the output (``-o /dev/stdout``), is none."""
+    try:
+        out = os.fstat(1)
+        if not stat.S_ISREG(out.st_mode):
+            return False
+        st = os.stat(os.fspath(path))
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (out.st_dev, out.st_ino)
 
 
 def _state_dir_of(path: PathArg) -> Path | None:

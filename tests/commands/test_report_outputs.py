@@ -133,3 +133,45 @@ def test_plugin_status_keeps_the_bundle_its_dir_names(work, tmp_path):
     proc = run_cli("plugin", "status", "--dir", str(bundle), "--json", str(bundle / "bundle.json"), cwd=work)
     assert_one_line_error(proc, 2, "the plugin's bundle")
     assert (bundle / "bundle.json").read_text() == "{}\n"
+
+
+def test_an_output_that_is_stdout_s_file_a_socket_or_a_device_that_cannot_open_is_refused_first(applied, work,
+                                                                                                 tmp_path):  # fmt: skip
+    """Before: ``sites --json F > F`` exited 0 with only the JSON left (the table lost), and an
+    output that was a socket, or /dev/tty with no terminal, passed the check: ``apply`` patched
+    the header, then failed to write its report (exit 1). After: one line, exit 2, nothing done."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from cli.cli_helpers import kvpatch_env
+
+    report = tmp_path / "report.json"
+    link = tmp_path / "link.json"
+    link.symlink_to(report)
+    for args in (["sites", "--tree", str(applied), "--json", str(report)],
+                 ["sites", "--tree", str(applied), "--json", str(link)]):  # fmt: skip
+        with report.open("ab") as out:
+            proc = subprocess.run([sys.executable, "-m", "kvpatch", *args], cwd=work, env=kvpatch_env(work),
+                                  stdout=out, stderr=subprocess.PIPE, text=True, timeout=120)  # fmt: skip
+        assert proc.returncode == 2 and "is where stdout goes (the shell's redirection)" in proc.stderr, proc.stderr
+    assert report.read_text() == ""
+    header = applied / HEADER
+    before = header.read_bytes()
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(tmp_path / "s.sock"))
+        assert_one_line_error(run_cli("apply", "--tree", str(applied), "--lookahead", "2", "--json",
+                                      str(tmp_path / "s.sock"), cwd=work), 2, "is a socket")  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvpatch", "apply", "--tree", str(applied), "--lookahead", "2", "--json", "/dev/tty"],
+        cwd=work,
+        env=kvpatch_env(work),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,
+    )  # fmt: skip  (no controlling terminal: /dev/tty is ENXIO)
+    if os.path.exists("/dev/tty"):
+        assert proc.returncode == 2 and "cannot be opened for writing" in proc.stderr, proc.stderr
+    assert header.read_bytes() == before

@@ -16,6 +16,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import sys
 import tarfile
 import urllib.parse
@@ -30,7 +31,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 
 from ..errors import FetchError
 from ..fsutil.problems import machine_problem
-from ..fsutil.reading import parse_json
+from ..fsutil.reading import file_kind, parse_json
 
 _HTTP_TIMEOUT = 60.0
 _CHUNK = 1 << 16
@@ -284,14 +285,28 @@ def _fetch_remote(sdist: _Sdist, dest: Path, tracker) -> None:
 
 
 def _copy_local(sdist: _Sdist, dest: Path, tracker) -> None:
+    """A ``file://`` index's sdist copied: a regular file of at most :data:`_MAX_SDIST` bytes (a FIFO
+    or a device there would block or never end, with the release cache's lock held)."""
     digest = hashlib.sha256()
     source = Path(urllib.request.url2pathname(urllib.parse.urlsplit(sdist.url).path))
     try:
-        with source.open("rb") as src, dest.open("wb") as out, tracker(source.stat().st_size) as bar:
-            while chunk := src.read(_CHUNK):
-                out.write(chunk)
-                digest.update(chunk)
-                bar.update(len(chunk))
+        fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as src:
+            st = os.fstat(src.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise FetchError(f"cannot read {sdist.url}: {file_kind(st.st_mode)}, not a file")
+            if st.st_size > _MAX_SDIST:
+                raise FetchError(f"cannot read {sdist.url}: {st.st_size} bytes, more than any release's sdist "
+                                 f"({_MAX_SDIST} at most)")  # fmt: skip
+            copied = 0
+            with dest.open("wb") as out, tracker(st.st_size) as bar:
+                while chunk := src.read(_CHUNK):
+                    copied += len(chunk)
+                    if copied > _MAX_SDIST:  # a file still growing
+                        raise FetchError(f"cannot read {sdist.url}: more than {_MAX_SDIST} bytes")
+                    out.write(chunk)
+                    digest.update(chunk)
+                    bar.update(len(chunk))
     except OSError as exc:
         raise FetchError(f"cannot read {sdist.url}: {exc.strerror or exc}") from None
     if sdist.sha256 is not None and digest.hexdigest() != sdist.sha256.lower():
@@ -300,6 +315,8 @@ def _copy_local(sdist: _Sdist, dest: Path, tracker) -> None:
         raise FetchError(f"sha256 mismatch for {sdist.filename}: index says {sdist.sha256}, downloaded {got}")
 
 
+#: The largest sdist a file:// index may hold (vLLM's are about 11 MB).
+_MAX_SDIST = 1 << 30
 #: Bounds on what an sdist may unpack to (vLLM's hold ~5,000 files, ~50 MB): a decompression bomb stops here.
 _MAX_MEMBERS = 200_000
 _MAX_BYTES = 4 << 30

@@ -293,6 +293,27 @@ def test_sha256_mismatch(env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     _assert_nothing_cached(env)
 
 
+def test_a_file_index_sdist_that_is_no_file_is_refused_not_read(env: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Before: a file:// index whose sdist was a FIFO hung the fetch with the release cache's
+    lock held, and a link to /dev/zero was copied until the disk filled. After: one line, exit 3,
+    nothing cached."""
+    import os
+
+    index = make_index(tmp_path / "index")
+    monkeypatch.setenv("PIP_INDEX_URL", index.as_uri())
+    sdist = index / "vllm" / "vllm-0.10.2.tar.gz"
+    sdist.unlink()
+    os.mkfifo(sdist)
+    with pytest.raises(FetchError, match=r"cannot read file://.*vllm-0\.10\.2\.tar\.gz: a FIFO, not a file"):
+        fetch_release("0.10.2", remote=_no_remote(tmp_path), console=_console()[0])
+    sdist.unlink()
+    sdist.symlink_to("/dev/zero")
+    with pytest.raises(FetchError, match=r"a character device, not a file"):
+        fetch_release("0.10.2", remote=_no_remote(tmp_path), console=_console()[0])
+    _assert_nothing_cached(env)
+
+
 def test_release_not_on_index(env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     index = make_index(tmp_path / "index")
     monkeypatch.setenv("PIP_INDEX_URL", index.as_uri())

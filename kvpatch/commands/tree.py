@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..config import PatchConfig, make_config
-from ..errors import FetchError, PatchError, UsageError
+from ..errors import FetchError, KvpatchError, PatchError, UsageError
 from ..fsutil import read_regular
 from ..patch import Header, Injected, read_header
 from ..progress import Progress
@@ -124,7 +124,11 @@ def tree_config(target: Tree, cwd: Path, progress: Progress, header: Header | No
         return header.injected.config
     state = state_or_none(cwd)
     if state is not None and Path(state.tree) == target.root:
-        return make_config(**state.config)
+        try:
+            return make_config(**state.config)
+        except (UsageError, TypeError) as e:  # a value no option gave: the file was edited, not the command line
+            raise KvpatchError(f"corrupt {State.path(cwd)} (its configuration: {str(e).splitlines()[0][:120]}); delete it "
+                               "and run 'kvpatch apply' again") from None  # fmt: skip
     return make_config()
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .. import fsutil
 from ..errors import KvpatchError, UsageError
-from ..fsutil import shown_path, stage
+from ..fsutil import shown_path
 from ..fsutil.outputs import STATE_DIR
 from .tree import Tree
 
@@ -37,11 +37,7 @@ class State:
     def save(self, cwd: Path) -> None:
         """Replace the state file (whatever is there: a FIFO or a symlink is replaced, never
         written into or through)."""
-        staged = stage(State.path(cwd), self.text(), follow=False)
-        try:
-            staged.commit()
-        finally:
-            staged.discard()
+        fsutil.write_own(State.path(cwd), self.text())
 
     @staticmethod
     def load(cwd: Path) -> State | None:

@@ -48,3 +48,22 @@ def test_apply_over_a_corrupt_state_file_rewrites_it(tmp_path: Path) -> None:
     (tmp_path / ".kvpatch/state.json").write_text("[]")
     assert run_cli("apply", "--tree", str(tree), cwd=tmp_path).returncode == 0
     assert json.loads((tmp_path / ".kvpatch/state.json").read_text())["tree"] == str(tree)
+
+
+@pytest.mark.parametrize("config", [{"inherit_rules": "yes"}, {"zzz": 1}, {"rules": 5}])
+def test_a_state_whose_configuration_no_option_could_give_is_the_corrupt_state_error(config: dict,
+                                                                                      tmp_path: Path) -> None:  # fmt: skip
+    """Before: where the header's markers name no configuration, a state.json edited into a
+    configuration no option gives was said as an option the user had not given ("invalid
+    inherit-rules 'yes'", exit 2). After: the corrupt state's error, naming the file (exit 1)."""
+    from kvpatch.commands.tree import tree_config
+    from kvpatch.errors import KvpatchError, UsageError
+    from kvpatch.progress import QUIET
+    from kvpatch.source.workspace import State, Tree
+
+    tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
+    State(tree=str(tree), version="0.10.2", config=config, marker=None).save(tmp_path)
+    path = tmp_path / ".kvpatch" / "state.json"
+    with pytest.raises(KvpatchError, match=rf"^corrupt {path} \(its configuration: .*\); delete it") as e:
+        tree_config(Tree(tree), tmp_path, QUIET)
+    assert not isinstance(e.value, UsageError)

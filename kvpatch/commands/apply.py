@@ -23,6 +23,7 @@ from ..source.workspace import (
     Tree,
     check_header_writable,
     check_no_local_edits,
+    check_utf8,
     locked,
     resolve_tree,
     sha256,
@@ -122,6 +123,8 @@ def run(o: ApplyOptions, *, progress: Progress = QUIET) -> ApplyReport:
     else:
         version = check_target(o.vllm, o.tree)
         target = resolve_tree(o.tree, cwd) if o.tree is not None else None
+    if target is None:  # where the checkout will go: refused before the lock creates .kvpatch/ there
+        check_utf8(cwd, "the working directory")
     with locked(cwd, target):
         if target is None:  # a release: its checkout is this workspace's own
             target = fetch_tree(version, cwd, o.remote, progress)

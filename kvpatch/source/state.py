@@ -3,7 +3,9 @@ command works on when it names none."""
 
 from __future__ import annotations
 
+import codecs
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,14 +90,21 @@ def _canonical(version: str) -> bool:
 
 def check_utf8(path: Path, what: str) -> Path:
     """``path`` unless it is not UTF-8 (a name with byte 0xff): libclang, which parses the tree's
-    header, takes UTF-8 paths only, so such a tree is one line, exit 2, before any work."""
+    header, takes UTF-8 paths only, so such a tree is one line, exit 2, before any work. So is a
+    path that is not ASCII where this process names files in another encoding than UTF-8
+    (``LC_ALL=C`` without Python's UTF-8 mode), which could not spell it."""
+    shown = ascii(str(path))
+    shown = shown if len(shown) <= 120 else shown[:117] + "..."
+    encoding = sys.getfilesystemencoding()
+    if codecs.lookup(encoding).name != "utf-8" and not str(path).isascii():
+        raise UsageError(f"{what} {shown} is not ASCII, and this process names files in {encoding} (a C or POSIX "
+                         "locale without Python's UTF-8 mode): run kvpatch with PYTHONUTF8=1 or a UTF-8 locale "
+                         "(LANG=C.UTF-8)")  # fmt: skip
     try:
         str(path).encode("utf-8")
     except UnicodeEncodeError:
-        shown = ascii(str(path))
-        raise UsageError(f"{what} {shown if len(shown) <= 120 else shown[:117] + '...'} is not a UTF-8 path: "
-                         "libclang, which parses the header, reads UTF-8 paths only; use a directory with a "
-                         "UTF-8 name") from None  # fmt: skip
+        raise UsageError(f"{what} {shown} is not a UTF-8 path: libclang, which parses the header, reads UTF-8 "
+                         "paths only; use a directory with a UTF-8 name") from None  # fmt: skip
     return path
 
 
@@ -120,8 +129,9 @@ def resolve_tree(tree: Path | None, cwd: Path) -> Tree:
     state = State.load(cwd)
     if state is None:
         raise UsageError("no tree: run 'kvpatch apply --vllm X' here first, or pass --tree PATH")
-    if not Path(state.tree).is_dir():
+    recorded = check_utf8(Path(state.tree), "the tree the last apply here used,")  # first: a path this
+    if not recorded.is_dir():  # process cannot spell reads as missing
         again = f"kvpatch apply --vllm {state.version}" if state.version else "kvpatch apply --tree PATH"
         raise UsageError(f"the tree the last apply here used, {state.tree}, is gone (recorded in "
                          f"{State.path(cwd)}): pass --tree PATH, or run '{again}'")  # fmt: skip
-    return Tree(check_utf8(Path(state.tree), "the tree the last apply here used,"))
+    return Tree(recorded)

@@ -29,7 +29,7 @@ from ..errors import BuildError, KvpatchError, PatchError
 from ..fsutil import Staged, deferred_signals, stage, write_atomic
 from . import git as gitcmd
 from .releases import HEADER
-from .state import LOCK_FILE, STATE_DIR, STATE_FILE, State, resolve_tree  # noqa: F401  (kept importable from here)
+from .state import LOCK_FILE, STATE_DIR, STATE_FILE, State, check_utf8, resolve_tree  # noqa: F401  (kept importable from here)
 from .tree import HeaderSnapshot, Tree, check_no_local_edits, sha256, unified_diff  # noqa: F401
 
 __all__ = [
@@ -56,7 +56,7 @@ def protected_paths(cwd: Path, tree: Tree | None = None) -> dict[str, Path]:
             state = State.load(cwd)
         except KvpatchError:  # a corrupt state names no tree; the command says so itself
             state = None
-        tree = Tree(Path(state.tree)) if state is not None else None
+        tree = Tree(check_utf8(Path(state.tree), "the tree the last apply here used,")) if state is not None else None
     if tree is not None:
         paths["the tree's header"] = tree.header
         paths["the tree's lock"] = tree_lock_path(tree)

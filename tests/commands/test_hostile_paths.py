@@ -43,3 +43,22 @@ def test_a_working_directory_that_is_not_utf8_patches_a_utf8_tree(odd: Path, tmp
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, (args, proc.stderr)
     assert (odd / "x.patch").read_text().startswith("diff --git")
     assert (tree / HEADER).read_text() == fixture_text()
+
+
+def test_a_non_ascii_path_under_a_locale_that_cannot_spell_it_is_one_line(tmp_path: Path) -> None:
+    """Before: with ``LC_ALL=C PYTHONUTF8=0`` (file names in ASCII), a workspace whose recorded tree
+    is ``.../é/...`` gave an 84-line UnicodeEncodeError traceback in every command, and ``apply``
+    in a fresh ``é`` folder was refused as "not a UTF-8 path" after creating ``.kvpatch/``. After:
+    one line, exit 2, naming the locale and the fix; nothing created."""
+    import json
+
+    work = tmp_path / "é"
+    (work / ".kvpatch").mkdir(parents=True)
+    state = {"tree": str(work / ".kvpatch" / "vllm-0.10.2"), "version": "0.10.2", "config": {}, "marker": None}
+    (work / ".kvpatch" / "state.json").write_text(json.dumps(state), encoding="utf-8")
+    fresh = tmp_path / "é2"
+    fresh.mkdir()
+    for args, where in ((["diff"], work), (["sites"], work), (["apply", "--vllm", "0.10.2"], fresh)):
+        proc = kvpatch(*args, cwd=where, env={"LC_ALL": "C", "PYTHONUTF8": "0", "LANG": "C"})
+        assert_one_line_error(proc, 2, "is not ASCII, and this process names files in", "PYTHONUTF8=1")
+    assert list(fresh.iterdir()) == []

@@ -251,8 +251,11 @@ def _remove_leftovers(releases: Path, tag: str) -> None:
     """Delete what killed fetches left behind (we hold the cache's lock, so it is stale)."""
     for stale in releases.glob(".tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
-    if (releases / tag).exists():  # renamed into place but never marked complete
-        shutil.rmtree(releases / tag, ignore_errors=True)
+    entry = releases / tag
+    if entry.is_symlink() or (entry.exists() and not entry.is_dir()):  # a file or a link where the tree
+        entry.unlink()  # goes (the entry damaged, not a tree): removed itself, never what a link names
+    elif entry.exists():  # renamed into place but never marked complete
+        shutil.rmtree(entry, ignore_errors=True)
 
 
 def _obtain(version: str, tree: Path, tmp: Path, *, remote: str, console: Console, git_timeout: float) -> _Origin:

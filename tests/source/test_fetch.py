@@ -293,6 +293,28 @@ def test_sha256_mismatch(env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     _assert_nothing_cached(env)
 
 
+@pytest.mark.parametrize("planted", ["file", "dangling link", "link to a folder"])
+def test_a_file_or_link_where_a_cached_tree_goes_is_replaced(planted: str, env: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Before: a file (or a dangling link) at releases/v0.10.2 made every apply download the sdist
+    again and fail renaming the tree into place ("Not a directory", naming a temporary folder
+    already gone). After: the damaged entry is replaced by the release's tree; a folder a link
+    named is left as it was."""
+    monkeypatch.setenv("PIP_INDEX_URL", make_index(tmp_path / "index").as_uri())
+    entry = env / "releases" / "v0.10.2"
+    entry.parent.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("mine")
+    if planted == "file":
+        entry.write_text("x")
+    else:
+        entry.symlink_to(tmp_path / "nowhere" if planted == "dangling link" else elsewhere)
+    tree = fetch_release("0.10.2", remote=_no_remote(tmp_path), console=_console()[0])
+    assert tree == entry and entry.is_dir() and not entry.is_symlink() and (tree / HEADER).is_file()
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["keep.txt"]
+
+
 def test_a_file_index_sdist_that_is_no_file_is_refused_not_read(env: Path, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """Before: a file:// index whose sdist was a FIFO hung the fetch with the release cache's

@@ -225,7 +225,13 @@ def _write_header_and_state(tree: Tree, old: str, new: str | None, state: State 
     remove_stale_temps(tree, cwd)
     if changing:
         check_header_writable(tree, force_write=force_write)
-    staged: Staged | None = stage(State.path(cwd), state.text(), follow=False) if state is not None else None
+    try:
+        staged: Staged | None = stage(State.path(cwd), state.text(), follow=False) if state is not None else None
+    except OSError as e:  # a full disk, said with the file (the header is not touched yet)
+        problem = fsutil.machine_problem(e, State.path(cwd), doing="writing the state (the header is unchanged)")
+        if problem is None:
+            raise
+        raise problem from None
     header: Staged | None = None
     try:
         if changing:

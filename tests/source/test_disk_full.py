@@ -54,6 +54,29 @@ def test_disk_full_writing_the_state_leaves_the_header_as_it_was(step: str, tmp_
     assert sorted(p.name for p in (tree / HEADER).parent.iterdir()) == ["attention_kernels.cuh"]
 
 
+def test_a_full_disk_staging_the_state_names_the_state_file(tmp_path: Path, work: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Before: a write that fails with no file name (a full tmpfs under .kvpatch/) was said as
+    "... writing the output", which names nothing. After: the state file, and that the header is
+    unchanged."""
+    from kvpatch import fsutil
+    from kvpatch.source import workspace
+
+    tree = make_tree(tmp_path / "vllm", fixture_text(STOCK))
+    real_stage = fsutil.stage
+
+    def stage(path, *a, **k):
+        if Path(path).name == "state.json":
+            raise OSError(errno.ENOSPC, "No space left on device")  # as f.write raises it: no file name
+        return real_stage(path, *a, **k)
+
+    monkeypatch.setattr(workspace, "stage", stage)
+    proc = run_cli("apply", "--tree", str(tree), cwd=work)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert str(work / ".kvpatch" / "state.json") in proc.stderr and "the header is unchanged" in proc.stderr
+    assert (tree / HEADER).read_text() == fixture_text(STOCK)
+
+
 @pytest.mark.parametrize("errno_", [errno.EROFS, errno.EACCES], ids=["EROFS", "EACCES"])  # ENOSPC: test_hostile_disk
 def test_a_tree_that_cannot_be_written_is_one_line(errno_: int, tmp_path: Path, work: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip

@@ -300,6 +300,9 @@ def _compile_shard(p: LibraryPlan, i: int, tc: Toolchain, threads: int, procs: P
 
 def _link(p: LibraryPlan, tc: Toolchain, procs: Processes) -> None:
     doing = f"linking {p.library.name}"
+    if p.library.is_dir() and not p.library.is_symlink():  # nothing would ever be renamed over it
+        raise BuildError(f"{p.library} is a directory, not the library: delete the cache entry {p.dir} and build "
+                         "again")  # fmt: skip
     rc, log = procs.run(p.link_argv(tc.nvcc), p.dir)
     with _machine_problems(doing):
         if rc != 0:

@@ -177,6 +177,13 @@ def test_what_is_planted_in_a_cached_build_is_replaced_never_read_or_written_thr
     assert not again.cached and again.kernels == first.kernels  # the shard compiled again: a library as good
     assert victim.read_text() == "not kvpatch's" and not source.is_symlink()
     assert (first.dir / "result.json").is_file() and build(spec, cache=tmp_path).variants[0].cached
+    # a directory where the library goes is no build to reuse or rename over: said, with the entry to delete
+    (first.dir / "result.json").unlink()
+    first.library.unlink()
+    first.library.mkdir()
+    with pytest.raises(BuildError, match=rf"{first.library.name} is a directory, not the library: delete the cache"):
+        build(spec, cache=tmp_path)
+    assert not list(first.dir.glob("*.so.tmp"))
 
 
 def test_a_cached_build_without_load_use_gets_it_from_its_sass(tree_0102, variants_0102, tmp_path):

@@ -47,7 +47,11 @@ def main(
     DEBUG["on"] = debug
     from ..commands.common import check_stdout
 
-    check_stdout(Path.cwd())  # stdout made a file kvpatch keeps (cmd >> .kvpatch/state.json): refused first
+    try:
+        cwd = Path.cwd()
+    except FileNotFoundError:  # removed under the shell: every command works relative to it
+        raise KvpatchError("the current directory no longer exists: cd to one that does") from None
+    check_stdout(cwd)  # stdout made a file kvpatch keeps (cmd >> .kvpatch/state.json): refused first
 
 
 # --------------------------------------------------------------------------- signals

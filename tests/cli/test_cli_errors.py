@@ -169,3 +169,22 @@ def test_the_plugin_commands_show_control_characters_as_escapes(tmp_path: Path, 
 
     line = Decision(action="refuse", reason="a manifest says 0.10.2\x1b]0;pwn\x07", registered=False).line()
     assert "\x1b" not in line and "\x07" not in line and "\\x1b]0;pwn\\x07" in line
+
+
+def test_a_current_directory_removed_under_the_shell_is_said_as_that(tmp_path):
+    """Before: every command said only "No such file or directory" (exit 1), naming nothing. After:
+    that the current directory is gone, one line, exit 1."""
+    import subprocess
+    import sys
+
+    from cli.cli_helpers import kvpatch_env
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    code = f"import os, sys; os.chdir({str(gone)!r}); os.rmdir({str(gone)!r}); sys.argv = ['kvpatch', 'config']; " \
+           "from kvpatch.__main__ import main; main()"  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], env=kvpatch_env(tmp_path), capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 1 and proc.stderr == (
+        "error: kvpatch config: the current directory no longer exists: cd to one that does\n"
+    ), proc.stderr

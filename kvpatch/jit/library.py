@@ -156,8 +156,13 @@ def build_libraries(plans: Sequence[LibraryPlan], *, tc: Toolchain, tools: Inspe
     results: dict[str, Any] = {}
     with contextlib.ExitStack() as locks:
         for p in sorted(plans, key=lambda p: p.key):  # one order for every process: no deadlock
-            p.lock_path.parent.mkdir(parents=True, exist_ok=True)
-            locks.enter_context(hold_lock(p.lock_path, what="this build folder"))
+            try:
+                p.lock_path.parent.mkdir(parents=True, exist_ok=True)
+                locks.enter_context(hold_lock(p.lock_path, what="this build folder"))
+            except PermissionError:  # a shared or read-only cache: builds, cached or not, take a lock there
+                raise BuildError(f"the build cache {p.lock_path.parent} is not writable by this user (each build "
+                                 "takes a lock in it, cached or not): set KVPATCH_CACHE to a folder you can "
+                                 "write") from None  # fmt: skip
         todo = []
         for p in plans:
             cached, why = load_cached(p)

@@ -186,6 +186,20 @@ def test_what_is_planted_in_a_cached_build_is_replaced_never_read_or_written_thr
     assert not list(first.dir.glob("*.so.tmp"))
 
 
+def test_a_build_cache_this_user_cannot_write_is_said_as_that(tree_0102, variants_0102, tmp_path, monkeypatch):
+    """Before: "<key>.lock: Permission denied", exit 1, with no word of the cache. After: the
+    cache, why it must be writable and what to do (a BuildError, exit 5)."""
+    from kvpatch.jit import library
+
+    def refused(path, **kw):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(library, "hold_lock", refused)
+    spec = make_spec(tree_0102, variants_0102[:1], "9.0a", dtypes=["fp16"])
+    with pytest.raises(BuildError, match=r"^the build cache .* is not writable by this user .*set KVPATCH_CACHE"):
+        build(spec, cache=tmp_path)
+
+
 def test_a_cached_build_without_load_use_gets_it_from_its_sass(tree_0102, variants_0102, tmp_path):
     """A build cached by a kvpatch that did not record the key loop's load-use distance is read
     again from its kept SASS, once (FP op counts too): the numbers equal a fresh build's and

@@ -40,7 +40,8 @@ from .cache import RELEASES_DIR, cache_root
 from .cache import absolute as _absolute
 from .releases import HEADER, LAST, SUPPORTED, carries_header, normalize_version, release_tag, release_tuple
 from .repo import _clone, _git_reason, _make_repo, git_executable, require_git  # noqa: F401
-from .sdist import _download, _find_sdist, _redact, _unpack
+from .sdist import _download, _find_sdist, _redact
+from .unpack import _unpack
 
 DEFAULT_REMOTE = "https://github.com/vllm-project/vllm.git"
 

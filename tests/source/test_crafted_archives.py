@@ -17,7 +17,7 @@ from conftest import HEADER
 from source_helpers import index_with, member, quiet, sdist_members, tar_bytes
 
 from kvpatch.errors import FetchError
-from kvpatch.source import sdist
+from kvpatch.source import unpack
 from kvpatch.source.fetch import fetch_release
 
 TOP = "vllm-0.10.2"
@@ -196,11 +196,11 @@ def test_a_crafted_member_is_one_line(kind: str, tmp_path: Path, monkeypatch: py
 
 def test_too_many_members_or_bytes_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A decompression bomb stops at a bound, not at a full disk."""
-    monkeypatch.setattr(sdist, "_MAX_MEMBERS", 10)
+    monkeypatch.setattr(unpack, "_MAX_MEMBERS", 10)
     many = tar_bytes(sdist_members() + [member(f"{TOP}/f{n}", b"x") for n in range(20)])
     _refused(tmp_path / "a", monkeypatch, many, "members")
-    monkeypatch.setattr(sdist, "_MAX_MEMBERS", 10_000)
-    monkeypatch.setattr(sdist, "_MAX_BYTES", 1000)
+    monkeypatch.setattr(unpack, "_MAX_MEMBERS", 10_000)
+    monkeypatch.setattr(unpack, "_MAX_BYTES", 1000)
     big = tar_bytes(sdist_members() + [member(f"{TOP}/big", b"\0" * 5000)])
     _refused(tmp_path / "b", monkeypatch, big, "bytes")
 

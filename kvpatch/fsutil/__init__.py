@@ -36,6 +36,7 @@ from .reading import (  # noqa: F401
     file_digest,
     file_kind,
     folder_spelling,
+    open_regular,
     parse_json,
     read_input,
     read_regular,

@@ -82,17 +82,13 @@ def read_regular(path: str | os.PathLike[str], *, limit: int | None = None) -> b
     return read_regular_with_stat(path, limit=limit)[0]
 
 
-def read_regular_with_stat(path: str | os.PathLike[str], *, limit: int | None = None) -> tuple[bytes, os.stat_result]:
-    """The bytes of the regular file at ``path`` (symlinks followed), never blocking, and
-    its ``fstat`` (the file those bytes came from: device, inode, mtime).
-
-    Anything else is refused before it is opened for reading: FileNotFoundError,
-    IsADirectoryError, :class:`NotRegularFileError` (FIFO, socket, device: reading
-    could block forever or never end), :class:`FileTooLargeError` beyond ``limit``
-    (default :data:`READ_LIMIT`). It is opened non-blocking and checked again on the
-    descriptor, so a file swapped for a FIFO in between cannot block either.
-    """
-    limit = READ_LIMIT if limit is None else limit
+def open_regular(path: str | os.PathLike[str], *, limit: int) -> tuple[int, os.stat_result]:
+    """A descriptor of the regular file at ``path`` (symlinks followed), opened non-blocking, and
+    its ``fstat``; the caller closes it. Anything else is refused before it is opened:
+    FileNotFoundError, IsADirectoryError, :class:`NotRegularFileError` (FIFO, socket, device),
+    :class:`FileTooLargeError` beyond ``limit`` bytes; and checked again on the descriptor, so a
+    file swapped for a FIFO in between cannot block a reader either. A file still growing is the
+    reader's to bound."""
     mode = os.stat(path).st_mode
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(errno.EISDIR, "Is a directory", os.fspath(path))
@@ -105,6 +101,23 @@ def read_regular_with_stat(path: str | os.PathLike[str], *, limit: int | None = 
             raise NotRegularFileError(path, file_kind(st.st_mode))
         if st.st_size > limit:
             raise FileTooLargeError(path, st.st_size, limit)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_regular_with_stat(path: str | os.PathLike[str], *, limit: int | None = None) -> tuple[bytes, os.stat_result]:
+    """The bytes of the regular file at ``path`` (symlinks followed), never blocking, and
+    its ``fstat`` (the file those bytes came from: device, inode, mtime).
+
+    Anything else is refused as :func:`open_regular` refuses it (reading a FIFO, socket or
+    device could block forever or never end), and so is a file beyond ``limit`` bytes (default
+    :data:`READ_LIMIT`), also one that grew beyond it while read.
+    """
+    limit = READ_LIMIT if limit is None else limit
+    fd, st = open_regular(path, limit=limit)
+    try:
         chunks, size = [], 0
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import stat
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
@@ -24,10 +23,12 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 
 from ..errors import FetchError
 from ..fsutil.problems import machine_problem
-from ..fsutil.reading import file_kind, parse_json
+from ..fsutil.reading import FileTooLargeError, NotRegularFileError, open_regular, parse_json
 
 _HTTP_TIMEOUT = 60.0
 _CHUNK = 1 << 16
+#: The largest sdist a file:// index may hold (vLLM's are about 11 MB).
+_MAX_SDIST = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -283,30 +284,25 @@ def _copy_local(sdist: _Sdist, dest: Path, tracker) -> None:
     digest = hashlib.sha256()
     source = Path(urllib.request.url2pathname(urllib.parse.urlsplit(sdist.url).path))
     try:
-        fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK)
+        fd, st = open_regular(source, limit=_MAX_SDIST)
         with os.fdopen(fd, "rb") as src:
-            st = os.fstat(src.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise FetchError(f"cannot read {sdist.url}: {file_kind(st.st_mode)}, not a file")
-            if st.st_size > _MAX_SDIST:
-                raise FetchError(f"cannot read {sdist.url}: {st.st_size} bytes, more than any release's sdist "
-                                 f"({_MAX_SDIST} at most)")  # fmt: skip
             copied = 0
             with dest.open("wb") as out, tracker(st.st_size) as bar:
                 while chunk := src.read(_CHUNK):
                     copied += len(chunk)
                     if copied > _MAX_SDIST:  # a file still growing
-                        raise FetchError(f"cannot read {sdist.url}: more than {_MAX_SDIST} bytes")
+                        raise FileTooLargeError(source, copied, _MAX_SDIST)
                     out.write(chunk)
                     digest.update(chunk)
                     bar.update(len(chunk))
+    except NotRegularFileError as exc:
+        raise FetchError(f"cannot read {sdist.url}: {exc.kind}, not a file") from None
+    except FileTooLargeError as exc:
+        raise FetchError(f"cannot read {sdist.url}: {exc.size} bytes, more than any release's sdist "
+                         f"({_MAX_SDIST} at most)") from None  # fmt: skip
     except OSError as exc:
         raise FetchError(f"cannot read {sdist.url}: {exc.strerror or exc}") from None
     if sdist.sha256 is not None and digest.hexdigest() != sdist.sha256.lower():
         dest.unlink(missing_ok=True)
         got = digest.hexdigest()
         raise FetchError(f"sha256 mismatch for {sdist.filename}: index says {sdist.sha256}, downloaded {got}")
-
-
-#: The largest sdist a file:// index may hold (vLLM's are about 11 MB).
-_MAX_SDIST = 1 << 30

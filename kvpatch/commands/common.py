@@ -343,15 +343,10 @@ def check_stdout(cwd: Path, *, tree: Any = None, inputs: Optional[dict[str, Any]
     ``kvpatch config --config k.toml >> k.toml``), it may be none of :func:`kept_paths` (of
     ``tree``, else of the last apply here) and none of the command's ``inputs``: a one-line
     :class:`UsageError` before any work. A terminal, a pipe or a closed stdout is not looked at."""
-    import os
-    import stat
+    from ..fsutil import check_outputs, stdout_file
 
-    try:
-        if not stat.S_ISREG(os.fstat(1).st_mode):
-            return
-    except OSError:
+    if stdout_file() is None:
         return
-    from ..fsutil import check_outputs
 
     read = {k: v for k, v in (inputs or {}).items() if v is not None}
     check_outputs(inputs=read, protected=kept_paths(cwd, tree), stdout="/dev/stdout")

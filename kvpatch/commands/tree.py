@@ -12,13 +12,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..config import PatchConfig, make_config
-from ..errors import FetchError, KvpatchError, PatchError, UsageError
+from ..errors import FetchError, PatchError, UsageError
 from ..fsutil import read_regular
 from ..patch import Header, Injected, read_header
 from ..progress import Progress
 from ..source.includes import check_tree_files
 from ..source.releases import normalize_version
-from ..source.state import check_utf8
+from ..source.state import check_utf8, corrupt_state
 from ..source.workspace import STATE_DIR, State, Tree, checkout, resolve_tree
 
 
@@ -127,8 +127,7 @@ def tree_config(target: Tree, cwd: Path, progress: Progress, header: Header | No
         try:
             return make_config(**state.config)
         except (UsageError, TypeError) as e:  # a value no option gave: the file was edited, not the command line
-            raise KvpatchError(f"corrupt {State.path(cwd)} (its configuration: {str(e).splitlines()[0][:120]}); delete it "
-                               "and run 'kvpatch apply' again") from None  # fmt: skip
+            raise corrupt_state(State.path(cwd), f"its configuration: {str(e).splitlines()[0][:120]}") from None
     return make_config()
 
 

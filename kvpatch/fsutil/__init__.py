@@ -25,7 +25,7 @@ from .files import (  # noqa: F401
     write_own,
 )
 from .locks import LOCK_NOTE, hold_lock  # noqa: F401
-from .outputs import check_output, check_output_folder, check_outputs, output_problem, same_file  # noqa: F401
+from .outputs import check_output, check_output_folder, check_outputs, output_problem, same_file, stdout_file  # noqa: F401
 from .problems import DiskFullError, PathTooLongError, machine_problem, problem_in_text, shown_path  # noqa: F401
 from .reading import (  # noqa: F401
     READ_LIMIT,

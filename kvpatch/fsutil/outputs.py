@@ -204,13 +204,23 @@ def check_outputs(*, inputs: Named = None, protected: Named = None, **paths: Pat
         seen.append((flag, path))
 
 
+def stdout_file() -> os.stat_result | None:
+    """The ``fstat`` of the regular file the shell redirected this process's stdout into
+    (``cmd > F``); None for a terminal, a pipe or a closed stdout."""
+    try:
+        out = os.fstat(1)
+    except OSError:
+        return None
+    return out if stat.S_ISREG(out.st_mode) else None
+
+
 def _is_stdout_file(path: PathArg) -> bool:
     """Whether ``path`` is the regular file this process's stdout was redirected into (``cmd --json
     F > F``); a stream, or a descriptor named as the output (``-o /dev/stdout``), is none."""
+    out = stdout_file()
+    if out is None:
+        return False
     try:
-        out = os.fstat(1)
-        if not stat.S_ISREG(out.st_mode):
-            return False
         st = os.stat(os.fspath(path))
     except OSError:
         return False

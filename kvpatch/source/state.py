@@ -56,8 +56,7 @@ class State:
         except OSError as e:
             raise KvpatchError(f"cannot read {path}: {e.strerror or e}") from None
         except ValueError as e:  # not UTF-8, not JSON, nested too deeply
-            raise KvpatchError(f"corrupt {path} ({str(e).splitlines()[0][:80]}); delete it and run "
-                               "'kvpatch apply' again") from None  # fmt: skip
+            raise corrupt_state(path, str(e).splitlines()[0][:80]) from None
         ok = (
             isinstance(data, dict)
             and isinstance(data.get("tree"), str) and data["tree"] and "\0" not in data["tree"]
@@ -67,14 +66,18 @@ class State:
             and isinstance(data.get("stock_sha256"), (str, type(None)))
         )  # fmt: skip
         if not ok:
-            raise KvpatchError(f"corrupt {path} (not the object kvpatch writes); delete it and run "
-                               "'kvpatch apply' again")  # fmt: skip
+            raise corrupt_state(path, "not the object kvpatch writes")
         if data["version"] is not None and not _canonical(data["version"]):
             shown = repr(data["version"]) if len(data["version"]) <= 40 else repr(data["version"][:37]) + "..."
-            raise KvpatchError(f"corrupt {path} (version {shown} is not a release number as kvpatch writes it); "
-                               "delete it and run 'kvpatch apply' again")  # fmt: skip
+            raise corrupt_state(path, f"version {shown} is not a release number as kvpatch writes it")
         return State(tree=data["tree"], version=data["version"], config=data["config"],
                      marker=data.get("marker"), stock_sha256=data.get("stock_sha256"))  # fmt: skip
+
+
+def corrupt_state(path: Path, why: str) -> KvpatchError:
+    """The one-line error for a state file kvpatch cannot use (exit 1): what is wrong, and that
+    deleting it and applying again mends it."""
+    return KvpatchError(f"corrupt {path} ({why}); delete it and run 'kvpatch apply' again")
 
 
 def _canonical(version: str) -> bool:

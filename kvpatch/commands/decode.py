@@ -12,11 +12,11 @@ plot; the CLI writes the text).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
+from ..config.model import check_seconds
 from ..errors import UsageError
 from ..fsutil import check_outputs
 from ..gpu.defaults import DECODE_LAYERS, DECODE_ROUNDS, MAX_DECODE_LAYERS
@@ -263,8 +263,7 @@ def run_sweep(o: SweepOptions, *, progress: Progress = QUIET) -> dict[str, Any]:
     specs = library_specs(o.libs, o.libs_file)
     if "stock" not in {s.name for s in specs}:
         raise UsageError(f"the sweep needs a library 'stock', got {', '.join(s.name for s in specs) or 'none'}")
-    if not (o.budget > 0 and math.isfinite(o.budget)):
-        raise UsageError(f"--budget must be > 0 seconds, not {o.budget:g}")
+    check_seconds(o.budget, "--budget")
     stages = list(o.stages or SHARES)
     bad = sorted(set(stages) - set(SHARES))
     if bad:

@@ -11,13 +11,13 @@ alternation, each checked, kept in the raw folder) -> the report.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from ..config.model import check_seconds
 from ..errors import UsageError
 from ..progress import QUIET, Progress
 
@@ -162,8 +162,8 @@ def bench(o: ServingBenchOptions, *, progress: Progress = QUIET) -> dict[str, An
     checked = ServingOptions(model="", model_label="", dtype=o.dtype, workloads=workloads, starts=o.starts,
                              gpu_memory_utilization=o.gpu_memory_utilization, engine_timeout_s=o.engine_timeout_s,
                              arms=_arms(o), context=_context(o, workloads, *_model_source(o)))  # fmt: skip
-    if o.budget_s is not None and not (o.budget_s > 0 and math.isfinite(o.budget_s)):
-        raise UsageError("--budget must be a positive number of seconds")
+    if o.budget_s is not None:
+        check_seconds(o.budget_s, "--budget")
     raw = o.raw if o.raw is None or o.raw.is_absolute() else o.cwd / o.raw
     if raw is not None and raw.exists() and not raw.is_dir():
         raise UsageError(f"--raw {raw}: not a directory")

@@ -9,11 +9,11 @@ each case's inputs, every library's output, compared -> the report (JSON if aske
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from ..config.model import check_seconds
 from ..errors import GpuCheckError, UsageError
 from ..fsutil import check_output_folder, check_outputs
 from ..progress import QUIET, Progress
@@ -143,8 +143,7 @@ def run(o: ValidateOptions, *, progress: Progress = QUIET) -> ValidateOutcome:
     if o.upstream_timeout is not None:
         if not o.upstream:
             raise UsageError("--upstream-timeout needs --upstream")
-        if not (o.upstream_timeout > 0 and math.isfinite(o.upstream_timeout)):
-            raise UsageError(f"--upstream-timeout must be > 0 seconds, not {o.upstream_timeout:g}")
+        check_seconds(o.upstream_timeout, "--upstream-timeout")
     cases, name, sampling = validate_cases(o)
     check_outputs(json=o.json_out, inputs=input_files(o),
                   protected={**kept_paths(o.cwd, o.tree), "the --upstream-dir folder": o.upstream_dir})  # fmt: skip

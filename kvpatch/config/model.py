@@ -22,6 +22,7 @@ from .defaults import DEFAULT_OVERRIDES
 from .selector import DTYPES, RULE_KERNELS, RULE_KV, Selector
 from .settings import FREE, Tune, as_text, marker_words, setting, table
 from .settings import ascii_digits as ascii_digits  # read from here by kvpatch.serving
+from .settings import check_seconds as check_seconds  # read from here by the commands and kvpatch.serving
 from .settings import decimal_number as decimal_number  # read from here by the CLI
 from .settings import whole_number as whole_number  # read from here by the CLI and kvpatch.decode
 

@@ -11,6 +11,7 @@ setting, built by the CLI), the rules, and ``kvpatch tune``'s grid and candidate
 
 from __future__ import annotations
 
+import math
 import reprlib
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable
@@ -226,6 +227,14 @@ def decimal_number(text: str) -> float:
     if not (digits.count(".") <= 1 and ascii_digits(digits.replace(".", "", 1))):
         raise ValueError(f"not a decimal number: {text!r}")
     return float(text)
+
+
+def check_seconds(value: float, option: str) -> float:
+    """A duration option's value (``--budget``, a timeout): more than 0 and finite, else a
+    :class:`UsageError` naming ``option`` and the value (nan and inf included)."""
+    if not (value > 0 and math.isfinite(value)):
+        raise UsageError(f"{option} must be > 0 seconds, not {value:g}")
+    return value
 
 
 _REPR = reprlib.Repr()

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from .. import dtypes as D
-from ..config.model import ascii_digits
+from ..config.model import ascii_digits, check_seconds
 from ..errors import UsageError
 from ..gpu.points import MAX_BATCH
 
@@ -200,10 +199,7 @@ class ServingOptions:
                                  f"({longest.tokens} tokens)")  # fmt: skip
         if not 0.1 <= self.gpu_memory_utilization <= 0.98:
             raise UsageError(f"--gpu-memory-utilization {self.gpu_memory_utilization}: choose 0.1 to 0.98")
-        if not (
-            self.engine_timeout_s > 0 and math.isfinite(self.engine_timeout_s)
-        ):  # as --budget and --upstream-timeout
-            raise UsageError(f"--engine-timeout must be a positive number of seconds, not {self.engine_timeout_s:g}")
+        check_seconds(self.engine_timeout_s, "--engine-timeout")
         if not self.workloads:
             raise UsageError("no workload to run")
 

@@ -36,6 +36,7 @@ QUANTIZED = ("skip", "prefetch")
 READS = ("lane", "warp")
 LOGITS = ("shared", "global", "auto")
 V_LOADS = ("at-use", "ahead")
+K_LOADS = V_LOADS
 
 #: Upper bounds, each named in the error that refuses a larger value.
 #: ``cp.async.bulk.prefetch``'s size operand: ptxas accepts 0..1,048,560 on sm_90
@@ -221,6 +222,15 @@ class PatchConfig:
     group_v_loads: str = setting("at-use", "group > 1 only: load each V vector where the value loop uses it (at-use) "
                                  "or the next block's V vectors before the block in hand is computed (ahead).",
                                  choices=V_LOADS, rule=True, tune=Tune(13, "vl{}"), grouped="all")  # fmt: skip
+    #: group > 1 only: when a warp of the grouped form loads its K vectors, as ``group_v_loads``
+    #: for the key loop: ``at-use`` (each block's where the key loop scores it, as vLLM's loop does)
+    #: or ``ahead`` (the next block's K vectors, as they are in the cache, loaded before the block
+    #: in hand is scored: one block's vectors more in registers, their loads in flight while it
+    #: computes). The same blocks are loaded, and the arithmetic and its order are the same:
+    #: outputs stay stock's.
+    group_k_loads: str = setting("at-use", "group > 1 only: load each block's K vectors where the key loop scores it "
+                                 "(at-use) or the next block's before the block in hand is scored (ahead).",
+                                 choices=K_LOADS, rule=True, tune=Tune(14, "kl{}"), grouped="all")  # fmt: skip
     #: Compile the prefetch in but never execute it (its guard reads a block number
     #: < 0): separates the prefetch's own effect from the code-generation change.
     control: bool = setting(False, "Compile the prefetch but never run it (for measurements).", rule=True, paper=FREE)

@@ -86,6 +86,7 @@ class GroupedKernel:
     ctas_per_sm: int = 0  # its launch bounds' CTAs per SM (0: none)
     logits: str = "shared"  # v1: where it keeps its heads' logits, 'shared' or 'global' memory
     v_loads: str = "at-use"  # when it loads its V vectors (group-v-loads): 'at-use' or 'ahead'
+    k_loads: str = "at-use"  # when it loads its K vectors (group-k-loads): 'at-use' or 'ahead'
 
     @property
     def expect_prefetch(self) -> bool:
@@ -108,8 +109,9 @@ class GroupedKernel:
 
     @property
     def ahead(self) -> str:
-        """`` v-ahead`` for a kernel that loads its next block's V vectors ahead; empty at use."""
-        return " v-ahead" if self.v_loads == "ahead" else ""
+        """`` k-ahead``, `` v-ahead`` (or both) for a kernel that loads its next block's K, V vectors
+        ahead; empty at use."""
+        return (" k-ahead" if self.k_loads == "ahead" else "") + (" v-ahead" if self.v_loads == "ahead" else "")
 
     @property
     def label(self) -> str:
@@ -254,8 +256,8 @@ class BuildResult:
 
     def grouped_warnings(self) -> list[str]:
         """Kernels of the grouped form that spill: ptxas ran out of registers for that many heads'
-        accumulators (a smaller ``group`` holds fewer; ``group-v-loads = at-use`` holds one block's V
-        vectors fewer), or, over :data:`BOUNDED_SPILL_BYTES`, for the CTAs per SM its launch bounds
+        accumulators (a smaller ``group`` holds fewer; ``group-k-loads = at-use`` and ``group-v-loads =
+        at-use`` each hold one block's K or V vectors fewer), or, over :data:`BOUNDED_SPILL_BYTES`, for the CTAs per SM its launch bounds
         ask for (a smaller ``group-ctas-per-sm`` leaves more)."""
 
         def spills(g: Any) -> bool:
@@ -264,6 +266,7 @@ class BuildResult:
             return bool(g.spill_stores or g.spill_loads)
 
         return [f"{v.name}: {g.label}: {g.spill_stores} bytes spilled ({g.registers} registers): "
+                + ("group-k-loads = at-use (one block's K vectors fewer), " if g.k_loads == "ahead" else "")
                 + ("group-v-loads = at-use (one block's V vectors fewer), " if g.v_loads == "ahead" else "")
                 + "a smaller " + ("group-ctas-per-sm or group" if g.ctas_per_sm else "group") + " may be faster there"
                 for v in self.variants for g in v.grouped if spills(g)]  # fmt: skip

@@ -260,7 +260,7 @@ def _template_args(text: str, start: int) -> list[str]:
 def grouped_kernels(sass: Mapping[tuple[str, str], SassKernel], usage: Mapping[tuple[str, str], Mapping[str, int]],
                     names: Mapping[str, str], config: PatchConfig | None = None) -> tuple[GroupedKernel, ...]:  # fmt: skip
     """The grouped form's kernels among a library's SASS functions, with what ptxas allocated and
-    (from the variant's ``config``) when each loads its V vectors, which its name does not say."""
+    (from the variant's ``config``) when each loads its K and V vectors, which its name does not say."""
     out = []
     for (arch, sym), found in sass.items():
         form = describe_grouped(names.get(sym, sym))
@@ -271,7 +271,8 @@ def grouped_kernels(sass: Mapping[tuple[str, str], SassKernel], usage: Mapping[t
             out.append(GroupedKernel(arch=arch, **form, registers=res.get("registers", 0),
                                      spill_stores=res.get("spill_stores", 0), spill_loads=res.get("spill_loads", 0),
                                      has_prefetch=found.has_prefetch, symbol=sym,
-                                     v_loads=own.group_v_loads if own is not None else "at-use"))  # fmt: skip
+                                     v_loads=own.group_v_loads if own is not None else "at-use",
+                                     k_loads=own.group_k_loads if own is not None else "at-use"))  # fmt: skip
     return tuple(sorted(out, key=lambda g: (g.arch, g.kernel, g.dtype, g.head_size, g.block_size)))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..config import LOGITS, V_LOADS, PatchConfig, Selector
+from ..config import K_LOADS, LOGITS, V_LOADS, PatchConfig, Selector
 from ..dtypes import QUERY_DTYPES
 from ..errors import PatchError, typed_argument
 from ..templating import render
@@ -77,7 +77,8 @@ def group_values(branches: list[tuple[str | None, PatchConfig]], cfg: PatchConfi
     half the group (0: never), for how many CTAs per SM a v1 launch's shared memory is sized, its
     CTAs taking their heads in passes where they must (0: never), where a v1 launch keeps its logits
     (0 shared, 1 global, 2 auto: the index in ``LOGITS``), when it loads its V vectors (0 at use, 1 a
-    block ahead: the index in ``V_LOADS``) and its prefetch's lookahead (0: none)."""
+    block ahead: the index in ``V_LOADS``), its K vectors (the same, ``K_LOADS``) and its prefetch's
+    lookahead (0: none)."""
     return {
         "heads": rule_value(branches, lambda c: str(c.group)),
         "min_ctas": rule_value(branches, lambda c: str(c.group_min_ctas)),
@@ -86,6 +87,7 @@ def group_values(branches: list[tuple[str | None, PatchConfig]], cfg: PatchConfi
         "fit_ctas": rule_value(branches, lambda c: str(c.group_fit_ctas)),
         "logits": rule_value(branches, lambda c: str(LOGITS.index(c.group_logits))),
         "v_loads": rule_value(branches, lambda c: str(V_LOADS.index(c.group_v_loads))),
+        "k_loads": rule_value(branches, lambda c: str(K_LOADS.index(c.group_k_loads))),
         "lookahead": rule_value(branches, lambda c: "0" if c.off else str(c.lookahead)),
     }
 

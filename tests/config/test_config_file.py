@@ -38,6 +38,7 @@ def test_dump_config_writes_a_complete_table() -> None:
         "group-fit-ctas = 0\n"
         'group-logits = "shared"\n'
         'group-v-loads = "at-use"\n'
+        'group-k-loads = "at-use"\n'
         "control = false\n"
         'quantized = "skip"\n'
         "inherit-rules = false\n"

@@ -103,6 +103,15 @@ def test_the_grouped_forms_kernels_are_checked_for_the_prefetch_and_warned_of_sp
         "(one block's V vectors fewer), a smaller group may be faster there"
     ]
     assert VariantResult.from_dict(json.loads(json.dumps(ahead.to_dict()))).grouped == ahead.grouped
+    # and K vectors ahead name group-k-loads; both ahead name both, K first
+    both = replace(result, grouped=(grouped(head_size=256, block_size=32, registers=255, spill_stores=128,
+                                            k_loads="ahead", v_loads="ahead"),))  # fmt: skip
+    assert BuildResult((both,), 0.0).grouped_warnings() == [
+        "patched: grouped v1 bf16/256/32 x4 k-ahead v-ahead sm_90a: 128 bytes spilled (255 registers): group-k-loads = "
+        "at-use (one block's K vectors fewer), group-v-loads = at-use (one block's V vectors fewer), a smaller group "
+        "may be faster there"
+    ]
+    assert VariantResult.from_dict(json.loads(json.dumps(both.to_dict()))).grouped == both.grouped
     # a few bytes under launch bounds are what the bounds trade (the shipped table's bounded kernels)
     few = replace(result, grouped=(grouped(registers=128, spill_stores=8, spill_loads=8, ctas_per_sm=4),))
     assert BuildResult((few,), 0.0).grouped_warnings() == []

@@ -449,6 +449,32 @@ def test_group_v_loads_ahead_changes_only_the_grouped_kernels_value_loop(tree_01
         assert loads(after[symbol]) >= loads(before[symbol]) + 16, (symbol, loads(before[symbol]), loads(after[symbol]))
 
 
+def test_group_k_loads_ahead_changes_only_the_grouped_kernels_key_loop(tree_0102, build_cache):
+    """Before (group-k-loads at-use): a warp loads a block's K vectors where the key loop scores the
+    block. After (ahead): it loads the first block's before the loop and the next block's inside it,
+    before the block in hand is scored, so its loads are issued further ahead of their use; the same
+    grouped kernels are built, and vLLM's own form is the same SASS."""
+    rule = "group=4,group-min-ctas=256"
+    at_use, ahead = _build_ruled(tree_0102, build_cache, "bf16/64/16", {"at_use": rule, "ahead": rule +
+                                 ",group-k-loads=ahead"}, "bf16", [64])  # fmt: skip
+    assert sorted((g.kernel, g.heads) for g in at_use.grouped) == sorted((g.kernel, g.heads) for g in ahead.grouped)
+    assert {g.k_loads for g in at_use.grouped} == {"at-use"} and {g.k_loads for g in ahead.grouped} == {"ahead"}
+    assert all(" k-ahead " in g.label for g in ahead.grouped) and not any("ahead" in g.label for g in at_use.grouped)
+    assert _stock_form_sass(at_use) == _stock_form_sass(ahead)
+    grouped = lambda symbol: "kvpatch_grouped" in symbol  # noqa: E731
+    before, after = _stock_form_sass(at_use, grouped), _stock_form_sass(ahead, grouped)
+    assert before.keys() == after.keys() and len(before) == 3  # v1 with 4 and 2 heads, v2
+
+    def k_loads(sass: list[str]) -> int:  # 64-bit global loads: the K vectors of head 64 block 16
+        return sum(i.startswith("LDG.E.64") for i in sass)
+
+    for symbol in before:
+        assert before[symbol] != after[symbol]
+        # K: head 64 / (2 threads x 4 scalars) = 8 vectors a block a thread, loaded once more: the first block's
+        assert k_loads(after[symbol]) >= k_loads(before[symbol]) + 8, (symbol, k_loads(before[symbol]),
+                                                                       k_loads(after[symbol]))  # fmt: skip
+
+
 def test_the_prefetch_and_the_split_are_hopper_only(tree_0102, build_cache):
     """On sm_90a the kernels with issue=split carry the prefetch and stock's key loop beside the
     prefetching one. On sm_100 and sm_120, which vLLM builds too, vLLM's form of every kernel is

@@ -39,7 +39,7 @@ def test_each_instantiation_is_told_its_group_by_the_rules_first_match(sites) ->
     base = dict(inherit_rules=False, quantized="prefetch")
     assert _values(make_config(**base), sites) == {"heads": "1", "min_ctas": "1", "ctas_per_sm": "0", "half_below": "2",
                                                    "fit_ctas": "0", "logits": "0", "v_loads": "0",
-                                                   "lookahead": "1"}  # fmt: skip
+                                                   "k_loads": "0", "lookahead": "1"}  # fmt: skip
     assert _values(
         make_config(
             **base,
@@ -50,6 +50,7 @@ def test_each_instantiation_is_told_its_group_by_the_rules_first_match(sites) ->
             group_fit_ctas=6,
             group_logits="auto",
             group_v_loads="ahead",
+            group_k_loads="ahead",
         ),
         sites,
     ) == {
@@ -60,6 +61,7 @@ def test_each_instantiation_is_told_its_group_by_the_rules_first_match(sites) ->
         "fit_ctas": "6",
         "logits": "2",
         "v_loads": "1",
+        "k_loads": "1",
         "lookahead": "1",
     }
     # a rule: bf16 head 128 groups by 2, every other kernel keeps one CTA per head
@@ -71,16 +73,17 @@ def test_each_instantiation_is_told_its_group_by_the_rules_first_match(sites) ->
     # off turns the prefetch off, not the grouping: the grouped form then does not prefetch
     got = _values(make_config(**base, group=2, rules={"bf16/128": "off"}), sites)
     assert got == {"heads": "2", "min_ctas": "1", "ctas_per_sm": "0", "half_below": "2", "fit_ctas": "0",
-                   "logits": "0", "v_loads": "0", "lookahead": f"({BF16_128}) ? 0 : 1"}  # fmt: skip
-    # an off rule may give the grouping itself, its launch bounds, half-group, fit, logits and V loads included
+                   "logits": "0", "v_loads": "0", "k_loads": "0", "lookahead": f"({BF16_128}) ? 0 : 1"}  # fmt: skip
+    # an off rule may give the grouping itself, its launch bounds, half-group, fit, logits, K and V loads included
     got = _values(make_config(**base, rules={"bf16/128": "off,group=4,group-min-ctas=256,group-ctas-per-sm=4,"
                                                           "group-half-below=0,group-fit-ctas=6,group-logits=global,"
-                                                          "group-v-loads=ahead"}),
+                                                          "group-v-loads=ahead,group-k-loads=ahead"}),
                   sites)  # fmt: skip
     assert got == {"heads": f"({BF16_128}) ? 4 : 1", "min_ctas": f"({BF16_128}) ? 256 : 1",
                    "ctas_per_sm": f"({BF16_128}) ? 4 : 0", "half_below": f"({BF16_128}) ? 0 : 2",
                    "fit_ctas": f"({BF16_128}) ? 6 : 0", "logits": f"({BF16_128}) ? 1 : 0",
-                   "v_loads": f"({BF16_128}) ? 1 : 0", "lookahead": f"({BF16_128}) ? 0 : 1"}  # fmt: skip
+                   "v_loads": f"({BF16_128}) ? 1 : 0", "k_loads": f"({BF16_128}) ? 1 : 0",
+                   "lookahead": f"({BF16_128}) ? 0 : 1"}  # fmt: skip
 
 
 @pytest.mark.network

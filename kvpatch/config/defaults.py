@@ -37,7 +37,9 @@ from .machine import Machine
 #: CTAs on an SM, of the full group or half of it, than registers do: launches sized for more than
 #: about 7k tokens, as vLLM's 8192-token graphs are): benchmarks/evidence/global-logits. And one
 #: since: fp16 head 256 block 16 takes ``group-v-loads = ahead`` (its grouped form loads the next
-#: block's V vectors before it computes the block in hand): benchmarks/evidence/v-loads-ahead.
+#: block's V vectors before it computes the block in hand): benchmarks/evidence/v-loads-ahead. And
+#: one since: fp16 head 256 block 16 takes ``group-k-loads = ahead`` too (the next block's K vectors
+#: loaded before the block in hand is scored): benchmarks/evidence/k-loads-ahead.
 DEFAULT_OVERRIDES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
     ('bf16', (('off', True),)),
     ('bf16/128/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('issue', 'split'), ('read', 'warp'), ('group', 4), ('group_min_ctas', 256), ('group_half_below', 4))),
@@ -55,7 +57,7 @@ DEFAULT_OVERRIDES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
     ('fp16/128/16/auto/v2', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('min_group', 2), ('issue', 'call'), ('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4))),
     ('fp16/128/32/auto/v1', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('min_group', 2), ('issue', 'call'), ('group', 4), ('group_min_ctas', 256), ('group_half_below', 4))),
     ('fp16/128/32/auto/v2', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('issue', 'call'), ('group', 4), ('group_min_ctas', 256))),
-    ('fp16/256/16/auto', (('group', 4), ('group_min_ctas', 256), ('group_half_below', 4), ('group_v_loads', 'ahead'), ('off', True))),
+    ('fp16/256/16/auto', (('group', 4), ('group_min_ctas', 256), ('group_half_below', 4), ('group_v_loads', 'ahead'), ('group_k_loads', 'ahead'), ('off', True))),
     ('fp16/256/32/auto/v1', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('min_group', 2), ('issue', 'call'), ('read', 'warp'), ('group', 4), ('group_min_ctas', 256), ('group_half_below', 4))),
     ('fp16/256/32/auto/v2', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('issue', 'inline'), ('read', 'warp'), ('group', 4), ('group_min_ctas', 256))),
     ('fp16/64/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('min_group', 2), ('issue', 'call'), ('read', 'warp'))),

@@ -38,15 +38,21 @@ GLOBAL_LOGITS = {("fp16", 128, 16, "auto", "v1"), ("bf16", 64, 16, "auto", "v1")
 #: The kernels whose grouped form loads the next block's V vectors before it computes the block in
 #: hand (group-v-loads = ahead; benchmarks/evidence/v-loads-ahead): fp16 head 256 block 16.
 V_LOADS_AHEAD = {("fp16", 256, 16, "auto", "v1"), ("fp16", 256, 16, "auto", "v2")}
+#: The kernels whose grouped form loads the next block's K vectors before it scores the block in
+#: hand too (group-k-loads = ahead; benchmarks/evidence/k-loads-ahead): the same two.
+K_LOADS_AHEAD = V_LOADS_AHEAD
 
 
-def _kernels(cfg, half_below: int | None = None, logits: bool = True, v_loads: bool = True) -> dict:
+def _kernels(cfg, half_below: int | None = None, logits: bool = True, v_loads: bool = True,
+             k_loads: bool = True) -> dict:  # fmt: skip
     """Each kernel's settings, group-half-below and group-logits only where the launcher reads them
-    (grouped v1 kernels), there ``half_below`` where given, group-logits only with ``logits`` and
-    group-v-loads only with ``v_loads``: tune-28's table with those settings."""
+    (grouped v1 kernels), there ``half_below`` where given, group-logits only with ``logits``,
+    group-v-loads only with ``v_loads`` and group-k-loads only with ``k_loads``: tune-28's table
+    with those settings."""
     return {k: replace(c, overrides=(), group_half_below=(half_below or c.group_half_below) if _halves(k, c) else 0,
                        group_logits=c.group_logits if logits and _halves(k, c) else "shared",
-                       group_v_loads=c.group_v_loads if v_loads and c.group > 1 else "at-use")
+                       group_v_loads=c.group_v_loads if v_loads and c.group > 1 else "at-use",
+                       group_k_loads=c.group_k_loads if k_loads and c.group > 1 else "at-use")
             for k, _, c in cfg.kernel_variants()}  # fmt: skip
 
 
@@ -56,22 +62,27 @@ def test_the_shipped_default_is_what_tune_wrote_on_the_h200() -> None:
     (wave-rule/kvpatch.toml, the configuration that run timed: the tuned file with that one line
     changed), then group-logits = auto for two of them (global-logits/kvpatch.toml, that file with
     those two rules changed), then group-v-loads = ahead for fp16 head 256 block 16
-    (v-loads-ahead/kvpatch.toml, that file with that rule changed). Kernel by kernel the shipped
-    table is that configuration."""
+    (v-loads-ahead/kvpatch.toml, that file with that rule changed), then group-k-loads = ahead
+    there too (k-loads-ahead/kvpatch.toml, that file with that rule changed). Kernel by kernel the
+    shipped table is that configuration."""
     options, tuned = read_config_file(EVIDENCE / "kvpatch.toml")
     timed, _ = read_config_file(EVIDENCE.parent / "wave-rule" / "kvpatch.toml")
     assert {k for k in options.keys() | timed.keys() if options.get(k) != timed.get(k)} == {"group_half_below"}
     assert (options["group_half_below"], timed["group_half_below"]) == (2, 4)
     logits, _ = read_config_file(EVIDENCE.parent / "global-logits" / "kvpatch.toml")
-    latest, _ = read_config_file(EVIDENCE.parent / "v-loads-ahead" / "kvpatch.toml")
+    v_ahead, _ = read_config_file(EVIDENCE.parent / "v-loads-ahead" / "kvpatch.toml")
+    latest, _ = read_config_file(EVIDENCE.parent / "k-loads-ahead" / "kvpatch.toml")
 
     shipped = _kernels(make_config())
     assert shipped == _kernels(make_config(**latest))
+    assert {k for k, c in shipped.items() if c.group_k_loads != "at-use"} == K_LOADS_AHEAD
+    shipped = _kernels(make_config(), k_loads=False)
+    assert shipped == _kernels(make_config(**v_ahead)) == _kernels(make_config(**latest), k_loads=False)
     assert {k for k, c in shipped.items() if c.group_v_loads != "at-use"} == V_LOADS_AHEAD
-    shipped = _kernels(make_config(), v_loads=False)
-    assert shipped == _kernels(make_config(**logits), v_loads=False) == _kernels(make_config(**latest), v_loads=False)
+    shipped = _kernels(make_config(), k_loads=False, v_loads=False)
+    assert shipped == _kernels(make_config(**logits), v_loads=False) == _kernels(make_config(**v_ahead), v_loads=False)
     assert {k for k, c in shipped.items() if c.group_logits != "shared"} == GLOBAL_LOGITS
-    shipped = _kernels(make_config(), logits=False, v_loads=False)
+    shipped = _kernels(make_config(), logits=False, v_loads=False, k_loads=False)
     assert shipped == _kernels(make_config(**timed), logits=False) == _kernels(make_config(**logits), logits=False)
     assert shipped != _kernels(make_config(**options)) == _kernels(make_config(**options), half_below=2)
     assert shipped == _kernels(make_config(**options), half_below=4)
@@ -91,7 +102,7 @@ def test_the_shipped_table_is_what_tune_chooses_from_the_fixed_timing_runs() -> 
     merged = merge_tune_data([json.loads(gzip.decompress((EVIDENCE / "tune.json.gz").read_bytes()))])
     report = rechoose(merged, policy="strict", exclude=list(EXCLUDE))
     # and the settings measured since (above)
-    assert _kernels(report.config, half_below=4) == _kernels(make_config(), logits=False, v_loads=False)
+    assert _kernels(report.config, half_below=4) == _kernels(make_config(), logits=False, v_loads=False, k_loads=False)
     unexcluded = rechoose(merged, policy="strict").config
 
     def form(cfg) -> dict:
@@ -163,6 +174,7 @@ def test_the_documented_table_of_the_default_is_the_default() -> None:
                     grouped += f" {c.group_ctas_per_sm}/SM" if c.group > 1 and c.group_ctas_per_sm else ""
                     grouped += " gl" if c.group > 1 and kernel == "v1" and c.group_logits == "auto" else ""
                     grouped += " va" if c.group > 1 and c.group_v_loads == "ahead" else ""
+                    grouped += " ka" if c.group > 1 and c.group_k_loads == "ahead" else ""
                     cells.append(("off" if c.off else f"{c.issue} {c.scope} la{c.lookahead}{gates}") + grouped)
             assert f"| {dtype} {kernel} | " + " | ".join(cells) + " |" in docs, (dtype, kernel, cells)
     on = _on(cfg)

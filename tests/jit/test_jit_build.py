@@ -423,28 +423,39 @@ def test_group_logits_adds_v1_kernels_with_global_logits_and_leaves_the_others_a
     assert len(traps) == 4 and all(trap == ("_global_" in symbol) for symbol, trap in traps.items()), traps
 
 
+def _loads_ahead(tree, cache, loads: str, kernel: str, dtype: str, head: int) -> tuple[dict, dict]:
+    """``kernel`` grouped (group 4, >= 256 CTAs) with ``group-{loads}-loads`` at use and ahead
+    (``loads``: ``k`` or ``v``): the same grouped kernels are built, the build says which load ahead
+    (in the report's labels and its JSON; their names do not), vLLM's own form is the same SASS and
+    each grouped kernel's differs. Returns the grouped kernels' SASS, at use and ahead."""
+    rule = "group=4,group-min-ctas=256"
+    at_use, ahead = _build_ruled(tree, cache, kernel, {"at_use": rule, "ahead": rule + f",group-{loads}-loads=ahead"},
+                                 dtype, [head])  # fmt: skip
+    assert sorted((g.kernel, g.heads) for g in at_use.grouped) == sorted((g.kernel, g.heads) for g in ahead.grouped)
+    field = f"{loads}_loads"
+    assert {getattr(g, field) for g in at_use.grouped} == {"at-use"}
+    assert {getattr(g, field) for g in ahead.grouped} == {"ahead"}
+    assert all(f" {loads}-ahead " in g.label for g in ahead.grouped)
+    assert not any("ahead" in g.label for g in at_use.grouped)
+    assert _stock_form_sass(at_use) == _stock_form_sass(ahead)
+    grouped = lambda symbol: "kvpatch_grouped" in symbol  # noqa: E731
+    before, after = _stock_form_sass(at_use, grouped), _stock_form_sass(ahead, grouped)
+    assert before.keys() == after.keys() and len(before) == 3  # v1 with 4 and 2 heads, v2
+    assert all(before[symbol] != after[symbol] for symbol in before)
+    return before, after
+
+
 def test_group_v_loads_ahead_changes_only_the_grouped_kernels_value_loop(tree_0102, build_cache):
     """Before (group-v-loads at-use): each V vector is loaded where the value loop uses it. After
     (ahead): the grouped kernels load a block's V vectors before the loop and the next block's
     inside it, so each holds one block's loads more; the same grouped kernels are built, and vLLM's
     own form is the same SASS."""
-    rule = "group=4,group-min-ctas=256"
-    at_use, ahead = _build_ruled(tree_0102, build_cache, "fp16/256/16", {"at_use": rule, "ahead": rule +
-                                 ",group-v-loads=ahead"}, "fp16", [256])  # fmt: skip
-    assert sorted((g.kernel, g.heads) for g in at_use.grouped) == sorted((g.kernel, g.heads) for g in ahead.grouped)
-    # the build says which do (their names do not): in the report's labels and its JSON
-    assert {g.v_loads for g in at_use.grouped} == {"at-use"} and {g.v_loads for g in ahead.grouped} == {"ahead"}
-    assert all(" v-ahead " in g.label for g in ahead.grouped) and not any("ahead" in g.label for g in at_use.grouped)
-    assert _stock_form_sass(at_use) == _stock_form_sass(ahead)
-    grouped = lambda symbol: "kvpatch_grouped" in symbol  # noqa: E731
-    before, after = _stock_form_sass(at_use, grouped), _stock_form_sass(ahead, grouped)
-    assert before.keys() == after.keys() and len(before) == 3  # v1 with 4 and 2 heads, v2
+    before, after = _loads_ahead(tree_0102, build_cache, "v", "fp16/256/16", "fp16", 256)
 
     def loads(sass: list[str]) -> int:  # 128-bit global loads: the K and V vectors
         return sum(i.startswith("LDG.E.128") for i in sass)
 
     for symbol in before:
-        assert before[symbol] != after[symbol]
         # V: head 256 / 16 rows a pass = 16 vectors a block a thread
         assert loads(after[symbol]) >= loads(before[symbol]) + 16, (symbol, loads(before[symbol]), loads(after[symbol]))
 
@@ -454,22 +465,12 @@ def test_group_k_loads_ahead_changes_only_the_grouped_kernels_key_loop(tree_0102
     block. After (ahead): it loads the first block's before the loop and the next block's inside it,
     before the block in hand is scored, so its loads are issued further ahead of their use; the same
     grouped kernels are built, and vLLM's own form is the same SASS."""
-    rule = "group=4,group-min-ctas=256"
-    at_use, ahead = _build_ruled(tree_0102, build_cache, "bf16/64/16", {"at_use": rule, "ahead": rule +
-                                 ",group-k-loads=ahead"}, "bf16", [64])  # fmt: skip
-    assert sorted((g.kernel, g.heads) for g in at_use.grouped) == sorted((g.kernel, g.heads) for g in ahead.grouped)
-    assert {g.k_loads for g in at_use.grouped} == {"at-use"} and {g.k_loads for g in ahead.grouped} == {"ahead"}
-    assert all(" k-ahead " in g.label for g in ahead.grouped) and not any("ahead" in g.label for g in at_use.grouped)
-    assert _stock_form_sass(at_use) == _stock_form_sass(ahead)
-    grouped = lambda symbol: "kvpatch_grouped" in symbol  # noqa: E731
-    before, after = _stock_form_sass(at_use, grouped), _stock_form_sass(ahead, grouped)
-    assert before.keys() == after.keys() and len(before) == 3  # v1 with 4 and 2 heads, v2
+    before, after = _loads_ahead(tree_0102, build_cache, "k", "bf16/64/16", "bf16", 64)
 
     def k_loads(sass: list[str]) -> int:  # 64-bit global loads: the K vectors of head 64 block 16
         return sum(i.startswith("LDG.E.64") for i in sass)
 
     for symbol in before:
-        assert before[symbol] != after[symbol]
         # K: head 64 / (2 threads x 4 scalars) = 8 vectors a block a thread, loaded once more: the first block's
         assert k_loads(after[symbol]) >= k_loads(before[symbol]) + 8, (symbol, k_loads(before[symbol]),
                                                                        k_loads(after[symbol]))  # fmt: skip

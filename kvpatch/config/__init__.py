@@ -56,10 +56,10 @@ from .toml import (
 )
 
 __all__ = [
-    "CACHES", "CACHE_HINTS", "CHOICES", "DEFAULT_OVERRIDES", "DEFAULT_TUNED_ON", "DTYPES", "ISSUES", "LOGITS", "MAX_ALIGN",
+    "CACHES", "CACHE_HINTS", "CHOICES", "DEFAULT_OVERRIDES", "DEFAULT_TUNED_ON", "DTYPES", "ISSUES", "K_LOADS", "LOGITS", "MAX_ALIGN",
     "MAX_LOOKAHEAD", "MAX_MIN_CTAS", "MAX_MIN_GROUP", "MAX_MIN_KV_MIB", "MAX_SIZE", "Machine", "OVERRIDABLE", "PAPER",
     "PLACEMENTS", "PRESETS", "PatchConfig", "QUANTIZED", "READS", "RESERVED_VARIANTS", "RULE_KERNELS", "RULE_KV",
-    "SCOPES", "Selector", "V_LOADS", "K_LOADS", "config_and_tuned", "config_from_marker", "differences", "dump_config",
+    "SCOPES", "Selector", "V_LOADS", "config_and_tuned", "config_from_marker", "differences", "dump_config",
     "load_config_file", "make_config", "parse_override", "parse_rules", "read_config_file", "unreached",
     "variant_configs",
     "variant_files",

@@ -39,7 +39,10 @@ from .machine import Machine
 #: since: fp16 head 256 block 16 takes ``group-v-loads = ahead`` (its grouped form loads the next
 #: block's V vectors before it computes the block in hand): benchmarks/evidence/v-loads-ahead. And
 #: one since: fp16 head 256 block 16 takes ``group-k-loads = ahead`` too (the next block's K vectors
-#: loaded before the block in hand is scored): benchmarks/evidence/k-loads-ahead.
+#: loaded before the block in hand is scored): benchmarks/evidence/k-loads-ahead. And one since:
+#: fp16 head 64 block 16, which tune-28 left ungrouped, groups (v1: its prefetch rule with the grouped
+#: form under launch bounds for 4 CTAs an SM, logits auto, K loads ahead; v2: vLLM's form stock's,
+#: the grouped form with K loads ahead): benchmarks/evidence/fp16-h64-grouped.
 DEFAULT_OVERRIDES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
     ('bf16', (('off', True),)),
     ('bf16/128/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('issue', 'split'), ('read', 'warp'), ('group', 4), ('group_min_ctas', 256), ('group_half_below', 4))),
@@ -60,8 +63,8 @@ DEFAULT_OVERRIDES: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
     ('fp16/256/16/auto', (('group', 4), ('group_min_ctas', 256), ('group_half_below', 4), ('group_v_loads', 'ahead'), ('group_k_loads', 'ahead'), ('off', True))),
     ('fp16/256/32/auto/v1', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('min_group', 2), ('issue', 'call'), ('read', 'warp'), ('group', 4), ('group_min_ctas', 256), ('group_half_below', 4))),
     ('fp16/256/32/auto/v2', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('issue', 'inline'), ('read', 'warp'), ('group', 4), ('group_min_ctas', 256))),
-    ('fp16/64/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('min_group', 2), ('issue', 'call'), ('read', 'warp'))),
-    ('fp16/64/16/auto/v2', (('off', True),)),
+    ('fp16/64/16/auto/v1', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('min_group', 2), ('issue', 'call'), ('read', 'warp'), ('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4), ('group_half_below', 4), ('group_logits', 'auto'), ('group_k_loads', 'ahead'))),
+    ('fp16/64/16/auto/v2', (('group', 4), ('group_min_ctas', 256), ('group_k_loads', 'ahead'), ('off', True))),
     ('fp16/64/32/auto/v1', (('lookahead', 1), ('scope', 'kv-head'), ('min_group', 2), ('issue', 'inline'), ('read', 'warp'), ('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4), ('group_half_below', 4))),
     ('fp16/64/32/auto/v2', (('lookahead', 1), ('scope', 'kv-head-rotate'), ('min_group', 2), ('issue', 'inline'), ('read', 'warp'), ('group', 4), ('group_min_ctas', 256), ('group_ctas_per_sm', 4))),
     ('fp32', (('off', True),)),

@@ -41,6 +41,16 @@ V_LOADS_AHEAD = {("fp16", 256, 16, "auto", "v1"), ("fp16", 256, 16, "auto", "v2"
 #: The kernels whose grouped form loads the next block's K vectors before it scores the block in
 #: hand too (group-k-loads = ahead; benchmarks/evidence/k-loads-ahead): the same two.
 K_LOADS_AHEAD = V_LOADS_AHEAD
+#: The kernels the shipped table grouped last (benchmarks/evidence/fp16-h64-grouped): fp16 head 64
+#: block 16, which tune-28 left ungrouped.
+H64_GROUPED = {("fp16", 64, 16, "auto", "v1"), ("fp16", 64, 16, "auto", "v2")}
+
+
+def _before_h64():
+    """The shipped table before fp16 head 64 block 16 grouped (k-loads-ahead/kvpatch.toml): the
+    table the settings measured since tune-28 chain to."""
+    options, _ = read_config_file(EVIDENCE.parent / "k-loads-ahead" / "kvpatch.toml")
+    return make_config(**options)
 
 
 def _kernels(cfg, half_below: int | None = None, logits: bool = True, v_loads: bool = True,
@@ -63,26 +73,31 @@ def test_the_shipped_default_is_what_tune_wrote_on_the_h200() -> None:
     changed), then group-logits = auto for two of them (global-logits/kvpatch.toml, that file with
     those two rules changed), then group-v-loads = ahead for fp16 head 256 block 16
     (v-loads-ahead/kvpatch.toml, that file with that rule changed), then group-k-loads = ahead
-    there too (k-loads-ahead/kvpatch.toml, that file with that rule changed). Kernel by kernel the
-    shipped table is that configuration."""
+    there too (k-loads-ahead/kvpatch.toml, that file with that rule changed), then fp16 head 64
+    block 16 grouped (fp16-h64-grouped/kvpatch.toml, that file with its two rules changed). Kernel
+    by kernel the shipped table is that configuration."""
     options, tuned = read_config_file(EVIDENCE / "kvpatch.toml")
     timed, _ = read_config_file(EVIDENCE.parent / "wave-rule" / "kvpatch.toml")
     assert {k for k in options.keys() | timed.keys() if options.get(k) != timed.get(k)} == {"group_half_below"}
     assert (options["group_half_below"], timed["group_half_below"]) == (2, 4)
     logits, _ = read_config_file(EVIDENCE.parent / "global-logits" / "kvpatch.toml")
     v_ahead, _ = read_config_file(EVIDENCE.parent / "v-loads-ahead" / "kvpatch.toml")
-    latest, _ = read_config_file(EVIDENCE.parent / "k-loads-ahead" / "kvpatch.toml")
+    latest, _ = read_config_file(EVIDENCE.parent / "fp16-h64-grouped" / "kvpatch.toml")
+    before = _before_h64()
 
     shipped = _kernels(make_config())
     assert shipped == _kernels(make_config(**latest))
+    assert {k for k in shipped if shipped[k] != _kernels(before)[k]} == H64_GROUPED
+    assert {k for k, c in shipped.items() if c.group > 1 and c.group_k_loads != "at-use"} == K_LOADS_AHEAD | H64_GROUPED
+    shipped = _kernels(before)
     assert {k for k, c in shipped.items() if c.group_k_loads != "at-use"} == K_LOADS_AHEAD
-    shipped = _kernels(make_config(), k_loads=False)
-    assert shipped == _kernels(make_config(**v_ahead)) == _kernels(make_config(**latest), k_loads=False)
+    shipped = _kernels(before, k_loads=False)
+    assert shipped == _kernels(make_config(**v_ahead))
     assert {k for k, c in shipped.items() if c.group_v_loads != "at-use"} == V_LOADS_AHEAD
-    shipped = _kernels(make_config(), k_loads=False, v_loads=False)
+    shipped = _kernels(before, k_loads=False, v_loads=False)
     assert shipped == _kernels(make_config(**logits), v_loads=False) == _kernels(make_config(**v_ahead), v_loads=False)
     assert {k for k, c in shipped.items() if c.group_logits != "shared"} == GLOBAL_LOGITS
-    shipped = _kernels(make_config(), logits=False, v_loads=False, k_loads=False)
+    shipped = _kernels(before, logits=False, v_loads=False, k_loads=False)
     assert shipped == _kernels(make_config(**timed), logits=False) == _kernels(make_config(**logits), logits=False)
     assert shipped != _kernels(make_config(**options)) == _kernels(make_config(**options), half_below=2)
     assert shipped == _kernels(make_config(**options), half_below=4)
@@ -96,19 +111,20 @@ def test_the_shipped_table_is_what_tune_chooses_from_the_fixed_timing_runs() -> 
     """Chosen again from the raw data of the run it was tuned from (tune-28: stock, tune-27 and
     tune-27 grouped and bounded three ways), the strict policy writes exactly the shipped rules;
     without the held-out set's exclusions bf16 head 128 block 16 v1 would take launch bounds and
-    fp16 head 64 block 16 v1 would group."""
+    fp16 head 64 block 16 v1 would group (it groups since, chosen and timed on its own with the
+    grouped form's later code: the table before that step is what tune-28 chose)."""
     from kvpatch.tune import merge_tune_data, rechoose
 
     merged = merge_tune_data([json.loads(gzip.decompress((EVIDENCE / "tune.json.gz").read_bytes()))])
     report = rechoose(merged, policy="strict", exclude=list(EXCLUDE))
     # and the settings measured since (above)
-    assert _kernels(report.config, half_below=4) == _kernels(make_config(), logits=False, v_loads=False, k_loads=False)
+    assert _kernels(report.config, half_below=4) == _kernels(_before_h64(), logits=False, v_loads=False, k_loads=False)
     unexcluded = rechoose(merged, policy="strict").config
 
     def form(cfg) -> dict:
         return {k: (c.group, c.group_ctas_per_sm) for k, _, c in cfg.kernel_variants() if c.group > 1}
 
-    shipped, again = form(make_config()), form(unexcluded)
+    shipped, again = form(_before_h64()), form(unexcluded)
     assert {k for k in again if again[k] != shipped.get(k)} == {
         ("fp16", 64, 16, "auto", "v1"),
         ("bf16", 128, 16, "auto", "v1"),

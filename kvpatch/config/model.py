@@ -228,7 +228,8 @@ class PatchConfig:
     #: in hand is scored: one block's vectors more in registers, their loads in flight while it
     #: computes). The same blocks are loaded, and the arithmetic and its order are the same:
     #: outputs stay stock's. A per-kernel choice like group_v_loads (the shipped table: fp16 head
-    #: 256 block 16, benchmarks/evidence/k-loads-ahead/).
+    #: 256 block 16, benchmarks/evidence/k-loads-ahead/; fp16 head 64 block 16,
+    #: benchmarks/evidence/fp16-h64-grouped/).
     group_k_loads: str = setting("at-use", "group > 1 only: load each block's K vectors where the key loop scores it "
                                  "(at-use) or the next block's before the block in hand is scored (ahead).",
                                  choices=K_LOADS, rule=True, tune=Tune(14, "kl{}"), grouped="all")  # fmt: skip

@@ -39,7 +39,7 @@ from rich.markup import escape  # noqa: E402
 
 from kvpatch import jit as B  # noqa: E402
 from kvpatch.cli.base import TerminalProgress  # noqa: E402
-from kvpatch.commands.common import local_machine  # noqa: E402
+from kvpatch.commands.common import build_code, local_machine  # noqa: E402
 from kvpatch.commands.tune import tune_build_spec  # noqa: E402
 from kvpatch.config import load_config_file, make_config  # noqa: E402
 from kvpatch.config.toml import check_variant_name  # noqa: E402
@@ -159,7 +159,7 @@ def main() -> None:
             lines.append(f"{r.name}={Path(r.library).name}:{r.prefix}")
             info[r.name] = {"marker": v.marker, "compile_flags": list(r.compile_flags),
                             "archs": list(r.archs), "configs": len(r.configs), "vllm": revision_of(stock) or args.vllm,
-                            "nvcc": nvcc}  # fmt: skip
+                            "nvcc": nvcc, "code": build_code(r)}  # fmt: skip
         console.print(build_table(result))
         for warning in result.split_warnings() + result.schedule_warnings():
             console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)

@@ -364,7 +364,7 @@ def tune(
         typer.Option(
             "--incumbent",
             metavar="NAME",
-            help="The configuration to improve on: each kernel where it qualifies keeps its settings unless a qualifying candidate is never slower than it at a tuning point (beyond the rounds' spread) and faster in geomean (its interval above 1.00). With --lib or --from, one of their candidates; when building, the tree's own configuration (the shipped table, or your kvpatch.toml), built as candidate NAME.",
+            help="The configuration to improve on: each kernel where it qualifies keeps its settings unless a qualifying candidate is never slower than it at a tuning point (beyond the rounds' spread; not counting points where both ran the same SASS, by the digests their builds recorded) and faster in geomean (its interval above 1.00). With --lib or --from, one of their candidates; when building, the tree's own configuration (the shipped table, or your kvpatch.toml), built as candidate NAME.",
         ),
     ] = None,
 ) -> None:

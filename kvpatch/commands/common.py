@@ -110,9 +110,17 @@ def built(result: Any, variants: Sequence[Any]) -> Libraries:
     markers = {v.name: v.marker for v in variants}
     specs = [L.LibSpec(v.name, str(v.library), v.prefix) for v in result.variants]
     flags = {v.name: list(v.compile_flags) for v in result.variants}
+    code = {v.name: build_code(v) for v in result.variants}
     info = {s.name: {**L.lib_info(s.path, s.prefix), "marker": markers.get(s.name, "?"),
-                     "compile_flags": flags.get(s.name)} for s in specs}  # fmt: skip
+                     "compile_flags": flags.get(s.name), "code": code.get(s.name)} for s in specs}  # fmt: skip
     return Libraries(L.load_libs(specs), info, specs)
+
+
+def build_code(result: Any) -> dict[str, Any]:
+    """A built variant's ``code`` entry of variant info: its kernels' SASS digests
+    (:meth:`kvpatch.jit.result.VariantResult.code`) and the library's sha256 they were read from
+    (:func:`kvpatch.gpu.bench_report.code_of` trusts them only for that file)."""
+    return {"library_sha256": result.library_sha256, "kernels": result.code()}
 
 
 def build_libraries(tree: Optional[Path], cwd: Path, arch: str, variants: list, progress: Progress,

@@ -94,3 +94,10 @@ class Selector:
         return all(want is None or want == have for want, have in
                    ((self.dtype, dtype), (self.head_size, head_size), (self.block_size, block_size), (self.kv_cache, kv),
                     (self.kernel, kernel)))  # fmt: skip
+
+
+def kernel_selector(dtype: str, head_size: int, block_size: int, kv_cache_dtype: str, kernel: str) -> str:
+    """``'fp16/128/16/auto/v2'``: the rule selector of exactly one kernel of one instantiation
+    (any fp8 cache dtype is ``fp8``)."""
+    kv = "auto" if kv_cache_dtype == "auto" else "fp8"
+    return f"{dtype}/{head_size}/{block_size}/{kv}/{kernel}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 from . import stats
 from .points import BenchPoint
@@ -158,6 +158,65 @@ def stock_code_of(variant_info: Mapping[str, Any], baseline: str) -> StockCode:
         return None if cfg.resolve(dtype, head_size, block_size, kv_cache_dtype, kernel).group > 1 else True
 
     return stock_code
+
+
+#: ``code(variant, dtype, head_size, block_size, kv_cache_dtype, kernel, grouped)``: which code that
+#: variant ran at one point, equal for two variants that ran the same code; None where it cannot
+#: say (:func:`code_of`).
+CodeOf = Callable[[str, str, int, int, str, str, "bool | None"], "Hashable | None"]
+
+#: :data:`CodeOf`'s answer where a variant ran stock's code.
+STOCK_CODE = "stock"
+
+
+def code_of(variant_info: Mapping[str, Any], baseline: str) -> CodeOf:
+    """Which code each variant ran at a point: :data:`STOCK_CODE` where :func:`stock_code_of`
+    says stock's; else, where its build recorded its kernels' SASS (``variant_info[name]['code']``,
+    :meth:`kvpatch.jit.result.VariantResult.code`) for this very library (its sha256 the one
+    measured of the file loaded), the digest of the form it launched (``grouped``, measured) with,
+    for the grouped form, the grouping settings its launcher decides by. None where it cannot say:
+    no digest, another file, the form not checked. Two variants with the same answer ran the same
+    SASS in the same launches: what one measures against the other there is the bench's noise."""
+    stock_code = stock_code_of(variant_info, baseline)
+    from ..config import config_from_marker
+    from ..config.model import GROUPING
+    from ..config.selector import kernel_selector
+    from ..errors import UsageError
+
+    digests: dict[str, Mapping[str, Any]] = {}
+    configs: dict[str, Any] = {}
+    for name, info in variant_info.items():
+        code = info.get("code")
+        if not isinstance(code, Mapping) or not isinstance(code.get("kernels"), Mapping):
+            continue
+        if not info.get("sha256") or code.get("library_sha256") != info.get("sha256"):
+            continue  # recorded for another build of the library than the one measured
+        try:
+            configs[name] = config_from_marker(str(info.get("marker", "")))
+        except UsageError:
+            continue
+        digests[name] = code["kernels"]
+
+    def code(name: str, dtype: str, head_size: int, block_size: int, kv_cache_dtype: str, kernel: str,
+             grouped: bool | None) -> Hashable | None:  # fmt: skip
+        stock = stock_code(name, dtype, head_size, block_size, kv_cache_dtype, kernel, grouped)
+        if stock:
+            return STOCK_CODE
+        if stock is None or name not in digests:
+            return None
+        sel = kernel_selector(dtype, head_size, block_size, kv_cache_dtype, kernel)
+        own = configs[name].resolve(dtype, head_size, block_size, kv_cache_dtype, kernel)
+        if grouped is None and own.group > 1:
+            return None  # either form may have run
+        if not grouped:
+            form = digests[name].get(sel)
+            return ("form", sel, form) if isinstance(form, str) and form else None
+        form = digests[name].get(sel + " grouped")
+        if not isinstance(form, str) or not form:
+            return None
+        return ("grouped", sel, form, tuple((k, getattr(own, k)) for k in GROUPING))
+
+    return code
 
 
 def result_stock_code(stock_code: StockCode, name: str, r: BenchResult) -> bool | None:

@@ -239,12 +239,6 @@ def tuning_points(*, dtypes: Sequence[str] = TUNING_DTYPES, head_sizes: Sequence
                                  head_size=hs, block_size=bs, seed=0)]  # fmt: skip
 
 
-def kernel_selector(dtype: str, head_size: int, block_size: int, kv_cache_dtype: str, kernel: str) -> str:
-    """``'fp16/128/16/auto/v2'``: the rule selector of exactly one kernel of one instantiation."""
-    kv = "auto" if kv_cache_dtype == "auto" else "fp8"
-    return f"{dtype}/{head_size}/{block_size}/{kv}/{kernel}"
-
-
 def quick_points() -> list[BenchPoint]:
     """fp16 and bf16, batch 1/64 x context 1024/16384 of the tuning shape."""
     return make_points(batches=(1, 64), contexts=(1024, 16384))

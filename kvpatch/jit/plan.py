@@ -172,14 +172,17 @@ class VariantPlan(CacheLayout):
             return self.dir / path if not path.is_absolute() else path
 
         r = replace(r, dir=self.dir, library=fix(r.library), sass=fix(r.sass), cubins=tuple(fix(c) for c in r.cubins))
-        # built by a kvpatch that did not read the load-use distance, or record the grouped form's
-        # kernels: read them from the kept SASS (one pass for both) and the ptxas logs, once
-        no_load_use = any("load_use" not in k for k in data["kernels"])
-        no_grouped = "grouped" not in data and GROUPED_SYMBOL in self.variant.header
+        # built by a kvpatch that did not read the load-use distance or the SASS digests, or record
+        # the grouped form's kernels: read them from the kept SASS (one pass for all) and the ptxas
+        # logs, once
+        no_load_use = any("load_use" not in k or "sass" not in k for k in data["kernels"])
+        no_grouped = GROUPED_SYMBOL in self.variant.header and (
+            "grouped" not in data or any("sass" not in g for g in data["grouped"])
+        )
         if (no_load_use or no_grouped) and r.sass.is_file():
             try:
                 with gzip.open(r.sass, "rt", encoding="utf-8") as f:
-                    found = scan_sass_kernels(f)
+                    found = scan_sass_kernels(f, self.variant.prefix)
                 if no_load_use:
                     r = with_sass_counts(r, found)
                 if no_grouped:
@@ -327,7 +330,7 @@ def inspect_variant(p: VariantPlan, tools: Any, step: Callable[[str, Callable[[]
     sass: dict[tuple[str, str], SassKernel] = {}
 
     def dump() -> None:
-        sass.update(dump_sass(tools, p.library, sass_path))
+        sass.update(dump_sass(tools, p.library, sass_path, p.variant.prefix))
         extract_cubins(tools, p.library, p.dir / "cubin")
 
     step("cuobjdump --dump-sass", dump)
@@ -335,7 +338,7 @@ def inspect_variant(p: VariantPlan, tools: Any, step: Callable[[str, Callable[[]
     sigs = dict(p.signatures)
     names = demangle(sorted({sym for _, sym in sass}))
     kernels = []
-    for (arch, sym), (has, ops, load_use) in sorted(sass.items()):
+    for (arch, sym), (has, ops, load_use, digest) in sorted(sass.items()):
         desc = describe_kernel(names[sym], sigs)
         if desc is None:
             continue
@@ -347,7 +350,8 @@ def inspect_variant(p: VariantPlan, tools: Any, step: Callable[[str, Callable[[]
                                                            desc["kv_cache_dtype"], desc["kernel"]).issue == "split"  # fmt: skip
         res = usage.get((arch, sym), {"registers": 0, "spill_stores": 0, "spill_loads": 0, "stack_bytes": 0})
         kernels.append(KernelInfo(arch=arch, **desc, **res, has_prefetch=has, expect_prefetch=expect, symbol=sym,
-                                  fp_ops=tuple(sorted(ops.items())), split=split, load_use=load_use))  # fmt: skip
+                                  fp_ops=tuple(sorted(ops.items())), split=split, load_use=load_use,
+                                  sass=digest))  # fmt: skip
     kernels.sort(key=_kernel_order)
     return VariantResult(
         name=p.variant.name,

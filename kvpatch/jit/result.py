@@ -4,11 +4,13 @@ in :mod:`kvpatch.render`; ``to_dict``/``from_dict`` are ``result.json``'s form."
 from __future__ import annotations
 
 import gzip
+import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from ..arch import is_hopper
+from ..config.selector import kernel_selector
 from ..errors import BuildError
 
 #: The prefetch instruction in SASS.
@@ -49,6 +51,8 @@ class KernelInfo:
     #: How many instructions ahead of their first use the key loop issues its global loads
     #: (median; :func:`kvpatch.jit.sass.key_loop_load_use`), None where not found.
     load_use: float | None = None
+    #: Its SASS's digest (:attr:`kvpatch.jit.sass.SassFunction.digest`); empty where not read.
+    sass: str = ""
 
     @property
     def ok(self) -> bool:
@@ -87,6 +91,7 @@ class GroupedKernel:
     logits: str = "shared"  # v1: where it keeps its heads' logits, 'shared' or 'global' memory
     v_loads: str = "at-use"  # when it loads its V vectors (group-v-loads): 'at-use' or 'ahead'
     k_loads: str = "at-use"  # when it loads its K vectors (group-k-loads): 'at-use' or 'ahead'
+    sass: str = ""  # its SASS's digest (kvpatch.jit.sass.SassFunction.digest); empty where not read
 
     @property
     def expect_prefetch(self) -> bool:
@@ -151,6 +156,30 @@ class VariantResult:
     cached: bool = False
     #: The grouped form's kernels (none unless some kernel's settings say group > 1).
     grouped: tuple[GroupedKernel, ...] = ()
+
+    def code(self) -> dict[str, str]:
+        """Which code a launch of each kernel runs, as digests of its SASS (every arch built):
+        ``{'fp16/128/16/auto/v1': digest}`` for vLLM's form of that kernel (v2's with its reduce
+        kernel, which every v2 launch runs after it) and ``{'fp16/128/16/auto/v1 grouped': digest}``
+        for every grouped-form kernel of it (the full group and half of it, each place for the
+        logits, under launch bounds or not: which of them a launch takes, the launcher's rules
+        decide). Two libraries with the same digest for a kernel ran the same SASS in a launch of
+        the same form. A kernel whose SASS digest was not read has no entry."""
+        reduce = {(k.arch, k.dtype, k.head_size): k.sass for k in self.kernels if k.kernel == "reduce"}
+        parts: dict[str, list[str]] = {}
+        for k in self.kernels:
+            if k.kernel == "reduce":
+                continue
+            sel = kernel_selector(k.dtype, k.head_size, k.block_size, k.kv_cache_dtype, k.kernel)
+            with_reduce = reduce.get((k.arch, k.dtype, k.head_size), "") if k.kernel == "v2" else "-"
+            parts.setdefault(sel, []).append(f"{k.arch} {k.sass} {with_reduce}" if k.sass and with_reduce else "")
+        for g in self.grouped:
+            sel = kernel_selector(g.dtype, g.head_size, g.block_size, "auto", g.kernel) + " grouped"
+            with_reduce = reduce.get((g.arch, g.dtype, g.head_size), "") if g.kernel == "v2" else "-"
+            shape = f"{g.arch} x{g.heads} {g.logits} {g.ctas_per_sm} {g.lookahead}"
+            parts.setdefault(sel, []).append(f"{shape} {g.sass} {with_reduce}" if g.sass and with_reduce else "")
+        return {sel: hashlib.sha256("\n".join(sorted(ps)).encode()).hexdigest()[:16]
+                for sel, ps in sorted(parts.items()) if all(ps)}  # fmt: skip
 
     def read_sass(self) -> str:
         """The whole ``cuobjdump --dump-sass`` text of the library (kept gzip-compressed)."""

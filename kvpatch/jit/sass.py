@@ -6,6 +6,7 @@ kernel's check, :func:`check_prefetch_library`)."""
 from __future__ import annotations
 
 import gzip
+import hashlib
 import re
 import shutil
 import statistics
@@ -55,7 +56,7 @@ _SASS_FUNCTION = re.compile(r"^\s*Function : (\S+)")
 #: ``issue=split`` check compares their FFMA (:meth:`~kvpatch.jit.result.BuildResult.split_warnings`).
 FP_OPS = re.compile(r"(FFMA|FADD|FMUL|HFMA2(?!\.MMA)|HADD2|HMUL2|FMNMX|MUFU|F2F|FSEL)\b")
 #: One SASS instruction: its address (4 hex digits, more past 0xffff) and its text without the predicate.
-_SASS_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([^;]*);")
+_SASS_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([^;]*);")
 _BRANCH = re.compile(r"^BRA(?:\.\w+)*\s+(?:`\(\S+\)\s*)?0x([0-9a-f]+)")
 _LOAD = re.compile(r"^LDG(\S*)\s+R(\d+),")
 
@@ -67,6 +68,22 @@ class SassKernel(NamedTuple):
     fp_ops: dict[str, int]
     #: :func:`key_loop_load_use`, or None where it finds no such loop.
     load_use: float | None = None
+    #: :attr:`SassFunction.digest`: equal in two libraries where they hold the same code.
+    digest: str = ""
+
+
+class SassFunction(NamedTuple):
+    """One function of a ``cuobjdump --dump-sass`` dump, as :func:`sass_functions` reads it."""
+
+    arch: str
+    #: Its mangled name; None for code outside a ``Function :`` block.
+    symbol: str | None
+    #: (address, instruction text without its predicate), in order.
+    instrs: list[tuple[int, str]]
+    #: sha256 (16 hex digits) of its instructions with their predicates, without addresses and
+    #: encodings, the library's namespace written ``NS``: the same in two libraries whose
+    #: functions hold the same code, whatever namespace (``kvpatch_<variant>``) each was built in.
+    digest: str = ""
 
 
 def key_loop_load_use(instrs: Sequence[tuple[int, str]]) -> float | None:
@@ -107,32 +124,45 @@ def key_loop_load_use(instrs: Sequence[tuple[int, str]]) -> float | None:
     return float(statistics.median(distances)) if distances else None
 
 
-def sass_functions(lines: Iterable[str]) -> Iterator[tuple[str, str | None, list[tuple[int, str]]]]:
-    """``cuobjdump --dump-sass`` lines -> ``(arch, symbol, [(address, instruction), ...])`` per
-    function, in order (symbol None for code outside a ``Function :`` block); an instruction
-    is its text without the predicate."""
-    arch, symbol, instrs = "", None, []  # type: ignore[var-annotated]
+def sass_functions(lines: Iterable[str], namespace: str = "") -> Iterator[SassFunction]:
+    """``cuobjdump --dump-sass`` lines -> one :class:`SassFunction` per function, in order.
+    ``namespace``: the library's (``kvpatch_<variant>``, what ``-Dvllm=`` named vLLM's), which
+    the digest writes as ``NS``."""
+    names = _namespace_forms(namespace)
+    arch, symbol, instrs, digest = "", None, [], hashlib.sha256()  # type: ignore[var-annotated]
     started = False
     for line in lines:
         if (m := _SASS_ARCH.match(line)) or (f := _SASS_FUNCTION.match(line)):
             if started:
-                yield arch, symbol, instrs
+                yield SassFunction(arch, symbol, instrs, digest.hexdigest()[:16])
             if m:
                 arch, symbol = m.group(1), None
             else:
                 symbol = f.group(1)
-            instrs, started = [], True
+            instrs, started, digest = [], True, hashlib.sha256()
         elif started and (i := _SASS_INSTR.search(line)):
-            instrs.append((int(i.group(1), 16), i.group(2).strip()))
+            text = i.group(3).strip()
+            instrs.append((int(i.group(1), 16), text))
+            whole = f"{(i.group(2) or '').strip()} {text}"
+            digest.update((names.sub("NS", whole) if names is not None else whole).encode() + b"\n")
     if started:
-        yield arch, symbol, instrs
+        yield SassFunction(arch, symbol, instrs, digest.hexdigest()[:16])
 
 
-def scan_sass_kernels(lines: Iterable[str]) -> dict[tuple[str, str], SassKernel]:
+def _namespace_forms(namespace: str) -> re.Pattern[str] | None:
+    """The namespace as SASS names it: in a mangled name, after its length (``10kvpatch_c4``), and
+    demangled; None for none."""
+    if not namespace:
+        return None
+    return re.compile(rf"{len(namespace)}{re.escape(namespace)}|\b{re.escape(namespace)}\b")
+
+
+def scan_sass_kernels(lines: Iterable[str], namespace: str = "") -> dict[tuple[str, str], SassKernel]:
     """``cuobjdump --dump-sass`` lines -> ``{(arch, symbol): SassKernel}``: whether it holds
-    UBLKPF, its floating-point op counts and its key loop's load-use distance."""
+    UBLKPF, its floating-point op counts, its key loop's load-use distance and its digest
+    (``namespace``: as :func:`sass_functions`)."""
     out: dict[tuple[str, str], SassKernel] = {}
-    for arch, symbol, instrs in sass_functions(lines):
+    for arch, symbol, instrs, digest in sass_functions(lines, namespace):
         if symbol is None:
             continue
         ops: dict[str, int] = {}
@@ -140,7 +170,7 @@ def scan_sass_kernels(lines: Iterable[str]) -> dict[tuple[str, str], SassKernel]
             if fp := FP_OPS.match(text):
                 ops[fp.group(1)] = ops.get(fp.group(1), 0) + 1
         has = any(PREFETCH_SASS in text for _, text in instrs)
-        out[(arch, symbol)] = SassKernel(has, ops, key_loop_load_use(instrs))
+        out[(arch, symbol)] = SassKernel(has, ops, key_loop_load_use(instrs), digest)
     return out
 
 
@@ -153,8 +183,8 @@ def check_prefetch_library(lines: Iterable[str], archs: Sequence[Arch]) -> dict[
     (``UBLKPF``) and per-line ones (``CCTL.E.PF2/PML2``); :class:`BuildError` unless every
     sm_90+ arch has bulk prefetches only and every older one per-line prefetches only."""
     found: dict[str, list[str]] = {}
-    for arch, _, instrs in sass_functions(lines):
-        found.setdefault(arch, []).extend(text for _, text in instrs)
+    for fn in sass_functions(lines):
+        found.setdefault(fn.arch, []).extend(text for _, text in fn.instrs)
     report: dict[str, dict[str, int]] = {}
     for arch in archs:
         instrs = found.get(arch.code)
@@ -270,21 +300,23 @@ def grouped_kernels(sass: Mapping[tuple[str, str], SassKernel], usage: Mapping[t
                                  str(form["kernel"])) if config is not None else None  # fmt: skip
             out.append(GroupedKernel(arch=arch, **form, registers=res.get("registers", 0),
                                      spill_stores=res.get("spill_stores", 0), spill_loads=res.get("spill_loads", 0),
-                                     has_prefetch=found.has_prefetch, symbol=sym,
+                                     has_prefetch=found.has_prefetch, symbol=sym, sass=found.digest,
                                      v_loads=own.group_v_loads if own is not None else "at-use",
                                      k_loads=own.group_k_loads if own is not None else "at-use"))  # fmt: skip
     return tuple(sorted(out, key=lambda g: (g.arch, g.kernel, g.dtype, g.head_size, g.block_size)))
 
 
 def with_sass_counts(result: VariantResult, found: Mapping[tuple[str, str], SassKernel]) -> VariantResult:
-    """``result`` with each kernel's floating-point op counts and :attr:`~KernelInfo.load_use`
-    taken from ``found`` (:func:`scan_sass_kernels` of its kept ``kernels.sass.gz``): for builds
-    made before kvpatch read the load-use distance, which also counted FP ops only up to address
-    0xffff."""
+    """``result`` with each kernel's floating-point op counts, :attr:`~KernelInfo.load_use` and
+    :attr:`~KernelInfo.sass` taken from ``found`` (:func:`scan_sass_kernels` of its kept
+    ``kernels.sass.gz``, in its namespace): for builds made before kvpatch read the load-use
+    distance (which also counted FP ops only up to address 0xffff) or the digest."""
 
     def again(k: KernelInfo) -> KernelInfo:
         got = found.get((k.arch, k.symbol))
-        return k if got is None else replace(k, fp_ops=tuple(sorted(got.fp_ops.items())), load_use=got.load_use)
+        if got is None:
+            return k
+        return replace(k, fp_ops=tuple(sorted(got.fp_ops.items())), load_use=got.load_use, sass=got.digest)
 
     return replace(result, kernels=tuple(again(k) for k in result.kernels))
 
@@ -296,8 +328,9 @@ def kernel_count(configs: Sequence[Any], archs: int = 1) -> int:
     return max(1, archs) * (2 * len(configs) + len({(c.dtype, c.head_size) for c in configs}))
 
 
-def dump_sass(tools: Inspector, library: Path, out: Path) -> dict[tuple[str, str], SassKernel]:
-    """Stream ``cuobjdump --dump-sass`` into ``out`` (gzip: --all's SASS is ~300 MB) and scan it."""
+def dump_sass(tools: Inspector, library: Path, out: Path, namespace: str = "") -> dict[tuple[str, str], SassKernel]:
+    """Stream ``cuobjdump --dump-sass`` into ``out`` (gzip: --all's SASS is ~300 MB) and scan it
+    (``namespace``: the library's, as :func:`sass_functions`)."""
     tmp = out.with_name(out.name + ".tmp")
     with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=3) as f:
         proc = subprocess.Popen(
@@ -311,7 +344,7 @@ def dump_sass(tools: Inspector, library: Path, out: Path) -> dict[tuple[str, str
                 f.write(line)
                 yield line
 
-        found = scan_sass_kernels(tee())
+        found = scan_sass_kernels(tee(), namespace)
         err = proc.stderr.read()
         if proc.wait() != 0:
             raise BuildError(f"cuobjdump --dump-sass {library.name} failed: {first_error(err)}")

@@ -171,8 +171,8 @@ def check_demote_sass(lines: Sequence[str], archs: Sequence[Arch]) -> dict[str, 
     from ..jit.sass import sass_functions
 
     found: dict[str, int] = {}
-    for arch, _, instrs in sass_functions(lines):
-        found[arch] = found.get(arch, 0) + sum(DEMOTE_SASS in text for _, text in instrs)
+    for fn in sass_functions(lines):
+        found[fn.arch] = found.get(fn.arch, 0) + sum(DEMOTE_SASS in text for _, text in fn.instrs)
     for arch in archs:
         if not found.get(arch.code):
             raise BuildError(f"prefetch library: {arch.code} SASS has no {DEMOTE_SASS} (the demote mode)")

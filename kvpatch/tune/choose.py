@@ -6,14 +6,14 @@ from __future__ import annotations
 import math
 import reprlib
 from dataclasses import dataclass, replace
-from typing import Any, Iterable
+from typing import Any, Hashable, Iterable
 
 from ..config import DTYPES, RULE_KERNELS, PatchConfig, Selector, make_config
 from ..config.model import GROUPING
+from ..config.selector import kernel_selector
 from ..dtypes import KV_CACHE_DTYPES
 from ..errors import UsageError
-from ..gpu.bench_report import stock_code_of
-from ..gpu.points import kernel_selector
+from ..gpu.bench_report import code_of, stock_code_of
 from ..gpu.stats import SLOWER, VERDICTS, geomean, verdict
 from .grid import FALLBACKS, GRID, GRID_KEYS, POLICIES
 
@@ -60,6 +60,9 @@ class Score:
     #: report), and whether the candidate ran its own code there: what :func:`versus` pairs
     rows: tuple[int, ...] = ()
     own: tuple[bool, ...] = ()
+    #: per point (as ``speedups``): which code it ran there (:func:`~kvpatch.gpu.bench_report.code_of`;
+    #: None: cannot say); empty where not known at all
+    code: tuple[Hashable | None, ...] = ()
 
     @property
     def only_stock(self) -> bool:
@@ -117,7 +120,8 @@ def score(bench: dict, failures: dict[str, set[str]]) -> list[Score]:
     where the candidate ran stock's own code (what :func:`~kvpatch.gpu.bench_report.stock_code_of`
     says from its marker and the launch the bench checked) is counted apart, not as slower."""
     stock_code = stock_code_of(bench.get("variant_info") or {}, bench["baseline"])
-    acc: dict[tuple[str, str], list[tuple[dict, bool, int]]] = {}
+    ran = code_of(bench.get("variant_info") or {}, bench["baseline"])
+    acc: dict[tuple[str, str], list[tuple[dict, bool, int, Hashable | None]]] = {}
     for index, r in enumerate(bench["results"]):
         if not isinstance(r["dispatched"], bool):
             raise ValueError(f"invalid dispatched {reprlib.repr(r['dispatched'])}")
@@ -133,19 +137,19 @@ def score(bench: dict, failures: dict[str, set[str]]) -> list[Score]:
                 if timing.get("grouped") is not None and not isinstance(timing["grouped"], bool):
                     raise ValueError(f"invalid grouped {reprlib.repr(timing['grouped'])}")
                 own = stock_code(name, *fields, timing.get("grouped")) is not True
-                acc.setdefault((name, inst), []).append((timing, own, index))
+                acc.setdefault((name, inst), []).append((timing, own, index, ran(name, *fields, timing.get("grouped"))))
     out = []
     for (name, inst), rows in sorted(acc.items()):
-        timings = [t for t, _, _ in rows]
+        timings = [t for t, _, _, _ in rows]
         per_round = [tuple(_speedup(x) for x in (t.get("speedup_rounds") or ())) for t in timings]
         n_rounds = min(len(r) for r in per_round) if per_round else 0
         rounds = tuple(tuple(r[i] for r in per_round) for i in range(n_rounds))
-        slow = [own for t, own, _ in rows if t.get("verdict") == SLOWER]
+        slow = [own for t, own, _, _ in rows if t.get("verdict") == SLOWER]
         out.append(Score(name, inst, tuple(_speedup(t["speedup"]) for t in timings),
                          inst not in failures.get(name, set()), sum(slow), rounds,
                          slower_stock_code=len(slow) - sum(slow),
-                         stock_points=sum(not own for _, own, _ in rows),
-                         rows=tuple(i for _, _, i in rows), own=tuple(own for _, own, _ in rows)))  # fmt: skip
+                         stock_points=sum(not own for _, own, _, _ in rows), rows=tuple(i for _, _, i, _ in rows),
+                         own=tuple(own for _, own, _, _ in rows), code=tuple(c for _, _, _, c in rows)))  # fmt: skip
     return out
 
 
@@ -174,8 +178,8 @@ class Versus:
     bench's own interval), and its verdict the bench's (:func:`~kvpatch.gpu.stats.verdict`).
     Without two rounds of both, a point has its one ratio: any ratio below 1.00 is slower."""
 
-    #: points whose interval lies below 1.00, not counting those where both ran stock's own code
-    #: (stock against itself: the bench's noise floor)
+    #: points whose interval lies below 1.00, not counting those where both ran the same code
+    #: (stock's, or the same SASS of their own: :func:`same_code`): the bench's noise floor
     slower: int
     geomean: float
     geomean_interval: tuple[float, float]
@@ -197,13 +201,24 @@ def versus(challenger: Score, incumbent: Score) -> Versus:
     slower = 0
     for k, (i, j) in enumerate(pairs):
         lo, hi = (min(r[k] for r in per_round), max(r[k] for r in per_round)) if n >= 2 else (ratios[k], ratios[k])
-        if verdict(lo, hi) == SLOWER and (challenger.own[i] or incumbent.own[j]):
+        if verdict(lo, hi) == SLOWER and not same_code(challenger, i, incumbent, j):
             slower += 1
     if not pairs:
         return Versus(0, math.nan, (math.nan, math.nan), 0)
     g = geomean(ratios)
     interval = (min(map(geomean, per_round)), max(map(geomean, per_round))) if n >= 2 else (g, g)
     return Versus(slower, g, interval, len(pairs))
+
+
+def same_code(a: Score, i: int, b: Score, j: int) -> bool:
+    """Whether ``a`` at its point ``i`` and ``b`` at its point ``j`` ran the same code: both stock's,
+    or both the same SASS of their own by the digests their builds recorded
+    (:func:`~kvpatch.gpu.bench_report.code_of`); not where either cannot say."""
+    if not (a.own[i] or b.own[j]):
+        return True
+    if not (a.code and b.code):
+        return False
+    return a.code[i] is not None and a.code[i] == b.code[j]
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,41 @@ def test_stock_code_follows_the_grouped_launch():
     assert sc("missing", *at, False) is None
 
 
+def _built(marker: str, kernels: dict[str, str], sha: str = "ab" * 32) -> dict:
+    """Variant info of a library as kvpatch builds it: its marker, the sha256 measured of the file
+    loaded, and its build's SASS digests (recorded for ``sha``)."""
+    return {"marker": marker, "sha256": "ab" * 32, "code": {"library_sha256": sha, "kernels": kernels}}
+
+
+def test_code_of_tells_two_libraries_apart_by_the_sass_their_launch_ran():
+    """Same digest for the form a launch ran (vLLM's or the grouped one, measured): the same code.
+    Stock's code is one answer for every library. Where it cannot say -- the form not checked on a
+    kernel that groups, no digest, digests recorded for another file -- None."""
+    plain = make_config(inherit_rules=False).marker()
+    grouped = make_config(inherit_rules=False, group=4).marker()
+    grouped_ahead = make_config(inherit_rules=False, group=4, group_k_loads="ahead").marker()
+    off_grouped = make_config(inherit_rules=False, fp16="off", group=4).marker()
+    sel = "fp16/128/16/auto/v2"
+    info = {"stock": {"marker": "stock"}, "stock-aa": {"marker": "stock"},
+            "a": _built(grouped, {sel: "f1", sel + " grouped": "g1"}),
+            "b": _built(grouped, {sel: "f1", sel + " grouped": "g1"}),
+            "k": _built(grouped_ahead, {sel: "f1", sel + " grouped": "g1"}),
+            "c": _built(plain, {sel: "f2"}),
+            "o": _built(off_grouped, {sel + " grouped": "g1"}),
+            "stale": _built(grouped, {sel: "f1", sel + " grouped": "g1"}, sha="cd" * 32),
+            "bare": {"marker": grouped}}  # fmt: skip
+    code = Br.code_of(info, "stock")
+    at = ("fp16", 128, 16, "auto", "v2")
+    assert code("a", *at, False) == code("b", *at, False) != code("c", *at, False)
+    assert code("a", *at, True) == code("b", *at, True) != code("a", *at, False)
+    # the same SASS, but another launcher rule picks among its grouped kernels
+    assert code("k", *at, True) != code("a", *at, True) and code("k", *at, False) == code("a", *at, False)
+    assert code("o", *at, False) == code("stock-aa", *at, None) == Br.STOCK_CODE
+    assert [code(n, *at, g) for n, g in (("a", None), ("stale", False), ("bare", False), ("c", True))] == [None] * 4
+    assert code("c", *at, None) == code("c", *at, False)  # no grouped form: vLLM's ran
+    assert code("a", "fp16", 64, 16, "auto", "v2", False) is None  # no digest for that kernel
+
+
 def test_bench_report_json_and_tables(tmp_path):
     rep = synthetic_report()
     path = tmp_path / "r.json"

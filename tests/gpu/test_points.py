@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvpatch.config.selector import kernel_selector
 from kvpatch.errors import UsageError
 from kvpatch.gpu import bench as B
 from kvpatch.gpu import points as P
@@ -74,7 +75,7 @@ def test_point_sets():
     for p in tuning:
         per_inst.setdefault((p.dtype, p.head_size, p.block_size), []).append(p.dispatched)
     assert len(per_inst) == 12 and all(k.count("v1") == 12 and k.count("v2") == 15 for k in per_inst.values())
-    assert P.kernel_selector("bf16", 64, 32, "fp8_e5m2", "v2") == "bf16/64/32/fp8/v2"
+    assert kernel_selector("bf16", 64, 32, "fp8_e5m2", "v2") == "bf16/64/32/fp8/v2"
     assert len(heldout) == 8 * 2 * 12 and 0 not in {p.seed for p in heldout}
     # no published point is a tuning point: other batches and contexts, other seeds
     published = {(p.dtype, p.shape, p.batch, p.context) for p in headline + heldout}

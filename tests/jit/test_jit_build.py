@@ -310,6 +310,9 @@ def test_build_warns_where_split_does_not_compile_as_stock(tree_0102, build_cach
     }
     warned = {(w.split(": ")[1]) for w in result.split_warnings()}
     assert warned == {"v1 bf16/auto/128/32 sm_90a", "v2 bf16/auto/128/32 sm_90a"}
+    # the prefetch is other code than stock's in every kernel it is in, by the digests a bench reads
+    mine, theirs = split.code(), result.variant("stock").code()
+    assert mine.keys() == theirs.keys() and len(mine) == 4 and all(mine[k] != theirs[k] for k in mine)
 
 
 def _build_ruled(tree, cache, kernel: str, rules: dict[str, str], dtype: str, head_sizes: list[int]):
@@ -329,7 +332,7 @@ def _stock_form_sass(variant, keep=lambda symbol: "paged_attention" in symbol) -
     ns = f"{len(variant.prefix)}{variant.prefix}"
     return {
         symbol.replace(ns, ""): [i for _, i in instrs]
-        for _, symbol, instrs in sass_functions(variant.read_sass().splitlines())
+        for _, symbol, instrs, _ in sass_functions(variant.read_sass().splitlines())
         if symbol and keep(symbol)
     }
 
@@ -378,6 +381,10 @@ def test_vllms_own_form_beside_the_grouped_form_is_the_stock_builds_code(tree_01
     assert [(g.kernel, g.heads) for g in grouped.grouped] and len(grouped.cubins) == 2 * len(stock.cubins)
     own = [_stock_form_sass(v) for v in (stock, grouped)]
     assert len(own[0]) == 3 and own[0] == own[1]  # v1, v2 and the reduce kernel
+    # what a bench reads of it: the same code as stock's in a launch of vLLM's form, and a form of its own
+    mine, theirs = grouped.code(), stock.code()
+    assert {k: mine[k] for k in theirs} == theirs and set(theirs) == {"fp16/128/16/auto/v1", "fp16/128/16/auto/v2"}
+    assert set(mine) - set(theirs) == {"fp16/128/16/auto/v1 grouped", "fp16/128/16/auto/v2 grouped"}
 
 
 def test_passes_leave_vllms_own_form_of_every_kernel_as_it_was(tree_0102, build_cache):
@@ -415,6 +422,12 @@ def test_group_logits_adds_v1_kernels_with_global_logits_and_leaves_the_others_a
         _stock_form_sass(shared, not_global) == _stock_form_sass(glob, not_global) == _stock_form_sass(auto, not_global)
     )
     assert len(_stock_form_sass(shared, not_global)) == 5  # vLLM's v1, v2, reduce; the grouped v1 x4 and x2
+    # what a bench reads of them: vLLM's form the same code in all three; the grouped v1 launch may
+    # run a kernel only the global and auto libraries hold (the same kernels in both)
+    codes = [v.code() for v in (shared, glob, auto)]
+    assert all(c["fp16/128/16/auto/v1"] == codes[0]["fp16/128/16/auto/v1"] for c in codes)
+    assert codes[0]["fp16/128/16/auto/v1 grouped"] != codes[1]["fp16/128/16/auto/v1 grouped"]
+    assert codes[1]["fp16/128/16/auto/v1 grouped"] == codes[2]["fp16/128/16/auto/v1 grouped"]
     # a sequence longer than the launch's max_seq_len would write past its rows of the buffer: the
     # global kernels stop the launch there (a trap), the shared ones fault as stock's form does
     grouped = lambda symbol: "kvpatch_grouped" in symbol  # noqa: E731
@@ -497,7 +510,7 @@ def test_the_prefetch_and_the_split_are_hopper_only(tree_0102, build_cache):
     def by_arch(variant) -> dict[tuple[str, str], list[str]]:
         ns = f"{len(variant.prefix)}{variant.prefix}"
         return {(arch, symbol.replace(ns, "")): [i for _, i in instrs]
-                for arch, symbol, instrs in sass_functions(variant.read_sass().splitlines()) if symbol}  # fmt: skip
+                for arch, symbol, instrs, _ in sass_functions(variant.read_sass().splitlines()) if symbol}  # fmt: skip
 
     mine, theirs = by_arch(split), by_arch(result.variant("stock"))
     assert mine.keys() == theirs.keys()

@@ -56,7 +56,38 @@ def test_scan_sass_counts_floating_point_ops():
         /*10000*/                  FFMA R1, R2, R3, R4 ;
 """
     # the last FFMA lies past 0xffff, where cuobjdump writes a fifth address digit
-    assert scan_sass_kernels(sass.splitlines()) == {("sm_90a", "_Zk"): (True, {"FFMA": 3, "FMNMX": 1, "MUFU": 1}, None)}
+    found = scan_sass_kernels(sass.splitlines())
+    assert {k: v[:3] for k, v in found.items()} == {("sm_90a", "_Zk"): (True, {"FFMA": 3, "FMNMX": 1, "MUFU": 1}, None)}
+
+
+def _dump(namespace: str, predicate: str = "@!P0") -> str:
+    """One kernel of a library built in ``namespace``, calling a helper of that namespace."""
+    n = len(namespace)
+    return f"""\
+	code for sm_90a
+		Function : _ZN{len(namespace)}{namespace}25paged_attention_v1_kernelIttLi128E
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                          /* 0x00000a00ff017b82 */
+        /*0010*/              {predicate} FFMA R1, R2, R3, R4 ;              /* 0x0000000302017223 */
+        /*0020*/                   CALL.REL.NOINC `(_ZN{n}{namespace}15kvpatch_helperEv) ;  /* 0x0000000000007944 */
+        /*0030*/                   BRA 0x30 ;                                       /* 0xfffffffc00fc7947 */
+"""
+
+
+def test_the_sass_digest_names_the_code_whatever_namespace_the_library_was_built_in():
+    """Before: two libraries built from one source in two namespaces (-Dvllm=kvpatch_<variant>),
+    which SASS names in their kernels' and helpers' names, with other encodings' padding. After:
+    one digest. Another predicate, another helper, or the namespace not removed: another digest."""
+
+    def digest(text: str, namespace: str) -> str:
+        ((_, found),) = scan_sass_kernels(text.splitlines(), namespace).items()
+        return found.digest
+
+    a = digest(_dump("kvpatch_stock"), "kvpatch_stock")
+    assert a == digest(_dump("kvpatch_c4"), "kvpatch_c4") and len(a) == 16
+    assert a == digest(_dump("kvpatch_c4").replace("  /* 0x", "      /* 0x"), "kvpatch_c4")
+    assert a != digest(_dump("kvpatch_c4", predicate="@P0"), "kvpatch_c4")
+    assert a != digest(_dump("kvpatch_c4", predicate="    "), "kvpatch_c4")
+    assert a != digest(_dump("kvpatch_c4"), "")
 
 
 def _loop_sass(gap: int) -> str:

@@ -61,7 +61,7 @@ def test_demote_spec_is_checked():
 def _sass_functions(text):
     from kvpatch.jit.sass import sass_functions
 
-    return {(arch, sym): [t for _, t in instrs] for arch, sym, instrs in sass_functions(text.splitlines()) if sym}
+    return {(arch, sym): [t for _, t in instrs] for arch, sym, instrs, _ in sass_functions(text.splitlines()) if sym}
 
 
 @pytest.fixture(scope="module")

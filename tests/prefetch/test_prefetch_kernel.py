@@ -106,8 +106,8 @@ def test_the_sass_check_counts_and_refuses_wrong_forms():
 
 def _sass_by_arch(text: str) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
-    for arch, _, instrs in sass_functions(text.splitlines()):
-        out.setdefault(arch, []).extend(t for _, t in instrs)
+    for fn in sass_functions(text.splitlines()):
+        out.setdefault(fn.arch, []).extend(t for _, t in fn.instrs)
     return out
 
 

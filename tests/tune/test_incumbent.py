@@ -71,6 +71,43 @@ def test_points_where_both_ran_stocks_code_are_not_held_against_the_challenger()
     assert versus(own, held).slower == 1  # its own code, slower than the incumbent's stock code: held against it
 
 
+def _grouping_run(digests: dict[str, dict[str, str]], sha: dict[str, str] | None = None) -> list[Score]:
+    """The incumbent 'held' prefetches K; 'c' is held's settings grouped. Two points where neither
+    launch groups, c 0.98 of held in every round; two where c groups, 1.3x held. ``digests``: per
+    library, its build's SASS digests; ``sha``: the sha256 they were recorded for (else the file's)."""
+    held = [(1.10, [1.10, 1.10])] * 4
+    c = [(1.078, [1.078, 1.078])] * 2 + [(1.43, [1.43, 1.43])] * 2
+    bench = bench_report({"held": {K: held}, "c": {K: c}})
+    rows = [r for r in bench["results"] if r["dispatched"]]
+    for i, r in enumerate(rows):
+        r["variants"]["held"]["grouped"] = False
+        r["variants"]["c"]["grouped"] = i >= 2
+    markers = {
+        "held": make_config(inherit_rules=False).marker(),
+        "c": make_config(inherit_rules=False, group=4).marker(),
+    }
+    bench["variant_info"] = {"stock": {"marker": "stock"}, **{
+        n: {"marker": markers[n], "sha256": "ab" * 32,
+            "code": {"library_sha256": (sha or {}).get(n, "ab" * 32), "kernels": digests[n]}} for n in markers}}  # fmt: skip
+    return score(bench, {})
+
+
+def test_points_where_both_ran_the_same_sass_of_their_own_are_not_held_against_the_challenger() -> None:
+    """Before: neither grouped at two points, so both ran the incumbent's prefetch code, and the
+    challenger's 0.98 there (noise between two copies of one code) kept the incumbent. After: the
+    builds' SASS digests say it is the same code; the challenger, 1.3x where it groups, wins. Where
+    the digests differ, or were recorded for another file, the 0.98 counts as before."""
+    same = {"held": {K: "f1"}, "c": {K: "f1", K + " grouped": "g1"}}
+    s = {x.name: x for x in _grouping_run(same)}
+    assert versus(s["c"], s["held"]).slower == 0 and versus(s["c"], s["held"]).beats
+    assert choose(s.values(), incumbent="held")[K].name == "c"
+    other = {"held": {K: "f1"}, "c": {K: "f2", K + " grouped": "g1"}}
+    for scores in (_grouping_run(other), _grouping_run(same, sha={"c": "cd" * 32})):
+        s = {x.name: x for x in scores}
+        assert versus(s["c"], s["held"]).slower == 2
+        assert choose(s.values(), incumbent="held")[K].name == "held"
+
+
 def test_with_one_round_any_ratio_below_one_is_slower() -> None:
     held = Score("held", K, (1.3, 1.1), True, rows=(0, 1), own=(True, True))
     c = Score("c", K, (1.5, 1.099), True, rows=(0, 1), own=(True, True))

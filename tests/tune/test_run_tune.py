@@ -45,6 +45,7 @@ CONFIGS = {k: v for k, v in candidates().items() if k in ("inline_cta_la1", "cal
 
 
 def test_run_tune_validates_each_instantiation_benches_the_tuning_set_and_never_picks_a_failure(measured) -> None:
+    from kvpatch.config.selector import kernel_selector
     from kvpatch.gpu import points as P
 
     report = run_tune({"stock": None}, CONFIGS, quick=True, reps=1, rounds=1)
@@ -56,7 +57,7 @@ def test_run_tune_validates_each_instantiation_benches_the_tuning_set_and_never_
     layouts = {(p.num_heads, p.num_kv_heads) for p in P.point_set("tuning")}
     assert {(p.dtype, p.head_size, p.block_size, p.num_heads, p.num_kv_heads) for p in points} == {
         (*i, *h) for i in tuned_instantiations() for h in layouts}  # fmt: skip
-    assert {P.kernel_selector(p.dtype, p.head_size, p.block_size, "auto", p.dispatched) for p in points} == set(
+    assert {kernel_selector(p.dtype, p.head_size, p.block_size, "auto", p.dispatched) for p in points} == set(
         report.picked
     )
     # validated: both kernels, ALiBi on and off, GQA and MHA

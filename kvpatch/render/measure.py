@@ -191,7 +191,8 @@ def tune_table(report: TuneReport, top: int = 3) -> Table:
     """Per tuned instantiation: what was picked, and the best candidates (dispatched kernel, warm + cold);
     'slower' counts the points where a candidate ran its own code, '(+k stock code)' those where it ran
     stock's (the noise floor, not held against it); with an incumbent, it is shown too, and each
-    candidate against it."""
+    candidate against it ('(+k same code)': slower points where both ran the same code, not held
+    against it either)."""
 
     def text(name: object) -> str:  # a name from a saved JSON: its control characters as escapes
         return escape(printable(str(name)))
@@ -212,7 +213,8 @@ def tune_table(report: TuneReport, top: int = 3) -> Table:
                    f"{s.worst:.3f}", f"{s.geomean:.3f} [{lo:.3f}..{hi:.3f}]"]  # fmt: skip
             if report.incumbent:
                 v = report.versus_incumbent(inst, s)
-                row.append("-" if v is None else f"{v.slower}, {v.geomean:.3f} [{v.geomean_interval[0]:.3f}.."
+                same = f" (+{v.slower_same_code} same code)" if v is not None and v.slower_same_code else ""
+                row.append("-" if v is None else f"{v.slower}{same}, {v.geomean:.3f} [{v.geomean_interval[0]:.3f}.."
                            f"{v.geomean_interval[1]:.3f}]")  # fmt: skip
             table.add_row(*row)
     return table

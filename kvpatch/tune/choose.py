@@ -184,6 +184,8 @@ class Versus:
     geomean: float
     geomean_interval: tuple[float, float]
     points: int
+    #: points whose interval lies below 1.00 where both ran the same code (not in ``slower``)
+    slower_same_code: int = 0
 
     @property
     def beats(self) -> bool:
@@ -198,16 +200,19 @@ def versus(challenger: Score, incumbent: Score) -> Versus:
     n = min(len(challenger.rounds), len(incumbent.rounds))
     per_round = [[challenger.rounds[r][i] / incumbent.rounds[r][j] for i, j in pairs] for r in range(n)]
     ratios = [challenger.speedups[i] / incumbent.speedups[j] for i, j in pairs]
-    slower = 0
+    slower = same = 0
     for k, (i, j) in enumerate(pairs):
         lo, hi = (min(r[k] for r in per_round), max(r[k] for r in per_round)) if n >= 2 else (ratios[k], ratios[k])
-        if verdict(lo, hi) == SLOWER and not same_code(challenger, i, incumbent, j):
-            slower += 1
+        if verdict(lo, hi) == SLOWER:
+            if same_code(challenger, i, incumbent, j):
+                same += 1
+            else:
+                slower += 1
     if not pairs:
         return Versus(0, math.nan, (math.nan, math.nan), 0)
     g = geomean(ratios)
     interval = (min(map(geomean, per_round)), max(map(geomean, per_round))) if n >= 2 else (g, g)
-    return Versus(slower, g, interval, len(pairs))
+    return Versus(slower, g, interval, len(pairs), same)
 
 
 def same_code(a: Score, i: int, b: Score, j: int) -> bool:

@@ -74,7 +74,7 @@ def _versus_json(v: Versus | None) -> dict:
     """A ranking entry's comparison with the incumbent (nothing where there is none)."""
     if v is None:
         return {}
-    return {"versus_incumbent": {"slower": v.slower, "geomean": v.geomean,
+    return {"versus_incumbent": {"slower": v.slower, "slower_same_code": v.slower_same_code, "geomean": v.geomean,
                                  "geomean_interval": list(v.geomean_interval), "beats": v.beats}}  # fmt: skip
 
 

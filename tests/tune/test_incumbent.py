@@ -99,12 +99,13 @@ def test_points_where_both_ran_the_same_sass_of_their_own_are_not_held_against_t
     the digests differ, or were recorded for another file, the 0.98 counts as before."""
     same = {"held": {K: "f1"}, "c": {K: "f1", K + " grouped": "g1"}}
     s = {x.name: x for x in _grouping_run(same)}
-    assert versus(s["c"], s["held"]).slower == 0 and versus(s["c"], s["held"]).beats
+    v = versus(s["c"], s["held"])
+    assert v.slower == 0 and v.slower_same_code == 2 and v.beats
     assert choose(s.values(), incumbent="held")[K].name == "c"
     other = {"held": {K: "f1"}, "c": {K: "f2", K + " grouped": "g1"}}
     for scores in (_grouping_run(other), _grouping_run(same, sha={"c": "cd" * 32})):
         s = {x.name: x for x in scores}
-        assert versus(s["c"], s["held"]).slower == 2
+        assert versus(s["c"], s["held"]).slower == 2 and versus(s["c"], s["held"]).slower_same_code == 0
         assert choose(s.values(), incumbent="held")[K].name == "held"
 
 

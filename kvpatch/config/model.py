@@ -36,7 +36,7 @@ QUANTIZED = ("skip", "prefetch")
 READS = ("lane", "warp")
 LOGITS = ("shared", "global", "auto")
 V_LOADS = ("at-use", "ahead")
-K_LOADS = V_LOADS
+K_LOADS = ("at-use", "ahead", "shared")
 
 #: Upper bounds, each named in the error that refuses a larger value.
 #: ``cp.async.bulk.prefetch``'s size operand: ptxas accepts 0..1,048,560 on sm_90
@@ -226,12 +226,18 @@ class PatchConfig:
     #: for the key loop: ``at-use`` (each block's where the key loop scores it, as vLLM's loop does)
     #: or ``ahead`` (the next block's K vectors, as they are in the cache, loaded before the block
     #: in hand is scored: one block's vectors more in registers, their loads in flight while it
-    #: computes). The same blocks are loaded, and the arithmetic and its order are the same:
-    #: outputs stay stock's. A per-kernel choice like group_v_loads (the shipped table: fp16 head
-    #: 256 block 16, benchmarks/evidence/k-loads-ahead/; fp16 head 64 block 16,
+    #: computes), or ``shared`` (the next block's K vectors copied into the CTA's shared memory,
+    #: cp.async on sm_80 and later, while the block in hand is scored, and read back from there:
+    #: its loads in flight without holding registers; two blocks' K tiles a warp of static shared
+    #: memory, so only where that fits in 48 KB -- head 64 and 128 at block 16, head 64 at block 32
+    #: -- elsewhere at use). The same blocks are loaded, and the arithmetic and its order are the
+    #: same: outputs stay stock's. A per-kernel choice like group_v_loads (the shipped table: fp16
+    #: head 256 block 16, benchmarks/evidence/k-loads-ahead/; fp16 head 64 block 16,
     #: benchmarks/evidence/fp16-h64-grouped/).
     group_k_loads: str = setting("at-use", "group > 1 only: load each block's K vectors where the key loop scores it "
-                                 "(at-use) or the next block's before the block in hand is scored (ahead).",
+                                 "(at-use), the next block's before the block in hand is scored (ahead), or copy "
+                                 "the next block's into shared memory meanwhile (shared: no registers held; head "
+                                 "64/128 at block 16, head 64 at block 32).",
                                  choices=K_LOADS, rule=True, tune=Tune(14, "kl{}"), grouped="all")  # fmt: skip
     #: Compile the prefetch in but never execute it (its guard reads a block number
     #: < 0): separates the prefetch's own effect from the code-generation change.

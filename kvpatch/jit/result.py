@@ -90,7 +90,7 @@ class GroupedKernel:
     ctas_per_sm: int = 0  # its launch bounds' CTAs per SM (0: none)
     logits: str = "shared"  # v1: where it keeps its heads' logits, 'shared' or 'global' memory
     v_loads: str = "at-use"  # when it loads its V vectors (group-v-loads): 'at-use' or 'ahead'
-    k_loads: str = "at-use"  # when it loads its K vectors (group-k-loads): 'at-use' or 'ahead'
+    k_loads: str = "at-use"  # when it loads its K vectors (group-k-loads): 'at-use', 'ahead' or 'shared'
     sass: str = ""  # its SASS's digest (kvpatch.jit.sass.SassFunction.digest); empty where not read
 
     @property
@@ -114,9 +114,10 @@ class GroupedKernel:
 
     @property
     def ahead(self) -> str:
-        """`` k-ahead``, `` v-ahead`` (or both) for a kernel that loads its next block's K, V vectors
+        """`` k-ahead`` (`` k-shared``), `` v-ahead`` (or both) for a kernel that loads its next block's K, V vectors
         ahead; empty at use."""
-        return (" k-ahead" if self.k_loads == "ahead" else "") + (" v-ahead" if self.v_loads == "ahead" else "")
+        k = {"ahead": " k-ahead", "shared": " k-shared"}.get(self.k_loads, "")
+        return k + (" v-ahead" if self.v_loads == "ahead" else "")
 
     @property
     def label(self) -> str:

@@ -144,7 +144,9 @@ def sass_functions(lines: Iterable[str], namespace: str = "") -> Iterator[SassFu
             text = i.group(3).strip()
             instrs.append((int(i.group(1), 16), text))
             whole = f"{(i.group(2) or '').strip()} {text}"
-            digest.update((names.sub("NS", whole) if names is not None else whole).encode() + b"\n")
+            if names is not None and namespace in whole:
+                whole = names.sub("NS", whole)
+            digest.update(whole.encode() + b"\n")
     if started:
         yield SassFunction(arch, symbol, instrs, digest.hexdigest()[:16])
 

@@ -3,9 +3,9 @@
     python scripts/sass_same.py A.so[.xz] B.so[.xz] [--skip SUBSTRING ...] > same.txt
 
 Dumps each library with ``cuobjdump --dump-sass`` (on PATH), names each kernel without the
-library's own namespace (``kvpatch_<variant>``), keeps instruction lines without their addresses
-and encodings, and prints one line per kernel both hold: the SASS's sha256 in each and ``same``
-or ``DIFFERENT``; then the kernels only one holds, and a total. ``--skip`` leaves out kernels whose name holds
+library's own namespace (``kvpatch_<variant>``), and prints one line per kernel both hold: the
+digest of its SASS in each (``kvpatch.jit.sass``: instructions without addresses and encodings,
+the namespace written ``NS``, as builds record it) and ``same`` or ``DIFFERENT``; then the kernels only one holds, and a total. ``--skip`` leaves out kernels whose name holds
 the string (e.g. ``grouped``: the form only kvpatch's own launchers run). Exit 1 when a kernel
 both hold differs or none is left to compare; exit 2, with one line, for a library that is not
 there or that cuobjdump cannot read, and for an empty ``--skip``.
@@ -14,39 +14,30 @@ there or that cuobjdump cannot read, and for an empty ``--skip``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import lzma
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-_ENCODING = re.compile(r"/\*[0-9a-f]{4,}\*/")
-_INSTRUCTION = re.compile(r"\s+/\*[0-9a-f]{4,}\*/")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kvpatch.jit.sass import namespace_pattern, sass_functions  # noqa: E402
 
 
 def kernels(lib: Path) -> dict[str, str]:
-    """Kernel name (namespace removed) -> sha256 of its SASS (addresses and encodings removed)."""
+    """Kernel name (namespace removed) -> its SASS digest (:func:`kvpatch.jit.sass.sass_functions`:
+    its instructions without addresses and encodings, the namespace written ``NS``)."""
     with tempfile.TemporaryDirectory() as tmp:
         so = lib
         if lib.suffix == ".xz":
             so = Path(tmp) / lib.stem
             so.write_bytes(lzma.decompress(lib.read_bytes()))
         text = subprocess.run(["cuobjdump", "--dump-sass", str(so)], check=True, capture_output=True, text=True).stdout
-    prefix = re.escape(so.name.removeprefix("lib").split(".")[0])  # libkvpatch_X.so -> kvpatch_X
-    out: dict[str, list[str]] = {}
-    name = None
-    for line in text.splitlines():
-        line = re.sub(rf"\d+{prefix}|{prefix}", "NS", line)
-        if m := re.match(r"\s*Function : (\S+)", line):
-            name = m.group(1)
-            out[name] = []
-        elif name is not None and _INSTRUCTION.match(line):  # not the dump's headers between ELF files
-            # cuobjdump pads the encodings into a column as wide as the file's longest instruction needs
-            out[name].append(" ".join(_ENCODING.sub("", line).split()))
-    return {k: hashlib.sha256("\n".join(v).encode()).hexdigest()[:16] for k, v in out.items()}
+    namespace = so.name.removeprefix("lib").split(".")[0]  # libkvpatch_X.so -> kvpatch_X
+    names = namespace_pattern(namespace)
+    return {names.sub("NS", fn.symbol) if names else fn.symbol: fn.digest
+            for fn in sass_functions(text.splitlines(), namespace) if fn.symbol}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -128,7 +128,7 @@ def sass_functions(lines: Iterable[str], namespace: str = "") -> Iterator[SassFu
     """``cuobjdump --dump-sass`` lines -> one :class:`SassFunction` per function, in order.
     ``namespace``: the library's (``kvpatch_<variant>``, what ``-Dvllm=`` named vLLM's), which
     the digest writes as ``NS``."""
-    names = _namespace_forms(namespace)
+    names = namespace_pattern(namespace)
     arch, symbol, instrs, digest = "", None, [], hashlib.sha256()  # type: ignore[var-annotated]
     started = False
     for line in lines:
@@ -151,7 +151,7 @@ def sass_functions(lines: Iterable[str], namespace: str = "") -> Iterator[SassFu
         yield SassFunction(arch, symbol, instrs, digest.hexdigest()[:16])
 
 
-def _namespace_forms(namespace: str) -> re.Pattern[str] | None:
+def namespace_pattern(namespace: str) -> re.Pattern[str] | None:
     """The namespace as SASS names it: in a mangled name, after its length (``10kvpatch_c4``), and
     demangled; None for none."""
     if not namespace:

@@ -175,15 +175,15 @@ class VariantPlan(CacheLayout):
         # built by a kvpatch that did not read the load-use distance or the SASS digests, or record
         # the grouped form's kernels: read them from the kept SASS (one pass for all) and the ptxas
         # logs, once
-        no_load_use = any("load_use" not in k or "sass" not in k for k in data["kernels"])
+        unread = any("load_use" not in k or "sass" not in k for k in data["kernels"])
         no_grouped = GROUPED_SYMBOL in self.variant.header and (
             "grouped" not in data or any("sass" not in g for g in data["grouped"])
         )
-        if (no_load_use or no_grouped) and r.sass.is_file():
+        if (unread or no_grouped) and r.sass.is_file():
             try:
                 with gzip.open(r.sass, "rt", encoding="utf-8") as f:
                     found = scan_sass_kernels(f, self.variant.prefix)
-                if no_load_use:
+                if unread:
                     r = with_sass_counts(r, found)
                 if no_grouped:
                     r = replace(r, grouped=grouped_kernels(found, self.ptxas_usage(),

@@ -168,17 +168,19 @@ class VariantResult:
         the same form. A kernel whose SASS digest was not read has no entry."""
         reduce = {(k.arch, k.dtype, k.head_size): k.sass for k in self.kernels if k.kernel == "reduce"}
         parts: dict[str, list[str]] = {}
-        for k in self.kernels:
-            if k.kernel == "reduce":
-                continue
-            sel = kernel_selector(k.dtype, k.head_size, k.block_size, k.kv_cache_dtype, k.kernel)
+
+        def add(key: str, k: KernelInfo | GroupedKernel, shape: str) -> None:
+            """One kernel's part of ``key``: its shape and digest (v2: with its reduce kernel's); empty
+            where a digest is missing, which leaves ``key`` out."""
             with_reduce = reduce.get((k.arch, k.dtype, k.head_size), "") if k.kernel == "v2" else "-"
-            parts.setdefault(sel, []).append(f"{k.arch} {k.sass} {with_reduce}" if k.sass and with_reduce else "")
+            parts.setdefault(key, []).append(f"{shape} {k.sass} {with_reduce}" if k.sass and with_reduce else "")
+
+        for k in self.kernels:
+            if k.kernel != "reduce":
+                add(kernel_selector(k.dtype, k.head_size, k.block_size, k.kv_cache_dtype, k.kernel), k, k.arch)
         for g in self.grouped:
-            sel = kernel_selector(g.dtype, g.head_size, g.block_size, "auto", g.kernel) + " grouped"
-            with_reduce = reduce.get((g.arch, g.dtype, g.head_size), "") if g.kernel == "v2" else "-"
-            shape = f"{g.arch} x{g.heads} {g.logits} {g.ctas_per_sm} {g.lookahead}"
-            parts.setdefault(sel, []).append(f"{shape} {g.sass} {with_reduce}" if g.sass and with_reduce else "")
+            add(kernel_selector(g.dtype, g.head_size, g.block_size, "auto", g.kernel) + " grouped", g,
+                f"{g.arch} x{g.heads} {g.logits} {g.ctas_per_sm} {g.lookahead}")  # fmt: skip
         return {sel: hashlib.sha256("\n".join(sorted(ps)).encode()).hexdigest()[:16]
                 for sel, ps in sorted(parts.items()) if all(ps)}  # fmt: skip
 

@@ -13,7 +13,7 @@ from ..config.model import GROUPING
 from ..config.selector import kernel_selector
 from ..dtypes import KV_CACHE_DTYPES
 from ..errors import UsageError
-from ..gpu.bench_report import code_of, stock_code_of
+from ..gpu.bench_report import STOCK_CODE, code_of
 from ..gpu.stats import SLOWER, VERDICTS, geomean, verdict
 from .grid import FALLBACKS, GRID, GRID_KEYS, POLICIES
 
@@ -119,7 +119,6 @@ def score(bench: dict, failures: dict[str, set[str]]) -> list[Score]:
     """Scores from a bench report's JSON dict and :func:`validation_failures`. A slower point
     where the candidate ran stock's own code (what :func:`~kvpatch.gpu.bench_report.stock_code_of`
     says from its marker and the launch the bench checked) is counted apart, not as slower."""
-    stock_code = stock_code_of(bench.get("variant_info") or {}, bench["baseline"])
     ran = code_of(bench.get("variant_info") or {}, bench["baseline"])
     acc: dict[tuple[str, str], list[tuple[dict, bool, int, Hashable | None]]] = {}
     for index, r in enumerate(bench["results"]):
@@ -136,8 +135,8 @@ def score(bench: dict, failures: dict[str, set[str]]) -> list[Score]:
                     raise ValueError(f"invalid verdict {reprlib.repr(timing.get('verdict'))}")
                 if timing.get("grouped") is not None and not isinstance(timing["grouped"], bool):
                     raise ValueError(f"invalid grouped {reprlib.repr(timing['grouped'])}")
-                own = stock_code(name, *fields, timing.get("grouped")) is not True
-                acc.setdefault((name, inst), []).append((timing, own, index, ran(name, *fields, timing.get("grouped"))))
+                code = ran(name, *fields, timing.get("grouped"))
+                acc.setdefault((name, inst), []).append((timing, code != STOCK_CODE, index, code))
     out = []
     for (name, inst), rows in sorted(acc.items()):
         timings = [t for t, _, _, _ in rows]
